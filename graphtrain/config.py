@@ -1,0 +1,134 @@
+"""What to train: `TrainConfig` and the named presets of the workloads graphtrain reproduces."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from graphtrain.errors import UsageError
+
+PRECISIONS = ("fp32",)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run's workload. `dims` is the whole layer chain, input to classes.
+
+    `hidden=()` is softmax regression; every hidden layer is followed by a ReLU. Exactly one of
+    `epochs` and `steps` sets the length: with `steps`, training runs whole epochs and stops
+    the last one early, so the sample order is the same as an epochs-based run.
+    """
+
+    hidden: tuple[int, ...] = ()
+    bias: bool = True
+    batch: int = 128
+    epochs: int | None = 20
+    steps: int | None = None
+    lr: float = 0.1
+    seed: int = 0
+    dataset: str = "mnist"
+    metrics_every: int = 10
+    precision: str = "fp32"
+    in_features: int = 784
+    classes: int = 10
+    preset: str | None = field(default=None, compare=False)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return (self.in_features, *self.hidden, self.classes)
+
+    def replace(self, **changes) -> TrainConfig:
+        """A copy with `changes` applied; None values mean 'keep the current one'."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if "steps" in changes:
+            changes.setdefault("epochs", None)
+        elif "epochs" in changes:
+            changes["steps"] = None
+        return dataclasses.replace(self, **changes)
+
+    def num_epochs(self, num_train: int) -> int:
+        """Epochs touched by the run: with `steps`, the last one may be partial."""
+        if self.epochs is not None:
+            return self.epochs
+        per_epoch = -(-num_train // self.batch)
+        return -(-self.steps // per_epoch)
+
+    def batches_in_epoch(self, epoch: int, num_train: int) -> int:
+        """Batches run in `epoch` (0-based): all of them, except in a steps-limited last one."""
+        per_epoch = -(-num_train // self.batch)
+        if self.steps is None:
+            return per_epoch
+        return max(0, min(per_epoch, self.steps - epoch * per_epoch))
+
+    def metrics_due(self, epoch: int, num_epochs: int) -> bool:
+        """The sparse schedule: every `metrics_every` epochs (1-based) and always the last."""
+        return (epoch + 1) % self.metrics_every == 0 or epoch == num_epochs - 1
+
+    def validate(self, num_train: int | None = None) -> TrainConfig:
+        """Reject values no stage can train with, before any work starts."""
+        problems = []
+        if any(not isinstance(h, int) or h < 1 for h in self.hidden):
+            problems.append(f"hidden sizes must be positive integers, got {list(self.hidden)}")
+        if self.batch < 1:
+            problems.append(f"batch must be >= 1, got {self.batch}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if (self.epochs is None) == (self.steps is None):
+            problems.append("give exactly one of epochs and steps")
+        if self.epochs is not None and self.epochs < 1:
+            problems.append(f"epochs must be >= 1, got {self.epochs}")
+        if self.steps is not None and self.steps < 1:
+            problems.append(f"steps must be >= 1, got {self.steps}")
+        if self.metrics_every < 1:
+            problems.append(f"metrics_every must be >= 1, got {self.metrics_every}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.seed < 0:
+            problems.append(f"seed must be >= 0, got {self.seed}")
+        if num_train is not None and self.batch > num_train:
+            problems.append(f"batch {self.batch} is larger than the dataset ({num_train} samples)")
+        if problems:
+            raise UsageError("invalid training configuration: " + "; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        d["dims"] = list(self.dims)
+        return d
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # Softmax regression, the JHU report's ladder workload.
+    "jhu": TrainConfig(hidden=(), bias=True, batch=128, epochs=20, lr=0.1, preset="jhu"),
+    # The 'Cuda MLP' project: four 784-wide ReLU layers, no bias.
+    "cuda-mlp": TrainConfig(
+        hidden=(784, 784, 784, 784), bias=False, batch=64, epochs=10, lr=0.1, preset="cuda-mlp"
+    ),
+    # The 'cuda-mnist' project: three hidden layers of H (swept 128..8192), 5000 steps.
+    "cuda-mnist": TrainConfig(
+        hidden=(1024, 1024, 1024), bias=True, batch=32, epochs=None, steps=5000, lr=0.003,
+        preset="cuda-mnist",
+    ),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+
+
+def parse_hidden(text: str) -> tuple[int, ...]:
+    """'784,784' -> (784, 784); '' or 'none' -> () (softmax regression)."""
+    text = text.strip()
+    if text.lower() in ("", "none", "0"):
+        return ()
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--hidden wants comma-separated integers like 784,784, got {text!r}") from None
+    if any(s < 1 for s in sizes):
+        raise UsageError(f"hidden sizes must be positive, got {text!r}")
+    return sizes

@@ -1,0 +1,34 @@
+// Batch assembly: the whole training set lives on the device; a batch is a gather of its rows
+// through the epoch's shuffled order, so no host work or copy is needed per step.
+
+__device__ __forceinline__ void gather_rows(const float* images, const int* labels, const int* order,
+                                            int offset, int features, float* x, int* y) {
+    // x[r, :] = images[order[offset + r], :],  y[r] = labels[order[offset + r]];  one block per row r
+    int r = blockIdx.x;
+    int sample = order[offset + r];
+    const float* src = images + (long long)sample * features;
+    float* dst = x + (long long)r * features;
+    for (int j = threadIdx.x; j < features; j += blockDim.x) dst[j] = src[j];
+    if (threadIdx.x == 0) y[r] = labels[sample];
+}
+
+extern "C" __global__ void gather_batch(const float* images, const int* labels, const int* order,
+                                        int offset, int features, float* x, int* y) {
+    gather_rows(images, labels, order, offset, features, x, y);
+}
+
+// The same, with the offset read from device memory: a captured graph replays unchanged while
+// the cursor it reads moves on, so no kernel parameter has to be patched per batch.
+extern "C" __global__ void gather_batch_at(const float* images, const int* labels, const int* order,
+                                           const int* cursor, int features, float* x, int* y) {
+    gather_rows(images, labels, order, *cursor, features, x, y);
+}
+
+// cursor += rows, after every kernel of the step that reads the batch has run.
+extern "C" __global__ void advance_cursor(int* cursor, int rows) {
+    *cursor += rows;
+}
+
+extern "C" __global__ void set_cursor(int* cursor, int value) {
+    *cursor = value;
+}

@@ -1,0 +1,251 @@
+"""`baseline`: the first GPU rung. Naive NVRTC kernels for everything, metrics read every step.
+
+This file is also the skeleton every later GPU rung reuses: the device arena, the dataset on the
+device, forward, backward and SGD. Later rungs override one method each:
+
+    train_step    gather → forward → [metrics] → softmax → dlogits → backward → SGD
+    gemm          the matrix products               (cublas replaces it)
+    softmax       probabilities from logits         (cudnn-softmax replaces it)
+    record_metrics / read_metrics                   (fewer-syncs, sparse-metrics replace them)
+    run_batches   the loop over an epoch's batches  (graphs replaces it)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphtrain import reference
+from graphtrain.libs import cuda
+from graphtrain.libs.memory import Arena
+from graphtrain.libs.nvrtc import Module
+from graphtrain.reference import Layer
+from graphtrain.stages.base import EpochResult, Stage
+
+THREADS = 256
+METRICS_THREADS = 256  # kernels/metrics.cu reduces with exactly this many threads
+EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
+KERNEL_FILES = ("gather", "matmul", "layers", "softmax", "metrics")  # graphtrain/kernels/*.cu
+
+
+def blocks(n: int, threads: int = THREADS) -> int:
+    return max(1, -(-n // threads))
+
+
+class BaselineStage(Stage):
+    name = "baseline"
+    summary = "naive NVRTC kernels for everything; loss and accuracy copied to the host every step"
+    uses_gpu = True
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg, data = self.config, self.data
+        self.device = cuda.open_device()
+        self.stream = cuda.Stream()
+        self.start_event, self.end_event = cuda.Event(), cuda.Event()
+        self.modules = [Module.load(stem, self.device) for stem in KERNEL_FILES]
+        self.kernels = {name: m.kernel(name) for m in self.modules for name in m.kernel_names}
+
+        self.num_train, self.num_test = len(data.train_images), len(data.test_images)
+        self.num_epochs = cfg.num_epochs(self.num_train)
+        self.bounds = reference.batch_bounds(self.num_train, cfg.batch)
+        self.max_rows = max(cfg.batch, min(EVAL_ROWS, self.num_test))
+        dims, features, rows = cfg.dims, cfg.in_features, self.max_rows
+
+        # One allocation for the whole run: plan every buffer, then allocate once.
+        arena = self.arena = Arena()
+        self.train_images = arena.reserve("train_images", (self.num_train, features))
+        self.train_labels = arena.reserve("train_labels", (self.num_train,), np.int32)
+        self.test_images = arena.reserve("test_images", (self.num_test, features))
+        self.test_labels = arena.reserve("test_labels", (self.num_test,), np.int32)
+        # Every epoch's sample order, uploaded once: epoch e's batch at `lo` starts at e·N + lo.
+        self.order = arena.reserve("order", (self.num_epochs * self.num_train,), np.int32)
+        self.w, self.b, self.dw, self.db = [], [], [], []
+        for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            self.w.append(arena.reserve(f"w{i + 1}", (fan_out, fan_in)))
+            self.dw.append(arena.reserve(f"dw{i + 1}", (fan_out, fan_in)))
+            self.b.append(arena.reserve(f"b{i + 1}", (fan_out,)) if cfg.bias else None)
+            self.db.append(arena.reserve(f"db{i + 1}", (fan_out,)) if cfg.bias else None)
+        # acts[0] is the batch x, acts[i] layer i's output (after ReLU), acts[-1] the logits;
+        # grads[i] is dL/dacts[i] for i >= 1.
+        self.acts = [arena.reserve("x", (rows, features))]
+        self.acts += [arena.reserve(f"h{i}", (rows, d)) for i, d in enumerate(dims[1:-1], 1)]
+        self.acts.append(arena.reserve("logits", (rows, cfg.classes)))
+        self.grads = [None] + [arena.reserve(f"d{buf.name}", buf.shape) for buf in self.acts[1:]]
+        self.probs = arena.reserve("probs", (rows, cfg.classes))
+        self.y = arena.reserve("y", (rows,), np.int32)
+        self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
+        self.cursor = arena.reserve("cursor", (1,), np.int32)
+        self.reserve_extra(arena)
+        arena.allocate()
+
+        stream = self.stream
+        self.train_images.upload(data.train_images, stream)
+        self.train_labels.upload(data.train_labels.astype(np.int32), stream)
+        self.test_images.upload(data.test_images, stream)
+        self.test_labels.upload(data.test_labels.astype(np.int32), stream)
+        orders = [reference.epoch_order(cfg.seed, e, self.num_train) for e in range(self.num_epochs)]
+        self.order.upload(np.concatenate(orders), stream)
+        self.setup_extra()
+        self.reset_metrics()
+
+        # Warm up (first launches, library heuristics), then start again from the shared init.
+        self.train_step(0, self.bounds[0][1], measure=True)
+        self.stream.synchronize()
+        self.upload_initial_weights()
+        self.capture()
+
+    def reserve_extra(self, arena: Arena) -> None:
+        """Room a later rung needs in the arena (a cuBLAS workspace, say)."""
+
+    def setup_extra(self) -> None:
+        """Handles a later rung creates once the arena exists."""
+
+    def capture(self) -> None:
+        """Where the graphs rung records its step graphs, after the warm-up."""
+
+    def upload_initial_weights(self) -> None:
+        cfg = self.config
+        for i, layer in enumerate(reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)):
+            self.w[i].upload(layer.w, self.stream)
+            if cfg.bias:
+                self.b[i].upload(layer.b, self.stream)
+
+    # ---- the math, one launch per line ----------------------------------------------------------
+
+    def launch(self, name: str, grid, block, *args) -> None:
+        self.kernels[name](grid, block, self.stream, *args)
+
+    def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
+        """Row-major C (m×n) = alpha·op(A)·op(B) + beta·C."""
+        self.launch("gemm_naive", (blocks(n, 16), blocks(m, 16)), (16, 16),
+                    int(transa), int(transb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+    def softmax(self, rows: int) -> None:
+        self.launch("softmax_rows", blocks(rows), THREADS,
+                    self.acts[-1].ptr, self.probs.ptr, rows, self.config.classes)
+
+    def load_batch(self, offset: int, rows: int) -> None:
+        self.launch("gather_batch", rows, THREADS, self.train_images.ptr, self.train_labels.ptr,
+                    self.order.ptr, offset, self.config.in_features, self.acts[0].ptr, self.y.ptr)
+
+    def forward(self, x_ptr: int, rows: int) -> None:
+        """acts[i] = ReLU(acts[i-1] W_iᵀ + b_i), no ReLU on the logits."""
+        dims, last = self.config.dims, len(self.w) - 1
+        for i, (w, b) in enumerate(zip(self.w, self.b)):
+            src = x_ptr if i == 0 else self.acts[i].ptr
+            out = self.acts[i + 1]
+            fan_in, fan_out = dims[i], dims[i + 1]
+            self.gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, w.ptr, fan_in, 0.0, out.ptr, fan_out)
+            if b is not None or i < last:
+                self.launch("bias_relu", blocks(rows * fan_out), THREADS, out.ptr,
+                            b.ptr if b is not None else 0, rows, fan_out, int(i < last))
+
+    def backward(self, rows: int) -> None:
+        """dW_i = dyᵀ x, db_i = Σ_rows dy, dx = dy W_i masked by the ReLU below."""
+        dims = self.config.dims
+        for i in reversed(range(len(self.w))):
+            fan_in, fan_out = dims[i], dims[i + 1]
+            x, dy = self.acts[i], self.grads[i + 1]
+            self.gemm(True, False, fan_out, fan_in, rows, 1.0, dy.ptr, fan_out, x.ptr, fan_in, 0.0,
+                      self.dw[i].ptr, fan_in)
+            if self.db[i] is not None:
+                self.launch("bias_grad", blocks(fan_out), THREADS, dy.ptr, self.db[i].ptr, rows, fan_out)
+            if i > 0:
+                dx = self.grads[i]
+                self.gemm(False, False, rows, fan_in, fan_out, 1.0, dy.ptr, fan_out, self.w[i].ptr, fan_in,
+                          0.0, dx.ptr, fan_in)
+                self.launch("relu_backward", blocks(rows * fan_in), THREADS, dx.ptr, x.ptr, rows * fan_in)
+
+    def sgd(self) -> None:
+        lr = self.config.lr
+        for param, grad in [*zip(self.w, self.dw), *zip(self.b, self.db)]:
+            if param is not None:
+                self.launch("sgd_update", blocks(param.size), THREADS, param.ptr, grad.ptr, lr, param.size)
+
+    def train_step(self, offset: int, rows: int, measure: bool) -> None:
+        classes = self.config.classes
+        self.load_batch(offset, rows)
+        self.forward(self.acts[0].ptr, rows)
+        if measure:
+            self.record_metrics(rows)
+        self.softmax(rows)
+        self.launch("xent_grad", blocks(rows * classes), THREADS,
+                    self.probs.ptr, self.y.ptr, self.grads[-1].ptr, rows, classes)
+        self.backward(rows)
+        self.sgd()
+
+    # ---- metrics: the baseline reads loss and accuracy back after every step ---------------------
+
+    def reset_metrics(self) -> None:
+        self.metrics.zero(self.stream)
+        self.host_metrics = np.zeros(2)
+
+    def record_metrics(self, rows: int) -> None:
+        """Each metric is computed, copied back and waited for, as a first version would."""
+        logits, classes, scalar = self.acts[-1].ptr, self.config.classes, np.zeros(1)
+        for i, kernel in enumerate(("batch_loss", "batch_correct")):
+            total = self.metrics.ptr + 8 * i
+            self.launch(kernel, 1, METRICS_THREADS, logits, self.y.ptr, rows, classes, total, 0)
+            cuda.copy_to_host(total, scalar, self.stream)
+            self.host_metrics[i] += scalar[0]
+
+    def read_metrics(self) -> np.ndarray:
+        return self.host_metrics
+
+    # ---- epochs ---------------------------------------------------------------------------------
+
+    def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
+        if measure:
+            self.reset_metrics()
+        self.start_event.record(self.stream)
+        self.run_batches(epoch, num_batches, measure)
+        self.end_event.record(self.stream)
+        self.end_event.synchronize()
+        ms = self.start_event.elapsed_ms(self.end_event)
+        if not measure:
+            return EpochResult(ms)
+        loss_sum, correct = self.read_metrics()
+        seen = self.bounds[num_batches - 1][1]
+        return EpochResult(ms, loss_sum / seen, correct / seen)
+
+    def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
+        base = epoch * self.num_train
+        for lo, hi in self.bounds[:num_batches]:
+            self.train_step(base + lo, hi - lo, measure)
+
+    def test_accuracy(self) -> float:
+        """Accuracy on the test set, forward passes of up to max_rows rows, one read at the end."""
+        features, classes = self.config.in_features, self.config.classes
+        correct = self.metrics.ptr + 8
+        self.metrics.zero(self.stream)
+        for lo in range(0, self.num_test, self.max_rows):
+            rows = min(self.max_rows, self.num_test - lo)
+            self.forward(self.test_images.ptr + lo * features * 4, rows)
+            self.launch("batch_correct", 1, METRICS_THREADS, self.acts[-1].ptr,
+                        self.test_labels.ptr + lo * 4, rows, classes, correct, 1)
+        return float(self.metrics.download(self.stream)[1]) / self.num_test
+
+    def weights(self) -> list[Layer]:
+        return [Layer(w.download(self.stream), None if b is None else b.download(self.stream))
+                for w, b in zip(self.w, self.b)]
+
+    def environment(self) -> dict:
+        dev = self.device
+        return {"gpu": dev.name, "compute_capability": f"{dev.compute_capability[0]}.{dev.compute_capability[1]}",
+                "driver": dev.driver_version, "cuda_driver": dev.driver_cuda_version,
+                **{k: str(v) for k, v in cuda.versions().items()}, **self.library_versions()}
+
+    def library_versions(self) -> dict:
+        from graphtrain.libs.nvrtc import nvrtc_version
+        return {"nvrtc": nvrtc_version()}
+
+    def close(self) -> None:
+        for name in ("arena", "start_event", "end_event"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+        for module in getattr(self, "modules", []):
+            module.close()
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()

@@ -1,0 +1,41 @@
+"""`numpy`: the CPU rung. The reference math in float32, one vectorised step per batch."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from graphtrain import reference
+from graphtrain.stages.base import EpochResult, Stage
+
+
+class NumpyStage(Stage):
+    name = "numpy"
+    summary = "CPU reference in float32, the same math as the GPU stages"
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)
+
+    def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
+        images, labels = self.data.train_images, self.data.train_labels
+        order = reference.epoch_order(self.config.seed, epoch, len(images))
+        bounds = reference.batch_bounds(len(images), self.config.batch)[:num_batches]
+        lr = np.float32(self.config.lr)
+        loss_sum, correct, seen = 0.0, 0, 0
+        start = time.perf_counter()
+        for lo, hi in bounds:
+            idx = order[lo:hi]
+            batch_loss, batch_correct = reference.train_step(self.layers, images[idx], labels[idx], lr)
+            loss_sum += batch_loss
+            correct += batch_correct
+            seen += hi - lo
+        ms = (time.perf_counter() - start) * 1e3
+        return EpochResult(ms, loss_sum / seen, correct / seen)
+
+    def test_accuracy(self) -> float:
+        return reference.accuracy(self.layers, self.data.test_images, self.data.test_labels)
+
+    def weights(self):
+        return [layer.copy() for layer in self.layers]

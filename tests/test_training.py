@@ -1,0 +1,86 @@
+"""The training driver and the numpy stage, on small synthetic data and on the real MNIST."""
+
+import numpy as np
+import pytest
+
+from graphtrain import TrainConfig, reference, train
+from graphtrain.config import PRESETS
+from graphtrain.data import Dataset, load
+from graphtrain.errors import TrainingError, UsageError
+from graphtrain.training import median_epoch_ms
+
+RECORD_KEYS = {"stage", "config", "environment", "epochs", "epoch_ms", "setup_ms", "total_ms",
+               "test_accuracy", "train_loss"}
+
+
+@pytest.fixture(scope="module")
+def small():
+    return Dataset.synthetic(1000, 300, seed=1)
+
+
+def test_record_has_the_stable_keys(small):
+    seen = []
+    record = train(TrainConfig(hidden=(32,), batch=64, epochs=3), data=small,
+                   progress=lambda e, n, entry: seen.append((e, n)))
+    assert RECORD_KEYS <= set(record)
+    assert record["stage"] == "numpy" and seen == [(0, 3), (1, 3), (2, 3)]
+    assert [e["epoch"] for e in record["epochs"]] == [1, 2, 3]
+    assert all(e["batches"] == 16 for e in record["epochs"])
+    assert record["config"]["dims"] == [784, 32, 10]
+    assert record["environment"]["python"] and record["environment"]["numpy"]
+    assert record["test_accuracy"] > 0.8  # the synthetic classes are separable
+    losses = [e["train_loss"] for e in record["epochs"]]
+    assert losses[-1] < losses[0]
+
+
+def test_numpy_stage_is_the_reference_step_by_step(small):
+    cfg = TrainConfig(hidden=(16,), batch=300, epochs=2, lr=0.2, seed=3)
+    from graphtrain.stages import get_stage
+
+    with get_stage("numpy")(cfg, small) as stage:
+        stage.setup()
+        for epoch in range(2):
+            stage.train_epoch(epoch, 4, measure=True)
+        weights = stage.weights()
+    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    for epoch in range(2):
+        order = reference.epoch_order(cfg.seed, epoch, 1000)
+        for lo, hi in reference.batch_bounds(1000, 300):  # the tail batch of 100 rows included
+            reference.train_step(layers, small.train_images[order[lo:hi]].astype(np.float64),
+                                 small.train_labels[order[lo:hi]], cfg.lr)
+    for w32, w64 in zip(weights, layers):
+        assert np.linalg.norm(w32.w - w64.w) / np.linalg.norm(w64.w) < 1e-5
+
+
+def test_steps_stop_inside_the_last_epoch(small):
+    record = train(TrainConfig(batch=100, epochs=None, steps=25), data=small)
+    assert [e["batches"] for e in record["epochs"]] == [10, 10, 5]
+
+
+def test_same_seed_same_result(small):
+    a = train(TrainConfig(batch=100, epochs=2, seed=5), data=small)
+    b = train(TrainConfig(batch=100, epochs=2, seed=5), data=small)
+    assert [e["train_loss"] for e in a["epochs"]] == [e["train_loss"] for e in b["epochs"]]
+
+
+def test_nan_loss_names_the_epoch_and_suggests_a_lower_lr(small):
+    with np.errstate(all="ignore"), pytest.raises(TrainingError, match=r"epoch 1 .*lower --lr"):
+        train(TrainConfig(hidden=(64,), batch=100, epochs=3, lr=1e30), data=small)
+
+
+def test_invalid_config_is_rejected_before_training(small):
+    with pytest.raises(UsageError, match="larger than the dataset"):
+        train(TrainConfig(batch=5000, epochs=1), data=small)
+    with pytest.raises(UsageError, match="unknown stage"):
+        train(TrainConfig(), stage="warp-drive", data=small)
+
+
+def test_median_epoch_is_over_the_second_half():
+    epochs = [{"ms": ms} for ms in (100, 90, 5, 7, 6, 1000)]
+    assert median_epoch_ms(epochs) == 7  # median of 7, 6, 1000
+
+
+def test_jhu_preset_on_real_mnist_reaches_91_percent(mnist_dir):
+    record = train(PRESETS["jhu"], data=load("mnist", data_dir=mnist_dir, offline=True))
+    assert record["test_accuracy"] >= 0.91
+    assert len(record["epochs"]) == 20 and record["epochs"][0]["batches"] == 469
