@@ -11,7 +11,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Callable
 
@@ -65,7 +64,8 @@ def train(
     """Train `config` with `stage` and return the run record. Loads the dataset when not given."""
     stage_cls = get_stage(stage)
     if data is None:
-        data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline, **({"log": log} if log else {}))
+        data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline,
+                             log=log or data_mod.print_to_stderr)
     num_train = len(data.train_images)
     config.validate(num_train)
     if data.num_features != config.in_features:
@@ -119,5 +119,4 @@ def train(
         "total_ms": total_ms,
         "test_accuracy": test_accuracy,
         "train_loss": measured[-1] if measured else None,
-        "command": " ".join(["graphtrain", *sys.argv[1:]]) if sys.argv else None,
     }

@@ -1,0 +1,259 @@
+"""The ladder and the sweep: every stage, then the peers, on one workload, side by side.
+
+`run_ladder` trains the same config (same data, init and sample order) with each stage in ladder
+order and then with each peer, one row each. A row that fails does not stop the others: it
+becomes a failed row with its error (or a skipped row when its framework or the GPU is missing).
+`run_sweep` does the same for each hidden size H of a list, for the seeds' time-against-size
+graph. Both show a progress bar per row on the given (stderr) console and, given an output
+folder, write the reports of `graphtrain.report` there.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from graphtrain import report, training
+from graphtrain.config import PRESETS, TrainConfig
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
+from graphtrain.peers import PeerUnavailable, peer_names, run_peer
+from graphtrain.stages import stage_names
+
+SWEEP_DEPTH = 3  # hidden layers of a sweep when the preset has none: cuda-mnist's (H, H, H)
+
+
+def default_stages() -> list[str]:
+    return stage_names()
+
+
+def default_peers() -> list[str]:
+    return peer_names()
+
+
+def run_label(config: TrainConfig) -> str:
+    """The preset's name, plus a tag for each setting that differs from the preset's own.
+
+    jhu -> "jhu"; jhu with --hidden 784,784,784 -> "jhu-h784x784x784" ("-h0": no hidden layer);
+    other overrides add e.g. "-e5" (epochs), "-s1000" (steps), "-b256", "-lr0.05", "-nobias",
+    "-seed1", "-fashion-mnist", so that runs of different workloads never overwrite each other.
+    """
+    preset = PRESETS.get(config.preset) if config.preset else None
+    if preset is None:
+        return "custom" + _hidden_tag(config)
+    tags = []
+    if config.hidden != preset.hidden:
+        tags.append(_hidden_tag(config))
+    if config.bias != preset.bias:
+        tags.append("-bias" if config.bias else "-nobias")
+    if config.batch != preset.batch:
+        tags.append(f"-b{config.batch}")
+    if (config.epochs, config.steps) != (preset.epochs, preset.steps):
+        tags.append(f"-e{config.epochs}" if config.epochs is not None else f"-s{config.steps}")
+    if config.lr != preset.lr:
+        tags.append(f"-lr{config.lr:g}")
+    if config.seed != preset.seed:
+        tags.append(f"-seed{config.seed}")
+    if config.metrics_every != preset.metrics_every:
+        tags.append(f"-m{config.metrics_every}")
+    if config.dataset != preset.dataset:
+        tags.append(f"-{config.dataset}")
+    return config.preset + "".join(tags)
+
+
+def _hidden_tag(config: TrainConfig) -> str:
+    return "-h" + ("x".join(str(h) for h in config.hidden) or "0")
+
+
+def sweep_label(config: TrainConfig) -> str:
+    """Like `run_label`, without the hidden sizes, which the sweep varies: "cuda-mnist"."""
+    preset = PRESETS.get(config.preset) if config.preset else None
+    if preset is None:
+        return "custom"
+    return run_label(config.replace(hidden=preset.hidden))
+
+
+def sweep_config(config: TrainConfig, size: int) -> TrainConfig:
+    """config with every hidden layer H wide: (H,)·depth, or (H, H, H) for a preset without any."""
+    return config.replace(hidden=(size,) * (len(config.hidden) or SWEEP_DEPTH))
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data,
+               out_dir: Path | None, command: str, console: Console | None) -> list[dict]:
+    """Run each stage, then each peer, on `config`; write the reports to `out_dir` if given."""
+    console = console or Console(stderr=True)
+    _check_names(stages, peers)
+    data = _load(config, data, console)
+    config.validate(len(data.train_images))
+    records = []
+    with _progress(console) as progress:
+        for kind, names in (("stage", stages), ("peer", peers)):
+            for name in names:
+                records.append(_run_row(kind, name, config, data, progress, name))
+    if out_dir is not None:
+        paths = report.write_ladder(records, run_label(config), out_dir, command,
+                                    log=lambda message: console.print(escape(message)))
+        _print_paths(console, paths)
+    return records
+
+
+def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str], peers: list[str],
+              data, out_dir: Path | None, command: str, console: Console | None) -> list[dict]:
+    """For each H: each stage, then each peer, with hidden=(H,)·depth. Records get "hidden_size"."""
+    console = console or Console(stderr=True)
+    _check_names(stages, peers)
+    if not hidden_sizes or any(not isinstance(h, int) or h < 1 for h in hidden_sizes):
+        raise UsageError(f"hidden sizes must be positive integers, got {list(hidden_sizes)}")
+    data = _load(config, data, console)
+    records = []
+    with _progress(console) as progress:
+        for size in hidden_sizes:
+            sized = sweep_config(config, size)
+            sized.validate(len(data.train_images))
+            for kind, names in (("stage", stages), ("peer", peers)):
+                for name in names:
+                    record = _run_row(kind, name, sized, data, progress, f"H={size} {name}")
+                    records.append({"stage": record["stage"], "kind": record["kind"],
+                                    "hidden_size": size, **record})
+    if out_dir is not None:
+        paths = report.write_sweep(records, sweep_label(config), out_dir, command,
+                                   log=lambda message: console.print(escape(message)))
+        _print_paths(console, paths)
+    return records
+
+
+def _check_names(stages: list[str], peers: list[str]) -> None:
+    """Reject unknown names before anything runs, rather than as failed rows at the end."""
+    unknown_stages = [s for s in stages if s not in stage_names()]
+    unknown_peers = [p for p in peers if p not in peer_names()]
+    problems = []
+    if unknown_stages:
+        problems.append(f"unknown stage(s) {', '.join(unknown_stages)}; choose from {', '.join(stage_names())}")
+    if unknown_peers:
+        problems.append(f"unknown peer(s) {', '.join(unknown_peers)}; choose from {', '.join(peer_names())}")
+    if not stages and not peers:
+        problems.append("no stages and no peers to run")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+def _load(config: TrainConfig, data, console: Console):
+    if data is not None:
+        return data
+    from graphtrain import data as data_mod
+
+    return data_mod.load(config.dataset, log=lambda message: console.print(escape(message)))
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("epochs"), TimeElapsedColumn(), console=console)
+
+
+def _run_row(kind: str, name: str, config: TrainConfig, data, progress: Progress, label: str) -> dict:
+    """Train one row; any failure becomes a row that says what went wrong."""
+    console = progress.console
+    task = progress.add_task(escape(label), total=config.num_epochs(len(data.train_images)))
+
+    def on_epoch(epoch: int, num_epochs: int, entry: dict) -> None:
+        progress.update(task, total=num_epochs, completed=epoch + 1)
+
+    try:
+        if kind == "stage":
+            record = training.train(config, stage=name, data=data, progress=on_epoch)
+        else:
+            record = run_peer(name, config, data, progress=on_epoch)
+        record = {"stage": record["stage"], "kind": kind, **record}
+        progress.update(task, description=escape(f"{label}: {report.fmt_ms(record['epoch_ms'])} ms/epoch"))
+    except (PeerUnavailable, GpuUnavailableError) as exc:
+        record = _failed_row(kind, name, config, str(exc), skipped=True)
+        progress.update(task, description=escape(f"{label}: skipped"))
+        console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
+    except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
+        message = f"{type(exc).__name__}: {exc}"
+        record = _failed_row(kind, name, config, message, skipped=False)
+        if not isinstance(exc, GraphtrainError):
+            # Not one of graphtrain's explained errors: keep the trace for whoever debugs it.
+            record["traceback"] = "".join(traceback.format_exception(exc))
+        progress.update(task, description=escape(f"{label}: failed"))
+        console.print(f"[red]{escape(name)}: failed:[/] {escape(message)}")
+    record["data"] = {"name": data.name, "train": len(data.train_images), "test": len(data.test_images)}
+    return record
+
+
+def _failed_row(kind: str, name: str, config: TrainConfig, message: str, skipped: bool) -> dict:
+    return {"stage": name, "kind": kind, "error": message, "skipped": skipped, "config": config.to_dict()}
+
+
+def _print_paths(console: Console, paths) -> None:
+    for path in paths:
+        console.print(f"wrote {escape(str(path))}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tables for the terminal
+# --------------------------------------------------------------------------------------------
+
+_ROW_STYLES = {"ok": None, "failed": "red", "skipped": "yellow"}
+
+
+def ladder_table(records: list[dict]) -> Table:
+    """The ladder as a rich table; the same rows and numbers as the Markdown report.
+
+    Sized for a terminal: headers on two lines, peers below a rule instead of marked "(peer)",
+    and the notes (error messages, a peer's precision) as references like "failed [1]" into the
+    caption, which lists them in full.
+    """
+    notes = []
+    table = Table(title="graphtrain ladder", title_justify="left", caption_justify="left",
+                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    last = len(report.LADDER_COLUMNS) - 1
+    for i, column in enumerate(report.LADDER_COLUMNS):
+        header = "stage\n/ peer" if i == 0 else column.replace(" ", "\n", 1)
+        table.add_column(header, justify="left" if i in (0, last) else "right", no_wrap=True)
+    previous_kind = None
+    for row in report.ladder_rows(records):
+        if previous_kind == "stage" and row.kind == "peer":
+            table.add_section()
+        previous_kind = row.kind
+        cells = report.ladder_cells(row)
+        cells[0] = row.name
+        note = "" if row.status == "ok" else row.status
+        if row.note:
+            notes.append(f"[{len(notes) + 1}] {row.name}: {row.note}")
+            note = f"{note} [{len(notes)}]".strip()
+        cells[last] = note
+        table.add_row(*(escape(cell) for cell in cells), style=_ROW_STYLES[row.status])
+    table.caption = escape("\n".join([*notes, report.LADDER_LEGEND]))
+    return table
+
+
+def sweep_table(records: list[dict]) -> Table:
+    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer."""
+    sizes, names, cells = report.sweep_grid(records)
+    table = Table(title="graphtrain sweep: training time, ms (sum of the timed epochs)",
+                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    table.add_column("H", justify="right")
+    for name in names:
+        peer = any(r.get("stage") == name and report.kind_of(r) == "peer" for r in records)
+        table.add_column(escape(name + (" (peer)" if peer else "")), justify="right")
+    for size in sizes:
+        row = []
+        for name in names:
+            record = cells.get((size, name))
+            text = report.sweep_cell(record, lambda r: report.fmt_ms(report.train_ms(r)))
+            style = None if record is None or report.is_ok(record) else (
+                "yellow" if record.get("skipped") else "red")
+            row.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
+        table.add_row(str(size), *row)
+    return table

@@ -1,0 +1,390 @@
+"""The ladder, the sweep and their reports, on the CPU: synthetic run records for the report
+code, and real runs of the numpy stage for the drivers. No GPU, torch or jax needed: peers are
+made absent on purpose, so the tests behave the same on a machine that has them."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+from rich.console import Console
+
+from graphtrain import ladder, report, training
+from graphtrain.config import PRESETS, TrainConfig
+from graphtrain.data import Dataset
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, TrainingError, UsageError
+from graphtrain.peers import PEERS, PeerUnavailable, peer_names, run_peer
+from graphtrain.stages import stage_names
+from graphtrain.stages.numpy_cpu import NumpyStage
+
+COMMAND = "graphtrain ladder --preset jhu --out results"
+
+GPU_ENV = {"python": "3.12.3", "numpy": "2.1.0", "cpu": "Test CPU", "cpu_count": 16,
+           "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "580.95.05",
+           "cuda_driver": "13.0", "driver_cuda": "13.0", "runtime": "13.0", "nvrtc": "13.0",
+           "cublas": "13.1.0", "cudnn": "9.13.0", "cuda_bindings": "13.0.1"}
+TORCH_ENV = {"gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "580.95.05",
+             "torch": "2.9.0+cu130", "torch_cuda": "13.0", "torch_cudnn": "9.13.0"}
+
+
+def fake_record(stage, epoch_ms, kind="stage", env=None, epochs=4, note=""):
+    """A run record shaped like training.train's, with round numbers."""
+    config = PRESETS["jhu"].replace(epochs=epochs).to_dict()
+    entries = [{"epoch": e + 1, "ms": epoch_ms, "batches": 469, "full": True,
+                "train_loss": 0.5 / (e + 1), "train_accuracy": 0.9, "test_accuracy": 0.92}
+               for e in range(epochs)]
+    record = {"stage": stage, "kind": kind, "config": config,
+              "environment": dict(env if env is not None else GPU_ENV),
+              "epochs": entries, "epoch_ms": epoch_ms, "setup_ms": 100.0,
+              "total_ms": 100.0 + epochs * epoch_ms, "test_accuracy": 0.92,
+              "train_loss": entries[-1]["train_loss"], "command": "graphtrain ladder"}
+    if note:
+        record["note"] = note
+    return record
+
+
+def failed(stage, message, kind="stage", skipped=False):
+    return {"stage": stage, "kind": kind, "error": message, "skipped": skipped}
+
+
+@pytest.fixture
+def records():
+    return [
+        fake_record("numpy", 200.0, env={"python": "3.12.3", "numpy": "2.1.0", "cpu": "Test CPU"}),
+        fake_record("baseline", 40.0),
+        fake_record("fewer-syncs", 20.0),
+        failed("cublas", "CudaError: cublasGemmEx failed: CUBLAS_STATUS_NOT_SUPPORTED"),
+        fake_record("sparse-metrics", 10.0),
+        fake_record("graphs", 2.5),
+        fake_record("torch-eager", 100.0, kind="peer", env=TORCH_ENV, note="fp32, TF32 off"),
+        failed("jax-scan", "jax is not installed", kind="peer", skipped=True),
+    ]
+
+
+@pytest.fixture
+def quiet_console():
+    return Console(file=io.StringIO(), width=200, stderr=True)
+
+
+@pytest.fixture
+def no_frameworks(monkeypatch):
+    """`import torch` and `import jax` raise ImportError, as on a machine without them."""
+    for name in ("torch", "jax"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def small_data():
+    return Dataset.synthetic(2000, 500, seed=0)
+
+
+# ---- speed-ups and rows --------------------------------------------------------------------
+
+
+def test_speedups_over_the_rung_before_and_over_baseline(records):
+    rows = {row.name: row for row in report.ladder_rows(records)}
+    assert rows["numpy"].vs_prev is None  # the first rung has none before it
+    assert rows["numpy"].vs_baseline == pytest.approx(0.2)
+    assert rows["baseline"].vs_prev == pytest.approx(5.0)
+    assert rows["baseline"].vs_baseline == pytest.approx(1.0)
+    assert rows["fewer-syncs"].vs_prev == pytest.approx(2.0)
+    assert rows["cublas"].status == "failed"
+    # The rung before sparse-metrics failed: no ratio over a rung that has no time.
+    assert rows["sparse-metrics"].vs_prev is None
+    assert rows["sparse-metrics"].vs_baseline == pytest.approx(4.0)
+    assert rows["graphs"].vs_prev == pytest.approx(4.0)
+    # Peers are not rungs: only the baseline ratio.
+    assert rows["torch-eager"].vs_prev is None
+    assert rows["torch-eager"].vs_baseline == pytest.approx(0.4)
+    assert rows["jax-scan"].status == "skipped" and rows["jax-scan"].note == "jax is not installed"
+
+
+def test_no_baseline_means_no_baseline_ratio(records):
+    rows = report.ladder_rows([r for r in records if r["stage"] != "baseline"])
+    assert all(row.vs_baseline is None for row in rows)
+
+
+def test_formatting():
+    assert report.fmt_speedup(4.0) == "4.00×"
+    assert report.fmt_speedup(1234.0) == "1,234×"
+    assert report.fmt_speedup(None) == report.DASH
+    assert report.fmt_ms(1.23456) == "1.235"
+    assert report.fmt_ms(12345.6) == "12,346"
+    assert report.fmt_accuracy(0.9229) == "92.29%"
+    assert report.fmt_loss(None) == report.DASH
+
+
+# ---- Markdown, JSON, plots -----------------------------------------------------------------
+
+
+def test_ladder_markdown_has_rows_device_versions_and_command(records):
+    md = report.ladder_markdown(records, "jhu", COMMAND, date="2026-01-02 03:04:05 UTC")
+    assert md.startswith("# graphtrain ladder: jhu")
+    assert "Date: 2026-01-02 03:04:05 UTC" in md
+    assert "Device: NVIDIA H100 80GB HBM3 (compute capability 9.0)" in md
+    assert "Driver: 580.95.05 (CUDA 13.0)" in md
+    assert "cuBLAS 13.1.0" in md and "cuDNN 9.13.0" in md and "NVRTC 13.0" in md
+    assert "PyTorch: 2.9.0+cu130 (CUDA 13.0, cuDNN 9.13.0)" in md
+    assert f"```sh\n{COMMAND}\n```" in md
+    assert "| baseline | 40.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 |  |" in md
+    assert "| graphs | 2.500 |" in md and "| 4.00× | 16.00× |" in md
+    assert "| torch-eager (peer) | 100.00 |" in md and "fp32, TF32 off" in md
+    assert "failed: CudaError: cublasGemmEx failed: CUBLAS_STATUS_NOT_SUPPORTED" in md
+    assert "| jax-scan (peer) |" in md and "skipped: jax is not installed" in md
+
+
+def test_markdown_cells_escape_pipes():
+    records = [failed("baseline", "weird | message\nsecond line")]
+    md = report.ladder_markdown(records, "jhu", COMMAND)
+    assert "weird \\| message second line" in md
+
+
+def test_device_line_without_any_gpu_record():
+    records = [fake_record("numpy", 100.0, env={"python": "3.12", "numpy": "2.1", "cpu": "Test CPU"})]
+    lines = report.environment_lines(records)
+    assert "Device: no GPU (CPU only)" in lines
+    assert not any(line.startswith("Driver") for line in lines)
+
+
+def test_write_ladder_files_and_json_round_trip(records, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plots to check")
+    paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
+    names = sorted(p.name for p in paths)
+    assert names == ["ladder-jhu-loss.png", "ladder-jhu-time.png", "ladder-jhu.json", "ladder-jhu.md"]
+    for path in paths:
+        assert path.stat().st_size > 0
+    assert (tmp_path / "ladder-jhu-time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = report.read_json(tmp_path / "ladder-jhu.json")
+    assert saved["records"] == records
+    assert saved["command"] == COMMAND and saved["label"] == "jhu"
+    md = (tmp_path / "ladder-jhu.md").read_text()
+    assert "![ladder-jhu-time](ladder-jhu-time.png)" in md
+    # Written through temporary files: none left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+def test_write_ladder_without_matplotlib_notes_it(records, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    logged = []
+    paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=logged.append)
+    assert sorted(p.name for p in paths) == ["ladder-jhu.json", "ladder-jhu.md"]
+    md = (tmp_path / "ladder-jhu.md").read_text()
+    assert "matplotlib is not installed" in md
+    assert any("matplotlib is not installed" in message for message in logged)
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_rewriting_replaces_the_files(records, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
+    report.write_ladder(records[:2], "jhu", tmp_path, "second", log=lambda m: None)
+    assert report.read_json(tmp_path / "ladder-jhu.json")["command"] == "second"
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_ladder_table_renders_every_row_and_note(records):
+    console = Console(file=io.StringIO(), width=160)
+    console.print(ladder.ladder_table(records))
+    text = console.file.getvalue()
+    for name in ("numpy", "baseline", "fewer-syncs", "cublas", "graphs", "torch-eager", "jax-scan"):
+        assert name in text
+    assert "16.00×" in text and "failed [1]" in text and "skipped [3]" in text
+    assert "CUBLAS_STATUS_NOT_SUPPORTED" in text and "jax is not installed" in text
+
+
+def sweep_records():
+    out = []
+    for size, factor in ((128, 1.0), (256, 2.0)):
+        for name, ms, kind in (("graphs", 5.0, "stage"), ("torch-eager", 50.0, "peer")):
+            record = fake_record(name, ms * factor, kind=kind)
+            out.append({"stage": name, "kind": kind, "hidden_size": size, **record})
+        out.append({"stage": "jax-scan", "kind": "peer", "hidden_size": size,
+                    **failed("jax-scan", "jax is not installed", kind="peer", skipped=True)})
+    return out
+
+
+def test_sweep_markdown_and_table():
+    records = sweep_records()
+    md = report.sweep_markdown(records, "cuda-mnist", "graphtrain sweep --hidden-sizes 128,256")
+    assert "| hidden size H | graphs | torch-eager (peer) | jax-scan (peer) |" in md
+    # Training time is the sum of the timed epochs: 4 epochs of 5 ms at H=128.
+    assert "| 128 | 20.00 | 200.00 | skipped |" in md
+    assert "| 256 | 40.00 | 400.00 | skipped |" in md
+    assert "H=128 jax-scan: skipped: jax is not installed" in md
+    assert "```sh\ngraphtrain sweep --hidden-sizes 128,256\n```" in md
+    console = Console(file=io.StringIO(), width=160)
+    console.print(ladder.sweep_table(records))
+    text = console.file.getvalue()
+    assert "128" in text and "256" in text and "400.00" in text and "skipped" in text
+
+
+def test_write_sweep(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plot to check")
+    records = sweep_records()
+    paths = report.write_sweep(records, "cuda-mnist", tmp_path, "graphtrain sweep", log=lambda m: None)
+    assert sorted(p.name for p in paths) == ["sweep-cuda-mnist.json", "sweep-cuda-mnist.md",
+                                             "sweep-cuda-mnist.png"]
+    assert report.read_json(tmp_path / "sweep-cuda-mnist.json")["records"] == records
+
+
+# ---- labels and names ----------------------------------------------------------------------
+
+
+def test_run_label():
+    assert ladder.run_label(PRESETS["jhu"]) == "jhu"
+    assert ladder.run_label(PRESETS["jhu"].replace(hidden=(784, 784, 784))) == "jhu-h784x784x784"
+    assert ladder.run_label(PRESETS["cuda-mlp"]) == "cuda-mlp"
+    assert ladder.run_label(PRESETS["cuda-mlp"].replace(hidden=())) == "cuda-mlp-h0"
+    assert ladder.run_label(PRESETS["jhu"].replace(epochs=5)) == "jhu-e5"
+    assert ladder.run_label(TrainConfig(hidden=(32,))) == "custom-h32"
+    assert ladder.sweep_label(PRESETS["cuda-mnist"].replace(hidden=(128,) * 3)) == "cuda-mnist"
+
+
+def test_defaults_and_registry():
+    assert ladder.default_stages() == stage_names()
+    assert ladder.default_stages()[:2] == ["numpy", "baseline"]
+    assert ladder.default_peers() == peer_names() == list(PEERS)
+    assert peer_names() == ["torch-eager", "torch-compile", "torch-graph", "jax-scan"]
+    assert issubclass(PeerUnavailable, GraphtrainError)
+
+
+def test_unknown_names_are_rejected_before_anything_runs(quiet_console):
+    data = small_data()
+    with pytest.raises(UsageError, match="unknown stage"):
+        ladder.run_ladder(PRESETS["jhu"], stages=["numpy", "warp-drive"], peers=[], data=data,
+                          out_dir=None, command=COMMAND, console=quiet_console)
+    with pytest.raises(UsageError, match="unknown peer"):
+        ladder.run_ladder(PRESETS["jhu"], stages=[], peers=["tensorflow"], data=data,
+                          out_dir=None, command=COMMAND, console=quiet_console)
+    with pytest.raises(UsageError, match="unknown peer"):
+        run_peer("tensorflow", PRESETS["jhu"], data)
+
+
+def test_compile_mode_comes_from_the_environment(monkeypatch):
+    from graphtrain.peers import torch_compile
+
+    monkeypatch.delenv(torch_compile.MODE_VARIABLE, raising=False)
+    assert torch_compile.compile_mode() == "max-autotune"
+    monkeypatch.setenv(torch_compile.MODE_VARIABLE, "reduce-overhead")
+    assert torch_compile.compile_mode() == "reduce-overhead"
+
+
+# ---- real runs of the numpy stage ----------------------------------------------------------
+
+
+def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_frameworks):
+    data = small_data()
+    config = PRESETS["jhu"].replace(epochs=2)
+    records = ladder.run_ladder(config, stages=["numpy"], peers=peer_names(), data=data,
+                                out_dir=tmp_path, command=COMMAND, console=quiet_console)
+    assert [r["stage"] for r in records] == ["numpy", *peer_names()]
+    numpy_record = records[0]
+    assert numpy_record["kind"] == "stage" and "error" not in numpy_record
+    assert numpy_record["test_accuracy"] > 0.8
+    assert len(numpy_record["epochs"]) == 2
+    assert numpy_record["data"] == {"name": "synthetic", "train": 2000, "test": 500}
+    for record in records[1:]:
+        assert record["kind"] == "peer" and record["skipped"] is True
+        assert "is not installed" in record["error"]
+    assert "torch is not installed" in records[1]["error"]
+    assert "jax is not installed" in records[-1]["error"]
+
+    assert (tmp_path / "ladder-jhu-e2.md").exists() and (tmp_path / "ladder-jhu-e2.json").exists()
+    md = (tmp_path / "ladder-jhu-e2.md").read_text()
+    assert "| numpy |" in md and "skipped: torch is not installed" in md and COMMAND in md
+    assert "data synthetic (2000 train / 500 test)" in md
+    assert report.read_json(tmp_path / "ladder-jhu-e2.json")["records"] == json.loads(json.dumps(records))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in md
+    else:
+        assert (tmp_path / "ladder-jhu-e2-time.png").exists()
+        assert (tmp_path / "ladder-jhu-e2-loss.png").exists()
+    printed = quiet_console.file.getvalue()
+    assert "torch-eager: skipped: torch is not installed" in printed
+
+
+class BrokenStage(NumpyStage):
+    """The numpy stage, failing in its second epoch."""
+
+    error: Exception = RuntimeError("boom in epoch 2")
+
+    def train_epoch(self, epoch, num_batches, measure):
+        if epoch == 1:
+            raise self.error
+        return super().train_epoch(epoch, num_batches, measure)
+
+
+def with_broken(monkeypatch, name: str, error: Exception):
+    """Make stage `name` the BrokenStage raising `error`."""
+    broken = type("Broken", (BrokenStage,), {"error": error})
+    real_get_stage = training.get_stage
+    monkeypatch.setattr(training, "get_stage", lambda stage: broken if stage == name else real_get_stage(stage))
+
+
+def test_failing_stage_is_an_error_row_and_the_rest_still_runs(monkeypatch, quiet_console, no_frameworks):
+    with_broken(monkeypatch, "baseline", RuntimeError("boom in epoch 2"))
+    records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=2), stages=["baseline", "numpy"],
+                                peers=["torch-eager"], data=small_data(), out_dir=None,
+                                command=COMMAND, console=quiet_console)
+    broken, numpy_record, peer = records
+    assert broken == {**broken, "stage": "baseline", "kind": "stage", "skipped": False,
+                      "error": "RuntimeError: boom in epoch 2"}
+    assert "boom in epoch 2" in broken["traceback"]  # an unexpected error keeps its trace
+    assert "error" not in numpy_record and numpy_record["test_accuracy"] > 0.8
+    assert peer["skipped"] is True
+    printed = quiet_console.file.getvalue()
+    assert "baseline: failed: RuntimeError: boom in epoch 2" in printed
+
+
+@pytest.mark.parametrize("error, skipped", [
+    (GpuUnavailableError("no NVIDIA driver found"), True),
+    (TrainingError("the training loss became nan in epoch 2"), False),
+])
+def test_graphtrain_errors_become_rows(monkeypatch, quiet_console, error, skipped):
+    with_broken(monkeypatch, "baseline", error)
+    records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=2), stages=["baseline", "numpy"], peers=[],
+                                data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
+    row = records[0]
+    assert row["skipped"] is skipped
+    assert str(error) in row["error"]
+    assert "traceback" not in row  # graphtrain's own errors explain themselves
+    assert records[1]["stage"] == "numpy" and "error" not in records[1]
+
+
+def test_peer_failing_mid_run_is_an_error_row(monkeypatch, quiet_console):
+    from graphtrain.peers import torch_eager
+
+    def explode(config, data, progress=None):
+        raise ValueError("peer exploded")
+
+    monkeypatch.setattr(torch_eager, "run", explode)
+    records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=1), stages=[], peers=["torch-eager"],
+                                data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
+    assert records[0]["error"] == "ValueError: peer exploded" and records[0]["skipped"] is False
+
+
+def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
+    config = PRESETS["cuda-mnist"].replace(steps=30, lr=0.05)
+    records = ladder.run_sweep(config, hidden_sizes=[8, 16], stages=["numpy"], peers=["jax-scan"],
+                               data=small_data(), out_dir=tmp_path, command="graphtrain sweep",
+                               console=quiet_console)
+    assert [(r["hidden_size"], r["stage"]) for r in records] == [
+        (8, "numpy"), (8, "jax-scan"), (16, "numpy"), (16, "jax-scan")]
+    assert records[0]["config"]["hidden"] == [8, 8, 8]
+    assert records[2]["config"]["hidden"] == [16, 16, 16]
+    assert sum(e["batches"] for e in records[0]["epochs"]) == 30
+    assert records[1]["skipped"] is True
+    assert (tmp_path / "sweep-cuda-mnist-s30-lr0.05.md").exists()
+    saved = report.read_json(tmp_path / "sweep-cuda-mnist-s30-lr0.05.json")
+    assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
+
+
+def test_sweep_of_a_preset_without_hidden_layers_uses_three(quiet_console):
+    assert ladder.sweep_config(PRESETS["jhu"], 64).hidden == (64, 64, 64)
+    assert ladder.sweep_config(PRESETS["cuda-mlp"], 64).hidden == (64, 64, 64, 64)
+    with pytest.raises(UsageError):
+        ladder.run_sweep(PRESETS["jhu"], hidden_sizes=[0], stages=["numpy"], peers=[], data=small_data(),
+                         out_dir=None, command="x", console=quiet_console)

@@ -1,0 +1,463 @@
+"""The CUDA layer on a real GPU: runtime, arena, NVRTC kernels, CUDA Graphs, cuBLAS and cuDNN.
+
+Every result is compared with NumPy in float64 on fresh random inputs (never zeros), by the
+relative error ‖out − ref‖ / ‖ref‖. Skipped, with the reason, when no GPU can be opened.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from graphtrain.errors import GpuUnavailableError, UsageError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device")]
+
+RNG = np.random.default_rng()
+TOL = 1e-5
+
+KERNELS = r"""
+extern "C" __global__ void saxpy(float a, const float* __restrict__ x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+
+extern "C" __global__ void scale_add(float* y, double s, long long n, unsigned shift) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (float)(y[i] * s) + (float)shift;
+}
+
+extern "C" __global__ void fill_2d(float* out, int rows, int cols) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int r = blockIdx.y * blockDim.y + threadIdx.y;
+    if (r < rows && c < cols) out[r * cols + c] = (float)(r * 1000 + c);
+}
+"""
+
+
+def rel_err(out, ref) -> float:
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+
+
+def randn(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def device():
+    from graphtrain.libs import cuda
+
+    try:
+        return cuda.open_device()
+    except GpuUnavailableError as exc:
+        pytest.skip(f"no usable GPU: {exc}")
+
+
+@pytest.fixture(scope="module")
+def stream(device):
+    from graphtrain.libs import cuda
+
+    s = cuda.Stream()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def module(device, tmp_path_factory):
+    from graphtrain.libs.nvrtc import Module
+
+    folder = tmp_path_factory.mktemp("kernels")
+    (folder / "testkernels.cu").write_text(KERNELS)
+    mod = Module.load("testkernels", device, kernels_dir=folder)
+    yield mod
+    mod.close()
+
+
+@pytest.fixture(scope="module")
+def blas_workspace(device):
+    from graphtrain.libs import cuda
+
+    nbytes = 32 << 20
+    ptr = cuda.malloc(nbytes)
+    yield ptr, nbytes
+    cuda.free(ptr)
+
+
+@pytest.fixture(scope="module")
+def blas(stream, blas_workspace):
+    from graphtrain.libs.cublas import Cublas
+
+    handle = Cublas(stream, *blas_workspace)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture(scope="module")
+def dnn(stream):
+    from graphtrain.libs.cudnn import Cudnn
+
+    handle = Cudnn(stream)
+    yield handle
+    handle.close()
+
+
+class Scratch:
+    """Named device arrays in one arena, uploaded from the given host arrays."""
+
+    def __init__(self, stream, **arrays):
+        from graphtrain.libs.memory import Arena
+
+        self.stream, self.arena = stream, Arena()
+        self.bufs = {name: self.arena.reserve(name, a.shape, a.dtype) for name, a in arrays.items()}
+        self.arena.allocate()
+        for name, a in arrays.items():
+            self.bufs[name].upload(a, stream)
+
+    def __getitem__(self, name):
+        return self.bufs[name].ptr
+
+    def get(self, name):
+        return self.bufs[name].download(self.stream)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.arena.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime
+
+
+def test_device_info(device):
+    assert device.name
+    major, minor = device.compute_capability
+    assert device.arch == f"sm_{major}{minor}"
+    assert device.sm_count > 0 and device.total_memory > 1 << 30
+    assert float(device.driver_cuda_version) >= 12.0 and float(device.runtime_version) >= 12.0
+    from graphtrain.libs import cuda
+
+    assert cuda.open_device(device.ordinal) is device  # cached
+    found = cuda.versions()
+    assert found["runtime"] == device.runtime_version and found["driver_cuda"] == device.driver_cuda_version
+
+
+def test_failing_call_raises_cuda_error_with_status_name():
+    from graphtrain.libs import cuda
+
+    with pytest.raises(cuda.CudaError) as info:
+        cuda.malloc(1 << 50)  # a petabyte
+    assert info.value.call == "cudaMalloc"
+    assert info.value.status == "cudaErrorMemoryAllocation"
+    assert "cudaMalloc failed: cudaErrorMemoryAllocation" in str(info.value)
+    cuda.runtime_api().cudaGetLastError()  # not sticky, but leave no trace for later tests
+
+
+def test_counters_count_allocations_syncs_and_copies(stream):
+    from graphtrain.libs import cuda
+
+    cuda.reset_counters()
+    ptr = cuda.malloc(4096)
+    host = randn(1024)
+    cuda.copy_to_device(ptr, host, stream)
+    assert cuda.counters == cuda.Counters(mallocs=1, frees=0, syncs=1, d2h_copies=0)
+    back = cuda.copy_to_host(ptr, np.empty_like(host), stream)
+    assert np.array_equal(back, host)
+    assert cuda.counters == cuda.Counters(mallocs=1, frees=0, syncs=2, d2h_copies=1)
+    cuda.memset(ptr, 0, 4096, stream)  # asynchronous: counts nothing
+    stream.synchronize()
+    cuda.synchronize()
+    event = cuda.Event()
+    event.record(stream)
+    event.synchronize()
+    event.close()
+    cuda.free(ptr)
+    assert cuda.counters == cuda.Counters(mallocs=1, frees=1, syncs=5, d2h_copies=1)
+
+
+def test_copy_to_host_needs_a_contiguous_destination(stream):
+    from graphtrain.libs import cuda
+
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cuda.copy_to_host(1 << 40, np.empty((4, 4), np.float32).T, stream)
+
+
+def test_event_timing_is_positive(stream, module):
+    from graphtrain.libs import cuda
+
+    n = 1 << 22
+    with Scratch(stream, x=randn(n), y=randn(n)) as s:
+        start, end = cuda.Event(), cuda.Event()
+        start.record(stream)
+        for _ in range(20):
+            module.kernel("saxpy")(-(-n // 256), 256, stream, 0.5, s["x"], s["y"], n)
+        end.record(stream)
+        end.synchronize()
+        ms = start.elapsed_ms(end)
+        start.close()
+        end.close()
+    assert ms > 0.0
+
+
+def test_arena_allocates_once_and_round_trips(stream):
+    from graphtrain.libs import cuda
+    from graphtrain.libs.memory import Arena
+
+    arrays = {"a": randn(3, 5), "b": RNG.integers(-100, 100, 7, dtype=np.int32),
+              "c": RNG.standard_normal(11), "d": randn(64, 33)}
+    cuda.reset_counters()
+    with Arena() as arena:
+        bufs = {name: arena.reserve(name, a.shape, a.dtype) for name, a in arrays.items()}
+        arena.allocate()
+        assert cuda.counters.mallocs == 1
+        assert all(b.ptr % 256 == 0 for b in bufs.values())
+        for name, a in arrays.items():
+            bufs[name].upload(a, stream)
+        for name, a in arrays.items():
+            out = bufs[name].download(stream)
+            assert out.dtype == a.dtype and np.array_equal(out, a)
+        bufs["d"].zero(stream)
+        assert not bufs["d"].download(stream).any()
+        assert np.array_equal(bufs["c"].download(stream), arrays["c"])  # neighbours untouched
+    assert cuda.counters.mallocs == 1 and cuda.counters.frees == 1
+
+
+# --------------------------------------------------------------------------------------------
+# NVRTC kernels
+
+
+def test_kernel_launch_matches_numpy(stream, module):
+    n = 100_003
+    x, y = randn(n), randn(n)
+    with Scratch(stream, x=x, y=y) as s:
+        module.kernel("saxpy")(-(-n // 256), 256, stream, 1.75, s["x"], s["y"], n)
+        out = s.get("y")
+    assert rel_err(out, 1.75 * x.astype(np.float64) + y) < TOL
+
+
+def test_kernel_scalar_types_and_2d_grid(stream, module):
+    rows, cols = 37, 53
+    with Scratch(stream, out=randn(rows, cols), y=randn(1000)) as s:
+        module.kernel("fill_2d")((-(-cols // 16), -(-rows // 16)), (16, 16), stream, s["out"], rows, cols)
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        assert np.array_equal(s.get("out"), (r * 1000 + c).astype(np.float32))
+        y = s.get("y")
+        module.kernel("scale_add")(4, 256, stream, s.bufs["y"], 0.25, 1000, 3)  # a Buffer for a pointer
+        assert rel_err(s.get("y"), y.astype(np.float64) * 0.25 + 3) < TOL
+
+
+def test_kernel_argument_errors_name_the_kernel(stream, module):
+    from graphtrain.libs.nvrtc import KernelArgumentError
+
+    saxpy = module.kernel("saxpy")
+    assert saxpy is module.kernel("saxpy")
+    with pytest.raises(KernelArgumentError, match="saxpy takes 4 argument"):
+        saxpy(1, 32, stream, 1.0, 0, 0)
+    with pytest.raises(UsageError, match="saxpy"):
+        saxpy(1, 32, stream, 1.0, 0, 0, 1, 2)
+    with pytest.raises(KernelArgumentError, match="argument 3"):
+        saxpy(1, 32, stream, 1.0, 0, 0, 2.5)  # a float for an int
+    with pytest.raises(KernelArgumentError, match="does not fit"):
+        saxpy(1, 32, stream, 1.0, 0, 0, 2**40)
+    with pytest.raises(KernelArgumentError, match="grid"):
+        saxpy(0, 32, stream, 1.0, 0, 0, 0)
+    with pytest.raises(UsageError, match="no_such_kernel"):
+        module.kernel("no_such_kernel")
+
+
+def test_bad_launch_configuration_raises_with_status(stream, module):
+    from graphtrain.libs import cuda
+
+    with pytest.raises(cuda.CudaError) as info:
+        module.kernel("saxpy")(1, 4096, stream, 1.0, 0, 0, 0)  # more threads than a block may have
+    assert info.value.call == "cuLaunchKernel(saxpy)"
+    assert info.value.status.startswith("CUDA_ERROR_")
+
+
+def test_kernel_launch_overhead_is_small(stream, module):
+    n = 1024
+    with Scratch(stream, x=randn(n), y=randn(n)) as s:
+        saxpy, x, y = module.kernel("saxpy"), s["x"], s["y"]
+        for _ in range(100):
+            saxpy(4, 256, stream, 1.0, x, y, n)
+        count = 2000
+        t0 = time.perf_counter()
+        for _ in range(count):
+            saxpy(4, 256, stream, 1.0, x, y, n)
+        per_launch = (time.perf_counter() - t0) / count
+        stream.synchronize()
+    print(f"kernel launch from Python: {per_launch * 1e6:.1f} µs")
+    assert per_launch < 200e-6
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA Graphs
+
+
+def test_graph_capture_replays_kernels(stream, module):
+    from graphtrain.libs import cuda
+
+    n, replays = 10_000, 7
+    x, y = randn(n), randn(n)
+    with Scratch(stream, x=x, y=y) as s:
+        saxpy, scale = module.kernel("saxpy"), module.kernel("scale_add")
+        blocks = -(-n // 256)
+        cuda.reset_counters()
+        with cuda.Graph.capture(stream) as graph:
+            saxpy(blocks, 256, stream, 0.5, s["x"], s["y"], n)
+            scale(blocks, 256, stream, s["y"], 0.5, n, 0)
+            saxpy(blocks, 256, stream, -0.25, s["x"], s["y"], n)
+        assert graph.num_nodes == 3
+        for _ in range(replays):
+            graph.launch(stream)
+        assert cuda.counters.syncs == 0 and cuda.counters.mallocs == 0
+        out = s.get("y")
+        graph.close()
+        graph.close()
+    ref, x64 = y.astype(np.float64), x.astype(np.float64)
+    for _ in range(replays):
+        ref = (ref + 0.5 * x64) * 0.5 - 0.25 * x64
+    assert rel_err(out, ref) < TOL
+
+
+def test_graph_capture_of_cublas_and_cudnn(stream, blas, dnn):
+    from graphtrain.libs import cuda
+
+    rows, k, classes = 64, 100, 10
+    x, w = randn(rows, k), randn(classes, k)
+    desc = dnn.tensor_4d(rows, classes, 1, 1)
+    with Scratch(stream, x=x, w=w, logits=randn(rows, classes), probs=randn(rows, classes)) as s:
+        with cuda.Graph.capture(stream) as graph:
+            blas.linear_forward(s["x"], s["w"], s["logits"], rows, k, classes)
+            dnn.softmax_forward(desc, s["logits"], s["probs"])
+        assert graph.num_nodes >= 2
+        graph.launch(stream)
+        graph.launch(stream)
+        probs = s.get("probs")
+        graph.close()
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    assert rel_err(probs, e / e.sum(axis=1, keepdims=True)) < TOL
+
+
+def test_failed_capture_leaves_the_stream_usable(stream, module):
+    from graphtrain.libs import cuda
+
+    n = 256
+    x, y = randn(n), randn(n)
+    with Scratch(stream, x=x, y=y) as s:
+        with pytest.raises(RuntimeError, match="boom"):
+            with cuda.Graph.capture(stream):
+                module.kernel("saxpy")(1, 256, stream, 1.0, s["x"], s["y"], n)
+                raise RuntimeError("boom")
+        with pytest.raises(cuda.CudaError):
+            with cuda.Graph.capture(stream):
+                cuda.malloc(1024)  # not allowed while this thread captures
+        cuda.runtime_api().cudaGetLastError()
+        module.kernel("saxpy")(1, 256, stream, 2.0, s["x"], s["y"], n)
+        out = s.get("y")  # syncs: fails if the stream were still capturing
+    assert rel_err(out, 2.0 * x.astype(np.float64) + y) < TOL
+
+
+# --------------------------------------------------------------------------------------------
+# cuBLAS
+
+
+@pytest.mark.parametrize("transa", [False, True])
+@pytest.mark.parametrize("transb", [False, True])
+def test_gemm_row_major_all_forms(stream, blas, transa, transb):
+    m, n, k = 37, 23, 45
+    pad_a, pad_b, pad_c = 3, 5, 7  # leading dimensions larger than the rows
+    a_rows, a_cols = (k, m) if transa else (m, k)
+    b_rows, b_cols = (n, k) if transb else (k, n)
+    a_full, b_full, c_full = randn(a_rows, a_cols + pad_a), randn(b_rows, b_cols + pad_b), randn(m, n + pad_c)
+    alpha, beta = 0.75, -1.25
+    with Scratch(stream, a=a_full, b=b_full, c=c_full) as s:
+        blas.gemm(transa, transb, m, n, k, alpha, s["a"], a_cols + pad_a, s["b"], b_cols + pad_b,
+                  beta, s["c"], n + pad_c)
+        out = s.get("c")
+    a = a_full[:, :a_cols].astype(np.float64)
+    b = b_full[:, :b_cols].astype(np.float64)
+    ref = alpha * (a.T if transa else a) @ (b.T if transb else b) + beta * c_full[:, :n]
+    assert rel_err(out[:, :n], ref) < TOL
+    assert np.array_equal(out[:, n:], c_full[:, n:])  # the padding columns are not written
+
+
+def test_linear_helpers(stream, blas):
+    rows, fin, fout = 65, 129, 31
+    x, w, dy = randn(rows, fin), randn(fout, fin), randn(rows, fout)
+    junk = {"y": randn(rows, fout), "dw": randn(fout, fin), "dx": randn(rows, fin)}  # beta = 0 overwrites
+    with Scratch(stream, x=x, w=w, dy=dy, **junk) as s:
+        blas.linear_forward(s["x"], s["w"], s["y"], rows, fin, fout)
+        blas.linear_grad_weight(s["dy"], s["x"], s["dw"], rows, fin, fout)
+        blas.linear_grad_input(s["dy"], s["w"], s["dx"], rows, fin, fout)
+        y, dw, dx = s.get("y"), s.get("dw"), s.get("dx")
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    assert rel_err(y, x64 @ w64.T) < TOL
+    assert rel_err(dw, dy64.T @ x64) < TOL
+    assert rel_err(dx, dy64 @ w64) < TOL
+
+
+def test_gemm_rejects_bad_shapes_before_calling_cublas(stream, blas):
+    from graphtrain.libs.cublas import GemmShapeError
+
+    ptr = 1 << 40  # never dereferenced: every call below must fail its checks first
+    bad = [
+        dict(transa=False, lda=4),  # A is m×k = 8×5: lda must be >= 5
+        dict(transa=True, lda=7),  # A is k×m = 5×8: lda must be >= 8
+        dict(transb=False, ldb=5),  # B is k×n = 5×6: ldb must be >= 6
+        dict(transb=True, ldb=4),  # B is n×k = 6×5: ldb must be >= 5
+        dict(ldc=5),  # C is m×n = 8×6
+        dict(m=0),
+        dict(k=-3),
+        dict(n=2.0),
+        dict(a_ptr=0),
+    ]
+    for override in bad:
+        args = dict(transa=False, transb=False, m=8, n=6, k=5, alpha=1.0, a_ptr=ptr, lda=8, b_ptr=ptr, ldb=8,
+                    beta=0.0, c_ptr=ptr, ldc=8)
+        args.update(override)
+        with pytest.raises(GemmShapeError):
+            blas.gemm(**args)
+    with pytest.raises(ValueError, match="lda"):
+        blas.gemm(False, False, 8, 6, 5, 1.0, ptr, 4, ptr, 8, 0.0, ptr, 8)
+
+
+def test_cublas_tf32_and_version(stream, blas_workspace, blas):
+    from graphtrain.libs.cublas import Cublas
+
+    assert blas.version.count(".") == 2 and int(blas.version.split(".")[0]) >= 12
+    m = n = k = 256
+    a, b = randn(m, k), randn(k, n)
+    with Cublas(stream, *blas_workspace, precision="tf32") as fast, Scratch(stream, a=a, b=b, c=randn(m, n)) as s:
+        fast.gemm(False, False, m, n, k, 1.0, s["a"], k, s["b"], n, 0.0, s["c"], n)
+        out = s.get("c")
+    assert rel_err(out, a.astype(np.float64) @ b) < 1e-2
+    with pytest.raises(UsageError):
+        Cublas(stream, *blas_workspace, precision="fp16")
+
+
+# --------------------------------------------------------------------------------------------
+# cuDNN
+
+
+def test_softmax_forward_and_backward(stream, dnn):
+    rows, classes = 129, 10
+    x = (3 * RNG.standard_normal((rows, classes))).astype(np.float32)
+    dy = randn(rows, classes)
+    desc = dnn.tensor_4d(rows, classes, 1, 1)
+    with Scratch(stream, x=x, y=randn(rows, classes), dy=dy, dx=randn(rows, classes)) as s:
+        dnn.softmax_forward(desc, s["x"], s["y"])
+        dnn.softmax_backward(desc, s["y"], s["dy"], s["dx"])
+        y, dx = s.get("y"), s.get("dx")
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    ref_y = e / e.sum(axis=1, keepdims=True)
+    ref_dx = ref_y * (dy - (ref_y * dy).sum(axis=1, keepdims=True))
+    assert rel_err(y, ref_y) < TOL
+    assert rel_err(dx, ref_dx) < TOL
+    assert dnn.version.startswith("9.")
