@@ -20,6 +20,7 @@ from graphtrain import data as data_mod
 from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
 from graphtrain.stages import get_stage
+from graphtrain.stages.base import Stage
 
 # progress(epoch_index, num_epochs, epoch_entry) after each epoch.
 Progress = Callable[[int, int, dict], None]
@@ -66,6 +67,13 @@ def train(
     if data is None:
         data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline,
                              log=log or data_mod.print_to_stderr)
+    return run_stage(stage_cls, config, data, progress)
+
+
+def run_stage(stage_cls: type[Stage], config: TrainConfig, data: data_mod.Dataset,
+              progress: Progress | None = None) -> dict:
+    """The timing protocol around any `Stage`, a rung of the ladder or a framework peer."""
+    name = stage_cls.name
     num_train = len(data.train_images)
     config.validate(num_train)
     if data.num_features != config.in_features:
@@ -92,7 +100,7 @@ def train(
                     where = (f"epoch {epoch + 1}" if unchecked_since == epoch
                              else f"epochs {unchecked_since + 1}-{epoch + 1}")
                     raise TrainingError(
-                        f"the training loss became {result.train_loss} in {where} with stage {stage}; "
+                        f"the training loss became {result.train_loss} in {where} with {name}; "
                         f"the learning rate {config.lr} is probably too high: try a lower --lr")
                 unchecked_since = epoch + 1
                 entry["test_accuracy"] = runner.test_accuracy()
@@ -101,16 +109,19 @@ def train(
                 progress(epoch, num_epochs, entry)
         weights = runner.weights()
         if not all(np.isfinite(layer.w).all() for layer in weights):
-            raise TrainingError(f"the weights became NaN or Inf with stage {stage}: try a lower --lr")
+            raise TrainingError(f"the weights became NaN or Inf with {name}: try a lower --lr")
         test_accuracy = epochs[-1]["test_accuracy"]
         if test_accuracy is None:
             test_accuracy = runner.test_accuracy()
         environment = {**host_environment(), **runner.environment()}
+        note = runner.note
     total_ms = (time.perf_counter() - run_start) * 1e3
 
     measured = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
     return {
-        "stage": stage,
+        "stage": name,
+        "kind": stage_cls.kind,
+        "note": note,
         "config": config.to_dict(),
         "environment": environment,
         "epochs": epochs,

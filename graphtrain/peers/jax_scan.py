@@ -21,8 +21,9 @@ import time
 import numpy as np
 
 from graphtrain import reference
+from graphtrain.training import run_stage
 from graphtrain.peers import PeerUnavailable
-from graphtrain.peers.common import Peer, driver_version, drive
+from graphtrain.peers.common import Peer, driver_version
 from graphtrain.reference import Layer
 from graphtrain.stages.base import EpochResult
 
@@ -213,4 +214,4 @@ def _jax_cuda_versions() -> dict:
 
 
 def run(config, data, progress=None) -> dict:
-    return drive(JaxScanPeer, config, data, progress)
+    return run_stage(JaxScanPeer, config, data, progress)

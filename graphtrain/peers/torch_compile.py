@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from graphtrain.peers.common import drive
+from graphtrain.training import run_stage
 from graphtrain.peers.torch_common import TorchPeer, forward
 
 MODE_VARIABLE = "GRAPHTRAIN_TORCH_COMPILE_MODE"
@@ -86,4 +86,4 @@ def _pairs(params, num_layers: int):
 
 
 def run(config, data, progress=None) -> dict:
-    return drive(TorchCompilePeer, config, data, progress)
+    return run_stage(TorchCompilePeer, config, data, progress)

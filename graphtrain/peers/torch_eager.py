@@ -6,7 +6,7 @@ framework's per-op overhead is what this row measures.
 
 from __future__ import annotations
 
-from graphtrain.peers.common import drive
+from graphtrain.training import run_stage
 from graphtrain.peers.torch_common import TorchPeer, forward
 
 
@@ -34,4 +34,4 @@ class TorchEagerPeer(TorchPeer):
 
 
 def run(config, data, progress=None) -> dict:
-    return drive(TorchEagerPeer, config, data, progress)
+    return run_stage(TorchEagerPeer, config, data, progress)

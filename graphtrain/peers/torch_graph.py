@@ -9,7 +9,8 @@ graph (its shapes differ). fp32 with TF32 off, like `torch-eager`.
 
 from __future__ import annotations
 
-from graphtrain.peers.common import WARMUP_STEPS, drive
+from graphtrain.training import run_stage
+from graphtrain.peers.common import WARMUP_STEPS
 from graphtrain.peers.torch_common import TorchPeer, forward
 
 
@@ -65,4 +66,4 @@ class TorchGraphPeer(TorchPeer):
 
 
 def run(config, data, progress=None) -> dict:
-    return drive(TorchGraphPeer, config, data, progress)
+    return run_stage(TorchGraphPeer, config, data, progress)

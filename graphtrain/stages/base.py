@@ -26,6 +26,8 @@ class Stage:
     name: ClassVar[str]
     summary: ClassVar[str]  # what this rung adds to the one before it
     uses_gpu: ClassVar[bool] = False
+    kind: ClassVar[str] = "stage"  # "peer" for the framework peers
+    note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
     # False: train loss and accuracy are measured every epoch. True: only when
     # config.metrics_due(epoch) says so, the sparse schedule of the later rungs.
     sparse_metrics: ClassVar[bool] = False
