@@ -119,7 +119,7 @@ def test_bias_relu(gpu, with_bias, relu):
 
 def test_relu_backward_bias_grad_sgd(gpu):
     stream, mods = gpu
-    rows, cols = 50, 31
+    rows, cols = 300, 31  # more rows than bias_grad's threads
     dh = RNG.standard_normal((rows, cols)).astype(np.float32)
     h = np.maximum(RNG.standard_normal((rows, cols)), 0).astype(np.float32)
     w = RNG.standard_normal((cols, 17)).astype(np.float32)
@@ -127,7 +127,7 @@ def test_relu_backward_bias_grad_sgd(gpu):
     s = Scratch(stream, dh=dh, h=h, db=poison(cols), w=w, dw=dw)
     layers = mods["layers"]
     layers.kernel("relu_backward")(blocks(dh.size), 256, stream, s["dh"], s["h"], dh.size)
-    layers.kernel("bias_grad")(blocks(cols), 256, stream, s["dh"], s["db"], rows, cols)
+    layers.kernel("bias_grad")(cols, 128, stream, s["dh"], s["db"], rows, cols)
     layers.kernel("sgd_update")(blocks(w.size), 256, stream, s["w"], s["dw"], 0.25, w.size)
     masked = dh.astype(np.float64) * (h > 0)
     assert rel_err(s.get("dh"), masked) < 1e-7

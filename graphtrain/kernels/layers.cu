@@ -16,14 +16,22 @@ extern "C" __global__ void relu_backward(float* dh, const float* h, int n) {
     if (i < n && h[i] <= 0.0f) dh[i] = 0.0f;
 }
 
-// db[j] = Σ_r dy[r, j]. One thread per column summing rows in order: no atomics, so the
-// result is the same bit for bit on every run (the sum feeds the weights).
+// db[j] = Σ_r dy[r, j]. One block per column j: each thread sums a strided slice of the rows,
+// then the block adds the partial sums in a fixed tree order. No atomics, so the result is the
+// same bit for bit on every run (the sum feeds the weights). Launch with BIAS_GRAD_THREADS.
+#define BIAS_GRAD_THREADS 128
 extern "C" __global__ void bias_grad(const float* dy, float* db, int rows, int cols) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
+    __shared__ float part[BIAS_GRAD_THREADS];
+    int j = blockIdx.x;
     float acc = 0.0f;
-    for (int r = 0; r < rows; ++r) acc += dy[(long long)r * cols + j];
-    db[j] = acc;
+    for (int r = threadIdx.x; r < rows; r += BIAS_GRAD_THREADS) acc += dy[(long long)r * cols + j];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = BIAS_GRAD_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[j] = part[0];
 }
 
 // w[i] -= lr · dw[i]

@@ -23,6 +23,7 @@ from graphtrain.stages.base import EpochResult, Stage
 
 THREADS = 256
 METRICS_THREADS = 256  # kernels/metrics.cu reduces with exactly this many threads
+BIAS_GRAD_THREADS = 128  # likewise bias_grad in kernels/layers.cu
 EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
 KERNEL_FILES = ("gather", "matmul", "layers", "softmax", "metrics")  # graphtrain/kernels/*.cu
 
@@ -150,7 +151,7 @@ class BaselineStage(Stage):
             self.gemm(True, False, fan_out, fan_in, rows, 1.0, dy.ptr, fan_out, x.ptr, fan_in, 0.0,
                       self.dw[i].ptr, fan_in)
             if self.db[i] is not None:
-                self.launch("bias_grad", blocks(fan_out), THREADS, dy.ptr, self.db[i].ptr, rows, fan_out)
+                self.launch("bias_grad", fan_out, BIAS_GRAD_THREADS, dy.ptr, self.db[i].ptr, rows, fan_out)
             if i > 0:
                 dx = self.grads[i]
                 self.gemm(False, False, rows, fan_in, fan_out, 1.0, dy.ptr, fan_out, self.w[i].ptr, fan_in,
