@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from graphtrain import reference
 from graphtrain.config import PRESETS, TrainConfig
-from graphtrain.data import Dataset
+from graphtrain.data import Dataset, load
 from graphtrain.errors import GpuUnavailableError, TrainingError
 from graphtrain.stages import get_stage, stage_names
 from graphtrain.training import train
@@ -180,18 +179,8 @@ def test_nan_loss_stops_training_naming_the_epoch(stage_name):
         train(cfg, stage=stage_name, data=data)
 
 
-def real_mnist():
-    from graphtrain import data as data_mod
-
-    candidates = [os.environ.get("GRAPHTRAIN_DATA"), Path(__file__).resolve().parents[2] / "shared/data/mnist"]
-    for folder in filter(None, candidates):
-        if Path(folder).is_dir():
-            return data_mod.load("mnist", data_dir=folder, offline=True)
-    pytest.skip("real MNIST not found: set GRAPHTRAIN_DATA")
-
-
-def test_jhu_preset_reaches_the_numpy_accuracy():
-    data = real_mnist()
+def test_jhu_preset_reaches_the_numpy_accuracy(mnist_dir):
+    data = load("mnist", data_dir=mnist_dir, offline=True)
     cfg = PRESETS["jhu"]
     numpy_acc = train(cfg, stage="numpy", data=data)["test_accuracy"]
     assert numpy_acc >= 0.91
