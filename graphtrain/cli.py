@@ -24,8 +24,13 @@ out = Console()
 err = Console(stderr=True)
 
 
+# Environment variables that change what a run does; a recorded command names those that are set.
+BEHAVIOUR_VARIABLES = ("GRAPHTRAIN_TORCH_COMPILE_MODE",)
+
+
 def command_line() -> str:
-    return shlex.join(["graphtrain", *sys.argv[1:]])
+    settings = [f"{name}={os.environ[name]}" for name in BEHAVIOUR_VARIABLES if os.environ.get(name)]
+    return shlex.join([*settings, "graphtrain", *sys.argv[1:]])
 
 
 def fail(error: Exception) -> None:

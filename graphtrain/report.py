@@ -398,6 +398,9 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
     for title, value in tables:
         rows = [[str(size), *(sweep_cell(cells.get((size, n)), value) for n in names)] for size in sizes]
         lines += [f"## {title}", "", *markdown_table(heads, rows), ""]
+    notes = {r["stage"]: r["note"] for r in records if is_ok(r) and r.get("note")}
+    if notes:
+        lines += ["## Notes", ""] + [f"- {name}: {note}" for name, note in notes.items()] + [""]
     problems = [r for r in records if not is_ok(r)]
     if problems:
         lines += ["## Failed and skipped runs", ""]

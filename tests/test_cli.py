@@ -82,3 +82,13 @@ def test_info_runs_anywhere():
     result = invoke("info")
     assert result.exit_code == 0, result.output
     assert "numpy" in result.output
+
+
+def test_recorded_command_names_settings_that_change_the_run(monkeypatch):
+    from graphtrain import cli
+
+    monkeypatch.setattr("sys.argv", ["graphtrain", "sweep", "--hidden-sizes", "128,256"])
+    monkeypatch.delenv("GRAPHTRAIN_TORCH_COMPILE_MODE", raising=False)
+    assert cli.command_line() == "graphtrain sweep --hidden-sizes 128,256"
+    monkeypatch.setenv("GRAPHTRAIN_TORCH_COMPILE_MODE", "reduce-overhead")
+    assert cli.command_line() == "GRAPHTRAIN_TORCH_COMPILE_MODE=reduce-overhead graphtrain sweep --hidden-sizes 128,256"
