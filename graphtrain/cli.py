@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -37,6 +38,18 @@ def fail(error: Exception) -> None:
     code = 2 if isinstance(error, UsageError) else 1
     err.print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
     sys.exit(code)
+
+
+@contextmanager
+def reported_errors():
+    """Turn graphtrain's own errors into a message and an exit code, never a traceback."""
+    try:
+        yield
+    except GraphtrainError as error:
+        fail(error)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
 
 
 def log_stderr(message: str) -> None:
@@ -96,7 +109,10 @@ def build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_e
 
 
 def load_data(cfg, data_dir, offline):
-    return data_mod.load(cfg.dataset, data_dir=data_dir, offline=offline, log=log_stderr)
+    """The dataset, and the check that needs its size (a batch larger than the training set)."""
+    data = data_mod.load(cfg.dataset, data_dir=data_dir, offline=offline, log=log_stderr)
+    cfg.validate(len(data.train_images))
+    return data
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -123,10 +139,9 @@ def run(stage, preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_eve
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
     from graphtrain.training import train
 
-    try:
+    with reported_errors():
         cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
         data = load_data(cfg, data_dir, offline)
-        cfg.validate(len(data.train_images))
         dims = "-".join(map(str, cfg.dims))
         log_stderr(f"graphtrain: stage {stage}, model {dims}, batch {cfg.batch}, lr {cfg.lr}, "
                    f"{'%d epochs' % cfg.epochs if cfg.epochs else '%d steps' % cfg.steps}, data {data.source}")
@@ -135,11 +150,6 @@ def run(stage, preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_eve
         record["command"] = command_line()
         if json_path is not None:
             write_json_atomic(json_path, record)
-    except GraphtrainError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
 
     out.print(summary_table(record))
     if json_path is not None:
@@ -223,13 +233,8 @@ def data():
               help="Folder to download into (default: the per-user cache).")
 def data_download(dataset, dest):
     """Fetch the dataset's missing files, verify their md5 sums, write them atomically."""
-    try:
+    with reported_errors():
         folder = data_mod.download(dataset, dest=dest, log=log_stderr)
-    except GraphtrainError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
     out.print(f"{dataset} is in {folder}")
 
 
@@ -271,18 +276,12 @@ def ladder(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, 
     """Reproduce the optimisation table: every stage, then the peers, on one workload."""
     from graphtrain import ladder as ladder_mod
 
-    try:
+    with reported_errors():
         cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
         stage_list, peer_list = _stage_list(stages), _peer_list(peers_flag, peer_names)
         data = load_data(cfg, data_dir, offline)
-        cfg.validate(len(data.train_images))
         records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=data, out_dir=out_dir,
                                         command=command_line(), console=err)
-    except GraphtrainError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
     out.print(ladder_mod.ladder_table(records))
     if all("error" in r for r in records):
         sys.exit(1)
@@ -302,19 +301,13 @@ def sweep(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, d
     """Total training time against hidden size, for chosen stages and peers."""
     from graphtrain import ladder as ladder_mod
 
-    try:
+    with reported_errors():
         sizes = config_mod.parse_hidden(hidden_sizes)
         if not sizes:
             raise UsageError("--hidden-sizes needs at least one size")
         cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
         stage_list, peer_list = _stage_list(stages), _peer_list(peers_flag, peer_names)
         data = load_data(cfg, data_dir, offline)
-        cfg.validate(len(data.train_images))
         records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
                                        data=data, out_dir=out_dir, command=command_line(), console=err)
-    except GraphtrainError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
     out.print(ladder_mod.sweep_table(records))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import Scratch, rel_err
 
 from graphtrain.errors import GpuUnavailableError
 
@@ -31,33 +32,6 @@ def gpu():
     for module in modules.values():
         module.close()
     stream.close()
-
-
-class Scratch:
-    """A small arena per test: reserve named arrays, allocate once, upload the inputs."""
-
-    def __init__(self, stream, **arrays):
-        from graphtrain.libs.memory import Arena
-
-        self.stream, self.arena = stream, Arena()
-        self.bufs = {name: self.arena.reserve(name, a.shape, a.dtype) for name, a in arrays.items()}
-        self.arena.allocate()
-        for name, a in arrays.items():
-            self.bufs[name].upload(a, stream)
-
-    def __getitem__(self, name):
-        return self.bufs[name].ptr
-
-    def get(self, name):
-        return self.bufs[name].download(self.stream)
-
-    def close(self):
-        self.arena.close()
-
-
-def rel_err(out, ref) -> float:
-    ref = np.asarray(ref, np.float64)
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def poison(shape, dtype=np.float32):

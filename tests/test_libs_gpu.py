@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import Scratch, rel_err
 
 from graphtrain.errors import GpuUnavailableError, UsageError
 
@@ -35,11 +36,6 @@ extern "C" __global__ void fill_2d(float* out, int rows, int cols) {
     if (r < rows && c < cols) out[r * cols + c] = (float)(r * 1000 + c);
 }
 """
-
-
-def rel_err(out, ref) -> float:
-    ref = np.asarray(ref, np.float64)
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def randn(*shape) -> np.ndarray:
@@ -102,31 +98,6 @@ def dnn(stream):
     handle = Cudnn(stream)
     yield handle
     handle.close()
-
-
-class Scratch:
-    """Named device arrays in one arena, uploaded from the given host arrays."""
-
-    def __init__(self, stream, **arrays):
-        from graphtrain.libs.memory import Arena
-
-        self.stream, self.arena = stream, Arena()
-        self.bufs = {name: self.arena.reserve(name, a.shape, a.dtype) for name, a in arrays.items()}
-        self.arena.allocate()
-        for name, a in arrays.items():
-            self.bufs[name].upload(a, stream)
-
-    def __getitem__(self, name):
-        return self.bufs[name].ptr
-
-    def get(self, name):
-        return self.bufs[name].download(self.stream)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.arena.close()
 
 
 # --------------------------------------------------------------------------------------------

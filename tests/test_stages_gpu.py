@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import rel_err
 
 from graphtrain import reference
 from graphtrain.config import PRESETS, TrainConfig
@@ -27,11 +28,6 @@ def gpu():
         return cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
-
-
-def rel_err(out, ref) -> float:
-    ref = np.asarray(ref, np.float64)
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def synthetic(seed: int, n_train=1000, n_test=300) -> Dataset:
