@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -36,7 +37,8 @@ def command_line() -> str:
 
 def fail(error: Exception) -> None:
     code = 2 if isinstance(error, UsageError) else 1
-    err.print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
+    # escape: messages name extras like graphtrain[cu13], which rich would read as markup
+    err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -214,7 +216,7 @@ def info():
     for name, finding in probe().items():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
-        table.add_row(name, status, details)
+        table.add_row(name, status, escape(details))
     for peer in ("torch", "jax", "matplotlib"):
         spec = importlib.util.find_spec(peer)
         table.add_row(peer, "[green]importable[/]" if spec else "[yellow]absent[/]",

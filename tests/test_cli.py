@@ -92,3 +92,17 @@ def test_recorded_command_names_settings_that_change_the_run(monkeypatch):
     assert cli.command_line() == "graphtrain sweep --hidden-sizes 128,256"
     monkeypatch.setenv("GRAPHTRAIN_TORCH_COMPILE_MODE", "reduce-overhead")
     assert cli.command_line() == "GRAPHTRAIN_TORCH_COMPILE_MODE=reduce-overhead graphtrain sweep --hidden-sizes 128,256"
+
+
+def test_error_messages_keep_square_brackets(monkeypatch, tmp_path):
+    """Install hints name extras like graphtrain[cu13]; the terminal must show them as written."""
+    from graphtrain import cli
+    from graphtrain.errors import GpuUnavailableError
+
+    def no_gpu(*args, **kwargs):
+        raise GpuUnavailableError("cuBLAS was not found: pip install 'graphtrain[cu13]'")
+
+    monkeypatch.setattr(cli.data_mod, "download", no_gpu)
+    result = invoke("data", "download", "--dest", str(tmp_path))
+    assert result.exit_code == 1
+    assert "graphtrain[cu13]" in result.output
