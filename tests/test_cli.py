@@ -64,8 +64,8 @@ def test_run_numpy_writes_the_record(mnist_dir, tmp_path):
 
 
 def test_gpu_stage_without_gpu_is_a_clear_error(mnist_dir):
-    from graphtrain.libs import cuda
     from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs import cuda
 
     try:
         cuda.open_device()

@@ -14,7 +14,12 @@ from rich.console import Console
 from graphtrain import ladder, report, training
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, TrainingError, UsageError
+from graphtrain.errors import (
+    GpuUnavailableError,
+    GraphtrainError,
+    TrainingError,
+    UsageError,
+)
 from graphtrain.peers import PEERS, PeerUnavailable, peer_names, run_peer
 from graphtrain.stages import stage_names
 from graphtrain.stages.numpy_cpu import NumpyStage

@@ -12,9 +12,9 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 
 from graphtrain.errors import GpuUnavailableError
 

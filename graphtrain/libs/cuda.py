@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterator
 
 import numpy as np
 

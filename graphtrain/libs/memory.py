@@ -13,8 +13,8 @@ forbids it and allocation would hide in the timings.
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 

@@ -20,10 +20,10 @@ import hashlib
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Sequence
 
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
 from graphtrain.libs import cuda

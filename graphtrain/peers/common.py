@@ -16,12 +16,3 @@ WARMUP_STEPS = 3  # per batch shape; enough for lazy init, autotuning and CUDA-g
 class Peer(Stage):
     uses_gpu = True
     kind = "peer"
-
-
-def driver_version() -> str | None:
-    """The NVIDIA driver's version, when it can be read."""
-    try:
-        from graphtrain.libs.cuda import nvidia_driver_version
-    except ImportError:
-        return None
-    return nvidia_driver_version()

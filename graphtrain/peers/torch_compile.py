@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from graphtrain.training import run_stage
 from graphtrain.peers.torch_common import TorchPeer, forward
+from graphtrain.training import run_stage
 
 MODE_VARIABLE = "GRAPHTRAIN_TORCH_COMPILE_MODE"
 DEFAULT_MODE = "max-autotune"

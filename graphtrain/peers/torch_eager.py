@@ -6,8 +6,8 @@ framework's per-op overhead is what this row measures.
 
 from __future__ import annotations
 
-from graphtrain.training import run_stage
 from graphtrain.peers.torch_common import TorchPeer, forward
+from graphtrain.training import run_stage
 
 
 class TorchEagerPeer(TorchPeer):

@@ -9,9 +9,9 @@ graph (its shapes differ). fp32 with TF32 off, like `torch-eager`.
 
 from __future__ import annotations
 
-from graphtrain.training import run_stage
 from graphtrain.peers.common import WARMUP_STEPS
 from graphtrain.peers.torch_common import TorchPeer, forward
+from graphtrain.training import run_stage
 
 
 class TorchGraphPeer(TorchPeer):

@@ -25,12 +25,14 @@ class NumpyStage(Stage):
         lr = np.float32(self.config.lr)
         loss_sum, correct, seen = 0.0, 0, 0
         start = time.perf_counter()
-        for lo, hi in bounds:
-            idx = order[lo:hi]
-            batch_loss, batch_correct = reference.train_step(self.layers, images[idx], labels[idx], lr)
-            loss_sum += batch_loss
-            correct += batch_correct
-            seen += hi - lo
+        # Overflow is not an error here: the trainer stops a run whose loss is not finite.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for lo, hi in bounds:
+                idx = order[lo:hi]
+                batch_loss, batch_correct = reference.train_step(self.layers, images[idx], labels[idx], lr)
+                loss_sum += batch_loss
+                correct += batch_correct
+                seen += hi - lo
         ms = (time.perf_counter() - start) * 1e3
         return EpochResult(ms, loss_sum / seen, correct / seen)
 

@@ -1,0 +1,34 @@
+"""A short ladder on the GPU: every stage and every importable peer, 2 epochs of jhu."""
+
+import pytest
+from rich.console import Console
+
+from graphtrain.config import PRESETS
+from graphtrain.data import load
+from graphtrain.errors import GpuUnavailableError
+from graphtrain.ladder import default_peers, default_stages, run_ladder
+
+pytestmark = pytest.mark.gpu
+
+
+def test_short_ladder_every_row_trains(mnist_dir, tmp_path, monkeypatch):
+    from graphtrain.libs import cuda
+
+    try:
+        cuda.open_device()
+    except GpuUnavailableError as error:
+        pytest.skip(f"no usable GPU: {error}")
+    # max-autotune spends minutes benchmarking kernels; the row itself is what is under test
+    monkeypatch.setenv("GRAPHTRAIN_TORCH_COMPILE_MODE", "reduce-overhead")
+    data = load("mnist", data_dir=mnist_dir, offline=True)
+    records = run_ladder(PRESETS["jhu"].replace(epochs=2), stages=default_stages(), peers=default_peers(),
+                         data=data, out_dir=tmp_path, command="graphtrain ladder --epochs 2",
+                         console=Console(stderr=True, quiet=True))
+    assert [r["stage"] for r in records] == default_stages() + default_peers()
+    for record in records:
+        if record.get("skipped"):  # a framework that is not installed here
+            continue
+        assert "error" not in record, record
+        assert record["test_accuracy"] > 0.88, record["stage"]
+        assert record["epoch_ms"] > 0
+    assert (tmp_path / "ladder-jhu-e2.md").exists() and (tmp_path / "ladder-jhu-e2.json").exists()
