@@ -6,8 +6,9 @@
 Runs `graphtrain run --stage S --epochs 1` under `ncu` (kernel durations only; caches and
 clocks left as they are), takes the kernels of one step in the middle of the epoch (from one
 batch gather to the next) and writes them as a Markdown table with the device and the command.
-ncu runs each kernel alone, so the durations leave out the gaps between kernels; their sum is a
-floor for the step, not its time in a graph.
+ncu runs the kernels one at a time, each starting from an idle GPU: the durations rank where a
+step's time goes, but in a graph consecutive kernels overlap their start-up, and the step takes
+less than their sum.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ def main() -> None:
              f"- Device: {device_line()}",
              f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
              f"- Workload: `graphtrain run --stage {args.stage} --epochs 1 {shlex.join(args.run_args)}`".rstrip(),
-             "- Durations: Nsight Compute `gpu__time_duration.sum`, each kernel run alone, caches and clocks "
-             "as found",
+             "- Durations: Nsight Compute `gpu__time_duration.sum`, each kernel run alone from an idle GPU, "
+             "caches and clocks as found; in a graph the kernels overlap their start-up, so a step takes "
+             "less than the sum",
              "",
              "| # | kernel | µs |",
              "|---:|---|---:|"]
