@@ -73,7 +73,7 @@ def main() -> None:
              "",
              f"- Device: {device_line()}",
              f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-             f"- Workload: `graphtrain run --stage {args.stage} --epochs 1 {shlex.join(args.run_args)}`".rstrip(),
+             f"- Workload: `{shlex.join(['graphtrain', 'run', '--stage', args.stage, '--epochs', '1', *args.run_args])}`",
              "- Durations: Nsight Compute `gpu__time_duration.sum`, each kernel run alone from an idle GPU, "
              "caches and clocks as found; in a graph the kernels overlap their start-up, so a step takes "
              "less than the sum",
