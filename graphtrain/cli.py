@@ -246,6 +246,13 @@ def data_download(dataset, dest):
     out.print(f"{dataset} is in {folder}")
 
 
+def exit_if_nothing_ran(records: list[dict]) -> None:
+    """A ladder or sweep in which every row failed or was skipped is a failure (exit 1)."""
+    if all("error" in r for r in records):
+        err.print("[bold red]error:[/] no row of the table ran; see the notes above")
+        sys.exit(1)
+
+
 def _stage_list(stages: str | None):
     from graphtrain.stages import get_stage
 
@@ -291,8 +298,7 @@ def ladder(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, 
         records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=data, out_dir=out_dir,
                                         command=command_line(), console=err)
     out.print(ladder_mod.ladder_table(records))
-    if all("error" in r for r in records):
-        sys.exit(1)
+    exit_if_nothing_ran(records)
 
 
 @main.command()
@@ -319,3 +325,4 @@ def sweep(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, d
         records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
                                        data=data, out_dir=out_dir, command=command_line(), console=err)
     out.print(ladder_mod.sweep_table(records))
+    exit_if_nothing_ran(records)

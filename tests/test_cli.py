@@ -106,3 +106,14 @@ def test_error_messages_keep_square_brackets(monkeypatch, tmp_path):
     result = invoke("data", "download", "--dest", str(tmp_path))
     assert result.exit_code == 1
     assert "graphtrain[cu13]" in result.output
+
+
+def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch):
+    from graphtrain import ladder
+
+    def every_row_skipped(config, **kwargs):
+        return [{"stage": "graphs", "kind": "stage", "error": "no GPU", "skipped": True, "hidden_size": 8}]
+
+    monkeypatch.setattr(ladder, "run_sweep", every_row_skipped)
+    result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers")
+    assert result.exit_code == 1 and "no row" in result.output
