@@ -76,7 +76,6 @@ class BaselineStage(Stage):
         self.probs = arena.reserve("probs", (rows, cfg.classes))
         self.y = arena.reserve("y", (rows,), np.int32)
         self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
-        self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.reserve_extra(arena)
         arena.allocate()
 

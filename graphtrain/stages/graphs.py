@@ -10,13 +10,20 @@ One graph per (batch rows, metrics on/off): the tail batch (60000 = 468·128 + 9
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphtrain.libs import cuda
+from graphtrain.stages.baseline import THREADS
 from graphtrain.stages.cudnn_softmax import CudnnSoftmaxStage
 
 
 class GraphsStage(CudnnSoftmaxStage):
     name = "graphs"
     summary = "one whole training step captured into a CUDA Graph and replayed per batch"
+
+    def reserve_extra(self, arena) -> None:
+        super().reserve_extra(arena)
+        self.cursor = arena.reserve("cursor", (1,), np.int32)  # first sample of the next batch
 
     def setup_extra(self) -> None:
         super().setup_extra()
@@ -28,7 +35,7 @@ class GraphsStage(CudnnSoftmaxStage):
 
     def load_batch(self, offset: int, rows: int) -> None:
         # `offset` is the eager rungs' kernel argument; here the cursor on the device says it.
-        self.launch("gather_batch_at", rows, 256, self.train_images.ptr, self.train_labels.ptr,
+        self.launch("gather_batch_at", rows, THREADS, self.train_images.ptr, self.train_labels.ptr,
                     self.order.ptr, self.cursor.ptr, self.config.in_features, self.acts[0].ptr, self.y.ptr)
 
     def train_step(self, offset: int, rows: int, measure: bool) -> None:
