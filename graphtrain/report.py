@@ -333,22 +333,28 @@ def plot_ladder_loss(records: list[dict], path: Path) -> None:
     _save(fig, path)
 
 
-def write_ladder(records: list[dict], label: str, out_dir, command: str,
-                 log: Log | None = None, date: str | None = None) -> list[Path]:
-    """Write ladder-<label>.md and .json, and with matplotlib the -time and -loss plots."""
+def _write_report(kind: str, records: list[dict], label: str, out_dir, command: str, plots,
+                  markdown, log: Log | None, date: str | None) -> list[Path]:
+    """<kind>-<label>.md and .json, and the plots when matplotlib is there; returns the paths."""
     log = log or _stderr
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     date = date or utc_now()
-    stem = f"ladder-{label}"
-    plots = [(f"{stem}-time.png", plot_ladder_time), (f"{stem}-loss.png", plot_ladder_loss)]
     images, plot_note = _write_plots(records, out_dir, plots, log)
+    stem = f"{kind}-{label}"
     json_path = out_dir / f"{stem}.json"
-    write_json(json_path, {"report": "ladder", "label": label, "command": command, "date": date,
+    write_json(json_path, {"report": kind, "label": label, "command": command, "date": date,
                            "records": records})
     md_path = out_dir / f"{stem}.md"
-    write_text(md_path, ladder_markdown(records, label, command, date, images, plot_note))
+    write_text(md_path, markdown(records, label, command, date, images, plot_note))
     return [md_path, json_path, *(out_dir / name for name in images)]
+
+
+def write_ladder(records: list[dict], label: str, out_dir, command: str,
+                 log: Log | None = None, date: str | None = None) -> list[Path]:
+    """Write ladder-<label>.md and .json, and with matplotlib the -time and -loss plots."""
+    plots = [(f"ladder-{label}-time.png", plot_ladder_time), (f"ladder-{label}-loss.png", plot_ladder_loss)]
+    return _write_report("ladder", records, label, out_dir, command, plots, ladder_markdown, log, date)
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,18 +454,8 @@ def plot_sweep(records: list[dict], path: Path) -> None:
 def write_sweep(records: list[dict], label: str, out_dir, command: str,
                 log: Log | None = None, date: str | None = None) -> list[Path]:
     """Write sweep-<label>.md and .json, and with matplotlib sweep-<label>.png."""
-    log = log or _stderr
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    date = date or utc_now()
-    stem = f"sweep-{label}"
-    images, plot_note = _write_plots(records, out_dir, [(f"{stem}.png", plot_sweep)], log)
-    json_path = out_dir / f"{stem}.json"
-    write_json(json_path, {"report": "sweep", "label": label, "command": command, "date": date,
-                           "records": records})
-    md_path = out_dir / f"{stem}.md"
-    write_text(md_path, sweep_markdown(records, label, command, date, images, plot_note))
-    return [md_path, json_path, *(out_dir / name for name in images)]
+    plots = [(f"sweep-{label}.png", plot_sweep)]
+    return _write_report("sweep", records, label, out_dir, command, plots, sweep_markdown, log, date)
 
 
 # --------------------------------------------------------------------------------------------
