@@ -248,6 +248,15 @@ def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> 
     return [f"# {title}", "", *(f"- {item}" for item in items), ""]
 
 
+def _plots_and_command(heading: str, images, plot_note: str | None, command: str) -> list[str]:
+    """The report's end: its plots (or why there are none), then the command that made it."""
+    if images:
+        lines = [f"## {heading}", ""] + [f"![{Path(name).stem}]({name})" for name in images] + [""]
+    else:
+        lines = [f"{heading}: {plot_note}", ""] if plot_note else []
+    return lines + _command_block(command)
+
+
 def _command_block(command: str) -> list[str]:
     return ["## Command", "", "```sh", command, "```", ""]
 
@@ -278,11 +287,7 @@ def ladder_markdown(records: list[dict], label: str, command: str, date: str | N
     table[1] = table[1].rsplit("|", 2)[0] + "|---|"
     lines += table + [""]
     lines += [LADDER_LEGEND, ""]
-    if images:
-        lines += ["## Plots", ""] + [f"![{Path(name).stem}]({name})" for name in images] + [""]
-    elif plot_note:
-        lines += [f"Plots: {plot_note}", ""]
-    lines += _command_block(command)
+    lines += _plots_and_command("Plots", images, plot_note, command)
     return "\n".join(lines)
 
 
@@ -413,11 +418,7 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
         lines += [f"- H={r.get('hidden_size')} {r.get('stage')}: "
                   f"{'skipped' if r.get('skipped') else 'failed'}: {r.get('error', '')}" for r in problems]
         lines.append("")
-    if images:
-        lines += ["## Plot", ""] + [f"![{Path(name).stem}]({name})" for name in images] + [""]
-    elif plot_note:
-        lines += [f"Plot: {plot_note}", ""]
-    lines += _command_block(command)
+    lines += _plots_and_command("Plot", images, plot_note, command)
     return "\n".join(lines)
 
 
