@@ -180,10 +180,11 @@ class BaselineStage(Stage):
     def reset_metrics(self) -> None:
         self.metrics.zero(self.stream)
         self.host_metrics = np.zeros(2)
+        self.host_scalar = np.zeros(1)  # where each per-step read lands: allocated here, not per step
 
     def record_metrics(self, rows: int) -> None:
         """Each metric is computed, copied back and waited for, as a first version would."""
-        logits, classes, scalar = self.acts[-1].ptr, self.config.classes, np.zeros(1)
+        logits, classes, scalar = self.acts[-1].ptr, self.config.classes, self.host_scalar
         for i, kernel in enumerate(("batch_loss", "batch_correct")):
             total = self.metrics.ptr + 8 * i
             self.launch(kernel, 1, METRICS_THREADS, logits, self.y.ptr, rows, classes, total, 0)
