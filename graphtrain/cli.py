@@ -211,7 +211,7 @@ def info():
 
     import numpy as np
 
-    from graphtrain.libs import probe
+    from graphtrain.environment import probe
 
     table = Table(show_header=True, title="graphtrain info")
     table.add_column("component")

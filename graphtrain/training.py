@@ -8,8 +8,6 @@ epoch_ms, setup_ms, total_ms, test_accuracy, train_loss.
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
 import time
 from typing import Callable
@@ -17,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from graphtrain import data as data_mod
+from graphtrain import environment as environment_mod
 from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
 from graphtrain.stages import get_stage
@@ -30,27 +29,6 @@ def median_epoch_ms(epochs: list[dict]) -> float:
     """The seeds' protocol: the median epoch time over the second half of the epochs."""
     times = [e["ms"] for e in epochs if e.get("full", True)] or [e["ms"] for e in epochs]
     return statistics.median(times[len(times) // 2:])
-
-
-def host_environment() -> dict:
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-    }
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def train(
@@ -113,7 +91,7 @@ def run_stage(stage_cls: type[Stage], config: TrainConfig, data: data_mod.Datase
         test_accuracy = epochs[-1]["test_accuracy"]
         if test_accuracy is None:
             test_accuracy = runner.test_accuracy()
-        environment = {**host_environment(), **runner.environment()}
+        environment = {**environment_mod.host(), **runner.environment()}
         note = runner.note
     total_ms = (time.perf_counter() - run_start) * 1e3
 

@@ -1,4 +1,5 @@
-"""Every kernel in graphtrain/kernels against NumPy in float64, on fresh random inputs.
+"""Every kernel in graphtrain/kernels, through its launcher, against NumPy in float64, on fresh
+random inputs: the launch geometry is under test as much as the kernel.
 
 Outputs are poisoned with NaN before each launch, so an element a kernel fails to write fails
 the comparison instead of passing as a leftover.
@@ -19,27 +20,27 @@ RNG = np.random.default_rng()
 
 @pytest.fixture(scope="module")
 def gpu():
+    from graphtrain.kernels.gather import Gather
+    from graphtrain.kernels.layers import Layers
+    from graphtrain.kernels.matmul import Matmul
+    from graphtrain.kernels.metrics import Metrics
+    from graphtrain.kernels.softmax import Softmax
     from graphtrain.libs import cuda
-    from graphtrain.libs.nvrtc import Module
 
     try:
         device = cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
     stream = cuda.Stream()
-    modules = {stem: Module.load(stem, device) for stem in ("gather", "matmul", "layers", "softmax", "metrics")}
-    yield stream, modules
-    for module in modules.values():
-        module.close()
+    launchers = {cls.stem: cls(device) for cls in (Gather, Matmul, Layers, Softmax, Metrics)}
+    yield stream, launchers
+    for launcher in launchers.values():
+        launcher.close()
     stream.close()
 
 
 def poison(shape, dtype=np.float32):
     return np.full(shape, np.nan, dtype) if np.dtype(dtype).kind == "f" else np.full(shape, -7, dtype)
-
-
-def blocks(n, t=256):
-    return -(-n // t)
 
 
 @pytest.mark.parametrize("transa", [False, True])
@@ -52,9 +53,7 @@ def test_gemm_naive_all_forms(gpu, transa, transb):
     c0 = RNG.standard_normal((m, n)).astype(np.float32)
     s = Scratch(stream, a=a, b=b, c=c0)
     lda, ldb = a.shape[1], b.shape[1]
-    mods["matmul"].kernel("gemm_naive")((blocks(n, 16), blocks(m, 16)), (16, 16), stream,
-                                        int(transa), int(transb), m, n, k, 0.5, s["a"], lda, s["b"], ldb,
-                                        2.0, s["c"], n)
+    mods["matmul"].gemm(stream, transa, transb, m, n, k, 0.5, s["a"], lda, s["b"], ldb, 2.0, s["c"], n)
     opa = a.T if transa else a
     opb = b.T if transb else b
     ref = 0.5 * opa.astype(np.float64) @ opb + 2.0 * c0
@@ -68,8 +67,7 @@ def test_gemm_naive_beta_zero_ignores_nan_output(gpu):
     a = RNG.standard_normal((m, k)).astype(np.float32)
     b = RNG.standard_normal((k, n)).astype(np.float32)
     s = Scratch(stream, a=a, b=b, c=poison((m, n)))
-    mods["matmul"].kernel("gemm_naive")((1, 1), (16, 16), stream, 0, 0, m, n, k, 1.0, s["a"], k, s["b"], n,
-                                        0.0, s["c"], n)
+    mods["matmul"].gemm(stream, False, False, m, n, k, 1.0, s["a"], k, s["b"], n, 0.0, s["c"], n)
     assert rel_err(s.get("c"), a.astype(np.float64) @ b) < 1e-5
     s.close()
 
@@ -82,8 +80,7 @@ def test_bias_relu(gpu, with_bias, relu):
     y = RNG.standard_normal((rows, cols)).astype(np.float32)
     b = RNG.standard_normal(cols).astype(np.float32)
     s = Scratch(stream, y=y, b=b)
-    mods["layers"].kernel("bias_relu")(blocks(rows * cols), 256, stream, s["y"], s["b"] if with_bias else 0,
-                                       rows, cols, relu)
+    mods["layers"].bias_relu(stream, s["y"], s["b"] if with_bias else 0, rows, cols, relu)
     ref = y.astype(np.float64) + (b if with_bias else 0)
     if relu:
         ref = np.maximum(ref, 0)
@@ -100,9 +97,9 @@ def test_relu_backward_bias_grad_sgd(gpu):
     dw = RNG.standard_normal((cols, 17)).astype(np.float32)
     s = Scratch(stream, dh=dh, h=h, db=poison(cols), w=w, dw=dw)
     layers = mods["layers"]
-    layers.kernel("relu_backward")(blocks(dh.size), 256, stream, s["dh"], s["h"], dh.size)
-    layers.kernel("bias_grad")(cols, 128, stream, s["dh"], s["db"], rows, cols)
-    layers.kernel("sgd_update")(blocks(w.size), 256, stream, s["w"], s["dw"], 0.25, w.size)
+    layers.relu_backward(stream, s["dh"], s["h"], dh.size)
+    layers.bias_grad(stream, s["dh"], s["db"], rows, cols)
+    layers.sgd_update(stream, s["w"], s["dw"], 0.25, w.size)
     masked = dh.astype(np.float64) * (h > 0)
     assert rel_err(s.get("dh"), masked) < 1e-7
     assert rel_err(s.get("db"), masked.sum(axis=0)) < 1e-5
@@ -116,8 +113,8 @@ def test_softmax_and_xent_grad(gpu):
     logits = (5 * RNG.standard_normal((rows, cols))).astype(np.float32)
     y = RNG.integers(0, cols, rows).astype(np.int32)
     s = Scratch(stream, logits=logits, probs=poison((rows, cols)), y=y, d=poison((rows, cols)))
-    mods["softmax"].kernel("softmax_rows")(blocks(rows), 256, stream, s["logits"], s["probs"], rows, cols)
-    mods["softmax"].kernel("xent_grad")(blocks(rows * cols), 256, stream, s["probs"], s["y"], s["d"], rows, cols)
+    mods["softmax"].softmax_rows(stream, s["logits"], s["probs"], rows, cols)
+    mods["softmax"].xent_grad(stream, s["probs"], s["y"], s["d"], rows, cols)
     z = logits.astype(np.float64)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -141,13 +138,13 @@ def test_metrics_kernels(gpu):
     loss = (np.log(np.exp(z - m[:, None]).sum(1)) + m - z[np.arange(rows), y]).sum()
     correct = (z.argmax(1) == y).sum()
     k = mods["metrics"]
-    k.kernel("batch_loss")(1, 256, stream, s["logits"], s["y"], rows, cols, s["one"], 0)
+    k.batch_loss(stream, s["logits"], s["y"], rows, cols, s["one"], False)
     assert abs(s.get("one")[0] - loss) / loss < 1e-6
-    k.kernel("batch_correct")(1, 256, stream, s["logits"], s["y"], rows, cols, s["one"], 0)
+    k.batch_correct(stream, s["logits"], s["y"], rows, cols, s["one"], False)
     assert s.get("one")[0] == correct
-    k.kernel("batch_loss")(1, 256, stream, s["logits"], s["y"], rows, cols, s["acc"], 1)
+    k.batch_loss(stream, s["logits"], s["y"], rows, cols, s["acc"], True)
     assert abs(s.get("acc")[0] - (start[0] + loss)) < 1e-5 * loss
-    k.kernel("batch_metrics")(1, 256, stream, s["logits"], s["y"], rows, cols, s["fused"])
+    k.batch_metrics(stream, s["logits"], s["y"], rows, cols, s["fused"])
     fused = s.get("fused")
     assert abs(fused[0] - (start[0] + loss)) < 1e-5 * loss and fused[1] == start[1] + correct
     s.close()
@@ -162,13 +159,12 @@ def test_gather_and_cursor(gpu):
     s = Scratch(stream, images=images, labels=labels, order=order, x=poison((rows, features)),
                 y=poison(rows, np.int32), cursor=np.array([0], np.int32))
     g = mods["gather"]
-    g.kernel("gather_batch")(rows, 64, stream, s["images"], s["labels"], s["order"], 40, features, s["x"], s["y"])
+    g.gather_batch(stream, s["images"], s["labels"], s["order"], 40, features, rows, s["x"], s["y"])
     idx = order[40:40 + rows]
     assert np.array_equal(s.get("x"), images[idx]) and np.array_equal(s.get("y"), labels[idx])
-    g.kernel("set_cursor")(1, 1, stream, s["cursor"], 100)
-    g.kernel("gather_batch_at")(rows, 64, stream, s["images"], s["labels"], s["order"], s["cursor"], features,
-                                s["x"], s["y"])
-    g.kernel("advance_cursor")(1, 1, stream, s["cursor"], rows)
+    g.set_cursor(stream, s["cursor"], 100)
+    g.gather_batch_at(stream, s["images"], s["labels"], s["order"], s["cursor"], features, rows, s["x"], s["y"])
+    g.advance_cursor(stream, s["cursor"], rows)
     idx = order[100:100 + rows]
     assert np.array_equal(s.get("x"), images[idx]) and np.array_equal(s.get("y"), labels[idx])
     assert s.get("cursor")[0] == 100 + rows

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from helpers import Scratch, rel_err
 
-from graphtrain.errors import GpuUnavailableError, UsageError
+from graphtrain.errors import GpuUnavailableError
+from graphtrain.libs.nvrtc import F32, F64, I32, I64, PTR, U32, kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device")]
 
@@ -35,7 +36,36 @@ extern "C" __global__ void fill_2d(float* out, int rows, int cols) {
     int r = blockIdx.y * blockDim.y + threadIdx.y;
     if (r < rows && c < cols) out[r * cols + c] = (float)(r * 1000 + c);
 }
+
+// Each block's rank in its thread-block cluster and the cluster's size, after a cluster barrier.
+extern "C" __global__ void cluster_ranks(int* rank, int* size) {
+#if __CUDA_ARCH__ >= 900
+    unsigned r, n;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory");
+    if (threadIdx.x == 0) { rank[blockIdx.x] = r; size[blockIdx.x] = n; }
+#endif
+}
+
+// out[i] = i, launched as a cooperative grid.
+extern "C" __global__ void cooperative_fill(int* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = i;
+}
+
+// out[0] = Σ x through dynamic shared memory (n floats of it).
+extern "C" __global__ void shared_sum(const float* x, double* out, int n) {
+    extern __shared__ float buf[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = x[i];
+    __syncthreads();
+    if (threadIdx.x == 0) { double s = 0.0; for (int i = 0; i < n; ++i) s += buf[i]; out[0] = s; }
+}
 """
+BIG_SHARED = 100 * 1024  # above the 48 KiB a kernel gets without raising its limit
+SPECS = [kernel("saxpy", F32, PTR, PTR, I32), kernel("scale_add", PTR, F64, I64, U32), kernel("fill_2d", PTR, I32, I32),
+         kernel("shared_sum", PTR, PTR, I32), kernel("cluster_ranks", PTR, PTR, cluster=(4,)),
+         kernel("cooperative_fill", PTR, I32, cooperative=True)]
 
 
 def randn(*shape) -> np.ndarray:
@@ -62,12 +92,11 @@ def stream(device):
 
 
 @pytest.fixture(scope="module")
-def module(device, tmp_path_factory):
+def module(device):
     from graphtrain.libs.nvrtc import Module
 
-    folder = tmp_path_factory.mktemp("kernels")
-    (folder / "testkernels.cu").write_text(KERNELS)
-    mod = Module.load("testkernels", device, kernels_dir=folder)
+    specs = [s for s in SPECS if s.cluster is None or device.compute_capability >= (9, 0)]
+    mod = Module.from_source(KERNELS, "testkernels.cu", device, specs)
     yield mod
     mod.close()
 
@@ -113,8 +142,6 @@ def test_device_info(device):
     from graphtrain.libs import cuda
 
     assert cuda.open_device(device.ordinal) is device  # cached
-    found = cuda.versions()
-    assert found["runtime"] == device.runtime_version and found["driver_cuda"] == device.driver_cuda_version
 
 
 def test_failing_call_raises_cuda_error_with_status_name():
@@ -141,13 +168,12 @@ def test_counters_count_allocations_syncs_and_copies(stream):
     assert cuda.counters == cuda.Counters(mallocs=1, frees=0, syncs=2, d2h_copies=1)
     cuda.memset(ptr, 0, 4096, stream)  # asynchronous: counts nothing
     stream.synchronize()
-    cuda.synchronize()
     event = cuda.Event()
     event.record(stream)
     event.synchronize()
     event.close()
     cuda.free(ptr)
-    assert cuda.counters == cuda.Counters(mallocs=1, frees=1, syncs=5, d2h_copies=1)
+    assert cuda.counters == cuda.Counters(mallocs=1, frees=1, syncs=4, d2h_copies=1)
 
 
 def test_copy_to_host_needs_a_contiguous_destination(stream):
@@ -165,7 +191,7 @@ def test_event_timing_is_positive(stream, module):
         start, end = cuda.Event(), cuda.Event()
         start.record(stream)
         for _ in range(20):
-            module.kernel("saxpy")(-(-n // 256), 256, stream, 0.5, s["x"], s["y"], n)
+            module["saxpy"](stream, -(-n // 256), 256, 0.5, s["x"], s["y"], n)
         end.record(stream)
         end.synchronize()
         ms = start.elapsed_ms(end)
@@ -205,7 +231,7 @@ def test_kernel_launch_matches_numpy(stream, module):
     n = 100_003
     x, y = randn(n), randn(n)
     with Scratch(stream, x=x, y=y) as s:
-        module.kernel("saxpy")(-(-n // 256), 256, stream, 1.75, s["x"], s["y"], n)
+        module["saxpy"](stream, -(-n // 256), 256, 1.75, s["x"], s["y"], n)
         out = s.get("y")
     assert rel_err(out, 1.75 * x.astype(np.float64) + y) < TOL
 
@@ -213,52 +239,88 @@ def test_kernel_launch_matches_numpy(stream, module):
 def test_kernel_scalar_types_and_2d_grid(stream, module):
     rows, cols = 37, 53
     with Scratch(stream, out=randn(rows, cols), y=randn(1000)) as s:
-        module.kernel("fill_2d")((-(-cols // 16), -(-rows // 16)), (16, 16), stream, s["out"], rows, cols)
+        module["fill_2d"](stream, (-(-cols // 16), -(-rows // 16), 1), (16, 16, 1), s["out"], rows, cols)
         r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
         assert np.array_equal(s.get("out"), (r * 1000 + c).astype(np.float32))
         y = s.get("y")
-        module.kernel("scale_add")(4, 256, stream, s.bufs["y"], 0.25, 1000, 3)  # a Buffer for a pointer
+        module["scale_add"](stream, 4, 256, s["y"], 0.25, 1000, 3)
         assert rel_err(s.get("y"), y.astype(np.float64) * 0.25 + 3) < TOL
 
 
 def test_kernel_argument_errors_name_the_kernel(stream, module):
     from graphtrain.libs.nvrtc import KernelArgumentError
 
-    saxpy = module.kernel("saxpy")
-    assert saxpy is module.kernel("saxpy")
-    with pytest.raises(KernelArgumentError, match="saxpy takes 4 argument"):
-        saxpy(1, 32, stream, 1.0, 0, 0)
-    with pytest.raises(UsageError, match="saxpy"):
-        saxpy(1, 32, stream, 1.0, 0, 0, 1, 2)
-    with pytest.raises(KernelArgumentError, match="argument 3"):
-        saxpy(1, 32, stream, 1.0, 0, 0, 2.5)  # a float for an int
-    with pytest.raises(KernelArgumentError, match="does not fit"):
-        saxpy(1, 32, stream, 1.0, 0, 0, 2**40)
-    with pytest.raises(KernelArgumentError, match="grid"):
-        saxpy(0, 32, stream, 1.0, 0, 0, 0)
-    with pytest.raises(UsageError, match="no_such_kernel"):
-        module.kernel("no_such_kernel")
+    saxpy = module["saxpy"]
+    with pytest.raises(KernelArgumentError, match="saxpy"):
+        saxpy(stream, 1, 32, 1.0, 0, 0)
+    with pytest.raises(KernelArgumentError, match="saxpy"):
+        saxpy(stream, 1, 32, 1.0, 0, 0, 2.5)  # a float for an int
 
 
 def test_bad_launch_configuration_raises_with_status(stream, module):
     from graphtrain.libs import cuda
 
-    with pytest.raises(cuda.CudaError) as info:
-        module.kernel("saxpy")(1, 4096, stream, 1.0, 0, 0, 0)  # more threads than a block may have
-    assert info.value.call == "cuLaunchKernel(saxpy)"
-    assert info.value.status.startswith("CUDA_ERROR_")
+    for grid, block in [(1, 4096), (0, 32)]:  # more threads than a block may have; an empty grid
+        with pytest.raises(cuda.CudaError) as info:
+            module["saxpy"](stream, grid, block, 1.0, 0, 0, 0)
+        assert info.value.call == "cuLaunchKernel(saxpy)"
+        assert info.value.status.startswith("CUDA_ERROR_")
+
+
+def test_a_closed_stream_is_refused(device, module):
+    from graphtrain.libs import cuda
+
+    closed = cuda.Stream()
+    closed.close()
+    with pytest.raises(cuda.ClosedError):
+        module["saxpy"](closed, 1, 32, 1.0, 0, 0, 0)
+
+
+def test_dynamic_shared_memory_above_48k_needs_the_raised_limit(stream, device):
+    from graphtrain.libs import cuda
+    from graphtrain.libs.nvrtc import Module
+
+    n = BIG_SHARED // 4
+    x = randn(n)
+    raised = Module.from_source(KERNELS, "testkernels.cu", device,
+                                [kernel("shared_sum", PTR, PTR, I32, max_shared_bytes=BIG_SHARED)])
+    plain = Module.from_source(KERNELS, "testkernels.cu", device, [kernel("shared_sum", PTR, PTR, I32)])
+    with Scratch(stream, x=x, out=np.array([np.nan])) as s:
+        raised["shared_sum"](stream, 1, 256, s["x"], s["out"], n, shared_bytes=BIG_SHARED)
+        assert abs(s.get("out")[0] - x.astype(np.float64).sum()) < 1e-3 * np.abs(x).sum()
+        with pytest.raises(cuda.CudaError, match="shared_sum"):
+            plain["shared_sum"](stream, 1, 256, s["x"], s["out"], n, shared_bytes=BIG_SHARED)
+    raised.close()
+    plain.close()
+
+
+def test_thread_block_clusters(stream, device, module):
+    if device.compute_capability < (9, 0):
+        pytest.skip(f"thread-block clusters need sm_90, this GPU is {device.arch}")
+    blocks = 12
+    with Scratch(stream, rank=np.full(blocks, -1, np.int32), size=np.full(blocks, -1, np.int32)) as s:
+        module["cluster_ranks"](stream, blocks, 64, s["rank"], s["size"])
+        assert np.array_equal(s.get("rank"), np.arange(blocks) % 4)
+        assert np.array_equal(s.get("size"), np.full(blocks, 4))
+
+
+def test_cooperative_launch(stream, module):
+    n = 1000
+    with Scratch(stream, out=np.full(n, -1, np.int32)) as s:
+        module["cooperative_fill"](stream, 4, 256, s["out"], n)
+        assert np.array_equal(s.get("out"), np.arange(n))
 
 
 def test_kernel_launch_overhead_is_small(stream, module):
     n = 1024
     with Scratch(stream, x=randn(n), y=randn(n)) as s:
-        saxpy, x, y = module.kernel("saxpy"), s["x"], s["y"]
+        saxpy, x, y = module["saxpy"], s["x"], s["y"]
         for _ in range(100):
-            saxpy(4, 256, stream, 1.0, x, y, n)
+            saxpy(stream, 4, 256, 1.0, x, y, n)
         count = 2000
         t0 = time.perf_counter()
         for _ in range(count):
-            saxpy(4, 256, stream, 1.0, x, y, n)
+            saxpy(stream, 4, 256, 1.0, x, y, n)
         per_launch = (time.perf_counter() - t0) / count
         stream.synchronize()
     print(f"kernel launch from Python: {per_launch * 1e6:.1f} µs")
@@ -275,13 +337,13 @@ def test_graph_capture_replays_kernels(stream, module):
     n, replays = 10_000, 7
     x, y = randn(n), randn(n)
     with Scratch(stream, x=x, y=y) as s:
-        saxpy, scale = module.kernel("saxpy"), module.kernel("scale_add")
+        saxpy, scale = module["saxpy"], module["scale_add"]
         blocks = -(-n // 256)
         cuda.reset_counters()
         with cuda.Graph.capture(stream) as graph:
-            saxpy(blocks, 256, stream, 0.5, s["x"], s["y"], n)
-            scale(blocks, 256, stream, s["y"], 0.5, n, 0)
-            saxpy(blocks, 256, stream, -0.25, s["x"], s["y"], n)
+            saxpy(stream, blocks, 256, 0.5, s["x"], s["y"], n)
+            scale(stream, blocks, 256, s["y"], 0.5, n, 0)
+            saxpy(stream, blocks, 256, -0.25, s["x"], s["y"], n)
         assert graph.num_nodes == 3
         for _ in range(replays):
             graph.launch(stream)
@@ -303,7 +365,7 @@ def test_graph_capture_of_cublas_and_cudnn(stream, blas, dnn):
     desc = dnn.tensor_4d(rows, classes, 1, 1)
     with Scratch(stream, x=x, w=w, logits=randn(rows, classes), probs=randn(rows, classes)) as s:
         with cuda.Graph.capture(stream) as graph:
-            blas.linear_forward(s["x"], s["w"], s["logits"], rows, k, classes)
+            blas.gemm(False, True, rows, classes, k, 1.0, s["x"], k, s["w"], k, 0.0, s["logits"], classes)
             dnn.softmax_forward(desc, s["logits"], s["probs"])
         assert graph.num_nodes >= 2
         graph.launch(stream)
@@ -323,13 +385,13 @@ def test_failed_capture_leaves_the_stream_usable(stream, module):
     with Scratch(stream, x=x, y=y) as s:
         with pytest.raises(RuntimeError, match="boom"):
             with cuda.Graph.capture(stream):
-                module.kernel("saxpy")(1, 256, stream, 1.0, s["x"], s["y"], n)
+                module["saxpy"](stream, 1, 256, 1.0, s["x"], s["y"], n)
                 raise RuntimeError("boom")
         with pytest.raises(cuda.CudaError):
             with cuda.Graph.capture(stream):
                 cuda.malloc(1024)  # not allowed while this thread captures
         cuda.runtime_api().cudaGetLastError()
-        module.kernel("saxpy")(1, 256, stream, 2.0, s["x"], s["y"], n)
+        module["saxpy"](stream, 1, 256, 2.0, s["x"], s["y"], n)
         out = s.get("y")  # syncs: fails if the stream were still capturing
     assert rel_err(out, 2.0 * x.astype(np.float64) + y) < TOL
 
@@ -358,57 +420,28 @@ def test_gemm_row_major_all_forms(stream, blas, transa, transb):
     assert np.array_equal(out[:, n:], c_full[:, n:])  # the padding columns are not written
 
 
-def test_linear_helpers(stream, blas):
-    rows, fin, fout = 65, 129, 31
-    x, w, dy = randn(rows, fin), randn(fout, fin), randn(rows, fout)
-    junk = {"y": randn(rows, fout), "dw": randn(fout, fin), "dx": randn(rows, fin)}  # beta = 0 overwrites
-    with Scratch(stream, x=x, w=w, dy=dy, **junk) as s:
-        blas.linear_forward(s["x"], s["w"], s["y"], rows, fin, fout)
-        blas.linear_grad_weight(s["dy"], s["x"], s["dw"], rows, fin, fout)
-        blas.linear_grad_input(s["dy"], s["w"], s["dx"], rows, fin, fout)
-        y, dw, dx = s.get("y"), s.get("dw"), s.get("dx")
-    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
-    assert rel_err(y, x64 @ w64.T) < TOL
-    assert rel_err(dw, dy64.T @ x64) < TOL
-    assert rel_err(dx, dy64 @ w64) < TOL
+def test_library_errors_carry_the_library_s_own_status_name(dnn):
+    from graphtrain.libs.shared_lib import LibraryError
 
-
-def test_gemm_rejects_bad_shapes_before_calling_cublas(stream, blas):
-    from graphtrain.libs.cublas import GemmShapeError
-
-    ptr = 1 << 40  # never dereferenced: every call below must fail its checks first
-    bad = [
-        dict(transa=False, lda=4),  # A is m×k = 8×5: lda must be >= 5
-        dict(transa=True, lda=7),  # A is k×m = 5×8: lda must be >= 8
-        dict(transb=False, ldb=5),  # B is k×n = 5×6: ldb must be >= 6
-        dict(transb=True, ldb=4),  # B is n×k = 6×5: ldb must be >= 5
-        dict(ldc=5),  # C is m×n = 8×6
-        dict(m=0),
-        dict(k=-3),
-        dict(n=2.0),
-        dict(a_ptr=0),
-    ]
-    for override in bad:
-        args = dict(transa=False, transb=False, m=8, n=6, k=5, alpha=1.0, a_ptr=ptr, lda=8, b_ptr=ptr, ldb=8,
-                    beta=0.0, c_ptr=ptr, ldc=8)
-        args.update(override)
-        with pytest.raises(GemmShapeError):
-            blas.gemm(**args)
-    with pytest.raises(ValueError, match="lda"):
-        blas.gemm(False, False, 8, 6, 5, 1.0, ptr, 4, ptr, 8, 0.0, ptr, 8)
+    with pytest.raises(LibraryError) as info:
+        dnn.tensor_4d(0, 10, 1, 1)  # an empty tensor: cuDNN refuses it
+    assert info.value.call == "cudnnSetTensor4dDescriptor"
+    assert info.value.name.startswith("CUDNN_STATUS_") and str(info.value).endswith(info.value.name)
 
 
 def test_cublas_tf32_and_version(stream, blas_workspace, blas):
+    from graphtrain.libs import cublas
     from graphtrain.libs.cublas import Cublas
 
-    assert blas.version.count(".") == 2 and int(blas.version.split(".")[0]) >= 12
+    version = cublas.version()
+    assert version.count(".") == 2 and int(version.split(".")[0]) >= 12
     m = n = k = 256
     a, b = randn(m, k), randn(k, n)
     with Cublas(stream, *blas_workspace, precision="tf32") as fast, Scratch(stream, a=a, b=b, c=randn(m, n)) as s:
         fast.gemm(False, False, m, n, k, 1.0, s["a"], k, s["b"], n, 0.0, s["c"], n)
         out = s.get("c")
     assert rel_err(out, a.astype(np.float64) @ b) < 1e-2
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError):
         Cublas(stream, *blas_workspace, precision="fp16")
 
 
@@ -431,4 +464,6 @@ def test_softmax_forward_and_backward(stream, dnn):
     ref_dx = ref_y * (dy - (ref_y * dy).sum(axis=1, keepdims=True))
     assert rel_err(y, ref_y) < TOL
     assert rel_err(dx, ref_dx) < TOL
-    assert dnn.version.startswith("9.")
+    from graphtrain.libs import cudnn
+
+    assert cudnn.version().startswith("9.")

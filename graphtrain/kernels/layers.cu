@@ -18,8 +18,8 @@ extern "C" __global__ void relu_backward(float* dh, const float* h, int n) {
 
 // db[j] = Σ_r dy[r, j]. One block per column j: each thread sums a strided slice of the rows,
 // then the block adds the partial sums in a fixed tree order. No atomics, so the result is the
-// same bit for bit on every run (the sum feeds the weights). Launch with BIAS_GRAD_THREADS.
-#define BIAS_GRAD_THREADS 128
+// same bit for bit on every run (the sum feeds the weights). BIAS_GRAD_THREADS (a power of two,
+// the block size) comes from layers.py.
 extern "C" __global__ void bias_grad(const float* dy, float* db, int rows, int cols) {
     __shared__ float part[BIAS_GRAD_THREADS];
     int j = blockIdx.x;

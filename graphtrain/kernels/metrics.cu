@@ -1,6 +1,6 @@
 // Loss and accuracy of a batch, reduced on the device by one block in a fixed tree order
-// (deterministic, no atomics). Launch with exactly METRICS_THREADS threads and one block.
-#define METRICS_THREADS 256
+// (deterministic, no atomics). One block of METRICS_THREADS threads (a power of two), which
+// comes from metrics.py.
 
 // Cross-entropy of row r from the logits, stable for any logit range:
 //   loss_r = log Σ_j exp(z_j − m) + m − z_{y_r}

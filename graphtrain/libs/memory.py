@@ -18,14 +18,13 @@ from types import MappingProxyType
 
 import numpy as np
 
-from graphtrain.errors import UsageError
 from graphtrain.libs import cuda
 
 ALIGNMENT = 256  # cudaMalloc's own alignment; also what cuBLAS wants for workspaces and matrices
 
 
-class ArenaError(UsageError, ValueError):
-    """The arena was used out of order or asked for an impossible layout."""
+class ArenaError(ValueError):
+    """The arena was used out of order or asked for an impossible layout: a bug in the caller."""
 
 
 def _align(n: int, alignment: int = ALIGNMENT) -> int:
@@ -60,6 +59,14 @@ class Buffer:
     def ptr(self) -> int:
         """The device address of this buffer; only once the arena is allocated and not closed."""
         return self._arena._base_for(self.name) + self.offset
+
+    def at(self, *index: int) -> int:
+        """The device address of one element: `at(i)` counts elements from the start (row-major),
+        `at(r, c)` names one by its index in every dimension (ValueError when out of range)."""
+        flat = index[0] if len(index) == 1 else int(np.ravel_multi_index(index, self.shape))
+        if not 0 <= flat < self.size:
+            raise IndexError(f"buffer {self.name!r} of shape {self.shape} has no element {flat}")
+        return self.ptr + flat * self.dtype.itemsize
 
     def upload(self, array: np.ndarray, stream: cuda.Stream) -> None:
         """Copy a host array of exactly this shape and dtype into the buffer (waits for it)."""
@@ -117,21 +124,10 @@ class Arena:
         """Read-only view: buffer name -> Buffer, in reservation order."""
         return MappingProxyType(self._buffers)
 
-    @property
-    def allocated(self) -> bool:
-        return self._base is not None
-
-    @property
-    def base(self) -> int:
-        """The device address of the allocation."""
-        return self._base_for(None)
-
-    def _base_for(self, name: str | None) -> int:
-        what = "the arena" if name is None else f"buffer {name!r}"
-        if self._closed:
-            raise ArenaError(f"{what} has no device address: the arena was closed")
+    def _base_for(self, name: str) -> int:
         if self._base is None:
-            raise ArenaError(f"{what} has no device address yet: call Arena.allocate() first")
+            raise ArenaError(f"buffer {name!r} has no device address: the arena was "
+                             f"{'closed' if self._closed else 'not allocated yet (call Arena.allocate() first)'}")
         return self._base
 
     def allocate(self) -> int:
@@ -159,15 +155,6 @@ class Arena:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __len__(self) -> int:
-        return len(self._buffers)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._buffers
-
-    def __getitem__(self, name: str) -> Buffer:
-        return self._buffers[name]
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("allocated" if self._base is not None else "planned")

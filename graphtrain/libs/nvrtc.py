@@ -1,12 +1,15 @@
 """Kernels: compile CUDA C++ with NVRTC to a cubin (cached on disk), load it, launch it.
 
-Kernel sources live in ``graphtrain/kernels/*.cu`` and declare each kernel as
+Each kernel's argument types are declared once, in Python, with `kernel("name", PTR, I32, ...)`
+(graphtrain/kernels/__init__.py shows the whole pattern). The compiler checks the declaration:
+every compile appends a `static_assert` per argument to the source, so a launcher that declares
+the wrong number or kind of arguments fails to compile with a message naming the kernel and the
+argument, on any machine with NVRTC, GPU or not.
 
-    extern "C" __global__ void name(const float* __restrict__ x, float* y, int n)
-
-`extern "C"` keeps the symbol name unmangled for cuModuleGetFunction, and the declaration is parsed
-here (`kernel_signatures`) so a launch can take plain Python ints and floats and pack each into the
-C type the kernel expects.
+A launch then only stores its values into ctypes slots built once and calls cuLaunchKernel (or
+cuLaunchKernelEx, for thread-block clusters and cooperative launches); the status is checked, the
+arguments are not. Integers that do not fit the declared type wrap silently, as in C: the
+launchers compute them from sizes the arena already checked.
 
 Compiling for the real architecture (``sm_90``, not ``compute_90``) gives a cubin the driver loads
 without a JIT step. ``--use_fast_math`` is deliberately not used: the losses need accurate
@@ -20,38 +23,29 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
+from graphtrain.errors import GpuUnavailableError
 from graphtrain.libs import cuda
-
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+from graphtrain.libs.shared_lib import INSTALL_HINTS
 
 _CACHE_MAGIC = b"GTCUBIN1"  # file = magic + sha256(cubin) + cubin: a torn or corrupt entry is detected
 _DEFAULT_OPTIONS = ("-std=c++17",)
 
 
-class NvrtcError(GraphtrainError):
+class NvrtcError(RuntimeError):
     """NVRTC failed; for a compile error the message holds the file name and NVRTC's log."""
 
-    def __init__(self, message: str, *, call: str | None = None, status: str | None = None,
-                 log: str | None = None, name: str | None = None):
+    def __init__(self, message: str, *, call: str, status: str, log: str | None = None):
         super().__init__(message)
-        self.call = call
-        self.status = status
-        self.log = log
-        self.name = name
+        self.call, self.status, self.log = call, status, log
 
 
-class KernelSignatureError(GraphtrainError, ValueError):
-    """A kernel declaration uses a parameter type that cannot be passed from Python."""
-
-
-class KernelArgumentError(UsageError, TypeError):
-    """A kernel was launched with the wrong number or kind of arguments."""
+class KernelArgumentError(TypeError):
+    """A kernel was declared or launched with arguments that do not fit it: a bug in a launcher."""
 
 
 @dataclass
@@ -66,63 +60,113 @@ counters = CompileCounters()
 
 
 # --------------------------------------------------------------------------------------------
-# NVRTC bindings
+# Declaring kernels
+
+# The argument types a kernel may take, and the C kind and size the compiler must agree with.
+PTR, I32, U32, I64, U64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
+F32, F64 = ctypes.c_float, ctypes.c_double
+_KINDS = {PTR: ("p", 8), I32: ("i", 4), U32: ("u", 4), I64: ("i", 8), U64: ("u", 8), F32: ("f", 4), F64: ("f", 8)}
+_KIND_NAMES = {"p": "a pointer", "i": "a signed integer", "u": "an unsigned integer", "f": "a floating-point value"}
 
 
-_nvrtc_module: Any = None
+@dataclass(frozen=True)
+class KernelSpec:
+    """One `extern "C" __global__` kernel: its name, argument types and how it is launched."""
+
+    name: str
+    arg_types: tuple[Any, ...]
+    cluster: tuple[int, int, int] | None = None  # blocks per thread-block cluster (cuLaunchKernelEx)
+    cooperative: bool = False  # grid-wide sync allowed (cuLaunchKernelEx)
+    max_shared_bytes: int = 0  # dynamic shared memory above the default 48 KiB, raised once
+
+
+def kernel(name: str, *arg_types: Any, cluster: Sequence[int] | None = None, cooperative: bool = False,
+           max_shared_bytes: int = 0) -> KernelSpec:
+    """Declare a kernel: `kernel("saxpy", F32, PTR, PTR, I32)`."""
+    for i, t in enumerate(arg_types):
+        if t not in _KINDS:
+            raise KernelArgumentError(f"kernel {name}: argument {i} has type {t!r}; declare it as one of "
+                                      "PTR, I32, U32, I64, U64, F32, F64 (graphtrain.libs.nvrtc)")
+    dims = None
+    if cluster is not None:
+        dims = (*cluster, 1, 1)[:3]
+        if len(cluster) > 3 or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise ValueError(f"kernel {name}: cluster must be 1 to 3 positive ints, not {cluster!r}")
+    if max_shared_bytes < 0:
+        raise ValueError(f"kernel {name}: max_shared_bytes must be non-negative, not {max_shared_bytes}")
+    return KernelSpec(name, tuple(arg_types), dims, bool(cooperative), int(max_shared_bytes))
+
+
+_CHECK_PRELUDE = r"""
+// ---- appended by graphtrain.libs.nvrtc: the Python declarations of this file's kernels ----
+template <class T> struct graphtrain_kind { static constexpr char value = '?'; };
+template <class T> struct graphtrain_kind<T*> { static constexpr char value = 'p'; };
+#define GRAPHTRAIN_KIND(type, kind) template <> struct graphtrain_kind<type> { static constexpr char value = kind; };
+GRAPHTRAIN_KIND(int, 'i') GRAPHTRAIN_KIND(long, 'i') GRAPHTRAIN_KIND(long long, 'i')
+GRAPHTRAIN_KIND(unsigned, 'u') GRAPHTRAIN_KIND(unsigned long, 'u') GRAPHTRAIN_KIND(unsigned long long, 'u')
+GRAPHTRAIN_KIND(float, 'f') GRAPHTRAIN_KIND(double, 'f')
+#undef GRAPHTRAIN_KIND
+template <unsigned I, class... P> struct graphtrain_arg {  // past the last argument
+    static constexpr char kind = '-'; static constexpr unsigned size = 0; };
+template <class H, class... T> struct graphtrain_arg<0, H, T...> {
+    static constexpr char kind = graphtrain_kind<H>::value; static constexpr unsigned size = sizeof(H); };
+template <unsigned I, class H, class... T> struct graphtrain_arg<I, H, T...> : graphtrain_arg<I - 1, T...> {};
+template <class F> struct graphtrain_params;
+template <class... P> struct graphtrain_params<void(P...)> {
+    static constexpr unsigned count = sizeof...(P);
+    template <unsigned I> using arg = graphtrain_arg<I, P...>;
+};
+"""
+
+
+def declarations_check(specs: Iterable[KernelSpec]) -> str:
+    """C++ that fails to compile unless each kernel takes exactly the declared arguments."""
+    lines = [_CHECK_PRELUDE]
+    for spec in specs:
+        params = f"graphtrain_params<decltype({spec.name})>"
+        lines.append(f'static_assert({params}::count == {len(spec.arg_types)}, '
+                     f'"kernel {spec.name} is declared in Python with {len(spec.arg_types)} arguments");')
+        for i, t in enumerate(spec.arg_types):
+            kind, size = _KINDS[t]
+            arg = f"{params}::arg<{i}>"
+            lines.append(f"static_assert({arg}::kind == '{kind}' && {arg}::size == {size}, \"kernel {spec.name}: "
+                         f'argument {i} is declared in Python as {t.__name__}, {_KIND_NAMES[kind]} of {size} bytes");')
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation with a disk cache
 
 
 def _nvrtc() -> Any:
     """`cuda.bindings.nvrtc`, imported alone: compiling needs no driver and no GPU."""
-    global _nvrtc_module
-    if _nvrtc_module is None:
-        try:
-            from cuda.bindings import nvrtc
-        except ImportError:
-            try:
-                from cuda import nvrtc  # type: ignore[no-redef]  # cuda-python 12.6.0 layout
-            except ImportError:
-                raise GpuUnavailableError(
-                    f"the CUDA Python bindings (cuda-bindings) are not installed; {cuda.INSTALL_HINT}"
-                ) from None
-        _nvrtc_module = nvrtc
-    return _nvrtc_module
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        raise GpuUnavailableError("the CUDA Python bindings (cuda-bindings) are not installed; "
+                                  f"{INSTALL_HINTS['cuda_bindings']}") from None
+    return nvrtc
 
 
 def _nvrtc_call(call: str, fn: Any, *args: Any) -> Any:
     """Call an NVRTC binding and unwrap `(status, *values)`; NvrtcError on failure."""
     try:
         result = fn(*args)
-    except RuntimeError as exc:
-        # cuda-bindings loads libnvrtc on first call; a missing library surfaces here.
-        raise GpuUnavailableError(
-            f"the NVRTC library (libnvrtc) could not be loaded: {exc}; "
-            f"pip install nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12, or {cuda.INSTALL_HINT}"
-        ) from exc
+    except RuntimeError as exc:  # cuda-bindings loads libnvrtc on first call: a missing one surfaces here
+        raise GpuUnavailableError(f"the NVRTC library (libnvrtc) could not be loaded: {exc}; "
+                                  f"{INSTALL_HINTS['nvrtc']}") from exc
     status, values = result[0], result[1:]
     if status:
         name = getattr(status, "name", str(status))
         raise NvrtcError(f"{call} failed: {name}", call=call, status=name)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
+    return values[0] if len(values) == 1 else (values or None)
 
 
-_version: str | None = None
-
-
-def nvrtc_version() -> str:
+def version() -> str:
     """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded)."""
-    global _version
-    if _version is None:
-        nvrtc = _nvrtc()
-        major, minor = _nvrtc_call("nvrtcVersion", nvrtc.nvrtcVersion)
-        _version = f"{major}.{minor}"
-    return _version
-
-
-# --------------------------------------------------------------------------------------------
-# Compilation with a disk cache
+    nvrtc = _nvrtc()
+    major, minor = _nvrtc_call("nvrtcVersion", nvrtc.nvrtcVersion)
+    return f"{major}.{minor}"
 
 
 def cache_dir() -> Path:
@@ -132,23 +176,7 @@ def cache_dir() -> Path:
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "graphtrain" / "kernels"
-
-
-def _normalise_arch(arch: str) -> str:
-    text = str(arch).strip()
-    if re.fullmatch(r"sm_\d{2,3}[af]?", text):
-        return text
-    raise UsageError(f"GPU architecture must look like 'sm_90' (a real architecture), not {arch!r}")
-
-
-def _cache_key(source: str, options: Sequence[str], arch: str, version: str) -> str:
-    digest = hashlib.sha256()
-    for part in ("graphtrain-cubin-v1", version, arch, "\0".join(options), source):
-        digest.update(part.encode())
-        digest.update(b"\xff")  # separator that cannot occur in UTF-8 text
-    return digest.hexdigest()
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "graphtrain" / "kernels"
 
 
 def _read_cache(path: Path) -> bytes | None:
@@ -158,12 +186,9 @@ def _read_cache(path: Path) -> bytes | None:
     except OSError:
         return None
     header = len(_CACHE_MAGIC) + 32
-    if len(blob) <= header or not blob.startswith(_CACHE_MAGIC):
-        return None
-    cubin = blob[header:]
-    if hashlib.sha256(cubin).digest() != blob[len(_CACHE_MAGIC):header]:
-        return None
-    return cubin
+    cubin, digest = blob[header:], blob[len(_CACHE_MAGIC):header]
+    ok = blob.startswith(_CACHE_MAGIC) and cubin and hashlib.sha256(cubin).digest() == digest
+    return cubin if ok else None
 
 
 def _write_cache(path: Path, cubin: bytes) -> None:
@@ -183,44 +208,28 @@ def _write_cache(path: Path, cubin: bytes) -> None:
         pass
     finally:
         if tmp_name is not None:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
-
-
-def _program_log(nvrtc: Any, program: Any) -> str:
-    size = _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
-    if not size or size <= 1:
-        return ""
-    log = b" " * size  # the binding fills this buffer in place
-    _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
-    return log.rstrip(b"\0").decode(errors="replace").strip()
+            Path(tmp_name).unlink(missing_ok=True)
 
 
 def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
     """Run NVRTC once; NvrtcError with the log on a compile error."""
     nvrtc = _nvrtc()
-    program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram,
-                          source.encode(), name.encode(), 0, [], [])
+    program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
     try:
         encoded = [opt.encode() for opt in options]
-        result = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
-        status = result[0]
+        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
         if status:
-            status_name = getattr(status, "name", str(status))
-            log = _program_log(nvrtc, program)
-            raise NvrtcError(
-                f"NVRTC could not compile {name} ({status_name}, options: {' '.join(options)}):\n{log}",
-                call="nvrtcCompileProgram", status=status_name, log=log, name=name,
-            )
-        size = _nvrtc_call("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize, program)
-        cubin = b" " * size
+            size = _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
+            log = b" " * size  # the binding fills this buffer in place
+            _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
+            text = log.rstrip(b"\0").decode(errors="replace").strip()
+            raise NvrtcError(f"NVRTC could not compile {name} ({status.name}, options: {' '.join(options)}):\n{text}",
+                             call="nvrtcCompileProgram", status=status.name, log=text)
+        cubin = b" " * _nvrtc_call("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize, program)
         _nvrtc_call("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN, program, cubin)
         return cubin
     finally:
-        # Cleanup only: its status is not checked so it cannot mask the error being raised.
-        nvrtc.nvrtcDestroyProgram(program)
+        nvrtc.nvrtcDestroyProgram(program)  # cleanup: its status must not mask the error being raised
 
 
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
@@ -229,346 +238,140 @@ def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()
     Cached on disk under `cache_dir()`, keyed by the source, the options, the architecture and the
     NVRTC version; an unreadable or corrupt entry is recompiled.
     """
-    arch = _normalise_arch(arch)
-    version = nvrtc_version()
-    all_options = (f"--gpu-architecture={arch}", *_DEFAULT_OPTIONS, *[str(o) for o in options])
-    path = cache_dir() / f"{_cache_key(source, all_options, arch, version)}.cubin"
-    cached = _read_cache(path)
-    if cached is not None:
+    if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+        raise ValueError(f"GPU architecture must look like 'sm_90' (a real architecture), not {arch!r}")
+    all_options = (f"--gpu-architecture={arch}", *_DEFAULT_OPTIONS, *options)
+    digest = hashlib.sha256()
+    for part in ("graphtrain-cubin-v1", version(), "\0".join(all_options), source):
+        digest.update(part.encode() + b"\xff")  # a separator that cannot occur in UTF-8 text
+    path = cache_dir() / f"{digest.hexdigest()}.cubin"
+    cubin = _read_cache(path)
+    if cubin is not None:
         counters.cache_hits += 1
-        return cached
+        return cubin
     cubin = _compile(source, name, all_options)
     counters.compiles += 1
     _write_cache(path, cubin)
     return cubin
 
 
-# --------------------------------------------------------------------------------------------
-# Parsing kernel declarations
-
-
-_SCALAR_TYPES: dict[str, Any] = {
-    "int": ctypes.c_int,
-    "signed": ctypes.c_int,
-    "signed int": ctypes.c_int,
-    "int32_t": ctypes.c_int32,
-    "unsigned": ctypes.c_uint,
-    "unsigned int": ctypes.c_uint,
-    "uint32_t": ctypes.c_uint32,
-    "long": ctypes.c_long,  # CUDA matches the host's long: 64-bit on Linux
-    "long int": ctypes.c_long,
-    "unsigned long": ctypes.c_ulong,
-    "long long": ctypes.c_longlong,
-    "long long int": ctypes.c_longlong,
-    "signed long long": ctypes.c_longlong,
-    "int64_t": ctypes.c_int64,
-    "unsigned long long": ctypes.c_ulonglong,
-    "unsigned long long int": ctypes.c_ulonglong,
-    "uint64_t": ctypes.c_uint64,
-    "size_t": ctypes.c_size_t,
-    "float": ctypes.c_float,
-    "double": ctypes.c_double,
-}
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "__grid_constant__", "struct"}
-_TYPE_WORDS = {"int", "signed", "unsigned", "long", "short", "char", "float", "double", "bool", "void",
-               "size_t", "int32_t", "uint32_t", "int64_t", "uint64_t", "half", "__half"}
-_INTEGER_CTYPES = {ctypes.c_int, ctypes.c_uint, ctypes.c_long, ctypes.c_ulong, ctypes.c_longlong,
-                   ctypes.c_ulonglong, ctypes.c_size_t, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64,
-                   ctypes.c_uint64}
-
-_KERNEL_HEAD = re.compile(
-    r"(?P<quals>(?:(?:(?:__global__|void|static|inline|__noinline__|__forceinline__)\b"
-    r"|__launch_bounds__\s*\([^()]*\))\s*)+)(?P<name>[A-Za-z_]\w*)\s*\("
-)
-_EXTERN_C = re.compile(r'\bextern\s*"C"\s*')
-
-
-def _strip_comments(source: str) -> str:
-    """Drop // and /* */ comments, keeping string and character literals intact."""
-    out: list[str] = []
-    i, n = 0, len(source)
-    while i < n:
-        c = source[i]
-        if c == "/" and source.startswith("//", i):
-            j = source.find("\n", i)
-            i = n if j < 0 else j
-        elif c == "/" and source.startswith("/*", i):
-            j = source.find("*/", i + 2)
-            out.append(" ")
-            i = n if j < 0 else j + 2
-        elif c in "\"'":
-            j = i + 1
-            while j < n and source[j] != c:
-                j += 2 if source[j] == "\\" else 1
-            out.append(source[i:j + 1])
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _matching(text: str, start: int, open_: str, close: str) -> int:
-    """Index just past the bracket that closes the one at `start`."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == open_:
-            depth += 1
-        elif text[i] == close:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    raise KernelSignatureError(f"unbalanced {open_}{close} in kernel source near: {text[start:start + 60]!r}")
-
-
-def _split_params(params: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for c in params:
-        if c in "(<[":
-            depth += 1
-        elif c in ")>]":
-            depth -= 1
-        if c == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(c)
-    parts.append("".join(current))
-    return [p.strip() for p in parts]
-
-
-def _param_ctype(kernel: str, index: int, param: str) -> Any:
-    decl = param.split("=", 1)[0].strip()  # a default argument does not change the type
-    if "&" in decl:
-        raise KernelSignatureError(f"kernel {kernel}: parameter {index} ({param!r}) is a reference; "
-                                   "__global__ parameters must be values or pointers")
-    if "*" in decl or "[" in decl:
-        return ctypes.c_void_p  # every pointer is a device address
-    words = [w for w in re.findall(r"[A-Za-z_]\w*", decl) if w not in _QUALIFIERS]
-    if len(words) > 1 and words[-1] not in _TYPE_WORDS:
-        words = words[:-1]  # drop the parameter name
-    type_name = " ".join(words)
-    if type_name == "bool":
-        raise KernelSignatureError(
-            f"kernel {kernel}: parameter {index} ({param!r}) is a bool, whose size the C++ ABI leaves "
-            "to the compiler; pass an int instead"
-        )
-    ctype = _SCALAR_TYPES.get(type_name)
-    if ctype is None:
-        raise KernelSignatureError(
-            f"kernel {kernel}: parameter {index} ({param!r}) has type {type_name!r}, which cannot be "
-            f"passed from Python; use a pointer or one of: {', '.join(sorted(_SCALAR_TYPES))}"
-        )
-    return ctype
-
-
-def _parse_head(text: str, pos: int, found: dict[str, list[Any]]) -> int:
-    """Parse one `__global__ void name(...)` starting at `pos`; return the index after it, or -1."""
-    match = _KERNEL_HEAD.match(text, pos)
-    if not match:
-        return -1
-    quals = match.group("quals")
-    if "__global__" not in quals or not re.search(r"\bvoid\b", quals):
-        return -1
-    name = match.group("name")
-    open_paren = match.end() - 1
-    close = _matching(text, open_paren, "(", ")")
-    inner = text[open_paren + 1:close - 1].strip()
-    params = [] if inner in ("", "void") else _split_params(inner)
-    types = [_param_ctype(name, i, p) for i, p in enumerate(params)]
-    if found.setdefault(name, types) != types:  # a forward declaration must agree with the definition
-        raise KernelSignatureError(f"kernel {name} is declared twice with different parameters")
-    return close
-
-
-def kernel_signatures(source: str) -> dict[str, list[Any]]:
-    """Map each `extern "C" __global__ void NAME(...)` kernel to its parameters' ctypes types.
-
-    Pointers of any kind become c_void_p; int -> c_int, unsigned -> c_uint, long long/int64_t ->
-    c_longlong, float -> c_float, double -> c_double (and a few fixed-width aliases). A bool
-    parameter raises KernelSignatureError. Kernels inside an `extern "C" { ... }` block count too;
-    __global__ functions without C linkage are skipped (their names are mangled).
-    """
-    text = _strip_comments(source)
-    found: dict[str, list[Any]] = {}
-    for extern in _EXTERN_C.finditer(text):
-        pos = extern.end()
-        if pos < len(text) and text[pos] == "{":
-            block_end = _matching(text, pos, "{", "}")
-            block = text[pos + 1:block_end - 1]
-            for head in re.finditer(r"__global__|__launch_bounds__|\bvoid\b", block):
-                # Only try at a declaration start (after a ; } or { or at the block start).
-                before = block[:head.start()].rstrip()
-                if before and before[-1] not in ";{}":
-                    continue
-                _parse_head(block, head.start(), found)
-        else:
-            _parse_head(text, pos, found)
-    return found
+def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpec],
+                    defines: Mapping[str, int | str] | None = None, options: Iterable[str] = ()) -> bytes:
+    """Compile a kernel file with its `-D` defines and extra options, checking its declarations."""
+    define_options = [f"-D{key}={value}" for key, value in (defines or {}).items()]
+    return compile_cubin(source + declarations_check(specs), name, arch, [*define_options, *options])
 
 
 # --------------------------------------------------------------------------------------------
-# Modules and kernels
-
-
-def _dims(value: Any, what: str, kernel: str) -> tuple[int, int, int]:
-    if type(value) is int and value > 0:
-        return value, 1, 1
-    if isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
-        dims = tuple(value) + (1,) * (3 - len(value))
-        if all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-            return dims  # type: ignore[return-value]
-    raise KernelArgumentError(f"kernel {kernel}: {what} must be a positive int or a tuple of 1 to 3 "
-                              f"positive ints, not {value!r}")
+# Launching
 
 
 class Kernel:
-    """A launchable kernel: ``kernel(grid, block, stream, *args, shared_bytes=0)``.
+    """A launchable kernel: ``kernel(stream, grid, block, *args, shared_bytes=0)``.
 
-    The argument slots (one ctypes object per parameter) and the array of pointers to them are
-    built once; a launch only stores the new values and calls cuLaunchKernel with the array's
-    address. The driver copies the values during the call (and into the graph node when
-    capturing), so reusing the slots is safe. A Kernel is not meant to be launched from several
-    threads at once.
+    `grid` and `block` are an int (x) or a 3-tuple. The argument slots (one ctypes object per
+    argument) and the array of pointers to them are built once; a launch stores the new values and
+    calls the driver with the array's address. The driver copies the values during the call (and
+    into the graph node when capturing), so reusing the slots is safe. Not for several threads.
     """
 
-    __slots__ = ("name", "param_types", "_function", "_slots", "_array", "_params", "_int_slots",
-                 "_launch", "_call_name")
-
-    def __init__(self, name: str, function: Any, param_types: Sequence[Any]):
-        self.name = name
-        self.param_types = tuple(param_types)
-        self._function = function
-        self._slots = tuple(t() for t in self.param_types)
-        self._array = (ctypes.c_void_p * max(len(self._slots), 1))(
-            *[ctypes.addressof(slot) for slot in self._slots]
-        )
-        # cuda.bindings takes kernelParams as an int: the address of a void*[] (documented forms:
-        # None, an int address, a buffer, or ((values), (types))). NULL when there are no params.
+    def __init__(self, spec: KernelSpec, function: Any):
+        driver = cuda.driver_api()
+        self.name, self.spec, self._function = spec.name, spec, function
+        self._slots = tuple(t() for t in spec.arg_types)
+        self._array = (ctypes.c_void_p * max(len(self._slots), 1))(*[ctypes.addressof(s) for s in self._slots])
+        # cuda.bindings takes kernelParams as an int: the address of a void*[] (NULL for none).
         self._params = ctypes.addressof(self._array) if self._slots else 0
-        # ctypes integers wrap silently on overflow; these are read back to catch it.
-        self._int_slots = tuple(
-            (i, slot) for i, (slot, t) in enumerate(zip(self._slots, self.param_types)) if t in _INTEGER_CTYPES
-        )
-        self._launch = cuda.driver_api().cuLaunchKernel
-        self._call_name = f"cuLaunchKernel({name})"
+        self._call = f"cuLaunchKernel({spec.name})"
+        self._launch, self._launch_ex, self._config = driver.cuLaunchKernel, driver.cuLaunchKernelEx, None
+        if spec.cluster is not None or spec.cooperative:
+            self._config, self._call = launch_config(spec), f"cuLaunchKernelEx({spec.name})"
 
-    def __call__(self, grid: Any, block: Any, stream: Any, *args: Any, shared_bytes: int = 0) -> None:
-        slots = self._slots
-        if len(args) != len(slots):
-            raise KernelArgumentError(
-                f"kernel {self.name} takes {len(slots)} argument(s) "
-                f"({', '.join(t.__name__ for t in self.param_types) or 'none'}), got {len(args)}"
-            )
+        def set_attribute(name: str, value: int) -> None:
+            cuda.check(driver.cuFuncSetAttribute(function, getattr(driver.CUfunction_attribute, name), value),
+                       f"cuFuncSetAttribute({spec.name}, {name})")
+
+        if spec.max_shared_bytes:
+            set_attribute("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", spec.max_shared_bytes)
+        if spec.cluster is not None and spec.cluster[0] * spec.cluster[1] * spec.cluster[2] > 8:
+            # Clusters of more than 8 blocks (up to 16 on Hopper) are "non-portable": opt in.
+            set_attribute("CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+
+    def __call__(self, stream: cuda.Stream, grid: Any, block: Any, *args: Any, shared_bytes: int = 0) -> None:
         try:
-            for slot, value in zip(slots, args):
+            for slot, value in zip(self._slots, args, strict=True):
                 slot.value = value
-        except TypeError:
-            self._pack_slow(args)
-        for i, slot in self._int_slots:
-            if slot.value != args[i]:
-                raise KernelArgumentError(f"kernel {self.name}: argument {i} ({args[i]!r}) does not fit "
-                                          f"in {self.param_types[i].__name__}")
-        gx, gy, gz = _dims(grid, "grid", self.name)
-        bx, by, bz = _dims(block, "block", self.name)
-        try:
-            handle = stream.handle
-        except AttributeError:
-            handle = cuda._stream_handle(stream)
-        if not handle:
-            handle = cuda._stream_handle(stream)  # raises for a closed Stream; None/0 is the default stream
-        if self._function is None:
-            raise KernelArgumentError(f"kernel {self.name}: its module was unloaded")
-        status = self._launch(self._function, gx, gy, gz, bx, by, bz, shared_bytes, handle, self._params, 0)[0]
+        except (TypeError, ValueError) as exc:  # costs nothing unless raised
+            raise KernelArgumentError(f"{self!r} cannot take {args!r}: {exc}") from None
+        gx, gy, gz = grid if grid.__class__ is tuple else (grid, 1, 1)
+        bx, by, bz = block if block.__class__ is tuple else (block, 1, 1)
+        config = self._config
+        if config is None:
+            status = self._launch(self._function, gx, gy, gz, bx, by, bz, shared_bytes, stream.handle,
+                                  self._params, 0)[0]
+        else:
+            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+            config.sharedMemBytes, config.hStream = shared_bytes, stream.handle
+            status = self._launch_ex(config, self._function, self._params, 0)[0]
         if status:
-            raise cuda.CudaError(self._call_name, status, cuda._status_detail(status))
-
-    def _pack_slow(self, args: Sequence[Any]) -> None:
-        """Convert arguments the fast path could not store, or say which one is wrong."""
-        for i, (slot, ctype, value) in enumerate(zip(self._slots, self.param_types, args)):
-            try:
-                if ctype is ctypes.c_void_p:
-                    ptr = getattr(value, "ptr", value)  # accept a memory.Buffer for a pointer
-                    slot.value = None if ptr is None else int(ptr)
-                else:
-                    slot.value = value
-            except (TypeError, ValueError):
-                raise KernelArgumentError(
-                    f"kernel {self.name}: argument {i} ({value!r}) cannot be passed as {ctype.__name__}"
-                ) from None
+            raise cuda.CudaError(self._call, status, cuda.status_detail(status))
 
     def __repr__(self) -> str:
-        return f"Kernel({self.name}({', '.join(t.__name__ for t in self.param_types)}))"
+        return f"Kernel({self.name}({', '.join(t.__name__ for t in self.spec.arg_types)}))"
+
+
+def launch_config(spec: KernelSpec) -> Any:
+    """The CUlaunchConfig for cuLaunchKernelEx with the kernel's cluster and cooperative
+    attributes; grid, block, shared memory and stream are filled in per launch. With a cluster,
+    the grid still counts blocks, and must be a multiple of the cluster in each dimension."""
+    driver = cuda.driver_api()
+    attrs = []
+    if spec.cluster is not None:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = spec.cluster
+        attrs.append(attr)
+    if spec.cooperative:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        attrs.append(attr)
+    config = driver.CUlaunchConfig()
+    config.attrs, config.numAttrs = attrs, len(attrs)
+    return config
 
 
 class Module:
-    """A compiled kernel file loaded into the current CUDA context."""
+    """A compiled kernel file loaded into the device's primary context; `module["name"]` is a Kernel."""
 
-    def __init__(self, name: str, handle: Any, signatures: dict[str, list[Any]]):
+    def __init__(self, name: str, cubin: bytes, specs: Iterable[KernelSpec], device: cuda.DeviceInfo):
         self.name = name
-        self.signatures = signatures
-        self._handle = handle
-        self._kernels: dict[str, Kernel] = {}
-
-    @classmethod
-    def load(cls, file_stem: str, device: cuda.DeviceInfo, kernels_dir: str | Path | None = None,
-             options: Iterable[str] = ()) -> Module:
-        """Read `<kernels_dir>/<file_stem>.cu` (default: graphtrain/kernels), compile it for the
-        device's architecture (cached) and load it."""
-        directory = Path(kernels_dir) if kernels_dir is not None else KERNELS_DIR
-        path = directory / f"{file_stem}.cu"
-        try:
-            source = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise GraphtrainError(f"cannot read kernel source {path}: {exc.strerror or exc}") from exc
-        return cls.from_source(source, path.name, device, options)
-
-    @classmethod
-    def from_source(cls, source: str, name: str, device: cuda.DeviceInfo,
-                    options: Iterable[str] = ()) -> Module:
-        """Compile and load CUDA C++ given as a string (`name` is used in messages)."""
-        signatures = kernel_signatures(source)  # a bad declaration fails before compiling
-        cubin = compile_cubin(source, name, device.arch, options)
         cuda.open_device(device.ordinal)  # the module goes into this device's primary context
-        handle = cuda.check(cuda.driver_api().cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
-        return cls(name, handle, signatures)
+        driver = cuda.driver_api()
+        self._handle = cuda.check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
+        try:
+            self.kernels = {spec.name: Kernel(spec, cuda.check(driver.cuModuleGetFunction(
+                self._handle, spec.name.encode()), f"cuModuleGetFunction({spec.name})")) for spec in specs}
+        except BaseException:
+            driver.cuModuleUnload(self._handle)  # cleanup: the lookup's error is the one to see
+            raise
 
-    @property
-    def kernel_names(self) -> list[str]:
-        """The extern "C" kernels the source declares, in declaration order."""
-        return list(self.signatures)
+    @classmethod
+    def from_source(cls, source: str, name: str, device: cuda.DeviceInfo, specs: Sequence[KernelSpec], *,
+                    defines: Mapping[str, int | str] | None = None, options: Iterable[str] = (),
+                    arch_suffix: str = "") -> Module:
+        """Compile CUDA C++ given as a string (`name` is used in messages) for the device, and load it."""
+        cubin = compile_kernels(source, name, device.arch + arch_suffix, specs, defines, options)
+        return cls(name, cubin, specs, device)
 
-    def kernel(self, name: str) -> Kernel:
-        """The kernel `name`, with its parsed signature (looked up once, then cached)."""
-        kernel = self._kernels.get(name)
-        if kernel is not None:
-            return kernel
-        if self._handle is None:
-            raise UsageError(f"module {self.name} was unloaded")
-        if name not in self.signatures:
-            known = ", ".join(sorted(self.signatures)) or "none"
-            raise UsageError(f'{self.name} declares no extern "C" __global__ kernel {name!r} (it has: {known})')
-        function = cuda.check(cuda.driver_api().cuModuleGetFunction(self._handle, name.encode()),
-                              f"cuModuleGetFunction({name})")
-        kernel = Kernel(name, function, self.signatures[name])
-        self._kernels[name] = kernel
-        return kernel
+    def __getitem__(self, name: str) -> Kernel:
+        return self.kernels[name]
 
     def close(self) -> None:
-        """Unload the module (idempotent); its kernels refuse to launch afterwards."""
-        if self._handle is None:
-            return
-        handle, self._handle = self._handle, None
-        for kernel in self._kernels.values():
-            kernel._function = None
-        self._kernels.clear()
-        cuda.check(cuda.driver_api().cuModuleUnload(handle), f"cuModuleUnload({self.name})")
-
-    def __enter__(self) -> Module:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Module({self.name!r}, kernels={sorted(self.signatures)})"
+        """Unload the module (idempotent); a launch of one of its kernels then fails (CudaError)."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            for kernel in self.kernels.values():
+                kernel._function = None
+            cuda.check(cuda.driver_api().cuModuleUnload(handle), f"cuModuleUnload({self.name})")

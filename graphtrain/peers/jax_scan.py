@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from graphtrain import reference
-from graphtrain.libs.cuda import nvidia_driver_version
+from graphtrain.environment import driver_version
 from graphtrain.peers import PeerUnavailable
 from graphtrain.peers.common import Peer
 from graphtrain.reference import Layer
@@ -169,7 +169,7 @@ class JaxScanPeer(Peer):
 
     def environment(self) -> dict:
         jax = self.jax
-        env = {"gpu": self.device.device_kind, "driver": nvidia_driver_version(), "jax": jax.__version__,
+        env = {"gpu": self.device.device_kind, "driver": driver_version(), "jax": jax.__version__,
                "jaxlib": _jaxlib_version()}
         env.update(_jax_cuda_versions())
         return env

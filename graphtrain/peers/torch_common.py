@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain import reference
-from graphtrain.libs.cuda import nvidia_driver_version
+from graphtrain.environment import driver_version
 from graphtrain.peers import PeerUnavailable
 from graphtrain.peers.common import WARMUP_STEPS, Peer
 from graphtrain.reference import Layer
@@ -154,7 +154,7 @@ class TorchPeer(Peer):
         major, minor = torch.cuda.get_device_capability()
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return {"gpu": torch.cuda.get_device_name(), "compute_capability": f"{major}.{minor}",
-                "driver": nvidia_driver_version(), "torch": torch.__version__,
+                "driver": driver_version(), "torch": torch.__version__,
                 "torch_cuda": torch.version.cuda, "torch_cudnn": _cudnn_text(cudnn)}
 
     def close(self) -> None:

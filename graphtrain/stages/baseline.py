@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain import reference
-from graphtrain.libs import cuda
+from graphtrain import environment, reference
+from graphtrain.kernels.gather import Gather
+from graphtrain.kernels.layers import Layers
+from graphtrain.kernels.matmul import Matmul
+from graphtrain.kernels.metrics import Metrics
+from graphtrain.kernels.softmax import Softmax
+from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
-from graphtrain.libs.nvrtc import Module
 from graphtrain.reference import Layer
 from graphtrain.stages.base import EpochResult, Stage
 
-THREADS = 256
-METRICS_THREADS = 256  # kernels/metrics.cu reduces with exactly this many threads
-BIAS_GRAD_THREADS = 128  # likewise bias_grad in kernels/layers.cu
 EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
-KERNEL_FILES = ("gather", "matmul", "layers", "softmax", "metrics")  # graphtrain/kernels/*.cu
-
-
-def blocks(n: int, threads: int = THREADS) -> int:
-    return max(1, -(-n // threads))
 
 
 class BaselineStage(Stage):
@@ -44,8 +40,9 @@ class BaselineStage(Stage):
         self.device = cuda.open_device()
         self.stream = cuda.Stream()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
-        self.modules = [Module.load(stem, self.device) for stem in KERNEL_FILES]
-        self.kernels = {name: m.kernel(name) for m in self.modules for name in m.kernel_names}
+        # One launcher object per kernels/*.cu file, named after it.
+        self.gather_cu, self.matmul_cu, self.layers_cu = Gather(self.device), Matmul(self.device), Layers(self.device)
+        self.softmax_cu, self.metrics_cu = Softmax(self.device), Metrics(self.device)
 
         self.num_train, self.num_test = len(data.train_images), len(data.test_images)
         self.num_epochs = cfg.num_epochs(self.num_train)
@@ -113,21 +110,16 @@ class BaselineStage(Stage):
 
     # ---- the math, one launch per line ----------------------------------------------------------
 
-    def launch(self, name: str, grid, block, *args) -> None:
-        self.kernels[name](grid, block, self.stream, *args)
-
     def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
         """Row-major C (m×n) = alpha·op(A)·op(B) + beta·C."""
-        self.launch("gemm_naive", (blocks(n, 16), blocks(m, 16)), (16, 16),
-                    int(transa), int(transb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+        self.matmul_cu.gemm(self.stream, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
     def softmax(self, rows: int) -> None:
-        self.launch("softmax_rows", blocks(rows), THREADS,
-                    self.acts[-1].ptr, self.probs.ptr, rows, self.config.classes)
+        self.softmax_cu.softmax_rows(self.stream, self.acts[-1].ptr, self.probs.ptr, rows, self.config.classes)
 
     def load_batch(self, offset: int, rows: int) -> None:
-        self.launch("gather_batch", rows, THREADS, self.train_images.ptr, self.train_labels.ptr,
-                    self.order.ptr, offset, self.config.in_features, self.acts[0].ptr, self.y.ptr)
+        self.gather_cu.gather_batch(self.stream, self.train_images.ptr, self.train_labels.ptr, self.order.ptr,
+                                    offset, self.config.in_features, rows, self.acts[0].ptr, self.y.ptr)
 
     def forward(self, x_ptr: int, rows: int) -> None:
         """acts[i] = ReLU(acts[i-1] W_iᵀ + b_i), no ReLU on the logits."""
@@ -138,8 +130,7 @@ class BaselineStage(Stage):
             fan_in, fan_out = dims[i], dims[i + 1]
             self.gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, w.ptr, fan_in, 0.0, out.ptr, fan_out)
             if b is not None or i < last:
-                self.launch("bias_relu", blocks(rows * fan_out), THREADS, out.ptr,
-                            b.ptr if b is not None else 0, rows, fan_out, int(i < last))
+                self.layers_cu.bias_relu(self.stream, out.ptr, b.ptr if b is not None else 0, rows, fan_out, i < last)
 
     def backward(self, rows: int) -> None:
         """dW_i = dyᵀ x, db_i = Σ_rows dy, dx = dy W_i masked by the ReLU below."""
@@ -150,18 +141,18 @@ class BaselineStage(Stage):
             self.gemm(True, False, fan_out, fan_in, rows, 1.0, dy.ptr, fan_out, x.ptr, fan_in, 0.0,
                       self.dw[i].ptr, fan_in)
             if self.db[i] is not None:
-                self.launch("bias_grad", fan_out, BIAS_GRAD_THREADS, dy.ptr, self.db[i].ptr, rows, fan_out)
+                self.layers_cu.bias_grad(self.stream, dy.ptr, self.db[i].ptr, rows, fan_out)
             if i > 0:
                 dx = self.grads[i]
                 self.gemm(False, False, rows, fan_in, fan_out, 1.0, dy.ptr, fan_out, self.w[i].ptr, fan_in,
                           0.0, dx.ptr, fan_in)
-                self.launch("relu_backward", blocks(rows * fan_in), THREADS, dx.ptr, x.ptr, rows * fan_in)
+                self.layers_cu.relu_backward(self.stream, dx.ptr, x.ptr, rows * fan_in)
 
     def sgd(self) -> None:
         lr = self.config.lr
         for param, grad in [*zip(self.w, self.dw), *zip(self.b, self.db)]:
             if param is not None:
-                self.launch("sgd_update", blocks(param.size), THREADS, param.ptr, grad.ptr, lr, param.size)
+                self.layers_cu.sgd_update(self.stream, param.ptr, grad.ptr, lr, param.size)
 
     def train_step(self, offset: int, rows: int, measure: bool) -> None:
         classes = self.config.classes
@@ -170,8 +161,7 @@ class BaselineStage(Stage):
         if measure:
             self.record_metrics(rows)
         self.softmax(rows)
-        self.launch("xent_grad", blocks(rows * classes), THREADS,
-                    self.probs.ptr, self.y.ptr, self.grads[-1].ptr, rows, classes)
+        self.softmax_cu.xent_grad(self.stream, self.probs.ptr, self.y.ptr, self.grads[-1].ptr, rows, classes)
         self.backward(rows)
         self.sgd()
 
@@ -185,9 +175,9 @@ class BaselineStage(Stage):
     def record_metrics(self, rows: int) -> None:
         """Each metric is computed, copied back and waited for, as a first version would."""
         logits, classes, scalar = self.acts[-1].ptr, self.config.classes, self.host_scalar
-        for i, kernel in enumerate(("batch_loss", "batch_correct")):
-            total = self.metrics.ptr + 8 * i
-            self.launch(kernel, 1, METRICS_THREADS, logits, self.y.ptr, rows, classes, total, 0)
+        for i, metric in enumerate((self.metrics_cu.batch_loss, self.metrics_cu.batch_correct)):
+            total = self.metrics.at(i)
+            metric(self.stream, logits, self.y.ptr, rows, classes, total, False)
             cuda.copy_to_host(total, scalar, self.stream)
             self.host_metrics[i] += scalar[0]
 
@@ -217,14 +207,13 @@ class BaselineStage(Stage):
 
     def test_accuracy(self) -> float:
         """Accuracy on the test set, forward passes of up to max_rows rows, one read at the end."""
-        features, classes = self.config.in_features, self.config.classes
-        correct = self.metrics.ptr + 8
+        classes = self.config.classes
         self.metrics.zero(self.stream)
         for lo in range(0, self.num_test, self.max_rows):
             rows = min(self.max_rows, self.num_test - lo)
-            self.forward(self.test_images.ptr + lo * features * 4, rows)
-            self.launch("batch_correct", 1, METRICS_THREADS, self.acts[-1].ptr,
-                        self.test_labels.ptr + lo * 4, rows, classes, correct, 1)
+            self.forward(self.test_images.at(lo, 0), rows)
+            self.metrics_cu.batch_correct(self.stream, self.acts[-1].ptr, self.test_labels.at(lo), rows, classes,
+                                          self.metrics.at(1), True)
         return float(self.metrics.download(self.stream)[1]) / self.num_test
 
     def weights(self) -> list[Layer]:
@@ -232,21 +221,16 @@ class BaselineStage(Stage):
                 for w, b in zip(self.w, self.b)]
 
     def environment(self) -> dict:
-        dev = self.device
-        return {"gpu": dev.name, "compute_capability": f"{dev.compute_capability[0]}.{dev.compute_capability[1]}",
-                "driver": dev.driver_version, "cuda_driver": dev.driver_cuda_version,
-                **{k: str(v) for k, v in cuda.versions().items()}, **self.library_versions()}
+        return {**environment.gpu(self.device), **self.library_versions()}
 
     def library_versions(self) -> dict:
-        from graphtrain.libs.nvrtc import nvrtc_version
-        return {"nvrtc": nvrtc_version()}
+        return {"nvrtc": nvrtc.version()}
 
     def close(self) -> None:
-        for name in ("arena", "start_event", "end_event"):
+        for name in ("arena", "start_event", "end_event", "gather_cu", "matmul_cu", "layers_cu", "softmax_cu",
+                     "metrics_cu"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
-        for module in getattr(self, "modules", []):
-            module.close()
         if getattr(self, "stream", None) is not None:
             self.stream.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphtrain.libs import cublas
 from graphtrain.libs.cublas import Cublas
 from graphtrain.stages.fewer_syncs import FewerSyncsStage
 
@@ -31,7 +32,7 @@ class CublasStage(FewerSyncsStage):
         self.blas.gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
     def library_versions(self) -> dict:
-        return {**super().library_versions(), "cublas": self.blas.version}
+        return {**super().library_versions(), "cublas": cublas.version()}
 
     def close(self) -> None:
         if getattr(self, "blas", None) is not None:

@@ -6,6 +6,7 @@ Descriptors are made once at setup, one per batch size the epoch uses (the tail 
 
 from __future__ import annotations
 
+from graphtrain.libs import cudnn
 from graphtrain.libs.cudnn import Cudnn
 from graphtrain.stages.sparse_metrics import SparseMetricsStage
 
@@ -24,7 +25,7 @@ class CudnnSoftmaxStage(SparseMetricsStage):
         self.dnn.softmax_forward(self.softmax_desc[rows], self.acts[-1].ptr, self.probs.ptr)
 
     def library_versions(self) -> dict:
-        return {**super().library_versions(), "cudnn": self.dnn.version}
+        return {**super().library_versions(), "cudnn": cudnn.version()}
 
     def close(self) -> None:
         if getattr(self, "dnn", None) is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain.stages.baseline import METRICS_THREADS, BaselineStage
+from graphtrain.stages.baseline import BaselineStage
 
 
 class FewerSyncsStage(BaselineStage):
@@ -17,9 +17,8 @@ class FewerSyncsStage(BaselineStage):
 
     def record_metrics(self, rows: int) -> None:
         logits, classes = self.acts[-1].ptr, self.config.classes
-        loss, correct = self.metrics.ptr, self.metrics.ptr + 8
-        self.launch("batch_loss", 1, METRICS_THREADS, logits, self.y.ptr, rows, classes, loss, 1)
-        self.launch("batch_correct", 1, METRICS_THREADS, logits, self.y.ptr, rows, classes, correct, 1)
+        self.metrics_cu.batch_loss(self.stream, logits, self.y.ptr, rows, classes, self.metrics.at(0), True)
+        self.metrics_cu.batch_correct(self.stream, logits, self.y.ptr, rows, classes, self.metrics.at(1), True)
 
     def read_metrics(self) -> np.ndarray:
         return self.metrics.download(self.stream)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain.libs import cuda
-from graphtrain.stages.baseline import THREADS
 from graphtrain.stages.cudnn_softmax import CudnnSoftmaxStage
 
 
@@ -31,16 +30,16 @@ class GraphsStage(CudnnSoftmaxStage):
         self.set_cursor(0)
 
     def set_cursor(self, sample: int) -> None:
-        self.launch("set_cursor", 1, 1, self.cursor.ptr, sample)
+        self.gather_cu.set_cursor(self.stream, self.cursor.ptr, sample)
 
     def load_batch(self, offset: int, rows: int) -> None:
         # `offset` is the eager rungs' kernel argument; here the cursor on the device says it.
-        self.launch("gather_batch_at", rows, THREADS, self.train_images.ptr, self.train_labels.ptr,
-                    self.order.ptr, self.cursor.ptr, self.config.in_features, self.acts[0].ptr, self.y.ptr)
+        self.gather_cu.gather_batch_at(self.stream, self.train_images.ptr, self.train_labels.ptr, self.order.ptr,
+                                       self.cursor.ptr, self.config.in_features, rows, self.acts[0].ptr, self.y.ptr)
 
     def train_step(self, offset: int, rows: int, measure: bool) -> None:
         super().train_step(offset, rows, measure)
-        self.launch("advance_cursor", 1, 1, self.cursor.ptr, rows)
+        self.gather_cu.advance_cursor(self.stream, self.cursor.ptr, rows)
 
     def capture(self) -> None:
         for rows in sorted({hi - lo for lo, hi in self.bounds}):

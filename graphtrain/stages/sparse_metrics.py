@@ -6,7 +6,6 @@ both the loss and the accuracy in a single pass over the logits.
 
 from __future__ import annotations
 
-from graphtrain.stages.baseline import METRICS_THREADS
 from graphtrain.stages.cublas_gemm import CublasStage
 
 
@@ -16,5 +15,5 @@ class SparseMetricsStage(CublasStage):
     sparse_metrics = True
 
     def record_metrics(self, rows: int) -> None:
-        self.launch("batch_metrics", 1, METRICS_THREADS, self.acts[-1].ptr, self.y.ptr, rows,
-                    self.config.classes, self.metrics.ptr)
+        self.metrics_cu.batch_metrics(self.stream, self.acts[-1].ptr, self.y.ptr, rows, self.config.classes,
+                                      self.metrics.ptr)

@@ -1,0 +1,105 @@
+"""What a run ran on: host, GPU, driver and library versions, for run records and `graphtrain info`.
+
+Nothing here raises on a machine without a GPU or a CUDA package: a version that cannot be read
+is None, and `probe()` says for each missing piece why and what installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version ("580.95.05") from /proc or nvidia-smi; None if neither says."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as fh:
+            match = re.search(r"Kernel Module(?: for [\w-]+)?\s+(\d+\.\d+(?:\.\d+)?)", fh.read())
+        if match:
+            return match.group(1)
+    except OSError:
+        pass  # no driver loaded, or not Linux: ask nvidia-smi
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = done.stdout.strip().splitlines()[0].strip() if done.stdout.strip() else ""
+    return first if done.returncode == 0 and re.fullmatch(r"\d+\.\d+(\.\d+)?", first) else None
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of a Python distribution ("cuda-bindings"), or None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def host() -> dict[str, Any]:
+    """Python, numpy and the CPU: the part of every run record that any machine has."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass  # not Linux: platform's answer stands
+    return {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
+            "cpu": cpu, "cpu_count": os.cpu_count()}
+
+
+def gpu(device: Any) -> dict[str, Any]:
+    """The GPU part of a run record, for a `graphtrain.libs.cuda.DeviceInfo`; the stage adds the
+    versions of the libraries it loaded (nvrtc, cublas, cudnn)."""
+    major, minor = device.compute_capability
+    return {"gpu": device.name, "compute_capability": f"{major}.{minor}", "driver": driver_version(),
+            "driver_cuda": device.driver_cuda_version, "runtime": device.runtime_version,
+            "cuda_bindings": package_version("cuda-bindings")}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def probe() -> dict[str, dict[str, Any]]:
+    """What `graphtrain info` shows: for the CUDA bindings, the driver and GPU, NVRTC, cuBLAS and
+    cuDNN, whether each was found, where, which version, and if not, why and what installs it."""
+    from graphtrain.libs import cublas, cuda, cudnn, nvrtc
+    from graphtrain.libs.shared_lib import INSTALL_HINTS
+
+    def bindings() -> dict[str, Any]:
+        cuda.runtime_api()
+        return {"version": package_version("cuda-bindings")}
+
+    def driver() -> dict[str, Any]:
+        info = cuda.open_device(0)
+        return {"device": info.name, "arch": info.arch, "memory_bytes": info.total_memory,
+                "driver_cuda_version": info.driver_cuda_version, "runtime_version": info.runtime_version}
+
+    def nvrtc_library() -> dict[str, Any]:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        found_version = nvrtc.version()
+        return {"version": found_version, "path": load_nvidia_dynamic_lib("nvrtc").abs_path}
+
+    def shared(module: Any) -> dict[str, Any]:
+        module.library.load()
+        return {"path": module.library.path, "found_via": module.library.found_via, "version": module.version()}
+
+    steps = {"cuda_bindings": bindings, "driver": driver, "nvrtc": nvrtc_library,
+             "cublas": lambda: shared(cublas), "cudnn": lambda: shared(cudnn)}
+    report: dict[str, dict[str, Any]] = {}
+    for key, step in steps.items():
+        try:
+            report[key] = {"found": True, **step()}
+        except Exception as exc:  # reported, not hidden: `info` exists to say what is missing and why
+            report[key] = {"found": False, "error": _first_line(exc), "install": INSTALL_HINTS[key]}
+    report["driver"]["driver_version"] = driver_version()
+    return report

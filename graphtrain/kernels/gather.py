@@ -1,0 +1,34 @@
+"""Launchers for gather.cu: a batch's rows gathered through the epoch's order, and the cursor."""
+
+from __future__ import annotations
+
+from graphtrain.kernels import KernelFile
+from graphtrain.libs.nvrtc import I32, PTR, kernel
+
+THREADS = 256  # threads per row copied: 784 floats are 196 float4s, one pass
+
+
+class Gather(KernelFile):
+    stem = "gather"
+    _gather_batch = kernel("gather_batch", PTR, PTR, PTR, I32, I32, PTR, PTR)
+    _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR)
+    _advance_cursor = kernel("advance_cursor", PTR, I32)
+    _set_cursor = kernel("set_cursor", PTR, I32)
+
+    def gather_batch(self, stream, images: int, labels: int, order: int, offset: int, features: int, rows: int,
+                     x: int, y: int) -> None:
+        """x[r] = images[order[offset + r]], y[r] = labels[order[offset + r]] for r < rows."""
+        self._gather_batch(stream, rows, THREADS, images, labels, order, offset, features, x, y)
+
+    def gather_batch_at(self, stream, images: int, labels: int, order: int, cursor: int, features: int, rows: int,
+                        x: int, y: int) -> None:
+        """The same, with the offset read from the device int at `cursor`."""
+        self._gather_batch_at(stream, rows, THREADS, images, labels, order, cursor, features, x, y)
+
+    def advance_cursor(self, stream, cursor: int, rows: int) -> None:
+        """*cursor += rows."""
+        self._advance_cursor(stream, 1, 1, cursor, rows)
+
+    def set_cursor(self, stream, cursor: int, value: int) -> None:
+        """*cursor = value."""
+        self._set_cursor(stream, 1, 1, cursor, value)

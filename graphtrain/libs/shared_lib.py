@@ -1,0 +1,84 @@
+"""NVIDIA's shared libraries for ctypes: found by cuda.pathfinder, declared once, statuses checked.
+
+`cuda.pathfinder` knows where NVIDIA's pip wheels (CUDA 12: `nvidia/<lib>/lib/*.so.12`; CUDA 13:
+`nvidia/cu13/lib/*.so.13`; cuDNN: `nvidia/cudnn/lib/libcudnn.so.9`), conda and the CUDA toolkit
+put each library, so one code path serves the `cu12` and `cu13` extras and system installs.
+What it does not do, this module does: declare each C function's types once, and turn a non-zero
+status into a `LibraryError` that names the call and the library's own name for the status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from graphtrain.errors import GpuUnavailableError
+
+_EXTRAS = "pip install 'graphtrain[cu12]' (CUDA 12 driver) or 'graphtrain[cu13]' (CUDA 13 driver)"
+
+# What installs each piece, for error messages and `graphtrain info`.
+INSTALL_HINTS = {
+    "cuda_bindings": _EXTRAS,
+    "driver": "an NVIDIA GPU with its driver, and " + _EXTRAS,
+    "nvrtc": f"{_EXTRAS}; it brings nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12",
+    "cublas": f"{_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
+    "cudnn": f"{_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
+}
+
+
+class LibraryError(RuntimeError):
+    """A cuBLAS, cuBLASLt or cuDNN call returned an error status."""
+
+    def __init__(self, call: str, status: int, name: str):
+        self.call, self.status, self.name = call, int(status), name
+        super().__init__(f"{call} failed: {name}")
+
+
+class SharedLibrary:
+    """One NVIDIA library, opened on first use, with its functions' C types declared.
+
+    `functions` maps each function used to (argtypes, restype); `status_name` names the function
+    that turns a status code into text (cublasGetStatusName, cudnnGetErrorString).
+    """
+
+    def __init__(self, name: str, what: str, functions: Mapping[str, tuple[list[Any], Any]], status_name: str):
+        self.name, self.what, self.functions, self.status_function = name, what, functions, status_name
+        self.path: str | None = None
+        self.found_via: str | None = None
+        self._cdll: ctypes.CDLL | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> ctypes.CDLL:
+        """Open the library once (GpuUnavailableError naming it and what installs it)."""
+        if self._cdll is not None:
+            return self._cdll
+        with self._lock:
+            if self._cdll is None:
+                install = INSTALL_HINTS[self.name]
+                try:
+                    from cuda.pathfinder import load_nvidia_dynamic_lib
+                except ImportError:
+                    raise GpuUnavailableError(f"{self.what} cannot be looked for: cuda-pathfinder is not "
+                                              f"installed; {install}") from None
+                try:
+                    found = load_nvidia_dynamic_lib(self.name)
+                except Exception as exc:  # pathfinder's not-found errors: report, with its reason
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise GpuUnavailableError(f"{self.what} was not found ({reason}); {install}") from exc
+                cdll = ctypes.CDLL(found.abs_path)
+                for function, (argtypes, restype) in self.functions.items():
+                    fn = getattr(cdll, function)
+                    fn.argtypes, fn.restype = argtypes, restype
+                self.path, self.found_via, self._cdll = found.abs_path, found.found_via, cdll
+        return self._cdll
+
+    def status_name(self, status: int) -> str:
+        text = getattr(self.load(), self.status_function)(int(status))
+        return text.decode(errors="replace") if text else f"status {int(status)}"
+
+    def check(self, status: int, call: str) -> None:
+        """Raise LibraryError unless `status` is 0 (success in every NVIDIA library)."""
+        if status:
+            raise LibraryError(call, status, self.status_name(status))
