@@ -3,8 +3,9 @@
 
     python3 scripts/launch_cost.py [--launches 20000]
 
-Launches kernels/layers.cu's `sgd_update` (w -= lr·dw over 100,000 floats) back to back on one
-stream and reports the host time per launch, the median of five rounds:
+Launches kernels/layers.cu's `sgd_update` (w -= lr·dw over 4,096 floats: a kernel shorter than
+its launch, so the host sets the pace) back to back on one stream and reports the host time per
+launch: after a warm-up round, the rows take turns for five rounds, and each row's median counts.
 
 - launcher: graphtrain's `Layers.sgd_update` (computes its grid, then the Kernel call);
 - Kernel: the Kernel object with a grid given, the part graphtrain owns;
@@ -30,19 +31,17 @@ from graphtrain.kernels.layers import THREADS, Layers
 from graphtrain.libs import cuda
 from graphtrain.libs.memory import Arena
 
-N = 100_000
+N = 4096
 
 
-def per_launch_us(launch, count: int, stream: cuda.Stream) -> float:
-    rounds = []
-    for _ in range(5):
-        stream.synchronize()
-        start = time.perf_counter()
-        for _ in range(count):
-            launch()
-        rounds.append((time.perf_counter() - start) / count * 1e6)
+def timed_round(launch, count: int, stream: cuda.Stream) -> float:
+    """µs per launch over `count` launches, the stream drained before and after."""
     stream.synchronize()
-    return statistics.median(rounds)
+    start = time.perf_counter()
+    for _ in range(count):
+        launch()
+    stream.synchronize()
+    return (time.perf_counter() - start) / count * 1e6
 
 
 def cuda_core_rows(device: cuda.DeviceInfo, stream: cuda.Stream, w: int, dw: int, lr: float) -> dict:
@@ -101,14 +100,21 @@ def main() -> None:
         **cuda_core_rows(device, stream, w, dw, lr),
     }
     print(f"{device.name}, {args.launches} launches of sgd_update per round, median of 5 rounds")
+    timings: dict[str, list[float]] = {}
     for name, launch in rows.items():
         if not callable(launch):
             print(f"  {name:32s} {launch}")
             continue
         try:
-            print(f"  {name:32s} {per_launch_us(launch, args.launches, stream):6.2f} µs per launch")
+            timed_round(launch, args.launches, stream)  # warm-up: clocks, caches, first-call paths
+            timings[name] = []
         except Exception as exc:  # an API this cuda.core release lacks: say so, and measure the rest
             print(f"  {name:32s} failed: {type(exc).__name__}: {exc}")
+    for _ in range(5):
+        for name in timings:
+            timings[name].append(timed_round(rows[name], args.launches, stream))
+    for name, rounds in timings.items():
+        print(f"  {name:32s} {statistics.median(rounds):6.2f} µs per launch")
     layers.close()
     arena.close()
     stream.close()

@@ -123,7 +123,8 @@ def test_block_sizes_reach_the_source_only_through_defines(nvrtc_available, cach
     with pytest.raises(nvrtc.NvrtcError, match="METRICS_THREADS"):
         nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values())
     with_define = nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(), metrics.defines)
-    other_size = nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(), {"METRICS_THREADS": 128})
+    other_size = nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(),
+                                       {"METRICS_THREADS": 128})
     assert with_define != other_size
 
 
@@ -190,7 +191,8 @@ def test_a_launch_hands_the_driver_the_geometry_and_the_packed_arguments(recordi
 
 def test_a_launch_with_the_wrong_arguments_is_a_bug_not_a_usage_error(recording_driver):
     k = nvrtc.Kernel(SAXPY_SPEC, "function")
-    for bad in [(1.0, 0, 0), (1.0, 0, 0, 5, 6), (1.0, 0, 0, 2.5), ("x", 0, 0, 1)]:
+    for bad in [(1.0, 0, 0), (1.0, 0, 0, 5, 6), (1.0, 0, 0, 2.5), ("x", 0, 0, 1), (1.0, 0, 0, 2**31),
+                (1.0, -8, 0, 1), (1.0, None, 0, 1)]:
         with pytest.raises(nvrtc.KernelArgumentError, match="saxpy") as info:
             k(FakeStream(), 1, 32, *bad)
         assert isinstance(info.value, TypeError) and not isinstance(info.value, GraphtrainError)

@@ -255,6 +255,8 @@ def test_kernel_argument_errors_name_the_kernel(stream, module):
         saxpy(stream, 1, 32, 1.0, 0, 0)
     with pytest.raises(KernelArgumentError, match="saxpy"):
         saxpy(stream, 1, 32, 1.0, 0, 0, 2.5)  # a float for an int
+    with pytest.raises(KernelArgumentError, match="saxpy"):
+        saxpy(stream, 1, 32, 1.0, 0, 0, 2**31)  # out of an int's range
 
 
 def test_bad_launch_configuration_raises_with_status(stream, module):

@@ -36,8 +36,9 @@ computes the launch geometry itself. Pointers are ints (`Buffer.ptr`, `Buffer.at
 
 What is checked, and when: the argument types when the class is defined; their number, kinds
 and sizes against the `.cu` by the compiler (NVRTC, on any machine, also without a GPU: the CPU
-tests compile every file for sm_80 and sm_90); nothing per launch, which only stores values into
-slots made once and calls the driver. `kernel(...)` also takes `cluster=(x, y, z)` (a
+tests compile every file for sm_80 and sm_90); nothing in Python per launch, which packs the
+values with one precompiled `struct.pack_into` (refusing, in C, a wrong count, a float for an int
+or a value out of range) and calls the driver. `kernel(...)` also takes `cluster=(x, y, z)` (a
 thread-block cluster, launched through cuLaunchKernelEx), `cooperative=True` (grid-wide sync),
 and `max_shared_bytes=N` (raises the kernel's dynamic shared memory limit once, above the
 default 48 KiB); a launch passes `shared_bytes=N` for its dynamic shared memory. A class may set

@@ -69,17 +69,12 @@ def driver_api() -> Any:
 
 def status_detail(status: Any) -> str | None:
     """The driver's or runtime's description of a status, when it can give one."""
-    mods = _import_bindings()
-    runtime, driver = mods["runtime"], mods["driver"]
+    runtime, driver = runtime_api(), driver_api()
     if isinstance(status, runtime.cudaError_t):
-        text = runtime.cudaGetErrorString(status)[1]
-    elif isinstance(status, driver.CUresult):
-        err, text = driver.cuGetErrorString(status)
-        if err:
-            return None
+        err, text = runtime.cudaGetErrorString(status)
     else:
-        return None
-    return (text.decode(errors="replace") if isinstance(text, bytes) else text) or None
+        err, text = driver.cuGetErrorString(status)
+    return None if err else (text.decode(errors="replace") if isinstance(text, bytes) else text) or None
 
 
 def check(result: Any, call: str) -> Any:

@@ -9,6 +9,7 @@ training step only launches.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 from graphtrain.libs import cuda
 from graphtrain.libs.shared_lib import SharedLibrary
@@ -43,14 +44,12 @@ def version() -> str:
     return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
 
 
+@dataclass(frozen=True)
 class TensorDesc:
     """A float32 NCHW tensor descriptor, owned (and destroyed) by a Cudnn handle."""
 
-    def __init__(self, handle: ctypes.c_void_p, shape: tuple[int, int, int, int]):
-        self.handle, self.shape = handle, shape
-
-    def __repr__(self) -> str:
-        return f"TensorDesc(nchw={self.shape})"
+    handle: ctypes.c_void_p
+    shape: tuple[int, int, int, int]
 
 
 class Cudnn:

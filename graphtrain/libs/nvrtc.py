@@ -6,10 +6,11 @@ every compile appends a `static_assert` per argument to the source, so a launche
 the wrong number or kind of arguments fails to compile with a message naming the kernel and the
 argument, on any machine with NVRTC, GPU or not.
 
-A launch then only stores its values into ctypes slots built once and calls cuLaunchKernel (or
-cuLaunchKernelEx, for thread-block clusters and cooperative launches); the status is checked, the
-arguments are not. Integers that do not fit the declared type wrap silently, as in C: the
-launchers compute them from sizes the arena already checked.
+A launch then packs its values with one precompiled `struct.pack_into` into a buffer whose
+layout was fixed when the kernel was loaded, and calls cuLaunchKernel (or cuLaunchKernelEx, for
+thread-block clusters and cooperative launches), then checks the status: no Python checks an
+argument. The packing itself, in C, refuses a wrong count, a float for an int, a negative
+pointer or a value out of the declared type's range.
 
 Compiling for the real architecture (``sm_90``, not ``compute_90``) gives a cubin the driver loads
 without a JIT step. ``--use_fast_math`` is deliberately not used: the losses need accurate
@@ -22,6 +23,7 @@ import ctypes
 import hashlib
 import os
 import re
+import struct
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,10 +64,12 @@ counters = CompileCounters()
 # --------------------------------------------------------------------------------------------
 # Declaring kernels
 
-# The argument types a kernel may take, and the C kind and size the compiler must agree with.
+# The argument types a kernel may take: the C kind and size the compiler must agree with, and
+# the `struct` code a launch packs the value with (native alignment, as the C ABI lays them out).
 PTR, I32, U32, I64, U64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
 F32, F64 = ctypes.c_float, ctypes.c_double
-_KINDS = {PTR: ("p", 8), I32: ("i", 4), U32: ("u", 4), I64: ("i", 8), U64: ("u", 8), F32: ("f", 4), F64: ("f", 8)}
+_KINDS = {PTR: ("p", 8, "Q"), I32: ("i", 4, "i"), U32: ("u", 4, "I"), I64: ("i", 8, "q"), U64: ("u", 8, "Q"),
+          F32: ("f", 4, "f"), F64: ("f", 8, "d")}
 _KIND_NAMES = {"p": "a pointer", "i": "a signed integer", "u": "an unsigned integer", "f": "a floating-point value"}
 
 
@@ -127,7 +131,7 @@ def declarations_check(specs: Iterable[KernelSpec]) -> str:
         lines.append(f'static_assert({params}::count == {len(spec.arg_types)}, '
                      f'"kernel {spec.name} is declared in Python with {len(spec.arg_types)} arguments");')
         for i, t in enumerate(spec.arg_types):
-            kind, size = _KINDS[t]
+            kind, size, _ = _KINDS[t]
             arg = f"{params}::arg<{i}>"
             lines.append(f"static_assert({arg}::kind == '{kind}' && {arg}::size == {size}, \"kernel {spec.name}: "
                          f'argument {i} is declared in Python as {t.__name__}, {_KIND_NAMES[kind]} of {size} bytes");')
@@ -269,19 +273,26 @@ def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpe
 class Kernel:
     """A launchable kernel: ``kernel(stream, grid, block, *args, shared_bytes=0)``.
 
-    `grid` and `block` are an int (x) or a 3-tuple. The argument slots (one ctypes object per
-    argument) and the array of pointers to them are built once; a launch stores the new values and
-    calls the driver with the array's address. The driver copies the values during the call (and
-    into the graph node when capturing), so reusing the slots is safe. Not for several threads.
+    `grid` and `block` are an int (x) or a 3-tuple. The arguments live in one buffer laid out as
+    the C ABI lays them out, with the array of pointers into it built once; a launch packs all the
+    values with one precompiled `struct.pack_into` (in C, which also refuses a wrong count, a
+    float for an int and a value out of range) and calls the driver with the array's address.
+    The driver copies the values during the call (and into the graph node when capturing), so
+    reusing the buffer is safe. Not for several threads at once.
     """
 
     def __init__(self, spec: KernelSpec, function: Any):
         driver = cuda.driver_api()
         self.name, self.spec, self._function = spec.name, spec, function
-        self._slots = tuple(t() for t in spec.arg_types)
-        self._array = (ctypes.c_void_p * max(len(self._slots), 1))(*[ctypes.addressof(s) for s in self._slots])
+        codes = "".join(_KINDS[t][2] for t in spec.arg_types)
+        packer = struct.Struct("@" + codes)
+        self._pack, self._values = packer.pack_into, ctypes.create_string_buffer(max(packer.size, 1))
+        # Each argument's offset: the packed size up to and including it, less its own size.
+        offsets = [struct.calcsize("@" + codes[:i + 1]) - struct.calcsize(code) for i, code in enumerate(codes)]
+        base = ctypes.addressof(self._values)
+        self._array = (ctypes.c_void_p * max(len(codes), 1))(*[base + offset for offset in offsets])
         # cuda.bindings takes kernelParams as an int: the address of a void*[] (NULL for none).
-        self._params = ctypes.addressof(self._array) if self._slots else 0
+        self._params = ctypes.addressof(self._array) if codes else 0
         self._call = f"cuLaunchKernel({spec.name})"
         self._launch, self._launch_ex, self._config = driver.cuLaunchKernel, driver.cuLaunchKernelEx, None
         if spec.cluster is not None or spec.cooperative:
@@ -299,9 +310,8 @@ class Kernel:
 
     def __call__(self, stream: cuda.Stream, grid: Any, block: Any, *args: Any, shared_bytes: int = 0) -> None:
         try:
-            for slot, value in zip(self._slots, args, strict=True):
-                slot.value = value
-        except (TypeError, ValueError) as exc:  # costs nothing unless raised
+            self._pack(self._values, 0, *args)
+        except struct.error as exc:  # costs nothing unless raised
             raise KernelArgumentError(f"{self!r} cannot take {args!r}: {exc}") from None
         gx, gy, gz = grid if grid.__class__ is tuple else (grid, 1, 1)
         bx, by, bz = block if block.__class__ is tuple else (block, 1, 1)
