@@ -100,6 +100,7 @@ def probe() -> dict[str, dict[str, Any]]:
         try:
             report[key] = {"found": True, **step()}
         except Exception as exc:  # reported, not hidden: `info` exists to say what is missing and why
-            report[key] = {"found": False, "error": _first_line(exc), "install": INSTALL_HINTS[key]}
+            why = _first_line(exc).replace(f"; {INSTALL_HINTS[key]}", "")  # said once, under "install"
+            report[key] = {"found": False, "error": why, "install": INSTALL_HINTS[key]}
     report["driver"]["driver_version"] = driver_version()
     return report

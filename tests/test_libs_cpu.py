@@ -555,3 +555,13 @@ def test_host_environment_names_python_numpy_and_the_cpu():
 
     found = host()
     assert found["python"] and found["numpy"] == np.__version__ and found["cpu"] and found["cpu_count"]
+
+
+def test_gpu_environment_has_the_keys_the_reports_read():
+    from graphtrain import environment
+
+    device = cuda.DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), arch="sm_90",
+                             sm_count=132, total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0")
+    found = environment.gpu(device)
+    assert set(found) == {"gpu", "compute_capability", "driver", "driver_cuda", "runtime", "cuda_bindings"}
+    assert (found["gpu"], found["compute_capability"], found["driver_cuda"]) == ("NVIDIA H100 80GB HBM3", "9.0", "13.0")
