@@ -69,6 +69,7 @@ class KernelFile:
     defines: ClassVar[Mapping[str, int | str]] = {}
     options: ClassVar[tuple[str, ...]] = ()
     arch_suffix: ClassVar[str] = ""
+    min_arch: ClassVar[int] = 80  # the oldest architecture the file compiles for (90: clusters)
 
     @classmethod
     def specs(cls) -> dict[str, KernelSpec]:
@@ -77,15 +78,16 @@ class KernelFile:
                 if isinstance(value, KernelSpec)}
 
     @classmethod
-    def cubin(cls, arch: str) -> bytes:
-        """The file compiled for `arch` ("sm_90"), its declarations checked (cached on disk)."""
+    def cubin(cls, arch: str, defines: Mapping[str, int | str] | None = None) -> bytes:
+        """The file compiled for `arch` ("sm_90"), its declarations checked (cached on disk);
+        `defines` add to or replace the class's (a kernel specialised for one model's sizes)."""
         path = KERNELS_DIR / f"{cls.stem}.cu"
         return compile_kernels(path.read_text(encoding="utf-8"), path.name, arch + cls.arch_suffix,
-                               cls.specs().values(), cls.defines, cls.options)
+                               cls.specs().values(), {**cls.defines, **(defines or {})}, cls.options)
 
-    def __init__(self, device: cuda.DeviceInfo):
+    def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
         specs = self.specs()
-        self.module = Module(f"{self.stem}.cu", self.cubin(device.arch), specs.values(), device)
+        self.module = Module(f"{self.stem}.cu", self.cubin(device.arch, defines), specs.values(), device)
         for attr, spec in specs.items():
             setattr(self, attr, self.module[spec.name])  # the Kernel shadows its declaration
 

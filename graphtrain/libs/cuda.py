@@ -329,6 +329,14 @@ def memset(ptr: int, byte_value: int, nbytes: int, stream: Stream) -> None:
 # CUDA Graphs
 
 
+def conditional_nodes() -> bool:
+    """Whether the runtime and driver both have conditional graph nodes built by stream capture
+    (CUDA 12.4)."""
+    rt = runtime_api()
+    return min(check(rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion"),
+               check(rt.cudaDriverGetVersion(), "cudaDriverGetVersion")) >= 12040
+
+
 class Graph:
     """A captured and instantiated CUDA Graph.
 
@@ -384,6 +392,35 @@ class Graph:
         # With no node array, cudaGraphGetNodes only reports the count (the last returned value).
         result = check(runtime_api().cudaGraphGetNodes(self._graph), "cudaGraphGetNodes")
         return int(result[-1] if isinstance(result, tuple) else result)
+
+    @staticmethod
+    @contextmanager
+    def while_loop(stream: Stream, body: Stream) -> Iterator[int]:
+        """Inside `Graph.capture(stream)`: a conditional WHILE node, whose body is what is queued on
+        `body` inside this block. The body runs again while the loop's value is non-zero: 1 at
+        each launch of the graph, then whatever a kernel of the body last set with
+        cudaGraphSetConditional(handle, value). Yields the handle, a 64-bit kernel argument.
+        Needs conditional nodes (`conditional_nodes()`)."""
+        rt = runtime_api()
+        _, _, graph, deps, _, count = check(rt.cudaStreamGetCaptureInfo(stream.handle), "cudaStreamGetCaptureInfo")
+        handle = check(rt.cudaGraphConditionalHandleCreate(
+            graph, 1, rt.cudaGraphConditionalHandleFlags.cudaGraphCondAssignDefault), "cudaGraphConditionalHandleCreate")
+        params = rt.cudaGraphNodeParams()
+        params.type = rt.cudaGraphNodeType.cudaGraphNodeTypeConditional
+        params.conditional.handle = handle
+        params.conditional.type = rt.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
+        params.conditional.size = 1
+        node = check(rt.cudaGraphAddNode(graph, deps, None, count, params), "cudaGraphAddNode(while)")
+        check(rt.cudaStreamUpdateCaptureDependencies(
+            stream.handle, [node], None, 1, rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies),
+            "cudaStreamUpdateCaptureDependencies")
+        check(rt.cudaStreamBeginCaptureToGraph(body.handle, params.conditional.phGraph_out[0], None, None, 0,
+                                               rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal),
+              "cudaStreamBeginCaptureToGraph")
+        try:
+            yield int(handle)
+        finally:
+            check(rt.cudaStreamEndCapture(body.handle), "cudaStreamEndCapture(while body)")
 
     def close(self) -> None:
         """Destroy the executable graph and the graph (idempotent)."""

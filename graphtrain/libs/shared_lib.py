@@ -24,6 +24,7 @@ INSTALL_HINTS = {
     "driver": "an NVIDIA GPU with its driver, and " + _EXTRAS,
     "nvrtc": f"{_EXTRAS}; it brings nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12",
     "cublas": f"{_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
+    "cublasLt": f"{_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
     "cudnn": f"{_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
 }
 

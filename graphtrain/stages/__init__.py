@@ -19,6 +19,10 @@ LADDER: dict[str, str] = {
     "sparse-metrics": "sparse_metrics:SparseMetricsStage",
     "cudnn-softmax": "cudnn_softmax:CudnnSoftmaxStage",
     "graphs": "graphs:GraphsStage",
+    "fused": "fused:FusedStage",
+    "bf16": "bf16:Bf16Stage",
+    "device-loop": "device_loop:DeviceLoopStage",
+    "persistent": "persistent:PersistentStage",
 }
 
 

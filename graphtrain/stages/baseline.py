@@ -58,12 +58,13 @@ class BaselineStage(Stage):
         self.test_labels = arena.reserve("test_labels", (self.num_test,), np.int32)
         # Every epoch's sample order, uploaded once: epoch e's batch at `lo` starts at e·N + lo.
         self.order = arena.reserve("order", (self.num_epochs * self.num_train,), np.int32)
-        self.w, self.b, self.dw, self.db = [], [], [], []
-        for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
-            self.w.append(arena.reserve(f"w{i + 1}", (fan_out, fan_in)))
-            self.dw.append(arena.reserve(f"dw{i + 1}", (fan_out, fan_in)))
-            self.b.append(arena.reserve(f"b{i + 1}", (fan_out,)) if cfg.bias else None)
-            self.db.append(arena.reserve(f"db{i + 1}", (fan_out,)) if cfg.bias else None)
+        # Weights, then biases, then their gradients, each kind in layer order: the fused rungs
+        # update or convert a kind in one pass over its span.
+        layers = list(enumerate(zip(dims[:-1], dims[1:]), 1))
+        self.w = [arena.reserve(f"w{i}", (fan_out, fan_in)) for i, (fan_in, fan_out) in layers]
+        self.b = [arena.reserve(f"b{i}", (fan_out,)) if cfg.bias else None for i, (_, fan_out) in layers]
+        self.dw = [arena.reserve(f"dw{i}", (fan_out, fan_in)) for i, (fan_in, fan_out) in layers]
+        self.db = [arena.reserve(f"db{i}", (fan_out,)) if cfg.bias else None for i, (_, fan_out) in layers]
         # acts[0] is the batch x, acts[i] layer i's output (after ReLU), acts[-1] the logits;
         # grads[i] is dL/dacts[i] for i >= 1.
         self.acts = [arena.reserve("x", (rows, features))]
@@ -87,10 +88,14 @@ class BaselineStage(Stage):
         self.reset_metrics()
 
         # Warm up (first launches, library heuristics), then start again from the shared init.
-        self.train_step(0, self.bounds[0][1], measure=True)
+        self.warm_up()
         self.stream.synchronize()
         self.upload_initial_weights()
         self.capture()
+
+    def warm_up(self) -> None:
+        """One step of the first batch: first launches, library heuristics (undone afterwards)."""
+        self.train_step(0, self.bounds[0][1], measure=True)
 
     def reserve_extra(self, arena: Arena) -> None:
         """Room a later rung needs in the arena (a cuBLAS workspace, say)."""

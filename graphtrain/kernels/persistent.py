@@ -1,0 +1,79 @@
+"""Launcher for persistent.cu: softmax regression, one thread-block cluster, one launch an epoch.
+
+The kernel is compiled for the model's sizes (its loops unroll over the classes and the slice),
+so a `Persistent` is made per workload, and `fits` says beforehand why one cannot be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphtrain.kernels import KernelFile, ceil_div
+from graphtrain.libs.nvrtc import F32, I32, PTR, kernel
+
+CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
+THREADS = 256  # per block; measured faster than 512 or 1024 on an H100 (fewer threads per barrier)
+F_LANES = 64  # phase C's lanes per row chunk: one per feature of a slice, and one for the bias
+MAX_CLASSES = 32  # a row's classes are the lanes of one warp
+MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a Hopper block may opt in to
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes a kernel is compiled for, and the batch its shared memory is carved for."""
+
+    features: int
+    classes: int
+    batch: int
+
+    @property
+    def slice(self) -> int:
+        """Features per block: ⌈features / CLUSTER⌉ rounded up to 4 (16-byte copies)."""
+        return ceil_div(ceil_div(self.features, CLUSTER), 4) * 4
+
+    @property
+    def padded_features(self) -> int:
+        return CLUSTER * self.slice
+
+    @property
+    def shared_bytes(self) -> int:
+        """persistent.cu's `carve`, in bytes: totals (double), then floats, then ints."""
+        class_stride = ceil_div(self.classes, 4) * 4
+        owned = ceil_div(self.batch, CLUSTER)
+        floats = (self.slice * class_stride + class_stride + 2 * self.batch * self.slice
+                  + CLUSTER * owned * class_stride + self.batch * class_stride
+                  + THREADS // F_LANES * self.classes * F_LANES)
+        return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (2 * self.batch + 2 * owned)
+
+    def refusal(self) -> str | None:
+        """Why the kernel cannot train this shape, or None."""
+        if self.classes > MAX_CLASSES:
+            return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
+        if self.slice >= F_LANES:
+            return (f"{self.features} input features (at most {CLUSTER * (F_LANES - 4)}: "
+                    f"{CLUSTER} blocks of fewer than {F_LANES} features each)")
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            return (f"batch {self.batch}, whose step needs {self.shared_bytes} bytes of shared memory per block "
+                    f"(at most {MAX_SHARED_BYTES})")
+        return None
+
+
+class Persistent(KernelFile):
+    stem = "persistent"
+    min_arch = 90  # thread-block clusters and distributed shared memory
+    # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "SLICE": 52, "CLASSES": 10, "FEATURES": 784}
+    _softmax_epoch = kernel("softmax_epoch", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
+                    cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
+
+    def __init__(self, device, shape: Shape):
+        self.shape = shape
+        super().__init__(device, {"SLICE": shape.slice, "CLASSES": shape.classes, "FEATURES": shape.features})
+
+    def train_epoch(self, stream, images: int, labels: int, order: int, w: int, b: int, num_samples: int,
+                    num_steps: int, lr: float, metrics: int, measure: bool) -> None:
+        """`num_steps` SGD steps of the shape's batch over samples order[0:num_samples] (the last
+        batch may be shorter), W (classes × features) and b (0: no bias) updated in place;
+        metrics += (Σ loss, #correct) when measuring. `images`: num_samples × padded_features."""
+        self._softmax_epoch(stream, CLUSTER, THREADS, images, labels, order, w, b, int(b != 0), num_samples,
+                    self.shape.batch, num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)

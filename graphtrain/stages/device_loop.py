@@ -1,0 +1,84 @@
+"""`device-loop`: the whole epoch from one graph launch; the host leaves the batch loop.
+
+Until here the host launched one step graph per batch, 469 a `jhu` epoch. Now one graph holds the
+epoch: a conditional WHILE node whose body is the full-batch step, then the tail batch's step.
+The loss kernel of each step counts the steps left and sets the loop's condition on the device
+(cudaGraphSetConditional); the cursor carries each step, and each epoch, on to the next. Per
+epoch the host launches one graph and waits once.
+
+What this buys is host time, not GPU time: the nodes are the same nodes, and the WHILE node adds
+a little of its own per iteration. It matters where the host cannot keep ahead of the GPU (a
+busy or slow CPU, tiny steps); on an idle host the queued step graphs already kept the GPU fed,
+and the ladder shows that honestly. Without conditional nodes (runtime or driver before CUDA
+12.4) the epoch graph is unrolled instead, one step after another; the record says which.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphtrain.libs import cuda
+from graphtrain.stages.bf16 import Bf16Stage
+
+
+class DeviceLoopStage(Bf16Stage):
+    name = "device-loop"
+    summary = "the whole epoch from one graph launch: a conditional WHILE node over the step"
+
+    def reserve_extra(self, arena) -> None:
+        super().reserve_extra(arena)
+        self.steps_left = arena.reserve("steps_left", (1,), np.int32)  # the loop's counter
+
+    def setup_extra(self) -> None:
+        super().setup_extra()
+        self.loop_stream = cuda.Stream()  # the WHILE body is captured from a stream of its own
+        self.loop_kind = "while" if cuda.conditional_nodes() else "unrolled"
+
+    def capture(self) -> None:
+        super().capture()  # the step graphs: nodes per step
+        self.epoch_graphs = {}
+        epoch_lengths = {len(self.bounds[:n]) for n in self.batches_per_epoch()}
+        for num_batches in sorted(epoch_lengths):
+            for measure in (False, True):
+                self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
+        self.set_cursor(0)  # the warm-up moved it; from here each epoch leaves it at the next one's start
+        self.next_sample = 0
+
+    def batches_per_epoch(self) -> list[int]:
+        cfg = self.config
+        return [cfg.batches_in_epoch(e, self.num_train) for e in range(self.num_epochs)]
+
+    def capture_epoch(self, num_batches: int, measure: bool) -> cuda.Graph:
+        """One graph: the full batches of the epoch's first `num_batches`, then its tail batch."""
+        sizes = [hi - lo for lo, hi in self.bounds[:num_batches]]
+        full, tail = self.config.batch, sizes[-1] if sizes[-1] != self.config.batch else None
+        count = len(sizes) - (tail is not None)
+        with cuda.Graph.capture(self.stream) as graph:
+            if self.loop_kind == "while":
+                self.gather_cu.set_cursor(self.stream, self.steps_left.ptr, count)
+                with cuda.Graph.while_loop(self.stream, self.loop_stream) as loop:
+                    outer, self.stream = self.stream, self.loop_stream
+                    try:
+                        self.train_step(0, full, measure, loop=loop, steps_left=self.steps_left.ptr)
+                    finally:
+                        self.stream = outer
+            else:
+                for _ in range(count):
+                    self.train_step(0, full, measure)
+            if tail is not None:
+                self.train_step(0, tail, measure)
+        return graph
+
+    def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
+        start = epoch * self.num_train
+        if start != self.next_sample:  # only when epochs are not run in order
+            self.set_cursor(start)
+        self.epoch_graphs[num_batches, measure].launch(self.stream)
+        self.next_sample = start + self.bounds[num_batches - 1][1]
+
+    def close(self) -> None:
+        for graph in getattr(self, "epoch_graphs", {}).values():
+            graph.close()
+        if getattr(self, "loop_stream", None) is not None:
+            self.loop_stream.close()
+        super().close()

@@ -1,0 +1,199 @@
+"""The rungs beyond the seeds (fused, bf16, device-loop, persistent) against the float64 oracle,
+and the promises each makes: nodes per step, launches per epoch, same seed → same bits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import rel_err
+
+from graphtrain import reference
+from graphtrain.config import TrainConfig
+from graphtrain.data import Dataset
+from graphtrain.errors import GpuUnavailableError, UsageError
+from graphtrain.stages import get_stage
+
+pytestmark = pytest.mark.gpu
+
+NEW_RUNGS = ["fused", "bf16", "device-loop", "persistent"]
+# Relative error of one SGD update against float64. fp32 products sum in another order than
+# numpy (~1e-6). bf16 operands keep 8 mantissa bits: each is off by up to 2^-9 relative, and a
+# product of two such sums errs by ~2^-8 ≈ 4e-3 in the mean; 2e-2 leaves room for cancellation.
+TOLERANCE = {"fused": 1e-4, "bf16": 2e-2, "device-loop": 2e-2, "persistent": 1e-4}
+MODELS = {
+    "softmax-regression": dict(hidden=(), bias=True),
+    "mlp-bias": dict(hidden=(96, 40), bias=True),
+    "mlp-no-bias": dict(hidden=(64,), bias=False),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    from graphtrain.libs import cuda
+
+    try:
+        return cuda.open_device()
+    except GpuUnavailableError as error:
+        pytest.skip(f"no usable GPU: {error}")
+
+
+def stage_for(name: str, cfg: TrainConfig, data: Dataset):
+    return get_stage(name)(cfg, data)
+
+
+def trains(name: str, cfg: TrainConfig) -> bool:
+    return name != "persistent" or not cfg.hidden
+
+
+def reference_epoch(cfg: TrainConfig, data: Dataset, num_batches: int):
+    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    order = reference.epoch_order(cfg.seed, 0, len(data.train_images))
+    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch)[:num_batches]:
+        reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
+                             data.train_labels[order[lo:hi]], cfg.lr)
+    return layers
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", NEW_RUNGS)
+def test_one_step_update_matches_float64(name, model):
+    seed = int.from_bytes(os.urandom(2), "little")
+    data = Dataset.synthetic(1000, 300, seed=seed)
+    cfg = TrainConfig(**MODELS[model], batch=100, epochs=1, lr=0.1, seed=seed)
+    if not trains(name, cfg):
+        pytest.skip("persistent trains softmax regression only (its refusal is tested below)")
+    with stage_for(name, cfg, data) as stage:
+        stage.setup()
+        result = stage.train_epoch(0, num_batches=1, measure=True)
+        new = stage.weights()
+    start = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
+    after = reference_epoch(cfg, data, 1)
+    idx = reference.epoch_order(seed, 0, 1000)[:100]
+    loss, _ = reference.loss_and_dlogits(reference.forward(start, data.train_images[idx].astype(np.float64))[-1],
+                                         data.train_labels[idx])
+    tol = TOLERANCE[name]
+    assert abs(result.train_loss - loss) / loss < tol, f"seed {seed}"
+    for got, old, ref in zip(new, start, after):
+        # The update itself, not the weights it is added to (they would hide a wrong step).
+        assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < tol, f"seed {seed}"
+        if cfg.bias:
+            assert rel_err(got.b.astype(np.float64) - old.b, ref.b - old.b) < tol, f"seed {seed}"
+
+
+@pytest.mark.parametrize("name", NEW_RUNGS)
+def test_a_whole_epoch_with_its_tail_batch(name):
+    """1000 samples at batch 300: three full steps and a real one of 100 rows."""
+    seed = int.from_bytes(os.urandom(2), "little")
+    data = Dataset.synthetic(1000, 300, seed=seed)
+    cfg = TrainConfig(hidden=() if name == "persistent" else (32,), batch=300, epochs=1, lr=0.1, seed=seed)
+    with stage_for(name, cfg, data) as stage:
+        stage.setup()
+        stage.train_epoch(0, 4, measure=True)
+        weights = stage.weights()
+    start = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
+    for got, old, ref in zip(weights, start, reference_epoch(cfg, data, 4)):
+        assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < TOLERANCE[name], f"seed {seed}"
+
+
+@pytest.mark.parametrize("name", NEW_RUNGS)
+def test_same_seed_gives_bit_identical_weights(name):
+    data = Dataset.synthetic(2000, 100, seed=3)
+    cfg = TrainConfig(hidden=() if name == "persistent" else (64, 32), batch=64, epochs=2, lr=0.1, seed=4)
+    runs = []
+    for _ in range(2):
+        with stage_for(name, cfg, data) as stage:
+            stage.setup()
+            for epoch in range(2):
+                stage.train_epoch(epoch, 32, measure=epoch == 1)
+            runs.append(stage.weights())
+    for a, b in zip(*runs):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+
+
+@pytest.mark.parametrize("name,hidden,bias,most", [
+    ("fused", (), True, 5), ("fused", (64, 64, 64), True, 16), ("fused", (64, 64, 64), False, 16),
+    ("bf16", (), True, 5), ("bf16", (64, 64, 64), True, 16),
+])
+def test_nodes_per_step(name, hidden, bias, most):
+    data = Dataset.synthetic(600, 100, seed=1)
+    cfg = TrainConfig(hidden=hidden, bias=bias, batch=100, epochs=1, seed=1)
+    with stage_for(name, cfg, data) as stage:
+        stage.setup()
+        assert stage.nodes_per_step <= most
+
+
+def launches_in_an_epoch(stage, monkeypatch, num_batches: int) -> tuple[int, int, int]:
+    """(graph launches, kernel launches, host syncs) while `stage` trains one epoch."""
+    from graphtrain.libs import cuda, nvrtc
+
+    counts = {"graph": 0, "kernel": 0}
+    graph_launch, kernel_call = cuda.Graph.launch, nvrtc.Kernel.__call__
+
+    def count_graph(self, stream):
+        counts["graph"] += 1
+        graph_launch(self, stream)
+
+    def count_kernel(self, *args, **kwargs):
+        counts["kernel"] += 1
+        kernel_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(cuda.Graph, "launch", count_graph)
+    monkeypatch.setattr(nvrtc.Kernel, "__call__", count_kernel)
+    cuda.reset_counters()
+    stage.train_epoch(1, num_batches, measure=False)
+    monkeypatch.undo()
+    return counts["graph"], counts["kernel"], cuda.counters.syncs
+
+
+@pytest.mark.parametrize("name,graphs,kernels", [("graphs", 10, 1), ("device-loop", 1, 0), ("persistent", 0, 1)])
+def test_launches_per_epoch(name, graphs, kernels, monkeypatch):
+    """1000 samples at batch 100: `graphs` launches a graph per batch (and sets its cursor),
+    device-loop one graph per epoch, persistent one kernel; each waits once, for the epoch's end."""
+    data = Dataset.synthetic(1000, 100, seed=2)
+    cfg = TrainConfig(batch=100, epochs=2, seed=2)
+    with stage_for(name, cfg, data) as stage:
+        stage.setup()
+        stage.train_epoch(0, 10, measure=False)
+        assert launches_in_an_epoch(stage, monkeypatch, 10) == (graphs, kernels, 1)
+        if name == "device-loop":
+            assert stage.loop_kind == "while"  # conditional nodes: CUDA 12.4 and later
+
+
+def test_device_loop_matches_bf16_bit_for_bit():
+    """The same step graphs, only launched from the device: the same weights, bit for bit."""
+    data = Dataset.synthetic(1000, 100, seed=5)
+    cfg = TrainConfig(hidden=(48,), batch=128, epochs=2, seed=5)  # 7 full batches and a tail of 104
+    weights = {}
+    for name in ("bf16", "device-loop"):
+        with stage_for(name, cfg, data) as stage:
+            stage.setup()
+            for epoch in range(2):
+                stage.train_epoch(epoch, 8, measure=True)
+            weights[name] = stage.weights()
+    for a, b in zip(weights["bf16"], weights["device-loop"]):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+
+
+def test_persistent_refuses_a_model_it_cannot_train():
+    data = Dataset.synthetic(200, 50, seed=1)
+    with pytest.raises(UsageError, match="softmax regression"):
+        with stage_for("persistent", TrainConfig(hidden=(32,), batch=50, epochs=1), data) as stage:
+            stage.setup()
+    with pytest.raises(UsageError, match="shared memory"):
+        with stage_for("persistent", TrainConfig(batch=4096, epochs=1), Dataset.synthetic(5000, 50)) as stage:
+            stage.setup()
+
+
+def test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing(mnist_dir, tmp_path):
+    out = tmp_path / "run.json"
+    env = {**os.environ, "GRAPHTRAIN_DATA": str(mnist_dir)}
+    proc = subprocess.run([sys.executable, "-m", "graphtrain", "run", "--stage", "persistent", "--hidden", "64",
+                           "--epochs", "1", "--json", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "softmax regression" in lines[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
