@@ -73,7 +73,10 @@ class DeviceLoopStage(Bf16Stage):
         start = epoch * self.num_train
         if start != self.next_sample:  # only when epochs are not run in order
             self.set_cursor(start)
-        self.epoch_graphs[num_batches, measure].launch(self.stream)
+        graph = self.epoch_graphs.get((num_batches, measure))
+        if graph is None:  # a length the run's epochs do not have (a test's partial epoch)
+            graph = self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
+        graph.launch(self.stream)
         self.next_sample = start + self.bounds[num_batches - 1][1]
 
     def close(self) -> None:

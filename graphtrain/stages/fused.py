@@ -106,7 +106,7 @@ class FusedStage(GraphsStage):
 
     def train_step(self, offset: int, rows: int, measure: bool, loop: int = 0, steps_left: int = 0) -> None:
         cfg, stream, plans = self.config, self.stream, self.products[rows]
-        handle, last = stream.handle, len(self.w) - 1
+        handle, last = int(stream.handle), len(self.w) - 1  # cuBLASLt takes the raw address
         self.load_batch(offset, rows)
         for i, forward in enumerate(plans["forward"]):
             forward(self.layer_input(i), self.product_weight(i), self.acts[i + 1].ptr if i == last
