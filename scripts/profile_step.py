@@ -22,7 +22,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-STEP_START = ("gather_batch", "gather_batch_at")  # the first kernel of every step
+STEP_START = ("gather_batch", "gather_batch_at", "gather_batch_bf16")  # the first kernel of every step
 
 
 def profile(stage: str, run_args: list[str], skip: int, count: int) -> tuple[list[tuple[str, float]], str]:

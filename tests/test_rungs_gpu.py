@@ -21,9 +21,11 @@ pytestmark = pytest.mark.gpu
 
 NEW_RUNGS = ["fused", "bf16", "device-loop", "persistent"]
 # Relative error of one SGD update against float64. fp32 products sum in another order than
-# numpy (~1e-6). bf16 operands keep 8 mantissa bits: each is off by up to 2^-9 relative, and a
-# product of two such sums errs by ~2^-8 ≈ 4e-3 in the mean; 2e-2 leaves room for cancellation.
-TOLERANCE = {"fused": 1e-4, "bf16": 2e-2, "device-loop": 2e-2, "persistent": 1e-4}
+# numpy (~1e-6). bf16 operands keep 8 mantissa bits (each off by up to 2^-9 ≈ 2e-3 relative), and
+# an MLP's update compounds several: the batch, the activations, the weights' copies and dX of
+# every layer above. Measured on H100 at 2.8e-2 to 3.2e-2 for the first layer of a 3-layer MLP,
+# so 5e-2; a wrong step (a missing mask, a transposed operand) errs by order 1.
+TOLERANCE = {"fused": 1e-4, "bf16": 5e-2, "device-loop": 5e-2, "persistent": 1e-4}
 MODELS = {
     "softmax-regression": dict(hidden=(), bias=True),
     "mlp-bias": dict(hidden=(96, 40), bias=True),
@@ -115,15 +117,15 @@ def test_same_seed_gives_bit_identical_weights(name):
 
 
 @pytest.mark.parametrize("name,hidden,bias,most", [
-    ("fused", (), True, 5), ("fused", (64, 64, 64), True, 16), ("fused", (64, 64, 64), False, 16),
-    ("bf16", (), True, 5), ("bf16", (64, 64, 64), True, 16),
+    ("fused", (), True, 2), ("fused", (64, 64, 64), True, 15), ("fused", (64, 64, 64), False, 14),
+    ("bf16", (), True, 2), ("bf16", (64, 64, 64), True, 15),
 ])
 def test_nodes_per_step(name, hidden, bias, most):
     data = Dataset.synthetic(600, 100, seed=1)
     cfg = TrainConfig(hidden=hidden, bias=bias, batch=100, epochs=1, seed=1)
     with stage_for(name, cfg, data) as stage:
         stage.setup()
-        assert stage.nodes_per_step <= most
+        assert stage.nodes_per_step == most  # the issue's targets: at most 5 and 16
 
 
 def launches_in_an_epoch(stage, monkeypatch, num_batches: int) -> tuple[int, int, int]:

@@ -1,87 +1,191 @@
-// The fused rungs' own kernels: the whole loss step of a batch in one block, the batch gather
-// in bf16, and the bias SGD with the refresh of the bf16 weight copies. LOSS_THREADS comes from
-// kernels/fused.py; the classes fit one warp (≤ 32).
+// The fused rungs' own kernels: the model's head (the logits layer, at most 32 classes wide) with
+// the loss step, the backward pass through it, the ReLU's derivative with the bias gradient, the
+// bf16 batch gather, and the end of a step. Products this narrow (N or K = classes) leave the
+// tensor cores and cuBLAS's tiles idle; one pass of plain FMAs is faster and fuses what surrounds
+// them. CLASSES (compile time, ≤ 32) and the block sizes come from kernels/fused.py. Every sum runs
+// in a fixed order, without atomics: the same seed gives the same weights bit for bit.
+
 // bf16 values travel as their 16 bits; cvt.rn rounds to nearest even (sm_80 and later).
 typedef unsigned short bf16;
 __device__ __forceinline__ bf16 to_bf16(float v) {
     bf16 out; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(v)); return out;
 }
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float((unsigned)v << 16); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) { return to_bf16(v); }
 
 extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 
-template <typename T> __device__ __forceinline__ T to(float v);
-template <> __device__ __forceinline__ float to<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16 to<bf16>(float v) { return to_bf16(v); }
-
-// One block does the whole loss step of a batch, one warp per row at a time (lane j = class j):
-//   p = softmax(z_r),  dlogits[r, j] = (p_j − [j = y_r]) / rows          (written as T)
-//   if b:        b[j] −= lr · Σ_r dlogits[r, j]   (the last layer's bias: its gradient is here)
-//   if measure:  totals += (Σ_r loss_r, #correct)  with loss_r = log Σ_j e^{z_j − m} + m − z_{y_r}
-//   then:        cursor += rows (the next batch), and, inside a device loop, one step fewer to go
-// Sums run in a fixed order (per warp over its rows, then over warps): no atomics.
+// ---- head: logits and the loss step, one warp per row ------------------------------------------
+//   z[r, j] = b[j] + Σ_k x[r, k] · W[j, k]          (W: CLASSES × K fp32, the master weights)
+//   dlogits[r, j] = (softmax(z[r])_j − [j = y_r]) / rows
+//   row_loss[r] = log Σ_j e^{z_j − m} + m − z_{y_r},  row_correct[r] = [first argmax = y_r]
+// The batch is x, or, when `order` is given, gathered here: x[r] = images[order[*cursor + r]],
+// with y[r] from `labels`, and the rows kept in x_copy for the weight update.
 template <typename T>
-__device__ void loss_step(const float* logits, const int* y, T* dlogits, float* b, float lr, int rows,
-                          int classes, double* totals, int measure, int* cursor,
-                          cudaGraphConditionalHandle loop, int* steps_left) {
-    __shared__ float db_part[LOSS_THREADS / 32][32];
-    __shared__ double loss_part[LOSS_THREADS / 32], correct_part[LOSS_THREADS / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float db = 0.0f;
-    double loss = 0.0, correct = 0.0;
-    for (int r = warp; r < rows; r += LOSS_THREADS / 32) {
-        const float z = lane < classes ? logits[(long long)r * classes + lane] : -__int_as_float(0x7f800000);
-        const int label = y[r];
-        float m = z;
+__device__ void head_step(const T* x, const float* images, const int* labels, const int* order, const int* cursor,
+                          float* x_copy, int* y, const float* w, const float* b, int k, int rows,
+                          float* dlogits, float* row_loss, float* row_correct) {
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (HEAD_THREADS / 32) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps leave together
+    float acc[CLASSES];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float e = lane < classes ? expf(z - m) : 0.0f;
-        float total = e;
+    for (int j = 0; j < CLASSES; ++j) acc[j] = 0.0f;
+    int label;
+    if (order != nullptr) {
+        const int sample = order[*cursor + r];
+        label = labels[sample];
+        if (lane == 0) y[r] = label;
+        const float* src = images + (long long)sample * k;
+        float* dst = x_copy + (long long)r * k;
+        for (int c = lane; c < k; c += 32) {
+            const float v = src[c];
+            dst[c] = v;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-        if (lane < classes) {
-            const float g = (e / total - (lane == label ? 1.0f : 0.0f)) / (float)rows;
-            dlogits[(long long)r * classes + lane] = to<T>(g);
-            db += g;
+            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v, w[j * k + c], acc[j]);
         }
-        if (measure) {
-            const float z_label = __shfl_sync(0xffffffffu, z, label);
-            const unsigned at_max = __ballot_sync(0xffffffffu, lane < classes && z == m);
-            loss += (double)(logf(total) + m - z_label);
-            correct += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+    } else {
+        label = y[r];
+        const T* src = x + (long long)r * k;
+        for (int c = lane; c < k; c += 32) {
+            const float v = to_float(src[c]);
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v, w[j * k + c], acc[j]);
         }
     }
-    db_part[warp][lane] = db;
-    if (lane == 0) { loss_part[warp] = loss; correct_part[warp] = correct; }
-    __syncthreads();
-    if (warp == 0) {
-        if (b != nullptr && lane < classes) {
-            float sum = 0.0f;
-            for (int w = 0; w < LOSS_THREADS / 32; ++w) sum += db_part[w][lane];
-            b[lane] -= lr * sum;
-        }
+    // Butterfly sums: every lane ends with every class's total, summed in the same order.
+    float z = -__int_as_float(0x7f800000);  // lane j keeps z_j; −∞ past the classes
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) {
+        float s = acc[j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == j) z = s + (b != nullptr ? b[j] : 0.0f);
+    }
+    float m = z;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float e = lane < CLASSES ? expf(z - m) : 0.0f;
+    float total = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane < CLASSES)
+        dlogits[(long long)r * CLASSES + lane] = (e / total - (lane == label ? 1.0f : 0.0f)) / (float)rows;
+    if (row_loss != nullptr) {
+        const float z_label = __shfl_sync(0xffffffffu, z, label);
+        const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z == m);
         if (lane == 0) {
-            if (measure) {
-                double l = 0.0, c = 0.0;
-                for (int w = 0; w < LOSS_THREADS / 32; ++w) { l += loss_part[w]; c += correct_part[w]; }
-                totals[0] += l; totals[1] += c;
-            }
-            *cursor += rows;
-            if (steps_left != nullptr) cudaGraphSetConditional(loop, --*steps_left > 0);
+            row_loss[r] = logf(total) + m - z_label;
+            row_correct[r] = (__ffs(at_max) - 1) == label ? 1.0f : 0.0f;
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(LOSS_THREADS)
-loss_step_f32(const float* logits, const int* y, float* dlogits, float* b, float lr, int rows, int classes,
-              double* totals, int measure, int* cursor, cudaGraphConditionalHandle loop, int* steps_left) {
-    loss_step<float>(logits, y, dlogits, b, lr, rows, classes, totals, measure, cursor, loop, steps_left);
+// ---- the head's update: W and b of the logits layer, the metrics, the cursor, the loop ----------
+// Thread k of the first blocks: W[j, k] −= lr · Σ_r dlogits[r, j] · x[r, k] for every class j.
+// The last block: b[j] −= lr · Σ_r dlogits[r, j]; totals += (Σ_r row_loss, Σ_r row_correct) when
+// measured; cursor += rows (every reader of the cursor ran before this kernel); and in a device
+// loop, one step fewer to go: the loop goes on while steps remain.
+template <typename T>
+__device__ void head_update(const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,
+                            const float* row_loss, const float* row_correct, double* totals, int* cursor,
+                            cudaGraphConditionalHandle loop, int* steps_left) {
+    if (blockIdx.x < gridDim.x - 1) {
+        const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
+        if (c >= k) return;
+        float acc[CLASSES];
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) acc[j] = 0.0f;
+        for (int r = 0; r < rows; ++r) {
+            const float v = to_float(x[(long long)r * k + c]);
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(dlogits[r * CLASSES + j], v, acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) w[j * k + c] -= lr * acc[j];
+        return;
+    }
+    const int t = threadIdx.x;
+    if (b != nullptr && t < CLASSES) {
+        float db = 0.0f;
+        for (int r = 0; r < rows; ++r) db += dlogits[r * CLASSES + t];
+        b[t] -= lr * db;
+    }
+    if (t == 32) {
+        if (row_loss != nullptr) {
+            double loss = 0.0, correct = 0.0;
+            for (int r = 0; r < rows; ++r) { loss += row_loss[r]; correct += row_correct[r]; }
+            totals[0] += loss; totals[1] += correct;
+        }
+        *cursor += rows;
+        if (steps_left != nullptr) cudaGraphSetConditional(loop, --*steps_left > 0);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(LOSS_THREADS)
-loss_step_bf16(const float* logits, const int* y, bf16* dlogits, float* b, float lr, int rows, int classes,
-               double* totals, int measure, int* cursor, cudaGraphConditionalHandle loop, int* steps_left) {
-    loss_step<bf16>(logits, y, dlogits, b, lr, rows, classes, totals, measure, cursor, loop, steps_left);
+// ---- backward into the top hidden layer: a product with K = classes, fused with the ReLU -------
+// Thread c: dh[r, c] = [h[r, c] > 0] · Σ_j dlogits[r, j] · W[j, c] for every row, and (db given)
+// db[c] = Σ_r dh[r, c], the bias gradient of the layer that made h.
+template <typename T>
+__device__ void head_backward(const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {
+    const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
+    if (c >= k) return;
+    float wc[CLASSES];
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) wc[j] = w[j * k + c];
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+        float g = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) g = fmaf(dlogits[r * CLASSES + j], wc[j], g);
+        if (!(to_float(h[(long long)r * k + c]) > 0.0f)) g = 0.0f;
+        const T stored = from_float<T>(g);
+        dh[(long long)r * k + c] = stored;
+        sum += to_float(stored);
+    }
+    if (db != nullptr) db[c] = sum;
 }
+
+// ---- the ReLU's derivative and the bias gradient after a dX product ----------------------------
+// Thread c: dh[r, c] = 0 where h[r, c] ≤ 0 (in place), and (db given) db[c] = Σ_r dh[r, c].
+template <typename T>
+__device__ void relu_bias_grad(const T* h, T* dh, float* db, int k, int rows) {
+    const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
+    if (c >= k) return;
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) {
+        const long long i = (long long)r * k + c;
+        if (!(to_float(h[i]) > 0.0f)) dh[i] = from_float<T>(0.0f);
+        else sum += to_float(dh[i]);
+    }
+    if (db != nullptr) db[c] = sum;
+}
+
+#define HEAD_KERNELS(suffix, T)                                                                        \
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step_##suffix(                          \
+        const T* x, const float* images, const int* labels, const int* order, const int* cursor,        \
+        float* x_copy, int* y, const float* w, const float* b, int k, int rows, float* dlogits,         \
+        float* row_loss, float* row_correct) {                                                          \
+    head_step<T>(x, images, labels, order, cursor, x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct); \
+}                                                                                                       \
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_update_##suffix(                        \
+        const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,                \
+        const float* row_loss, const float* row_correct, double* totals, int* cursor,                   \
+        cudaGraphConditionalHandle loop, int* steps_left) {                                             \
+    head_update<T>(x, dlogits, w, b, k, rows, lr, row_loss, row_correct, totals, cursor, loop, steps_left); \
+}                                                                                                       \
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_backward_##suffix(                      \
+        const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {          \
+    head_backward<T>(dlogits, w, h, dh, db, k, rows);                                                   \
+}                                                                                                       \
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS) relu_bias_grad_##suffix(                     \
+        const T* h, T* dh, float* db, int k, int rows) {                                                \
+    relu_bias_grad<T>(h, dh, db, k, rows);                                                              \
+}
+HEAD_KERNELS(f32, float)
+HEAD_KERNELS(bf16, bf16)
 
 // x[r, :] = bf16(images[order[*cursor + r], :]), y[r] = labels[order[*cursor + r]]; one block per row.
 extern "C" __global__ void gather_batch_bf16(const float* images, const int* labels, const int* order,
@@ -93,11 +197,11 @@ extern "C" __global__ void gather_batch_bf16(const float* images, const int* lab
     if (threadIdx.x == 0) y[r] = labels[sample];
 }
 
-// The end of a step: b[i] −= lr · db[i] over the hidden layers' biases (one packed span, the
-// gradients written by the products' epilogues), then the bf16 copies the next forward pass reads:
-// b16 = bf16(b) (when given) and w16 = bf16(w) over the packed span of every weight.
-extern "C" __global__ void sgd_bias_refresh(float* b, const float* db, bf16* b16, long long n_bias,
-                                            float lr, const float* w, bf16* w16, long long n_weights) {
+// The end of a step: b[i] −= lr · db[i] over the hidden layers' biases (one packed span), then
+// the bf16 copies the next forward pass reads: b16 = bf16(b) (when given) and w16 = bf16(w) over
+// the packed span of the hidden layers' weights, four at a time (spans start 256-byte aligned).
+extern "C" __global__ void sgd_bias_refresh(float* b, const float* db, bf16* b16, long long n_bias, float lr,
+                                            const float* w, bf16* w16, long long n_weights) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     for (long long i = start; i < n_bias; i += stride) {
@@ -105,5 +209,11 @@ extern "C" __global__ void sgd_bias_refresh(float* b, const float* db, bf16* b16
         b[i] = v;
         if (b16 != nullptr) b16[i] = to_bf16(v);
     }
-    for (long long i = start; i < n_weights; i += stride) w16[i] = to_bf16(w[i]);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    uint2* w16x4 = reinterpret_cast<uint2*>(w16);
+    for (long long i = start; i < n_weights / 4; i += stride) {
+        const float4 v = w4[i];
+        w16x4[i] = make_uint2(to_bf16(v.x) | ((unsigned)to_bf16(v.y) << 16), to_bf16(v.z) | ((unsigned)to_bf16(v.w) << 16));
+    }
+    for (long long i = n_weights / 4 * 4 + start; i < n_weights; i += stride) w16[i] = to_bf16(w[i]);
 }

@@ -1,34 +1,66 @@
-"""Launchers for fused.cu: the loss step of a batch, the bf16 batch gather, the bias SGD."""
+"""Launchers for fused.cu: the model's head (logits layer and loss step), its backward pass and
+update, the ReLU's derivative with the bias gradient, the bf16 gather, the end of a step.
+
+The head kernels unroll over the classes, so a `Fused` is compiled for a model's class count.
+"""
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile
+from graphtrain.kernels import KernelFile, ceil_div
 from graphtrain.libs.nvrtc import F32, I32, I64, PTR, U64, kernel
 
-LOSS_THREADS = 256  # one block: 8 warps, a row per warp at a time
+HEAD_THREADS = 256  # head_step: 8 rows (warps) per block; the others: one column per thread
 GATHER_THREADS = 256  # per row copied
-SGD_THREADS, SGD_BLOCKS = 256, 132  # a grid-stride pass over the packed parameters
+SGD_THREADS, SGD_BLOCKS = 256, 264  # a grid-stride pass over the packed parameters
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 
 
 class Fused(KernelFile):
     stem = "fused"
-    defines = {"LOSS_THREADS": LOSS_THREADS}
-    _loss_args = (PTR, PTR, PTR, PTR, F32, I32, I32, PTR, I32, PTR, U64, PTR)
-    _loss_step_f32 = kernel("loss_step_f32", *_loss_args)
-    _loss_step_bf16 = kernel("loss_step_bf16", *_loss_args)
+    defines = {"HEAD_THREADS": HEAD_THREADS, "CLASSES": 10}  # CLASSES: the model's, per instance
+    _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR)
+    _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR)
+    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
+    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
+    _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32)
+    _head_backward_bf16 = kernel("head_backward_bf16", PTR, PTR, PTR, PTR, PTR, I32, I32)
+    _relu_bias_grad_f32 = kernel("relu_bias_grad_f32", PTR, PTR, PTR, I32, I32)
+    _relu_bias_grad_bf16 = kernel("relu_bias_grad_bf16", PTR, PTR, PTR, I32, I32)
     _gather_batch_bf16 = kernel("gather_batch_bf16", PTR, PTR, PTR, PTR, I32, PTR, PTR)
     _sgd_bias_refresh = kernel("sgd_bias_refresh", PTR, PTR, PTR, I64, F32, PTR, PTR, I64)
 
-    def loss_step(self, stream, logits: int, y: int, dlogits: int, bias: int, lr: float, rows: int, classes: int,
-                  totals: int, measure: bool, cursor: int, bf16: bool = False, loop: int = 0,
-                  steps_left: int = 0) -> None:
-        """From the logits: dlogits = (softmax − onehot)/rows (fp32, or bf16), bias −= lr·Σ_r dlogits
-        (bias = 0: none), totals += (Σ loss, #correct) when measuring, cursor += rows; inside a
-        device loop (steps_left ≠ 0) also the loop's condition: one step fewer, go on while > 0."""
-        launch = self._loss_step_bf16 if bf16 else self._loss_step_f32
-        launch(stream, 1, LOSS_THREADS, logits, y, dlogits, bias, lr, rows, classes, totals, measure, cursor,
-               loop, steps_left)
+    def __init__(self, device, classes: int, bf16: bool):
+        if not 1 <= classes <= MAX_CLASSES:
+            raise ValueError(f"the fused head handles 1 to {MAX_CLASSES} classes, not {classes}")
+        super().__init__(device, {"CLASSES": classes})
+        kind = "bf16" if bf16 else "f32"  # the activations' type
+        self._head_step, self._head_update = getattr(self, f"_head_step_{kind}"), getattr(self, f"_head_update_{kind}")
+        self._head_backward = getattr(self, f"_head_backward_{kind}")
+        self._relu_bias_grad = getattr(self, f"_relu_bias_grad_{kind}")
+
+    def head_step(self, stream, x: int, w: int, b: int, k: int, rows: int, y: int, dlogits: int, row_loss: int,
+                  row_correct: int, gather: tuple[int, int, int, int, int] | None = None) -> None:
+        """dlogits of the logits layer (W: classes × k) from x, or from the batch gathered here
+        (gather = images, labels, order, cursor, x_copy); row_loss/row_correct unless 0."""
+        images, labels, order, cursor, x_copy = gather or (0, 0, 0, 0, 0)
+        self._head_step(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
+                        x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct)
+
+    def head_update(self, stream, x: int, dlogits: int, w: int, b: int, k: int, rows: int, lr: float,
+                    row_loss: int, row_correct: int, totals: int, cursor: int, loop: int = 0,
+                    steps_left: int = 0) -> None:
+        """W −= lr·dlogitsᵀx, b −= lr·Σ dlogits, totals += the rows' metrics (row_loss ≠ 0),
+        cursor += rows, and inside a device loop (steps_left ≠ 0) its condition."""
+        self._head_update(stream, ceil_div(k, HEAD_THREADS) + 1, HEAD_THREADS, x, dlogits, w, b, k, rows, lr,
+                          row_loss, row_correct, totals, cursor, loop, steps_left)
+
+    def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
+        """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""
+        self._head_backward(stream, ceil_div(k, HEAD_THREADS), HEAD_THREADS, dlogits, w, h, dh, db, k, rows)
+
+    def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int) -> None:
+        """dh = 0 where h ≤ 0 (in place), and db = Σ_rows dh unless 0."""
+        self._relu_bias_grad(stream, ceil_div(k, HEAD_THREADS), HEAD_THREADS, h, dh, db, k, rows)
 
     def gather_batch_bf16(self, stream, images: int, labels: int, order: int, cursor: int, features: int,
                           rows: int, x: int, y: int) -> None:

@@ -4,11 +4,13 @@ graphtrain keeps matrices row-major; cuBLASLt is column-major. A row-major C (m�
 is planned as the column-major Cᵀ (n×m) = op(B)ᵀ·op(A)ᵀ: B and A swap places, and so do m and n.
 Read in row-major terms, the epilogues a `Matmul` offers are
 
-    bias           C += b, b of length n (one per column: y = x·Wᵀ + b)
-    relu_aux_bias  C = max(C + b, 0), and a bit mask of C > 0 kept in `aux` for the backward pass
-    drelu          C ⊙= mask, the `aux` mask of the layer below (the ReLU's derivative)
-    bgrad_a        also b = Σ over the k rows of the row-major A (cuBLASLt's BGRADB):
-                   dW = dyᵀ·x gives db = Σ_rows dy alongside
+    bias        C += b, b of length n (one per column: y = x·Wᵀ + b)
+    relu        C = max(C, 0)
+    relu_bias   C = max(C + b, 0)
+
+(cuBLASLt's backward epilogues, DRELU and BGRAD, ran as kernels of their own after the product
+for graphtrain's shapes on an H100: one node more each, so the fused rungs do that work in their
+own kernels instead.)
 
 A `Matmul` holds its descriptors, layouts and the heuristic's first algorithm without split-K
 (one block owns each output: a single kernel, the same bits every run), all chosen at setup; a
@@ -26,14 +28,12 @@ from graphtrain.libs.shared_lib import SharedLibrary
 R_32F, R_16BF = 0, 14
 COMPUTE_32F = 68
 # cublasLtMatmulDescAttributes_t, cublasLtMatmulPreferenceAttributes_t (cublasLt.h)
-DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
-DESC_AUX_POINTER, DESC_AUX_LD, DESC_BIAS_DATA_TYPE = 11, 12, 26
+DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER, DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
 PREF_MAX_WORKSPACE_BYTES, PREF_REDUCTION_SCHEME_MASK = 1, 3
 OP_N, OP_T = 0, 1
 # cublasLtEpilogue_t, by the row-major names above
-EPILOGUES = {"none": 1, "bias": 4, "relu_aux_bias": 134, "relu_aux": 130, "drelu": 136, "bgrad_a": 512}
-AUX_EPILOGUES = {"relu_aux", "relu_aux_bias", "drelu"}
-BIAS_EPILOGUES = {"bias", "relu_aux_bias", "bgrad_a"}
+EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6}
+BIAS_EPILOGUES = {"bias", "relu_bias"}
 HEURISTIC_RESULTS = 8
 
 _int, _ptr, _size, _u64, _i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
@@ -75,20 +75,10 @@ def version() -> str:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
-def aux_ld(n: int) -> int:
-    """Elements per row of the ReLU bit mask of a row-major C with n columns: a multiple of 128."""
-    return -(-n // 128) * 128
-
-
-def aux_bytes(m: int, n: int) -> int:
-    """Bytes of the ReLU bit mask of a row-major m×n C: one bit per element, aux_ld(n) per row."""
-    return aux_ld(n) * m // 8
-
-
 @dataclass(frozen=True)
 class Product:
     """Row-major C (m×n) = op(A)·op(B), op(A) m×k and op(B) k×n; A and B of `ab_type`, C of
-    `c_type`, fp32 accumulation; and its epilogue (`bias_type` for the bias it reads or writes)."""
+    `c_type`, fp32 accumulation; and its epilogue (`bias_type`: the type of the bias it adds)."""
 
     m: int
     n: int
@@ -107,15 +97,13 @@ class Product:
         b_rows, b_cols = (self.n, self.k) if self.transb else (self.k, self.n)
         return (self.ab_type, b_cols, b_rows), (self.ab_type, a_cols, a_rows), (self.c_type, self.n, self.m)
 
-    def attributes(self, bias: int, aux: int) -> list[tuple[int, ctypes._SimpleCData]]:
+    def attributes(self, bias: int) -> list[tuple[int, ctypes._SimpleCData]]:
         """The matmul descriptor's attributes, in the column-major view (B' first: transposes swap)."""
         attrs = [(DESC_TRANSA, ctypes.c_int32(OP_T if self.transb else OP_N)),
                  (DESC_TRANSB, ctypes.c_int32(OP_T if self.transa else OP_N)),
                  (DESC_EPILOGUE, ctypes.c_int32(EPILOGUES[self.epilogue]))]
         if self.epilogue in BIAS_EPILOGUES:
             attrs += [(DESC_BIAS_POINTER, ctypes.c_void_p(bias)), (DESC_BIAS_DATA_TYPE, ctypes.c_int32(self.bias_type))]
-        if self.epilogue in AUX_EPILOGUES:
-            attrs += [(DESC_AUX_POINTER, ctypes.c_void_p(aux)), (DESC_AUX_LD, ctypes.c_int64(aux_ld(self.n)))]
         return attrs
 
 
@@ -137,14 +125,14 @@ class Lt:
 
 class Matmul:
     """One planned product: `matmul(a, b, c, alpha, beta, stream)` queues C = alpha·op(A)·op(B) +
-    beta·C with the epilogue. `bias` and `aux` belong to the layer and are bound here."""
+    beta·C with the epilogue. The bias belongs to the layer and is bound here."""
 
-    def __init__(self, lt: Lt, product: Product, bias: int = 0, aux: int = 0):
+    def __init__(self, lt: Lt, product: Product, bias: int = 0):
         lib, check = lt.lib, library.check
         self.lt, self.product = lt, product
         self._owned: list[tuple[str, ctypes.c_void_p]] = []
         self.desc = self._create("cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", COMPUTE_32F, R_32F)
-        for attr, value in product.attributes(bias, aux):
+        for attr, value in product.attributes(bias):
             check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
                   f"cublasLtMatmulDescSetAttribute({attr})")
         self.layout_b, self.layout_a, self.layout_c = (

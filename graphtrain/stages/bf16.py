@@ -1,20 +1,22 @@
 """`bf16`: the fused step on tensor cores, bf16 operands with fp32 accumulation and master weights.
 
 fp32 products run on the GPU's CUDA cores; bf16 ones on its tensor cores, many times faster.
-Every product here reads bf16 operands and accumulates in fp32:
+Every hidden layer's product here reads bf16 operands and accumulates in fp32:
 
     the batch      gathered straight into bf16
-    activations    the hidden layers write bf16 (bias from a bf16 copy, as cuBLASLt wants for a
-                   bf16 output); the logits stay fp32, and so do softmax and the loss
-    dlogits, dX    bf16
-    weights        fp32 masters, which the fused SGD product updates in place (bf16 A and B,
+    activations    the hidden layers write bf16 (the bias from a bf16 copy, as cuBLASLt wants
+                   for a bf16 output); the head reads them and keeps fp32: logits, softmax,
+                   loss and dlogits
+    dX             bf16, masked by the ReLU, its bias gradient summed in fp32
+    weights        fp32 masters, which the fused SGD products update in place (bf16 A and B,
                    fp32 C with β = 1); the forward and dX products read bf16 copies, refreshed
-                   with the bf16 biases by one kernel at the end of each step
+                   with the bf16 biases by the kernel that updates the biases, at the end of a step
 
-The rounding is bf16's 8 bits of mantissa on the operands only: the sums and the weights keep
-fp32, so the loss curve follows the fp32 rungs' (the test accuracy is measured with the fp32
-master weights). Nodes per step are the fused rung's: the refresh is the kernel that updated the
-biases, now with the copies in the same pass (5 for softmax regression, which has none to update).
+The rounding is bf16's 8 bits of mantissa on the operands only: sums and weights keep fp32, so
+the loss curve follows the fp32 rungs' (the test accuracy is measured with the fp32 master
+weights). Softmax regression has no product wide enough for tensor cores (its head is the whole
+model, fp32 in the fused kernels), so there this rung is the fused one; the nodes per step are
+the fused rung's.
 """
 
 from __future__ import annotations
@@ -39,21 +41,20 @@ class Bf16Stage(FusedStage):
         self.x16 = arena.reserve("x16", (rows, cfg.in_features), BF16)
         self.h16 = [arena.reserve(f"h{i}_16", (rows, d), BF16) for i, d in enumerate(cfg.dims[1:-1], 1)]
         self.dh16 = [arena.reserve(f"dh{i}_16", (rows, d), BF16) for i, d in enumerate(cfg.dims[1:-1], 1)]
-        self.dlogits16 = arena.reserve("dlogits16", (rows, cfg.classes), BF16)
-        # Copies laid out like the fp32 spans, so one index serves both.
-        self.w16 = arena.reserve("w16", (self.span(self.w),), BF16)
-        self.b16 = arena.reserve("b16", (self.span(self.b),), BF16) if cfg.bias else None
+        # Copies of the hidden layers' weights and biases, laid out like the fp32 spans (one index
+        # serves both).
+        hidden = len(self.w) > 1
+        self.w16 = arena.reserve("w16", (self.span(self.w[:-1]),), BF16) if hidden else None
+        self.b16 = arena.reserve("b16", (self.span(self.b[:-1]),), BF16) if hidden and cfg.bias else None
 
     def forward_bias(self, i: int) -> int:
-        if i == len(self.w) - 1:
-            return self.b[i].ptr  # the fp32 logits take the fp32 bias
         return self.b16.at((self.b[i].offset - self.b[0].offset) // 4)
 
     def layer_input(self, i: int) -> int:
         return self.x16.ptr if i == 0 else self.h16[i - 1].ptr
 
     def layer_grad(self, i: int) -> int:
-        return self.dlogits16.ptr if i == len(self.w) else self.dh16[i - 1].ptr
+        return self.dh16[i - 1].ptr
 
     def product_weight(self, i: int) -> int:
         return self.w16.at((self.w[i].offset - self.w[0].offset) // 4)
@@ -63,13 +64,14 @@ class Bf16Stage(FusedStage):
                                         self.cursor.ptr, self.config.in_features, rows, self.x16.ptr, self.y.ptr)
 
     def end_step(self, lr: float | None = None) -> None:
-        """Hidden biases −= lr·db, then the bf16 copies of every weight and bias, in one kernel."""
+        """Hidden biases −= lr·db, then the bf16 copies of their weights and biases, in one kernel."""
         cfg = self.config
-        hidden_biases = cfg.bias and len(self.b) > 1
+        if len(self.w) == 1:
+            return  # softmax regression: nothing but the head, which keeps fp32
         self.fused_cu.sgd_bias_refresh(
             self.stream, self.b[0].ptr if cfg.bias else 0, self.db[0].ptr if cfg.bias else 0,
-            self.b16.ptr if cfg.bias else 0, self.span(self.b[:-1]) if hidden_biases else 0,
-            cfg.lr if lr is None else lr, self.w[0].ptr, self.w16.ptr, self.span(self.w))
+            self.b16.ptr if cfg.bias else 0, self.span(self.b[:-1]) if cfg.bias else 0,
+            cfg.lr if lr is None else lr, self.w[0].ptr, self.w16.ptr, self.span(self.w[:-1]))
 
     def upload_initial_weights(self) -> None:
         super().upload_initial_weights()
