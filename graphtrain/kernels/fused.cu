@@ -84,83 +84,132 @@ __device__ void head_step(const T* x, const float* images, const int* labels, co
     }
 }
 
+// The kernels below work on columns: a block takes 32 consecutive columns (its lanes) and its
+// COL_WARPS warps split the rows (warp w: rows w, w + COL_WARPS, ...), so loads are coalesced and
+// many rows are in flight; the warps' partial sums meet in shared memory, added in warp order.
+#define COL_WARPS (HEAD_THREADS / 32)
+
+// Σ over the block's warps of v (one value per lane), in warp order; valid in warp 0.
+__device__ __forceinline__ float sum_over_warps(float v, float (*part)[32]) {
+    part[threadIdx.x >> 5][threadIdx.x & 31] = v;
+    __syncthreads();
+    float total = 0.0f;
+    if ((threadIdx.x >> 5) == 0)
+        for (int w = 0; w < COL_WARPS; ++w) total += part[w][threadIdx.x];
+    return total;
+}
+
 // ---- the head's update: W and b of the logits layer, the metrics, the cursor, the loop ----------
-// Thread k of the first blocks: W[j, k] −= lr · Σ_r dlogits[r, j] · x[r, k] for every class j.
+// Blocks over the columns: W[j, c] −= lr · Σ_r dlogits[r, j] · x[r, c] for every class j.
 // The last block: b[j] −= lr · Σ_r dlogits[r, j]; totals += (Σ_r row_loss, Σ_r row_correct) when
 // measured; cursor += rows (every reader of the cursor ran before this kernel); and in a device
 // loop, one step fewer to go: the loop goes on while steps remain.
 template <typename T>
-__device__ void head_update(const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,
-                            const float* row_loss, const float* row_correct, double* totals, int* cursor,
+__device__ void head_update(const T* __restrict__ x, const float* __restrict__ dlogits, float* __restrict__ w,
+                            float* __restrict__ b, int k, int rows, float lr, const float* __restrict__ row_loss,
+                            const float* __restrict__ row_correct, double* totals, int* cursor,
                             cudaGraphConditionalHandle loop, int* steps_left) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
-        const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
-        if (c >= k) return;
+        __shared__ float part[COL_WARPS][CLASSES][32];
+        const int c = blockIdx.x * 32 + lane;
         float acc[CLASSES];
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) acc[j] = 0.0f;
-        for (int r = 0; r < rows; ++r) {
-            const float v = to_float(x[(long long)r * k + c]);
+        if (c < k) {
+#pragma unroll 4
+            for (int r = warp; r < rows; r += COL_WARPS) {
+                const float v = to_float(x[(long long)r * k + c]);
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(dlogits[r * CLASSES + j], v, acc[j]);
+                for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(dlogits[r * CLASSES + j], v, acc[j]);
+            }
         }
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) w[j * k + c] -= lr * acc[j];
+        for (int j = 0; j < CLASSES; ++j) part[warp][j][lane] = acc[j];
+        __syncthreads();
+        if (warp == 0 && c < k) {
+            for (int j = 0; j < CLASSES; ++j) {
+                float total = 0.0f;
+                for (int v = 0; v < COL_WARPS; ++v) total += part[v][j][lane];
+                w[j * k + c] -= lr * total;
+            }
+        }
         return;
     }
-    const int t = threadIdx.x;
-    if (b != nullptr && t < CLASSES) {
-        float db = 0.0f;
-        for (int r = 0; r < rows; ++r) db += dlogits[r * CLASSES + t];
-        b[t] -= lr * db;
+    // Warp per class: lanes stride over the rows, then a butterfly in fixed order.
+    if (b != nullptr) {
+        for (int j = warp; j < CLASSES; j += COL_WARPS) {
+            float db = 0.0f;
+            for (int r = lane; r < rows; r += 32) db += dlogits[r * CLASSES + j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) db += __shfl_xor_sync(0xffffffffu, db, o);
+            if (lane == 0) b[j] -= lr * db;
+        }
     }
-    if (t == 32) {
+    if (warp == COL_WARPS - 1) {
         if (row_loss != nullptr) {
             double loss = 0.0, correct = 0.0;
-            for (int r = 0; r < rows; ++r) { loss += row_loss[r]; correct += row_correct[r]; }
-            totals[0] += loss; totals[1] += correct;
+            for (int r = lane; r < rows; r += 32) { loss += row_loss[r]; correct += row_correct[r]; }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                loss += __shfl_xor_sync(0xffffffffu, loss, o);
+                correct += __shfl_xor_sync(0xffffffffu, correct, o);
+            }
+            if (lane == 0) { totals[0] += loss; totals[1] += correct; }
         }
-        *cursor += rows;
-        if (steps_left != nullptr) cudaGraphSetConditional(loop, --*steps_left > 0);
+        if (lane == 0) {
+            *cursor += rows;
+            if (steps_left != nullptr) cudaGraphSetConditional(loop, --*steps_left > 0);
+        }
     }
 }
 
 // ---- backward into the top hidden layer: a product with K = classes, fused with the ReLU -------
-// Thread c: dh[r, c] = [h[r, c] > 0] · Σ_j dlogits[r, j] · W[j, c] for every row, and (db given)
-// db[c] = Σ_r dh[r, c], the bias gradient of the layer that made h.
+// dh[r, c] = [h[r, c] > 0] · Σ_j dlogits[r, j] · W[j, c], and (db given) db[c] = Σ_r dh[r, c]:
+// the bias gradient of the layer that made h, summed from the values as stored.
 template <typename T>
-__device__ void head_backward(const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {
-    const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
-    if (c >= k) return;
-    float wc[CLASSES];
-#pragma unroll
-    for (int j = 0; j < CLASSES; ++j) wc[j] = w[j * k + c];
+__device__ void head_backward(const float* __restrict__ dlogits, const float* __restrict__ w, const T* __restrict__ h,
+                              T* __restrict__ dh, float* __restrict__ db, int k, int rows) {
+    __shared__ float part[COL_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float sum = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-        float g = 0.0f;
+    if (c < k) {
+        float wc[CLASSES];
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) g = fmaf(dlogits[r * CLASSES + j], wc[j], g);
-        if (!(to_float(h[(long long)r * k + c]) > 0.0f)) g = 0.0f;
-        const T stored = from_float<T>(g);
-        dh[(long long)r * k + c] = stored;
-        sum += to_float(stored);
+        for (int j = 0; j < CLASSES; ++j) wc[j] = w[j * k + c];
+#pragma unroll 4
+        for (int r = warp; r < rows; r += COL_WARPS) {
+            const long long i = (long long)r * k + c;
+            float g = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) g = fmaf(dlogits[r * CLASSES + j], wc[j], g);
+            if (!(to_float(h[i]) > 0.0f)) g = 0.0f;
+            const T stored = from_float<T>(g);
+            dh[i] = stored;
+            sum += to_float(stored);
+        }
     }
-    if (db != nullptr) db[c] = sum;
+    const float total = sum_over_warps(sum, part);
+    if (warp == 0 && c < k && db != nullptr) db[c] = total;
 }
 
 // ---- the ReLU's derivative and the bias gradient after a dX product ----------------------------
-// Thread c: dh[r, c] = 0 where h[r, c] ≤ 0 (in place), and (db given) db[c] = Σ_r dh[r, c].
+// dh[r, c] = 0 where h[r, c] ≤ 0 (in place), and (db given) db[c] = Σ_r dh[r, c].
 template <typename T>
-__device__ void relu_bias_grad(const T* h, T* dh, float* db, int k, int rows) {
-    const int c = blockIdx.x * HEAD_THREADS + threadIdx.x;
-    if (c >= k) return;
+__device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, float* __restrict__ db, int k, int rows) {
+    __shared__ float part[COL_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float sum = 0.0f;
-    for (int r = 0; r < rows; ++r) {
-        const long long i = (long long)r * k + c;
-        if (!(to_float(h[i]) > 0.0f)) dh[i] = from_float<T>(0.0f);
-        else sum += to_float(dh[i]);
+    if (c < k) {
+#pragma unroll 4
+        for (int r = warp; r < rows; r += COL_WARPS) {
+            const long long i = (long long)r * k + c;
+            if (!(to_float(h[i]) > 0.0f)) dh[i] = from_float<T>(0.0f);
+            else sum += to_float(dh[i]);
+        }
     }
-    if (db != nullptr) db[c] = sum;
+    const float total = sum_over_warps(sum, part);
+    if (warp == 0 && c < k && db != nullptr) db[c] = total;
 }
 
 #define HEAD_KERNELS(suffix, T)                                                                        \

@@ -9,7 +9,8 @@ from __future__ import annotations
 from graphtrain.kernels import KernelFile, ceil_div
 from graphtrain.libs.nvrtc import F32, I32, I64, PTR, U64, kernel
 
-HEAD_THREADS = 256  # head_step: 8 rows (warps) per block; the others: one column per thread
+HEAD_THREADS = 256  # head_step: 8 rows (warps) per block; the column kernels: 32 columns × 8 row warps
+COLUMNS = 32  # per block of the column kernels
 GATHER_THREADS = 256  # per row copied
 SGD_THREADS, SGD_BLOCKS = 256, 264  # a grid-stride pass over the packed parameters
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
@@ -30,6 +31,8 @@ class Fused(KernelFile):
     _sgd_bias_refresh = kernel("sgd_bias_refresh", PTR, PTR, PTR, I64, F32, PTR, PTR, I64)
 
     def __init__(self, device, classes: int, bf16: bool):
+        """`bf16`: the hidden activations and their gradients are bf16 (the head stays fp32; the
+        softmax-regression head reads the fp32 batch it gathered)."""
         if not 1 <= classes <= MAX_CLASSES:
             raise ValueError(f"the fused head handles 1 to {MAX_CLASSES} classes, not {classes}")
         super().__init__(device, {"CLASSES": classes})
@@ -37,30 +40,34 @@ class Fused(KernelFile):
         self._head_step, self._head_update = getattr(self, f"_head_step_{kind}"), getattr(self, f"_head_update_{kind}")
         self._head_backward = getattr(self, f"_head_backward_{kind}")
         self._relu_bias_grad = getattr(self, f"_relu_bias_grad_{kind}")
+        self._gathered_step, self._gathered_update = self._head_step_f32, self._head_update_f32
 
     def head_step(self, stream, x: int, w: int, b: int, k: int, rows: int, y: int, dlogits: int, row_loss: int,
                   row_correct: int, gather: tuple[int, int, int, int, int] | None = None) -> None:
         """dlogits of the logits layer (W: classes × k) from x, or from the batch gathered here
         (gather = images, labels, order, cursor, x_copy); row_loss/row_correct unless 0."""
         images, labels, order, cursor, x_copy = gather or (0, 0, 0, 0, 0)
-        self._head_step(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
+        launch = self._head_step if gather is None else self._gathered_step
+        launch(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
                         x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct)
 
     def head_update(self, stream, x: int, dlogits: int, w: int, b: int, k: int, rows: int, lr: float,
                     row_loss: int, row_correct: int, totals: int, cursor: int, loop: int = 0,
-                    steps_left: int = 0) -> None:
+                    steps_left: int = 0, gathered: bool = False) -> None:
         """W −= lr·dlogitsᵀx, b −= lr·Σ dlogits, totals += the rows' metrics (row_loss ≠ 0),
-        cursor += rows, and inside a device loop (steps_left ≠ 0) its condition."""
-        self._head_update(stream, ceil_div(k, HEAD_THREADS) + 1, HEAD_THREADS, x, dlogits, w, b, k, rows, lr,
+        cursor += rows, and inside a device loop (steps_left ≠ 0) its condition. `gathered`: x is
+        the fp32 batch head_step gathered."""
+        launch = self._gathered_update if gathered else self._head_update
+        launch(stream, ceil_div(k, COLUMNS) + 1, HEAD_THREADS, x, dlogits, w, b, k, rows, lr,
                           row_loss, row_correct, totals, cursor, loop, steps_left)
 
     def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""
-        self._head_backward(stream, ceil_div(k, HEAD_THREADS), HEAD_THREADS, dlogits, w, h, dh, db, k, rows)
+        self._head_backward(stream, ceil_div(k, COLUMNS), HEAD_THREADS, dlogits, w, h, dh, db, k, rows)
 
     def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = 0 where h ≤ 0 (in place), and db = Σ_rows dh unless 0."""
-        self._relu_bias_grad(stream, ceil_div(k, HEAD_THREADS), HEAD_THREADS, h, dh, db, k, rows)
+        self._relu_bias_grad(stream, ceil_div(k, COLUMNS), HEAD_THREADS, h, dh, db, k, rows)
 
     def gather_batch_bf16(self, stream, images: int, labels: int, order: int, cursor: int, features: int,
                           rows: int, x: int, y: int) -> None:

@@ -110,7 +110,7 @@ class FusedStage(GraphsStage):
                                     self.x_copy_ptr()))
             head_input = self.x_copy_ptr()
         fused.head_update(stream, head_input, dlogits, w_head, b_head, width, rows, lr, *metrics, self.metrics.ptr,
-                          self.cursor.ptr, loop, steps_left)
+                          self.cursor.ptr, loop, steps_left, gathered=head == 0)
         for i in reversed(range(head)):
             if i > 0:  # dX before W_i changes, then the ReLU below and that layer's bias gradient
                 plans["dx"][i](self.layer_grad(i + 1), self.product_weight(i), self.layer_grad(i), 1.0, 0.0, handle)
