@@ -1,7 +1,8 @@
-"""The exceptions graphtrain raises on purpose.
+"""The exceptions graphtrain raises on purpose, and what installs a missing piece.
 
 The CLI turns a `UsageError` into exit code 2 and any other `GraphtrainError` into exit code 1,
-printing only the message: these are the user's problems to fix, not tracebacks to read.
+printing only the message: these are explained failures, not tracebacks to read. A bug (an
+internal invariant broken) is none of these: it surfaces with its traceback.
 """
 
 
@@ -10,16 +11,33 @@ class GraphtrainError(Exception):
 
 
 class UsageError(GraphtrainError):
-    """Bad options or bad input files: nothing was trained."""
+    """Bad options or bad input files: nothing was trained. The user can fix it."""
 
 
 class DataError(UsageError):
     """A dataset file is missing, truncated, corrupted or not what its name says."""
 
 
+class DownloadError(GraphtrainError):
+    """A dataset could not be fetched: no network, or no mirror served a good copy."""
+
+
 class TrainingError(GraphtrainError):
     """Training started and could not go on (a NaN loss, say)."""
 
 
+class OutputError(GraphtrainError):
+    """A result could not be written (a full disk, say) after the work was done."""
+
+
 class GpuUnavailableError(GraphtrainError):
     """No GPU, no driver, or a CUDA library is missing: says which and how to get it."""
+
+
+# What installs each optional piece, for the messages that say it is missing.
+INSTALL_HINTS = {
+    "cuda": "pip install 'graphtrain[cu12]' (CUDA 12 driver) or 'graphtrain[cu13]' (CUDA 13 driver)",
+    "plot": "pip install 'graphtrain[plot]'",
+    "torch": "pip install torch",
+    "jax": "pip install 'jax[cuda13]' or 'jax[cuda12]'",
+}

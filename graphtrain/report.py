@@ -1,7 +1,7 @@
 """Ladder and sweep reports: Markdown, JSON and plots from run records.
 
-Everything here is pure: it reads run records (the dicts `training.train` and the peers return,
-plus the failed rows `graphtrain.ladder` makes) and writes files. Nothing touches a GPU, so the
+Everything here is pure: it reads run records in their JSON form (`to_json()` of the records in
+graphtrain.record, or a results/ file read back) and writes files. Nothing touches a GPU, so the
 whole module is tested on synthetic records.
 
 Speed-ups are ratios of median epoch times (the seeds' protocol):
@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from graphtrain import terminal
+from graphtrain.errors import INSTALL_HINTS
+from graphtrain.files import write_atomic, write_json
+from graphtrain.terminal import Log
+
 DASH = "—"
-PLOT_HINT = "pip install 'graphtrain[plot]'"
 
-Log = Callable[[str], None]
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,9 +337,8 @@ def plot_ladder_loss(records: list[dict], path: Path) -> None:
 def _write_report(kind: str, records: list[dict], label: str, out_dir, command: str, plots,
                   markdown, log: Log | None, date: str | None) -> list[Path]:
     """<kind>-<label>.md and .json, and the plots when matplotlib is there; returns the paths."""
-    log = log or _stderr
+    log = log or terminal.log
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     date = date or utc_now()
     images, plot_note = _write_plots(records, out_dir, plots, log)
     stem = f"{kind}-{label}"
@@ -351,7 +346,7 @@ def _write_report(kind: str, records: list[dict], label: str, out_dir, command: 
     write_json(json_path, {"report": kind, "label": label, "command": command, "date": date,
                            "records": records})
     md_path = out_dir / f"{stem}.md"
-    write_text(md_path, markdown(records, label, command, date, images, plot_note))
+    write_atomic(md_path, markdown(records, label, command, date, images, plot_note))
     return [md_path, json_path, *(out_dir / name for name in images)]
 
 
@@ -478,7 +473,7 @@ def matplotlib_missing() -> str | None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return f"not drawn: matplotlib is not installed ({PLOT_HINT})"
+        return f"not drawn: matplotlib is not installed ({INSTALL_HINTS['plot']})"
     return None
 
 
@@ -513,38 +508,9 @@ def _save(fig, path: Path) -> None:
     plt = _pyplot()
     try:
         fig.tight_layout()
-        _atomic(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
     finally:
         plt.close(fig)
-
-
-def write_text(path: Path, text: str) -> None:
-    _atomic(Path(path), lambda f: f.write(text.encode("utf-8")))
-
-
-def write_json(path: Path, obj) -> None:
-    # default=str: a stray Path or numpy scalar becomes text rather than a half-written file.
-    text = json.dumps(obj, indent=2, default=str) + "\n"
-    write_text(path, text)
-
-
-def _atomic(path: Path, write: Callable) -> None:
-    """Write through a temporary file in the same folder, then rename over the target.
-
-    os.replace is atomic on one filesystem, so a reader sees the old file or the new one, never
-    a half-written one, even if the run is interrupted.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def read_json(path) -> dict:

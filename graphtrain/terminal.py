@@ -1,0 +1,40 @@
+"""What graphtrain shows on the terminal: results on stdout, everything else on stderr.
+
+One console per stream, one logger for progress notes, one progress-bar factory. Results
+(tables, a JSON record written to `-`) go to stdout so that it can be piped; downloads, notes,
+warnings, progress bars and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+Log = Callable[[str], None]
+
+# Both look up sys.stdout / sys.stderr when they print, so redirections made later still apply.
+out = Console()
+err = Console(stderr=True)
+
+
+def logger(console: Console) -> Log:
+    """A logger printing plain lines to `console`: no markup, no highlighting, no wrapping, so
+    paths and names like graphtrain[cu13] appear exactly as written."""
+
+    def log(message: str) -> None:
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    return log
+
+
+log: Log = logger(err)  # the default logger of every module: stderr
+
+
+def progress_bar(console: Console | None = None) -> Progress:
+    """A progress display on stderr: per task its description, a bar, done/total, a status
+    text (the task's `status` field) and the time elapsed."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                    console=console or err)
