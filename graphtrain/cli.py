@@ -1,36 +1,33 @@
-"""The `graphtrain` command: parse, call the library, print. Exit codes: 0 ok, 2 bad usage or
-input, 1 a failure while training, 130 interrupted."""
+"""The `graphtrain` command: parse, call the library, print.
+
+Exit codes: 0 ok; 2 bad usage or input (nothing trained); 1 a failure while training, fetching
+data or writing results; 130 interrupted. Explained failures print one line, `error: ...`; a bug
+surfaces with its traceback.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
 import sys
-import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
-from graphtrain.errors import GraphtrainError, UsageError
-from graphtrain.stages import stage_names
+from graphtrain import files, terminal
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
+from graphtrain.stages import LADDER, PEERS, check_names, get_stage, row_names
 
-out = Console()
-err = Console(stderr=True)
-
+out, err = terminal.out, terminal.err
+log = terminal.log
 
 # Environment variables that change what a run does; a recorded command names those that are set.
 BEHAVIOUR_VARIABLES = ("GRAPHTRAIN_TORCH_COMPILE_MODE",)
@@ -41,10 +38,9 @@ def command_line() -> str:
     return shlex.join([*settings, "graphtrain", *sys.argv[1:]])
 
 
-def fail(error: Exception) -> None:
-    code = 2 if isinstance(error, UsageError) else 1
+def fail(message: str, code: int) -> None:
     # escape: messages name extras like graphtrain[cu13], which rich would read as markup
-    err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -54,73 +50,102 @@ def reported_errors():
     try:
         yield
     except GraphtrainError as error:
-        fail(error)
+        fail(str(error), 2 if isinstance(error, UsageError) else 1)
+    except MemoryError as error:  # numpy's says how much it could not allocate
+        fail(f"out of memory: {error or 'an allocation failed'}", 1)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
 
 
-def log_stderr(message: str) -> None:
-    err.print(message, highlight=False, markup=False, soft_wrap=True)
+# --------------------------------------------------------------------------------------------
+# The workload: one option set shared by run, ladder and sweep
+# --------------------------------------------------------------------------------------------
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write next to the target and rename, so a crash never leaves half a file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@dataclass(frozen=True)
+class Workload:
+    """What run, ladder and sweep train: a preset, its overrides, and where the dataset is."""
+
+    preset: str
+    hidden: str | None
+    bias: bool | None
+    batch: int | None
+    epochs: int | None
+    steps: int | None
+    lr: float | None
+    seed: int | None
+    metrics_every: int | None
+    dataset: str | None
+    data_dir: Path | None
+    offline: bool
+
+    def config(self) -> config_mod.TrainConfig:
+        """The preset with the options given applied (checked as it is made)."""
+        if self.epochs is not None and self.steps is not None:
+            raise UsageError("give --epochs or --steps, not both")
+        return config_mod.preset(self.preset).replace(
+            hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
+            bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
+            seed=self.seed, metrics_every=self.metrics_every, dataset=self.dataset)
+
+    def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
+        return data_mod.load(config.dataset, data_dir=self.data_dir, offline=self.offline)
+
+
+WORKLOAD_OPTIONS = [
+    click.option("--preset", default="jhu", show_default=True, type=click.Choice(list(config_mod.PRESETS)),
+                 help="Named workload (see README)."),
+    click.option("--hidden", default=None, metavar="H1,H2,...",
+                 help="Hidden layer sizes, e.g. 784,784; 'none' for softmax regression."),
+    click.option("--bias/--no-bias", default=None, help="Layers with or without bias."),
+    click.option("--batch", type=int, default=None, help="Batch size."),
+    click.option("--epochs", type=int, default=None, help="Epochs (replaces the preset's length)."),
+    click.option("--steps", type=int, default=None, help="Training steps instead of epochs."),
+    click.option("--lr", type=float, default=None, help="SGD learning rate."),
+    click.option("--seed", type=int, default=None, help="Seed of the init and the sample order."),
+    click.option("--metrics-every", type=int, default=None,
+                 help="Epochs between loss/accuracy reads in the sparse-metrics rungs."),
+    click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
+                 help="Dataset (default: the preset's, mnist)."),
+    click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                 help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
+    click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
+]
+WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
+
+
+def workload_options(command):
+    """Give a command the workload options, collected into one `workload: Workload` argument."""
+
+    @functools.wraps(command)
+    def with_workload(**kwargs):
+        workload = Workload(**{name: kwargs.pop(name) for name in WORKLOAD_FIELDS})
+        return command(workload=workload, **kwargs)
+
+    for option in reversed(WORKLOAD_OPTIONS):
+        with_workload = option(with_workload)
+    return with_workload
+
+
+def require(stage: str):
+    """The row's class, once what it needs (bindings, driver, GPU; a framework) is checked:
+    before any data is looked for, so a missing GPU is the first thing the user hears of."""
+    from graphtrain.peers import PeerUnavailable
+
+    stage_cls = get_stage(stage)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        stage_cls.check_available()
+    except (GpuUnavailableError, PeerUnavailable) as exc:
+        raise type(exc)(f"{exc}; to train on the CPU instead, use --stage numpy") from None
+    return stage_cls
 
 
-# Options shared by run, ladder and sweep: a preset, then field-by-field overrides.
-def workload_options(func):
-    options = [
-        click.option("--preset", default="jhu", show_default=True,
-                     type=click.Choice(list(config_mod.PRESETS)), help="Named workload (see README)."),
-        click.option("--hidden", default=None, metavar="H1,H2,...",
-                     help="Hidden layer sizes, e.g. 784,784; 'none' for softmax regression."),
-        click.option("--bias/--no-bias", default=None, help="Layers with or without bias."),
-        click.option("--batch", type=int, default=None, help="Batch size."),
-        click.option("--epochs", type=int, default=None, help="Epochs (replaces the preset's length)."),
-        click.option("--steps", type=int, default=None, help="Training steps instead of epochs."),
-        click.option("--lr", type=float, default=None, help="SGD learning rate."),
-        click.option("--seed", type=int, default=None, help="Seed of the init and the sample order."),
-        click.option("--metrics-every", type=int, default=None,
-                     help="Epochs between loss/accuracy reads in the sparse-metrics rungs."),
-        click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
-                     help="Dataset (default: the preset's, mnist)."),
-        click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
-        click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset):
-    cfg = config_mod.preset(preset)
-    if epochs is not None and steps is not None:
-        raise UsageError("give --epochs or --steps, not both")
-    return cfg.replace(
-        hidden=config_mod.parse_hidden(hidden) if hidden is not None else None,
-        bias=bias, batch=batch, epochs=epochs, steps=steps, lr=lr, seed=seed,
-        metrics_every=metrics_every, dataset=dataset,
-    ).validate()
-
-
-def load_data(cfg, data_dir, offline):
-    """The dataset, and the check that needs its size (a batch larger than the training set)."""
-    data = data_mod.load(cfg.dataset, data_dir=data_dir, offline=offline, log=log_stderr)
-    cfg.validate(len(data.train_images))
-    return data
+def name_list(text: str | None, default: list[str]) -> list[str]:
+    """'a,b' -> ['a', 'b']; None -> default."""
+    if text is None:
+        return list(default)
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -130,76 +155,85 @@ def main():
 
     \b
     graphtrain run --stage graphs          train one model with one stage
+    graphtrain run --stage numpy           the same on the CPU, no GPU needed
     graphtrain ladder                      every stage and the framework peers, into results/
     graphtrain info                        what this machine offers
     graphtrain data download               fetch MNIST into the cache
     """
 
 
+# --------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------
+
+
 @main.command()
-@click.option("--stage", default="numpy", show_default=True, type=click.Choice(stage_names()),
-              help="Which rung trains (ladder order; numpy is the CPU reference).")
+@click.option("--stage", default="numpy", show_default=True, type=click.Choice(row_names()),
+              help="Which rung trains (ladder order; numpy is the CPU reference), or a framework peer.")
 @workload_options
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the run record (per-epoch times, losses, environment) here.")
-def run(stage, preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset, data_dir,
-        offline, json_path):
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              default=None, help="Write the run record (per-epoch times, losses, environment) here; "
+                                 "'-' prints it on stdout.")
+def run(stage, workload, json_path):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
-    from graphtrain.training import train
+    from graphtrain.plan import RunPlan
+    from graphtrain.training import run_stage
 
+    to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
-        cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
-        data = load_data(cfg, data_dir, offline)
-        dims = "-".join(map(str, cfg.dims))
-        log_stderr(f"graphtrain: stage {stage}, model {dims}, batch {cfg.batch}, lr {cfg.lr}, "
-                   f"{'%d epochs' % cfg.epochs if cfg.epochs else '%d steps' % cfg.steps}, data {data.source}")
-        with epoch_progress(cfg.num_epochs(len(data.train_images)), stage) as progress:
-            record = train(cfg, stage=stage, data=data, progress=progress)
-        record["command"] = command_line()
+        cfg = workload.config()
         if json_path is not None:
-            write_json_atomic(json_path, record)
-
-    out.print(summary_table(record))
-    if json_path is not None:
-        log_stderr(f"run record written to {json_path}")
-
-
-class epoch_progress:
-    """A rich progress bar on stderr, one tick per epoch, showing the last measured metrics."""
-
-    def __init__(self, num_epochs: int, label: str):
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), console=err,
-                            transient=False)
-        self.task = self.bar.add_task(label, total=num_epochs, metrics="setup")
-
-    def __enter__(self):
-        self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.bar.__exit__(*exc)
-
-    def __call__(self, epoch: int, num_epochs: int, entry: dict) -> None:
-        text = f"{entry['ms']:8.2f} ms"
-        if entry["train_loss"] is not None:
-            text += f"  loss {entry['train_loss']:.4f}"
-        if entry["test_accuracy"] is not None:
-            text += f"  test acc {100 * entry['test_accuracy']:.2f}%"
-        self.bar.update(self.task, advance=1, metrics=text)
+            files.check_writable(json_path)
+        stage_cls = require(stage)
+        data = workload.load(cfg)
+        plan = RunPlan.for_data(cfg, data)
+        length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
+        log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
+            f"lr {cfg.lr}, {length}, data {data.source or data.name}")
+        with epoch_progress(plan.num_epochs, stage) as progress:
+            record = run_stage(stage_cls, plan, data, progress)
+        record.command = command_line()
+        for warning in record.warnings:
+            err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        if to_stdout:
+            sys.stdout.write(json.dumps(record.to_json(), indent=2, default=str) + "\n")
+        elif json_path is not None:
+            files.write_json(json_path, record.to_json())
+            log(f"run record written to {json_path}")
+    # With the record on stdout, the table goes to stderr, so stdout is the JSON alone.
+    (err if to_stdout else out).print(summary_table(record))
 
 
-def summary_table(record: dict) -> Table:
-    table = Table(title=f"graphtrain {record['stage']}", show_header=True)
+@contextmanager
+def epoch_progress(num_epochs: int, label: str):
+    """A progress bar on stderr, one tick per epoch, showing the last measured metrics; yields
+    the trainer's progress callback."""
+    with terminal.progress_bar() as bar:
+        task = bar.add_task(label, total=num_epochs, status="setup")
+
+        def on_epoch(epoch: int, num_epochs: int, entry) -> None:
+            text = f"{entry.ms:8.2f} ms"
+            if entry.train_loss is not None:
+                text += f"  loss {entry.train_loss:.4f}"
+            if entry.test_accuracy is not None:
+                text += f"  test acc {100 * entry.test_accuracy:.2f}%"
+            bar.update(task, advance=1, status=text)
+
+        yield on_epoch
+
+
+def summary_table(record) -> Table:
+    def pct(value):
+        return "" if value is None else f"{100 * value:.2f}%"
+
+    table = Table(title=f"graphtrain {record.stage}", show_header=True)
     for column in ("epoch", "ms", "train loss", "train acc", "test acc"):
         table.add_column(column, justify="right")
-    for e in record["epochs"]:
-        pct = lambda v: "" if v is None else f"{100 * v:.2f}%"  # noqa: E731
-        table.add_row(str(e["epoch"]), f"{e['ms']:.2f}",
-                      "" if e["train_loss"] is None else f"{e['train_loss']:.4f}",
-                      pct(e["train_accuracy"]), pct(e["test_accuracy"]))
-    table.caption = (f"median epoch (2nd half) {record['epoch_ms']:.2f} ms · setup {record['setup_ms']:.0f} ms · "
-                     f"total {record['total_ms']:.0f} ms · test accuracy {100 * record['test_accuracy']:.2f}%")
+    for e in record.epochs:
+        table.add_row(str(e.epoch), f"{e.ms:.2f}", "" if e.train_loss is None else f"{e.train_loss:.4f}",
+                      pct(e.train_accuracy), pct(e.test_accuracy))
+    table.caption = (f"median epoch (2nd half) {record.epoch_ms:.2f} ms · setup {record.setup_ms:.0f} ms · "
+                     f"total {record.total_ms:.0f} ms · test accuracy {pct(record.test_accuracy)}")
     return table
 
 
@@ -242,62 +276,63 @@ def data():
 def data_download(dataset, dest):
     """Fetch the dataset's missing files, verify their md5 sums, write them atomically."""
     with reported_errors():
-        folder = data_mod.download(dataset, dest=dest, log=log_stderr)
+        if dest is not None:
+            files.check_writable(dest, folder=True)
+        folder = data_mod.download(dataset, dest=dest)
     out.print(f"{dataset} is in {folder}")
 
 
-def exit_if_nothing_ran(records: list[dict]) -> None:
+# --------------------------------------------------------------------------------------------
+# ladder and sweep
+# --------------------------------------------------------------------------------------------
+
+ROW_OPTIONS = [
+    click.option("--peers/--no-peers", "peers_flag", default=True, help="Also run the framework peers."),
+    click.option("--peer", "peer_names", default=None, metavar="P1,P2",
+                 help=f"Which peers (default: {', '.join(PEERS)})."),
+    click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+                 show_default=True, help="Where the Markdown, JSON and plots go."),
+]
+
+
+def row_options(command):
+    for option in reversed(ROW_OPTIONS):
+        command = option(command)
+    return command
+
+
+def exit_if_nothing_ran(records) -> None:
     """A ladder or sweep in which every row failed or was skipped is a failure (exit 1)."""
-    if all("error" in r for r in records):
+    if all(r.failed for r in records):
         err.print("[bold red]error:[/] no row of the table ran; see the notes above")
         sys.exit(1)
 
 
-def _stage_list(stages: str | None):
-    from graphtrain.stages import get_stage
-
-    if stages is None:
-        return stage_names()
-    names = [s.strip() for s in stages.split(",") if s.strip()]
-    for name in names:
-        get_stage(name)
-    return names
-
-
-def _peer_list(peers_flag: bool, peers: str | None):
-    from graphtrain import peers as peers_mod
-
-    if not peers_flag:
-        return []
-    if peers is None:
-        return peers_mod.peer_names()
-    names = [p.strip() for p in peers.split(",") if p.strip()]
-    unknown = [n for n in names if n not in peers_mod.peer_names()]
-    if unknown:
-        raise UsageError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(peers_mod.peer_names())}")
-    return names
+def prepare_rows(workload: Workload, stages: str | None, default_stages: list[str], peers_flag: bool,
+                 peer_names: str | None, out_dir: Path):
+    """Config, rows and output folder checked, then the dataset loaded: (config, stages, peers, data)."""
+    cfg = workload.config()
+    stage_list = name_list(stages, default_stages)
+    peer_list = name_list(peer_names, list(PEERS)) if peers_flag else []
+    check_names(stage_list, peer_list)
+    files.check_writable(out_dir, folder=True)
+    return cfg, stage_list, peer_list, workload.load(cfg)
 
 
 @main.command()
 @workload_options
 @click.option("--stages", default=None, metavar="S1,S2", help="Stages to run (default: all, in ladder order).")
-@click.option("--peers/--no-peers", "peers_flag", default=True, help="Also run the framework peers.")
-@click.option("--peer", "peer_names", default=None, metavar="P1,P2",
-              help="Which peers (default: torch-eager, torch-compile, torch-graph, jax-scan).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="Where the Markdown, JSON and plots go.")
-def ladder(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset, data_dir, offline,
-           stages, peers_flag, peer_names, out_dir):
+@row_options
+def ladder(workload, stages, peers_flag, peer_names, out_dir):
     """Reproduce the optimisation table: every stage, then the peers, on one workload."""
     from graphtrain import ladder as ladder_mod
 
     with reported_errors():
-        cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
-        stage_list, peer_list = _stage_list(stages), _peer_list(peers_flag, peer_names)
-        data = load_data(cfg, data_dir, offline)
-        records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=data, out_dir=out_dir,
-                                        command=command_line(), console=err)
-    out.print(ladder_mod.ladder_table(records))
+        cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, list(LADDER), peers_flag,
+                                                           peer_names, out_dir)
+        records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=dataset,
+                                        out_dir=out_dir, command=command_line(), console=err)
+    out.print(ladder_mod.ladder_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
 
 
@@ -306,12 +341,8 @@ def ladder(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, 
 @click.option("--hidden-sizes", required=True, metavar="H1,H2,...",
               help="Hidden widths to sweep, e.g. 128,256,512,1024,2048,4096.")
 @click.option("--stages", default="graphs", show_default=True, metavar="S1,S2", help="Stages to time.")
-@click.option("--peers/--no-peers", "peers_flag", default=True, help="Also time the framework peers.")
-@click.option("--peer", "peer_names", default=None, metavar="P1,P2", help="Which peers (default: all).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)
-def sweep(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset, data_dir, offline,
-          hidden_sizes, stages, peers_flag, peer_names, out_dir):
+@row_options
+def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir):
     """Total training time against hidden size, for chosen stages and peers."""
     from graphtrain import ladder as ladder_mod
 
@@ -319,10 +350,9 @@ def sweep(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, d
         sizes = config_mod.parse_hidden(hidden_sizes)
         if not sizes:
             raise UsageError("--hidden-sizes needs at least one size")
-        cfg = build_config(preset, hidden, bias, batch, epochs, steps, lr, seed, metrics_every, dataset)
-        stage_list, peer_list = _stage_list(stages), _peer_list(peers_flag, peer_names)
-        data = load_data(cfg, data_dir, offline)
+        cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, ["graphs"], peers_flag,
+                                                           peer_names, out_dir)
         records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
-                                       data=data, out_dir=out_dir, command=command_line(), console=err)
-    out.print(ladder_mod.sweep_table(records))
+                                       data=dataset, out_dir=out_dir, command=command_line(), console=err)
+    out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)

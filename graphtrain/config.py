@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from graphtrain.errors import UsageError
@@ -46,33 +47,19 @@ class TrainConfig:
             changes["steps"] = None
         return dataclasses.replace(self, **changes)
 
-    def num_epochs(self, num_train: int) -> int:
-        """Epochs touched by the run: with `steps`, the last one may be partial."""
-        if self.epochs is not None:
-            return self.epochs
-        per_epoch = -(-num_train // self.batch)
-        return -(-self.steps // per_epoch)
+    def __post_init__(self) -> None:
+        """Reject values no stage can train with: a config that exists is one that can run.
 
-    def batches_in_epoch(self, epoch: int, num_train: int) -> int:
-        """Batches run in `epoch` (0-based): all of them, except in a steps-limited last one."""
-        per_epoch = -(-num_train // self.batch)
-        if self.steps is None:
-            return per_epoch
-        return max(0, min(per_epoch, self.steps - epoch * per_epoch))
-
-    def metrics_due(self, epoch: int, num_epochs: int) -> bool:
-        """The sparse schedule: every `metrics_every` epochs (1-based) and always the last."""
-        return (epoch + 1) % self.metrics_every == 0 or epoch == num_epochs - 1
-
-    def validate(self, num_train: int | None = None) -> TrainConfig:
-        """Reject values no stage can train with, before any work starts."""
+        What depends on the dataset (a batch larger than it, a model too big for the memory)
+        is checked when the run plan is built (`graphtrain.plan.RunPlan.build`).
+        """
         problems = []
         if any(not isinstance(h, int) or h < 1 for h in self.hidden):
             problems.append(f"hidden sizes must be positive integers, got {list(self.hidden)}")
         if self.batch < 1:
             problems.append(f"batch must be >= 1, got {self.batch}")
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            problems.append(f"lr must be a finite number > 0, got {self.lr}")
         if (self.epochs is None) == (self.steps is None):
             problems.append("give exactly one of epochs and steps")
         if self.epochs is not None and self.epochs < 1:
@@ -85,11 +72,11 @@ class TrainConfig:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seed < 0:
             problems.append(f"seed must be >= 0, got {self.seed}")
-        if num_train is not None and self.batch > num_train:
-            problems.append(f"batch {self.batch} is larger than the dataset ({num_train} samples)")
+        if self.in_features < 1 or self.classes < 2:
+            problems.append(f"a model needs >= 1 input feature and >= 2 classes, got "
+                            f"{self.in_features} and {self.classes}")
         if problems:
             raise UsageError("invalid training configuration: " + "; ".join(problems))
-        return self
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -121,14 +108,15 @@ def preset(name: str) -> TrainConfig:
 
 
 def parse_hidden(text: str) -> tuple[int, ...]:
-    """'784,784' -> (784, 784); '' or 'none' -> () (softmax regression)."""
+    """'784,784' -> (784, 784); '' or 'none' -> () (softmax regression, no hidden layer)."""
     text = text.strip()
-    if text.lower() in ("", "none", "0"):
+    if text.lower() in ("", "none"):
         return ()
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise UsageError(f"--hidden wants comma-separated integers like 784,784, got {text!r}") from None
     if any(s < 1 for s in sizes):
-        raise UsageError(f"hidden sizes must be positive, got {text!r}")
+        raise UsageError(f"hidden sizes must be positive, got {text!r} "
+                         "(for softmax regression, with no hidden layer, give --hidden none)")
     return sizes

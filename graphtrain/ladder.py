@@ -1,7 +1,7 @@
 """The ladder and the sweep: every stage, then the peers, on one workload, side by side.
 
-`run_ladder` trains the same config (same data, init and sample order) with each stage in ladder
-order and then with each peer, one row each. A row that fails does not stop the others: it
+`run_ladder` builds one run plan (initial weights, sample orders, batches) and trains it with
+each stage in ladder order and then with each peer, one row each. A row that fails does not stop the others: it
 becomes a failed row with its error (or a skipped row when its framework or the GPU is missing).
 `run_sweep` does the same for each hidden size H of a list, for the seeds' time-against-size
 graph. Both show a progress bar per row on the given (stderr) console and, given an output
@@ -16,20 +16,17 @@ from pathlib import Path
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 from rich.table import Table
 
-from graphtrain import report, training
+from graphtrain import report, terminal, training
 from graphtrain.config import PRESETS, TrainConfig
+from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
-from graphtrain.peers import PeerUnavailable, peer_names, run_peer
-from graphtrain.stages import stage_names
+from graphtrain.peers import PeerUnavailable
+from graphtrain.plan import RunPlan
+from graphtrain.record import FailedRun, Row, data_summary
+from graphtrain.stages import PEERS, check_names, get_stage, peer_names, stage_names
 
 SWEEP_DEPTH = 3  # hidden layers of a sweep when the preset has none: cuda-mnist's (H, H, H)
 
@@ -94,111 +91,76 @@ def sweep_config(config: TrainConfig, size: int) -> TrainConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data,
-               out_dir: Path | None, command: str, console: Console | None) -> list[dict]:
-    """Run each stage, then each peer, on `config`; write the reports to `out_dir` if given."""
-    console = console or Console(stderr=True)
-    _check_names(stages, peers)
-    data = _load(config, data, console)
-    config.validate(len(data.train_images))
-    records = []
-    with _progress(console) as progress:
-        for kind, names in (("stage", stages), ("peer", peers)):
-            for name in names:
-                records.append(_run_row(kind, name, config, data, progress, name))
+def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data: Dataset,
+               out_dir: Path | None, command: str, console: Console | None = None) -> list[Row]:
+    """Run each stage, then each peer, on `config` with one shared run plan; write the reports
+    to `out_dir` if given."""
+    console = console or terminal.err
+    check_names(stages, peers)
+    plan = RunPlan.for_data(config, data)
+    with terminal.progress_bar(console) as progress:
+        records = [_run_row(name, plan, data, progress, name) for name in [*stages, *peers]]
     if out_dir is not None:
-        paths = report.write_ladder(records, run_label(config), out_dir, command,
-                                    log=lambda message: console.print(escape(message)))
+        paths = report.write_ladder([r.to_json() for r in records], run_label(config), out_dir,
+                                    command, log=terminal.logger(console))
         _print_paths(console, paths)
     return records
 
 
 def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str], peers: list[str],
-              data, out_dir: Path | None, command: str, console: Console | None) -> list[dict]:
-    """For each H: each stage, then each peer, with hidden=(H,)·depth. Records get "hidden_size"."""
-    console = console or Console(stderr=True)
-    _check_names(stages, peers)
-    if not hidden_sizes or any(not isinstance(h, int) or h < 1 for h in hidden_sizes):
-        raise UsageError(f"hidden sizes must be positive integers, got {list(hidden_sizes)}")
-    data = _load(config, data, console)
+              data: Dataset, out_dir: Path | None, command: str,
+              console: Console | None = None) -> list[Row]:
+    """For each H: each stage, then each peer, with hidden=(H,)·depth and one plan per H."""
+    console = console or terminal.err
+    check_names(stages, peers)
+    if not hidden_sizes:
+        raise UsageError("the sweep needs at least one hidden size")
+    configs = {size: sweep_config(config, size) for size in hidden_sizes}
+    for sized in configs.values():  # every size checked before the first row runs
+        RunPlan.check_workload(sized, len(data.train_images), len(data.test_images))
     records = []
-    with _progress(console) as progress:
-        for size in hidden_sizes:
-            sized = sweep_config(config, size)
-            sized.validate(len(data.train_images))
-            for kind, names in (("stage", stages), ("peer", peers)):
-                for name in names:
-                    record = _run_row(kind, name, sized, data, progress, f"H={size} {name}")
-                    records.append({"stage": record["stage"], "kind": record["kind"],
-                                    "hidden_size": size, **record})
+    with terminal.progress_bar(console) as progress:
+        for size, sized in configs.items():
+            plan = RunPlan.for_data(sized, data)  # one at a time: the initial weights can be large
+            for name in [*stages, *peers]:
+                record = _run_row(name, plan, data, progress, f"H={size} {name}")
+                record.hidden_size = size
+                records.append(record)
     if out_dir is not None:
-        paths = report.write_sweep(records, sweep_label(config), out_dir, command,
-                                   log=lambda message: console.print(escape(message)))
+        paths = report.write_sweep([r.to_json() for r in records], sweep_label(config), out_dir,
+                                   command, log=terminal.logger(console))
         _print_paths(console, paths)
     return records
 
 
-def _check_names(stages: list[str], peers: list[str]) -> None:
-    """Reject unknown names before anything runs, rather than as failed rows at the end."""
-    unknown_stages = [s for s in stages if s not in stage_names()]
-    unknown_peers = [p for p in peers if p not in peer_names()]
-    problems = []
-    if unknown_stages:
-        problems.append(f"unknown stage(s) {', '.join(unknown_stages)}; choose from {', '.join(stage_names())}")
-    if unknown_peers:
-        problems.append(f"unknown peer(s) {', '.join(unknown_peers)}; choose from {', '.join(peer_names())}")
-    if not stages and not peers:
-        problems.append("no stages and no peers to run")
-    if problems:
-        raise UsageError("; ".join(problems))
-
-
-def _load(config: TrainConfig, data, console: Console):
-    if data is not None:
-        return data
-    from graphtrain import data as data_mod
-
-    return data_mod.load(config.dataset, log=lambda message: console.print(escape(message)))
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("epochs"), TimeElapsedColumn(), console=console)
-
-
-def _run_row(kind: str, name: str, config: TrainConfig, data, progress: Progress, label: str) -> dict:
+def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str) -> Row:
     """Train one row; any failure becomes a row that says what went wrong."""
     console = progress.console
-    task = progress.add_task(escape(label), total=config.num_epochs(len(data.train_images)))
+    task = progress.add_task(escape(label), total=plan.num_epochs, status="epochs")
 
-    def on_epoch(epoch: int, num_epochs: int, entry: dict) -> None:
-        progress.update(task, total=num_epochs, completed=epoch + 1)
+    def on_epoch(epoch: int, num_epochs: int, entry) -> None:
+        progress.update(task, completed=epoch + 1)
 
+    kind = "peer" if name in PEERS else "stage"
     try:
-        if kind == "stage":
-            record = training.train(config, stage=name, data=data, progress=on_epoch)
-        else:
-            record = run_peer(name, config, data, progress=on_epoch)
-        record = {"stage": record["stage"], "kind": kind, **record}
-        progress.update(task, description=escape(f"{label}: {report.fmt_ms(record['epoch_ms'])} ms/epoch"))
+        record = training.run_stage(get_stage(name), plan, data, progress=on_epoch)
+        progress.update(task, description=escape(f"{label}: {report.fmt_ms(record.epoch_ms)} ms/epoch"))
+        for warning in record.warnings:
+            console.print(f"[yellow]{escape(name)}: warning:[/] {escape(warning)}")
+        return record
     except (PeerUnavailable, GpuUnavailableError) as exc:
-        record = _failed_row(kind, name, config, str(exc), skipped=True)
+        failure = FailedRun(name, kind, plan.config, str(exc), skipped=True)
         progress.update(task, description=escape(f"{label}: skipped"))
         console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
-        message = f"{type(exc).__name__}: {exc}"
-        record = _failed_row(kind, name, config, message, skipped=False)
+        failure = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
         if not isinstance(exc, GraphtrainError):
             # Not one of graphtrain's explained errors: keep the trace for whoever debugs it.
-            record["traceback"] = "".join(traceback.format_exception(exc))
+            failure.traceback = "".join(traceback.format_exception(exc))
         progress.update(task, description=escape(f"{label}: failed"))
-        console.print(f"[red]{escape(name)}: failed:[/] {escape(message)}")
-    record["data"] = {"name": data.name, "train": len(data.train_images), "test": len(data.test_images)}
-    return record
-
-
-def _failed_row(kind: str, name: str, config: TrainConfig, message: str, skipped: bool) -> dict:
-    return {"stage": name, "kind": kind, "error": message, "skipped": skipped, "config": config.to_dict()}
+        console.print(f"[red]{escape(name)}: failed:[/] {escape(failure.error)}")
+    failure.data = data_summary(data)
+    return failure
 
 
 def _print_paths(console: Console, paths) -> None:

@@ -1,14 +1,16 @@
-"""The training driver: runs one stage over a config and returns its run record.
+"""The trainer: runs one row (a rung of the ladder or a framework peer) over a run plan and
+returns its run record.
 
-The run record is the one format every consumer reads (the CLI's summary, `--json`, the ladder's
-tables and plots), so its top-level keys are stable: stage, config, environment, epochs,
-epoch_ms, setup_ms, total_ms, test_accuracy, train_loss.
+    train(config, stage)          the library's entry: load the data, build the plan, run one row
+    run_stage(cls, plan, data)    the timing protocol around any row, given the shared plan
+
+The ladder builds one plan and calls `run_stage` for every row, so all of them train the same
+initial weights in the same order over the same batches.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Callable
 
@@ -18,17 +20,16 @@ from graphtrain import data as data_mod
 from graphtrain import environment as environment_mod
 from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
+from graphtrain.plan import RunPlan
+from graphtrain.record import EpochRecord, RunRecord, data_summary
 from graphtrain.stages import get_stage
 from graphtrain.stages.base import Stage
 
-# progress(epoch_index, num_epochs, epoch_entry) after each epoch.
-Progress = Callable[[int, int, dict], None]
+# progress(epoch_index, num_epochs, epoch_record) after each epoch.
+Progress = Callable[[int, int, EpochRecord], None]
 
-
-def median_epoch_ms(epochs: list[dict]) -> float:
-    """The seeds' protocol: the median epoch time over the second half of the epochs."""
-    times = [e["ms"] for e in epochs if e.get("full", True)] or [e["ms"] for e in epochs]
-    return statistics.median(times[len(times) // 2:])
+# A measured loss this many times the loss of guessing, ln(classes), means training diverges.
+DIVERGENCE_FACTOR = 10
 
 
 def train(
@@ -38,74 +39,72 @@ def train(
     data_dir=None,
     offline: bool = False,
     progress: Progress | None = None,
-    log: Callable[[str], None] | None = None,
-) -> dict:
-    """Train `config` with `stage` and return the run record. Loads the dataset when not given."""
+) -> RunRecord:
+    """Train `config` with `stage` (a rung or a peer) and return its run record.
+
+    What the stage needs (a GPU, a framework) is checked before the dataset is looked for;
+    the dataset is loaded when not given.
+    """
     stage_cls = get_stage(stage)
+    stage_cls.check_available()
     if data is None:
-        data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline,
-                             log=log or data_mod.print_to_stderr)
-    return run_stage(stage_cls, config, data, progress)
+        data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline)
+    return run_stage(stage_cls, RunPlan.for_data(config, data), data, progress)
 
 
-def run_stage(stage_cls: type[Stage], config: TrainConfig, data: data_mod.Dataset,
-              progress: Progress | None = None) -> dict:
-    """The timing protocol around any `Stage`, a rung of the ladder or a framework peer."""
-    name = stage_cls.name
-    num_train = len(data.train_images)
-    config.validate(num_train)
-    if data.num_features != config.in_features:
-        config = config.replace(in_features=data.num_features)
-    num_epochs = config.num_epochs(num_train)
-    full_batches = -(-num_train // config.batch)
-
+def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
+              progress: Progress | None = None) -> RunRecord:
+    """The timing protocol around any row: setup apart, each epoch timed by the row, the loss
+    checked wherever it was measured, test accuracy outside the timed loop."""
+    name, config = stage_cls.name, plan.config
+    plan.check_fits(stage_cls.check_available())
     run_start = time.perf_counter()
-    with stage_cls(config, data) as runner:
+    with stage_cls(plan, data) as runner:
         runner.setup()
         setup_ms = (time.perf_counter() - run_start) * 1e3
-        epochs = []
+        epochs: list[EpochRecord] = []
+        warnings: list[str] = []
         unchecked_since = 0  # first epoch whose loss has not been looked at yet
-        for epoch in range(num_epochs):
-            num_batches = config.batches_in_epoch(epoch, num_train)
-            measure = not runner.sparse_metrics or config.metrics_due(epoch, num_epochs)
-            result = runner.train_epoch(epoch, num_batches, measure)
-            entry = {"epoch": epoch + 1, "ms": result.ms, "batches": num_batches,
-                     "full": num_batches == full_batches,
-                     "train_loss": result.train_loss, "train_accuracy": result.train_accuracy,
-                     "test_accuracy": None}
+        for epoch in range(plan.num_epochs):
+            num_batches = plan.batches[epoch]
+            result = runner.train_epoch(epoch, num_batches, runner.measures(epoch))
+            entry = EpochRecord(epoch + 1, result.ms, num_batches,
+                                full=num_batches == plan.batches_per_epoch,
+                                train_loss=result.train_loss, train_accuracy=result.train_accuracy)
             if result.train_loss is not None:
+                where = (f"epoch {epoch + 1}" if unchecked_since == epoch
+                         else f"epochs {unchecked_since + 1}-{epoch + 1}")
                 if not math.isfinite(result.train_loss):
-                    where = (f"epoch {epoch + 1}" if unchecked_since == epoch
-                             else f"epochs {unchecked_since + 1}-{epoch + 1}")
                     raise TrainingError(
                         f"the training loss became {result.train_loss} in {where} with {name}; "
                         f"the learning rate {config.lr} is probably too high: try a lower --lr")
+                warning = _divergence(result.train_loss, config, where)
+                if warning and not warnings:
+                    warnings.append(warning)
                 unchecked_since = epoch + 1
-                entry["test_accuracy"] = runner.test_accuracy()
+                entry.test_accuracy = runner.test_accuracy()
             epochs.append(entry)
             if progress:
-                progress(epoch, num_epochs, entry)
+                progress(epoch, plan.num_epochs, entry)
         weights = runner.weights()
         if not all(np.isfinite(layer.w).all() for layer in weights):
             raise TrainingError(f"the weights became NaN or Inf with {name}: try a lower --lr")
-        test_accuracy = epochs[-1]["test_accuracy"]
+        test_accuracy = epochs[-1].test_accuracy
         if test_accuracy is None:
             test_accuracy = runner.test_accuracy()
         environment = {**environment_mod.host(), **runner.environment()}
         note = runner.note
     total_ms = (time.perf_counter() - run_start) * 1e3
+    return RunRecord(stage=name, kind=stage_cls.kind, config=config, environment=environment,
+                     epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
+                     note=note, data=data_summary(data), warnings=warnings)
 
-    measured = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
-    return {
-        "stage": name,
-        "kind": stage_cls.kind,
-        "note": note,
-        "config": config.to_dict(),
-        "environment": environment,
-        "epochs": epochs,
-        "epoch_ms": median_epoch_ms(epochs),
-        "setup_ms": setup_ms,
-        "total_ms": total_ms,
-        "test_accuracy": test_accuracy,
-        "train_loss": measured[-1] if measured else None,
-    }
+
+def _divergence(loss: float, config: TrainConfig, where: str) -> str | None:
+    """A warning when a finite loss is far above the loss of guessing: the run diverges."""
+    guessing = math.log(config.classes)
+    if loss <= DIVERGENCE_FACTOR * guessing:
+        return None
+    return (f"the training loss reached {loss:.3g} in {where}, more than {DIVERGENCE_FACTOR}x the "
+            f"{guessing:.2f} of guessing: training is diverging; the learning rate {config.lr} is "
+            "probably too high: try a lower --lr")

@@ -22,7 +22,10 @@ def test_help_lists_the_commands():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--lr", "-1"], "lr must be > 0"),
+    (["--lr", "-1"], "lr must be a finite number > 0"),
+    (["--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+    (["--hidden", "0"], "--hidden none"),
     (["--batch", "0"], "batch must be >= 1"),
     (["--hidden", "784,0"], "hidden sizes must be positive"),
     (["--epochs", "2", "--steps", "3"], "not both"),
@@ -110,9 +113,10 @@ def test_error_messages_keep_square_brackets(monkeypatch, tmp_path):
 
 def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch):
     from graphtrain import ladder
+    from graphtrain.record import FailedRun
 
     def every_row_skipped(config, **kwargs):
-        return [{"stage": "graphs", "kind": "stage", "error": "no GPU", "skipped": True, "hidden_size": 8}]
+        return [FailedRun("graphs", "stage", config, "no GPU", skipped=True, hidden_size=8)]
 
     monkeypatch.setattr(ladder, "run_sweep", every_row_skipped)
     result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers")

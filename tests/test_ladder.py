@@ -11,7 +11,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from graphtrain import ladder, report, training
+from graphtrain import ladder, report
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import (
@@ -20,8 +20,9 @@ from graphtrain.errors import (
     TrainingError,
     UsageError,
 )
-from graphtrain.peers import PEERS, PeerUnavailable, peer_names, run_peer
-from graphtrain.stages import stage_names
+from graphtrain.peers import PeerUnavailable
+from graphtrain.record import FailedRun, RunRecord
+from graphtrain.stages import PEERS, peer_names, stage_names
 from graphtrain.stages.numpy_cpu import NumpyStage
 
 COMMAND = "graphtrain ladder --preset jhu --out results"
@@ -262,8 +263,9 @@ def test_unknown_names_are_rejected_before_anything_runs(quiet_console):
     with pytest.raises(UsageError, match="unknown peer"):
         ladder.run_ladder(PRESETS["jhu"], stages=[], peers=["tensorflow"], data=data,
                           out_dir=None, command=COMMAND, console=quiet_console)
-    with pytest.raises(UsageError, match="unknown peer"):
-        run_peer("tensorflow", PRESETS["jhu"], data)
+    with pytest.raises(UsageError, match="unknown peer"):  # a rung is not a peer
+        ladder.run_ladder(PRESETS["jhu"], stages=[], peers=["numpy"], data=data,
+                          out_dir=None, command=COMMAND, console=quiet_console)
 
 
 def test_compile_mode_comes_from_the_environment(monkeypatch):
@@ -283,23 +285,25 @@ def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_framewor
     config = PRESETS["jhu"].replace(epochs=2)
     records = ladder.run_ladder(config, stages=["numpy"], peers=peer_names(), data=data,
                                 out_dir=tmp_path, command=COMMAND, console=quiet_console)
-    assert [r["stage"] for r in records] == ["numpy", *peer_names()]
+    assert [r.stage for r in records] == ["numpy", *peer_names()]
     numpy_record = records[0]
-    assert numpy_record["kind"] == "stage" and "error" not in numpy_record
-    assert numpy_record["test_accuracy"] > 0.8
-    assert len(numpy_record["epochs"]) == 2
-    assert numpy_record["data"] == {"name": "synthetic", "train": 2000, "test": 500}
+    assert isinstance(numpy_record, RunRecord) and numpy_record.kind == "stage"
+    assert numpy_record.test_accuracy > 0.8
+    assert len(numpy_record.epochs) == 2
+    assert numpy_record.data == {"name": "synthetic", "train": 2000, "test": 500}
     for record in records[1:]:
-        assert record["kind"] == "peer" and record["skipped"] is True
-        assert "is not installed" in record["error"]
-    assert "torch is not installed" in records[1]["error"]
-    assert "jax is not installed" in records[-1]["error"]
+        assert isinstance(record, FailedRun) and record.kind == "peer" and record.skipped is True
+        assert "is not installed" in record.error
+        assert record.data == numpy_record.data
+    assert "torch is not installed" in records[1].error
+    assert "jax is not installed" in records[-1].error
 
     assert (tmp_path / "ladder-jhu-e2.md").exists() and (tmp_path / "ladder-jhu-e2.json").exists()
     md = (tmp_path / "ladder-jhu-e2.md").read_text()
     assert "| numpy |" in md and "skipped: torch is not installed" in md and COMMAND in md
     assert "data synthetic (2000 train / 500 test)" in md
-    assert report.read_json(tmp_path / "ladder-jhu-e2.json")["records"] == json.loads(json.dumps(records))
+    saved = report.read_json(tmp_path / "ladder-jhu-e2.json")["records"]
+    assert saved == json.loads(json.dumps([r.to_json() for r in records]))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -323,10 +327,10 @@ class BrokenStage(NumpyStage):
 
 
 def with_broken(monkeypatch, name: str, error: Exception):
-    """Make stage `name` the BrokenStage raising `error`."""
+    """Make row `name` the BrokenStage raising `error`."""
     broken = type("Broken", (BrokenStage,), {"error": error})
-    real_get_stage = training.get_stage
-    monkeypatch.setattr(training, "get_stage", lambda stage: broken if stage == name else real_get_stage(stage))
+    real_get_stage = ladder.get_stage
+    monkeypatch.setattr(ladder, "get_stage", lambda stage: broken if stage == name else real_get_stage(stage))
 
 
 def test_failing_stage_is_an_error_row_and_the_rest_still_runs(monkeypatch, quiet_console, no_frameworks):
@@ -335,11 +339,12 @@ def test_failing_stage_is_an_error_row_and_the_rest_still_runs(monkeypatch, quie
                                 peers=["torch-eager"], data=small_data(), out_dir=None,
                                 command=COMMAND, console=quiet_console)
     broken, numpy_record, peer = records
-    assert broken == {**broken, "stage": "baseline", "kind": "stage", "skipped": False,
-                      "error": "RuntimeError: boom in epoch 2"}
-    assert "boom in epoch 2" in broken["traceback"]  # an unexpected error keeps its trace
-    assert "error" not in numpy_record and numpy_record["test_accuracy"] > 0.8
-    assert peer["skipped"] is True
+    assert isinstance(broken, FailedRun)
+    assert (broken.stage, broken.kind, broken.skipped) == ("baseline", "stage", False)
+    assert broken.error == "RuntimeError: boom in epoch 2"
+    assert "boom in epoch 2" in broken.traceback  # an unexpected error keeps its trace
+    assert isinstance(numpy_record, RunRecord) and numpy_record.test_accuracy > 0.8
+    assert peer.skipped is True and peer.kind == "peer"
     printed = quiet_console.file.getvalue()
     assert "baseline: failed: RuntimeError: boom in epoch 2" in printed
 
@@ -353,22 +358,23 @@ def test_graphtrain_errors_become_rows(monkeypatch, quiet_console, error, skippe
     records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=2), stages=["baseline", "numpy"], peers=[],
                                 data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
     row = records[0]
-    assert row["skipped"] is skipped
-    assert str(error) in row["error"]
-    assert "traceback" not in row  # graphtrain's own errors explain themselves
-    assert records[1]["stage"] == "numpy" and "error" not in records[1]
+    assert row.skipped is skipped
+    assert str(error) in row.error
+    assert row.traceback is None and "traceback" not in row.to_json()  # explained errors
+    assert records[1].stage == "numpy" and not records[1].failed
 
 
 def test_peer_failing_mid_run_is_an_error_row(monkeypatch, quiet_console):
-    from graphtrain.peers import torch_eager
+    from graphtrain.peers.torch_eager import TorchEagerPeer
 
-    def explode(config, data, progress=None):
+    def explode(cls):
         raise ValueError("peer exploded")
 
-    monkeypatch.setattr(torch_eager, "run", explode)
+    monkeypatch.setattr(TorchEagerPeer, "check_available", classmethod(explode))
     records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=1), stages=[], peers=["torch-eager"],
                                 data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
-    assert records[0]["error"] == "ValueError: peer exploded" and records[0]["skipped"] is False
+    assert records[0].error == "ValueError: peer exploded" and records[0].skipped is False
+    assert records[0].kind == "peer"
 
 
 def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
@@ -376,12 +382,12 @@ def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
     records = ladder.run_sweep(config, hidden_sizes=[8, 16], stages=["numpy"], peers=["jax-scan"],
                                data=small_data(), out_dir=tmp_path, command="graphtrain sweep",
                                console=quiet_console)
-    assert [(r["hidden_size"], r["stage"]) for r in records] == [
+    assert [(r.hidden_size, r.stage) for r in records] == [
         (8, "numpy"), (8, "jax-scan"), (16, "numpy"), (16, "jax-scan")]
-    assert records[0]["config"]["hidden"] == [8, 8, 8]
-    assert records[2]["config"]["hidden"] == [16, 16, 16]
-    assert sum(e["batches"] for e in records[0]["epochs"]) == 30
-    assert records[1]["skipped"] is True
+    assert records[0].config.hidden == (8, 8, 8)
+    assert records[2].config.hidden == (16, 16, 16)
+    assert sum(e.batches for e in records[0].epochs) == 30
+    assert records[1].skipped is True
     assert (tmp_path / "sweep-cuda-mnist-s30-lr0.05.md").exists()
     saved = report.read_json(tmp_path / "sweep-cuda-mnist-s30-lr0.05.json")
     assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
@@ -393,3 +399,58 @@ def test_sweep_of_a_preset_without_hidden_layers_uses_three(quiet_console):
     with pytest.raises(UsageError):
         ladder.run_sweep(PRESETS["jhu"], hidden_sizes=[0], stages=["numpy"], peers=[], data=small_data(),
                          out_dir=None, command="x", console=quiet_console)
+
+
+# ---- one plan for every row ----------------------------------------------------------------
+
+
+def recording_rows(monkeypatch):
+    """Make every row the numpy stage under its own name, recording the plan it is given."""
+    plans = {}
+
+    def get_stage(name):
+        class Recording(NumpyStage):
+            kind = "peer" if name in PEERS else "stage"
+
+            def setup(self):
+                plans[name] = self.plan
+                super().setup()
+
+        Recording.name = name
+        return Recording
+
+    monkeypatch.setattr(ladder, "get_stage", get_stage)
+    return plans
+
+
+def test_every_row_of_a_ladder_trains_from_the_same_plan(monkeypatch, quiet_console):
+    plans = recording_rows(monkeypatch)
+    records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=2, hidden=(16,)),
+                                stages=["numpy", "baseline", "graphs"], peers=["torch-eager", "jax-scan"],
+                                data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
+    assert list(plans) == ["numpy", "baseline", "graphs", "torch-eager", "jax-scan"]
+    first = plans["numpy"]
+    assert all(plan is first for plan in plans.values())
+    # The same plan, so the same training: every row's loss curve is the numpy stage's.
+    curves = {r.stage: [e.train_loss for e in r.epochs] for r in records}
+    assert all(curve == curves["numpy"] for curve in curves.values())
+
+
+def test_a_sweep_shares_one_plan_per_hidden_size(monkeypatch, quiet_console):
+    plans = recording_rows(monkeypatch)
+    seen = []
+    original = NumpyStage.setup
+
+    def setup(self):
+        seen.append((self.config.hidden, self.plan))
+        original(self)
+
+    monkeypatch.setattr(NumpyStage, "setup", setup)
+    ladder.run_sweep(PRESETS["cuda-mnist"].replace(steps=10), hidden_sizes=[8, 16], stages=["numpy", "graphs"],
+                     peers=["jax-scan"], data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
+    by_size = {}
+    for hidden, plan in seen:
+        by_size.setdefault(hidden, set()).add(id(plan))
+    assert sorted(by_size) == [(8, 8, 8), (16, 16, 16)]
+    assert all(len(ids) == 1 for ids in by_size.values())
+    assert plans  # the rows ran

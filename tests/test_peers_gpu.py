@@ -8,7 +8,6 @@ unless GRAPHTRAIN_TORCH_COMPILE_MODE says otherwise.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import numpy as np
@@ -17,18 +16,15 @@ import pytest
 from graphtrain import data as data_mod
 from graphtrain.config import PRESETS
 from graphtrain.data import Dataset
-from graphtrain.peers import PeerUnavailable, peer_names, run_peer
+from graphtrain.peers import PeerUnavailable
+from graphtrain.plan import RunPlan
+from graphtrain.stages import get_stage, peer_names
 from graphtrain.stages.numpy_cpu import NumpyStage
 from graphtrain.training import train
 
 pytestmark = pytest.mark.gpu
 
-PEER_CLASSES = {
-    "torch-eager": "graphtrain.peers.torch_eager:TorchEagerPeer",
-    "torch-compile": "graphtrain.peers.torch_compile:TorchCompilePeer",
-    "torch-graph": "graphtrain.peers.torch_graph:TorchGraphPeer",
-    "jax-scan": "graphtrain.peers.jax_scan:JaxScanPeer",
-}
+PEERS = ["torch-eager", "torch-compile", "torch-graph", "jax-scan"]
 FP32_PEERS = ["torch-eager", "torch-graph", "jax-scan"]  # torch-compile trains in bf16
 
 
@@ -45,11 +41,6 @@ def require(name: str) -> None:
                 raise RuntimeError
         except RuntimeError:
             pytest.skip("no CUDA GPU visible to jax")
-
-
-def peer_class(name: str):
-    module_name, class_name = PEER_CLASSES[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
 
 
 @pytest.fixture(autouse=True)
@@ -73,26 +64,26 @@ MODELS = {
 }
 
 
-def test_registry_covers_the_peer_classes():
-    assert sorted(PEER_CLASSES) == sorted(peer_names())
+def test_registry_lists_the_peers():
+    assert peer_names() == PEERS
 
 
 @pytest.mark.parametrize("model", ["softmax-regression", "mlp-bias"])
-@pytest.mark.parametrize("name", list(PEER_CLASSES))
+@pytest.mark.parametrize("name", PEERS)
 def test_peer_trains_and_its_record_has_every_key(name, model, dataset):
     require(name)
     config = PRESETS["jhu"].replace(epochs=2, **MODELS[model])
-    record = run_peer(name, config, dataset)
+    record = train(config, stage=name, data=dataset)
 
-    reference_keys = set(train(config.replace(epochs=1), stage="numpy", data=Dataset.synthetic(300, 50)))
-    assert reference_keys <= set(record)
-    assert record["stage"] == name and record["kind"] == "peer"
-    assert record["test_accuracy"] > 0.8
-    assert len(record["epochs"]) == 2
-    assert all(e["ms"] > 0 and np.isfinite(e["train_loss"]) for e in record["epochs"])
-    assert record["epochs"][1]["train_loss"] < record["epochs"][0]["train_loss"]
-    assert 0 < record["setup_ms"] < record["total_ms"]
-    env = record["environment"]
+    reference_keys = set(train(config.replace(epochs=1), stage="numpy", data=Dataset.synthetic(300, 50)).to_json())
+    assert reference_keys <= set(record.to_json())
+    assert record.stage == name and record.kind == "peer" and record.note
+    assert record.test_accuracy > 0.8
+    assert len(record.epochs) == 2
+    assert all(e.ms > 0 and np.isfinite(e.train_loss) for e in record.epochs)
+    assert record.epochs[1].train_loss < record.epochs[0].train_loss
+    assert 0 < record.setup_ms < record.total_ms
+    env = record.environment
     assert env["gpu"] and (env.get("torch") or env.get("jax"))
 
 
@@ -101,17 +92,17 @@ def test_steps_run_whole_epochs_and_stop_the_last_early(dataset):
     n = len(dataset.train_images)
     per_epoch = -(-n // 128)
     config = PRESETS["jhu"].replace(steps=per_epoch + 5)
-    record = run_peer("torch-eager", config, dataset)
-    assert [e["batches"] for e in record["epochs"]] == [per_epoch, 5]
-    assert [e["full"] for e in record["epochs"]] == [True, False]
+    record = train(config, stage="torch-eager", data=dataset)
+    assert [e.batches for e in record.epochs] == [per_epoch, 5]
+    assert [e.full for e in record.epochs] == [True, False]
 
 
 def one_epoch(stage_cls, config, data):
     """Weights and train loss after the first epoch of `stage_cls` (a stage or a peer class)."""
-    num_batches = config.batches_in_epoch(0, len(data.train_images))
-    with stage_cls(config, data) as runner:
+    plan = RunPlan.for_data(config, data)
+    with stage_cls(plan, data) as runner:
         runner.setup()
-        result = runner.train_epoch(0, num_batches, True)
+        result = runner.train_epoch(0, plan.batches[0], True)
         return runner.weights(), result.train_loss
 
 
@@ -128,7 +119,7 @@ def test_fp32_peer_follows_the_numpy_stage(name, model):
     data = Dataset.synthetic(3000, 200, seed=11)  # 3000 = 23·128 + 56: a real tail batch
     config = PRESETS["jhu"].replace(epochs=1, **MODELS[model])
     ref_weights, ref_loss = one_epoch(NumpyStage, config, data)
-    weights, loss = one_epoch(peer_class(name), config, data)
+    weights, loss = one_epoch(get_stage(name), config, data)
     assert loss == pytest.approx(ref_loss, rel=1e-4)
     assert len(weights) == len(ref_weights)
     for layer, ref in zip(weights, ref_weights):
@@ -145,7 +136,7 @@ def test_torch_compile_is_close_to_the_numpy_stage():
     data = Dataset.synthetic(3000, 200, seed=12)
     config = PRESETS["jhu"].replace(epochs=1)
     ref_weights, ref_loss = one_epoch(NumpyStage, config, data)
-    weights, loss = one_epoch(peer_class("torch-compile"), config, data)
+    weights, loss = one_epoch(get_stage("torch-compile"), config, data)
     assert loss == pytest.approx(ref_loss, rel=0.05)
     scale = np.abs(ref_weights[0].w).max()
     assert np.abs(weights[0].w - ref_weights[0].w).max() < 0.05 * scale
@@ -158,7 +149,7 @@ def test_torch_peers_restore_tf32_flags(dataset):
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        run_peer("torch-eager", PRESETS["jhu"].replace(epochs=1), dataset)
+        train(PRESETS["jhu"].replace(epochs=1), stage="torch-eager", data=dataset)
         assert torch.backends.cuda.matmul.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
@@ -169,4 +160,4 @@ def test_missing_framework_is_unavailable_not_a_crash(monkeypatch, dataset):
 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(PeerUnavailable, match="torch is not installed"):
-        run_peer("torch-graph", PRESETS["jhu"].replace(epochs=1), dataset)
+        train(PRESETS["jhu"].replace(epochs=1), stage="torch-graph", data=dataset)

@@ -12,6 +12,7 @@ from graphtrain import reference
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset, load
 from graphtrain.errors import GpuUnavailableError, TrainingError
+from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage, stage_names
 from graphtrain.training import train
 
@@ -51,7 +52,7 @@ def test_one_step_matches_float64_reference(stage_name, model):
     seed = int.from_bytes(os.urandom(2), "little")
     data = synthetic(seed)
     cfg = TrainConfig(**MODELS[model], batch=100, epochs=1, lr=0.1, seed=seed)
-    stage = get_stage(stage_name)(cfg, data)
+    stage = get_stage(stage_name)(RunPlan.for_data(cfg, data), data)
     with stage:
         stage.setup()
         result = stage.train_epoch(0, num_batches=1, measure=True)
@@ -88,13 +89,13 @@ def test_tail_batch_is_a_real_smaller_batch(stage_name):
     for lo, hi in reference.batch_bounds(1000, 300):
         reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
                              data.train_labels[order[lo:hi]], cfg.lr)
-    with get_stage(stage_name)(cfg, data) as stage:
+    with get_stage(stage_name)(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         stage.train_epoch(0, 4, measure=True)
         weights = stage.weights()
     for new, ref in zip(weights, layers):
         assert rel_err(new.w, ref.w) < 1e-5
-    assert gpu["epochs"][0]["batches"] == 4
+    assert gpu.epochs[0].batches == 4
 
 
 def test_determinism_same_seed_bit_identical_weights():
@@ -103,7 +104,7 @@ def test_determinism_same_seed_bit_identical_weights():
     for name in GRADIENT_STAGES:
         runs = []
         for _ in range(2):
-            with get_stage(name)(cfg, data) as stage:
+            with get_stage(name)(RunPlan.for_data(cfg, data), data) as stage:
                 stage.setup()
                 for epoch in range(2):
                     stage.train_epoch(epoch, 16, measure=True)
@@ -115,10 +116,10 @@ def test_determinism_same_seed_bit_identical_weights():
 def count_epoch(stage_name: str, measure: bool, cfg: TrainConfig, data: Dataset):
     from graphtrain.libs import cuda
 
-    with get_stage(stage_name)(cfg, data) as stage:
+    with get_stage(stage_name)(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         cuda.reset_counters()
-        stage.train_epoch(0, -(-len(data.train_images) // cfg.batch), measure)
+        stage.train_epoch(0, stage.plan.batches_per_epoch, measure)
         return cuda.counters.syncs, cuda.counters.d2h_copies
 
 
@@ -134,7 +135,8 @@ def test_host_syncs_per_epoch(stage_name):
     else:
         # the end-of-epoch event and one read of the metrics: nothing inside the batch loop
         assert syncs == 2 and copies == 1
-    if get_stage(stage_name).sparse_metrics:
+    sparse_schedule = RunPlan.for_data(cfg.replace(epochs=2, metrics_every=2), data)
+    if not get_stage(stage_name)(sparse_schedule, data).measures(0):  # a sparse-metrics rung
         assert count_epoch(stage_name, False, cfg, data) == (1, 0)
 
 
@@ -154,7 +156,7 @@ def test_graphs_match_cudnn_softmax_after_an_epoch():
     cfg = TrainConfig(hidden=(128, 64), batch=128, epochs=1, lr=0.1, seed=9)
     weights = {}
     for name in ("cudnn-softmax", "graphs"):
-        with get_stage(name)(cfg, data) as stage:
+        with get_stage(name)(RunPlan.for_data(cfg, data), data) as stage:
             stage.setup()
             stage.train_epoch(0, 16, measure=True)
             weights[name] = stage.weights()
@@ -166,7 +168,7 @@ def test_graphs_match_cudnn_softmax_after_an_epoch():
 def test_graphs_capture_one_graph_per_batch_shape():
     data = synthetic(8)
     cfg = TrainConfig(batch=300, epochs=1, seed=1)
-    with get_stage("graphs")(cfg, data) as stage:
+    with get_stage("graphs")(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         assert sorted(stage.graphs) == [(100, False), (100, True), (300, False), (300, True)]
 
@@ -182,9 +184,9 @@ def test_nan_loss_stops_training_naming_the_epoch(stage_name):
 def test_jhu_preset_reaches_the_numpy_accuracy(mnist_dir):
     data = load("mnist", data_dir=mnist_dir, offline=True)
     cfg = PRESETS["jhu"]
-    numpy_acc = train(cfg, stage="numpy", data=data)["test_accuracy"]
+    numpy_acc = train(cfg, stage="numpy", data=data).test_accuracy
     assert numpy_acc >= 0.91
     for name in GPU_STAGES:
         record = train(cfg, stage=name, data=data)
-        assert abs(record["test_accuracy"] - numpy_acc) <= 0.003, name
-        assert record["environment"]["gpu"]
+        assert abs(record.test_accuracy - numpy_acc) <= 0.003, name
+        assert record.environment["gpu"]

@@ -20,13 +20,12 @@ import time
 
 import numpy as np
 
-from graphtrain import reference
 from graphtrain.environment import driver_version
+from graphtrain.errors import INSTALL_HINTS
 from graphtrain.peers import PeerUnavailable
 from graphtrain.peers.common import Peer
 from graphtrain.reference import Layer
 from graphtrain.stages.base import EpochResult
-from graphtrain.training import run_stage
 
 
 def import_jax():
@@ -35,7 +34,7 @@ def import_jax():
     try:
         import jax
     except ImportError:
-        raise PeerUnavailable("jax is not installed (pip install 'jax[cuda13]' or 'jax[cuda12]')") from None
+        raise PeerUnavailable(f"jax is not installed ({INSTALL_HINTS['jax']})") from None
     try:
         gpus = jax.devices("gpu")
     except RuntimeError:
@@ -63,6 +62,11 @@ class JaxScanPeer(Peer):
     summary = "JAX: one jitted lax.scan per epoch over the full batches, fp32"
     note = "fp32, matmul precision highest"
 
+    @classmethod
+    def check_available(cls) -> int | None:
+        import_jax()
+        return None
+
     def setup(self) -> None:
         jax, device = import_jax()
         import jax.numpy as jnp
@@ -77,24 +81,21 @@ class JaxScanPeer(Peer):
         def put(array):
             return jax.device_put(array, device)
 
-        n = self.num_train = len(data.train_images)
+        plan = self.plan
         self.train_x, self.train_y = put(data.train_images), put(data.train_labels.astype(np.int32))
         self.test_x, self.test_y = put(data.test_images), put(data.test_labels.astype(np.int32))
-        self.params = put([(layer.w, layer.b) for layer in
-                           reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)])
+        self.params = put([(layer.w, layer.b) for layer in plan.initial])
 
         # Each epoch's batches as index arrays on the device: the full batches as rows of a
         # (batches, batch) matrix for the scan, the tail batch (if the epoch has it) apart.
-        bounds = reference.batch_bounds(n, cfg.batch)
-        self.plans = []
-        for epoch in range(cfg.num_epochs(n)):
-            order = reference.epoch_order(cfg.seed, epoch, n)
-            used = bounds[:cfg.batches_in_epoch(epoch, n)]
+        self.epoch_indices = []
+        for epoch, order in enumerate(plan.orders):
+            used = plan.epoch_bounds(epoch)
             full = sum(1 for lo, hi in used if hi - lo == cfg.batch)
             full_idx = put(order[:full * cfg.batch].reshape(full, cfg.batch)) if full else None
             tail = [(lo, hi) for lo, hi in used if hi - lo < cfg.batch]
             tail_idx = put(order[tail[0][0]:tail[0][1]]) if tail else None
-            self.plans.append((full_idx, tail_idx))
+            self.epoch_indices.append((full_idx, tail_idx))
 
         lr = np.float32(cfg.lr)
 
@@ -133,7 +134,7 @@ class JaxScanPeer(Peer):
         # The functions are pure, so the results are simply dropped; the run starts from the
         # same parameters.
         seen = set()
-        for full_idx, tail_idx in self.plans:
+        for full_idx, tail_idx in self.epoch_indices:
             for fn, idx in ((self.epoch_fn, full_idx), (self.step_fn, tail_idx)):
                 if idx is not None and (fn, idx.shape) not in seen:
                     seen.add((fn, idx.shape))
@@ -142,7 +143,7 @@ class JaxScanPeer(Peer):
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         jax = self.jax
-        full_idx, tail_idx = self.plans[epoch]
+        full_idx, tail_idx = self.epoch_indices[epoch]
         params, sums = self.params, []
         start = time.perf_counter()
         if full_idx is not None:
@@ -180,7 +181,7 @@ class JaxScanPeer(Peer):
             return
         if hasattr(self, "saved_precision"):
             jax.config.update("jax_default_matmul_precision", self.saved_precision)
-        for name in ("train_x", "train_y", "test_x", "test_y", "params", "plans"):
+        for name in ("train_x", "train_y", "test_x", "test_y", "params", "epoch_indices"):
             if hasattr(self, name):
                 setattr(self, name, None)
 
@@ -213,6 +214,3 @@ def _jax_cuda_versions() -> dict:
                     else f"{version // 10000}.{version // 100 % 100}.{version % 100}")
     return out
 
-
-def run(config, data, progress=None) -> dict:
-    return run_stage(JaxScanPeer, config, data, progress)

@@ -1,8 +1,8 @@
 """What the PyTorch peers share: data and sample orders on the GPU, the model, timing, metrics.
 
 The model is the reference's: `y = x Wᵀ + b` per layer (F.linear), ReLU between layers, mean
-cross-entropy over the batch. Parameters start from `reference.init_params` and are updated by
-plain SGD, so with fp32 and TF32 off a peer follows the numpy stage step by step.
+cross-entropy over the batch. Parameters start from the plan's initial weights and are updated
+by plain SGD, so with fp32 and TF32 off a peer follows the numpy stage step by step.
 
 Each subclass says how one batch is run (`step`) and how it warms up (`build`). The warm-up runs
 on the real parameter tensors, because compiled code and CUDA graphs are tied to their
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain import reference
 from graphtrain.environment import driver_version
+from graphtrain.errors import INSTALL_HINTS
 from graphtrain.peers import PeerUnavailable
 from graphtrain.peers.common import WARMUP_STEPS, Peer
 from graphtrain.reference import Layer
@@ -28,7 +28,7 @@ def import_torch():
     try:
         import torch
     except ImportError:
-        raise PeerUnavailable("torch is not installed (pip install torch)") from None
+        raise PeerUnavailable(f"torch is not installed ({INSTALL_HINTS['torch']})") from None
     if not torch.cuda.is_available():
         raise PeerUnavailable("no CUDA GPU visible to torch")
     return torch
@@ -49,9 +49,13 @@ class TorchPeer(Peer):
     note = "fp32, TF32 off"
     allow_tf32 = False
 
+    @classmethod
+    def check_available(cls) -> int | None:
+        return import_torch().cuda.get_device_properties(0).total_memory
+
     def setup(self) -> None:
         torch = self.torch = import_torch()
-        cfg, data = self.config, self.data
+        data = self.data
         # TF32 would round the fp32 matmul inputs to 10 mantissa bits: faster, but no longer the
         # fp32 model the stages train. The flags are process-wide, so close() restores them.
         self.saved_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -60,21 +64,17 @@ class TorchPeer(Peer):
         dev = self.device = torch.device("cuda")
 
         # The whole dataset and every epoch's sample order go to the GPU once, here, untimed.
-        self.num_train = len(data.train_images)
+        plan = self.plan
         self.train_x = torch.as_tensor(data.train_images, device=dev)
         self.train_y = torch.as_tensor(data.train_labels.astype(np.int64), device=dev)
         self.test_x = torch.as_tensor(data.test_images, device=dev)
         self.test_y = torch.as_tensor(data.test_labels.astype(np.int64), device=dev)
-        num_epochs = cfg.num_epochs(self.num_train)
-        orders = np.stack([reference.epoch_order(cfg.seed, e, self.num_train) for e in range(num_epochs)])
-        self.orders = torch.as_tensor(orders.astype(np.int64), device=dev)
-        self.bounds = reference.batch_bounds(self.num_train, cfg.batch)
-        self.shapes = sorted({hi - lo for lo, hi in self.bounds}, reverse=True)  # full, then tail
+        self.orders = torch.as_tensor(plan.orders.astype(np.int64), device=dev)
+        self.shapes = plan.batch_sizes  # full, then tail
 
-        self.initial = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)
-        self.layers = [(torch.as_tensor(layer.w, device=dev).clone(),
-                        None if layer.b is None else torch.as_tensor(layer.b, device=dev).clone())
-                       for layer in self.initial]
+        self.layers = [(torch.tensor(layer.w, device=dev),
+                        None if layer.b is None else torch.tensor(layer.b, device=dev))
+                       for layer in plan.initial]
         self.params = [t for pair in self.layers for t in pair if t is not None]
         # Σ (batch loss × batch rows) and Σ correct over the epoch, kept on the device.
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
@@ -104,10 +104,10 @@ class TorchPeer(Peer):
     def reset(self) -> None:
         """Initial weights and zero totals again, in place: the tensors keep their addresses."""
         with self.torch.no_grad():
-            for (w, b), layer in zip(self.layers, self.initial):
-                w.copy_(self.torch.as_tensor(layer.w))
+            for (w, b), layer in zip(self.layers, self.plan.initial):
+                w.copy_(self.torch.tensor(layer.w))  # the plan's arrays are read-only
                 if b is not None:
-                    b.copy_(self.torch.as_tensor(layer.b))
+                    b.copy_(self.torch.tensor(layer.b))
         self.loss_sum.zero_()
         self.correct.zero_()
 
@@ -120,7 +120,7 @@ class TorchPeer(Peer):
         self.loss_sum.zero_()
         self.correct.zero_()
         order = self.orders[epoch]
-        bounds = self.bounds[:num_batches]
+        bounds = self.plan.epoch_bounds(epoch, num_batches)
         # Events on the current stream bracket the whole loop: if the host cannot launch work
         # fast enough, the GPU idles between them and that time counts, as it should.
         self.start_event.record()
@@ -129,7 +129,7 @@ class TorchPeer(Peer):
         self.end_event.record()
         self.end_event.synchronize()
         ms = self.start_event.elapsed_time(self.end_event)
-        seen = sum(hi - lo for lo, hi in bounds)
+        seen = self.plan.samples_seen(num_batches)
         totals = self.torch.stack([self.loss_sum.double(), self.correct.double()]).tolist()  # one read
         return EpochResult(ms, totals[0] / seen, totals[1] / seen)
 

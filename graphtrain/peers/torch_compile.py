@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 
 from graphtrain.peers.torch_common import TorchPeer, forward
-from graphtrain.training import run_stage
 
 MODE_VARIABLE = "GRAPHTRAIN_TORCH_COMPILE_MODE"
 DEFAULT_MODE = "max-autotune"
@@ -84,6 +83,3 @@ def _pairs(params, num_layers: int):
         return [(params[2 * i], params[2 * i + 1]) for i in range(num_layers)]
     return [(w, None) for w in params]
 
-
-def run(config, data, progress=None) -> dict:
-    return run_stage(TorchCompilePeer, config, data, progress)

@@ -7,7 +7,6 @@ framework's per-op overhead is what this row measures.
 from __future__ import annotations
 
 from graphtrain.peers.torch_common import TorchPeer, forward
-from graphtrain.training import run_stage
 
 
 class TorchEagerPeer(TorchPeer):
@@ -32,6 +31,3 @@ class TorchEagerPeer(TorchPeer):
         self.optimizer.step()
         self.record_metrics(logits, y, loss, hi - lo)
 
-
-def run(config, data, progress=None) -> dict:
-    return run_stage(TorchEagerPeer, config, data, progress)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from graphtrain.peers.common import WARMUP_STEPS
 from graphtrain.peers.torch_common import TorchPeer, forward
-from graphtrain.training import run_stage
 
 
 class TorchGraphPeer(TorchPeer):
@@ -64,6 +63,3 @@ class TorchGraphPeer(TorchPeer):
         self.idx[rows].copy_(order[lo:hi])
         self.graphs[rows].replay()
 
-
-def run(config, data, progress=None) -> dict:
-    return run_stage(TorchGraphPeer, config, data, progress)

@@ -1,7 +1,9 @@
-"""The ladder: one module per rung, in the order each adds its idea to the one before.
+"""The rows graphtrain trains: the ladder's rungs in order, then the framework peers.
 
-A new rung is one new file here plus one line in `LADDER`. Modules are imported only when a
-stage is used, so the CPU stage needs no CUDA packages.
+Every row is a `Stage` (graphtrain.stages.base), run by the same trainer with the same run plan.
+A new rung is one new file here plus one line in `LADDER`; a peer is a module in
+graphtrain/peers/ plus one line in `PEERS`. Modules are imported only when their row is used,
+so the CPU stage and the CLI need no CUDA, torch or jax.
 """
 
 from __future__ import annotations
@@ -10,31 +12,66 @@ import importlib
 
 from graphtrain.errors import UsageError
 
-# stage name -> "module:Class", in ladder order.
+# row name -> "module:Class", rungs in ladder order.
 LADDER: dict[str, str] = {
-    "numpy": "numpy_cpu:NumpyStage",
-    "baseline": "baseline:BaselineStage",
-    "fewer-syncs": "fewer_syncs:FewerSyncsStage",
-    "cublas": "cublas_gemm:CublasStage",
-    "sparse-metrics": "sparse_metrics:SparseMetricsStage",
-    "cudnn-softmax": "cudnn_softmax:CudnnSoftmaxStage",
-    "graphs": "graphs:GraphsStage",
-    "fused": "fused:FusedStage",
-    "bf16": "bf16:Bf16Stage",
-    "device-loop": "device_loop:DeviceLoopStage",
-    "persistent": "persistent:PersistentStage",
+    "numpy": "graphtrain.stages.numpy_cpu:NumpyStage",
+    "baseline": "graphtrain.stages.baseline:BaselineStage",
+    "fewer-syncs": "graphtrain.stages.fewer_syncs:FewerSyncsStage",
+    "cublas": "graphtrain.stages.cublas_gemm:CublasStage",
+    "sparse-metrics": "graphtrain.stages.sparse_metrics:SparseMetricsStage",
+    "cudnn-softmax": "graphtrain.stages.cudnn_softmax:CudnnSoftmaxStage",
+    "graphs": "graphtrain.stages.graphs:GraphsStage",
+    "fused": "graphtrain.stages.fused:FusedStage",
+    "bf16": "graphtrain.stages.bf16:Bf16Stage",
+    "device-loop": "graphtrain.stages.device_loop:DeviceLoopStage",
+    "persistent": "graphtrain.stages.persistent:PersistentStage",
 }
+
+# The same workload trained by frameworks, in the order the ladder runs them.
+PEERS: dict[str, str] = {
+    "torch-eager": "graphtrain.peers.torch_eager:TorchEagerPeer",
+    "torch-compile": "graphtrain.peers.torch_compile:TorchCompilePeer",
+    "torch-graph": "graphtrain.peers.torch_graph:TorchGraphPeer",
+    "jax-scan": "graphtrain.peers.jax_scan:JaxScanPeer",
+}
+
+ROWS: dict[str, str] = {**LADDER, **PEERS}
 
 
 def stage_names() -> list[str]:
+    """The rungs, in ladder order."""
     return list(LADDER)
 
 
+def peer_names() -> list[str]:
+    return list(PEERS)
+
+
+def row_names() -> list[str]:
+    """Every row: the rungs, then the peers."""
+    return list(ROWS)
+
+
 def get_stage(name: str):
+    """The `Stage` class of row `name`, a rung or a peer."""
     try:
-        target = LADDER[name]
+        target = ROWS[name]
     except KeyError:
-        raise UsageError(f"unknown stage {name!r}; choose one of {', '.join(LADDER)}") from None
+        raise UsageError(f"unknown stage {name!r}; choose one of {', '.join(ROWS)}") from None
     module_name, class_name = target.split(":")
-    module = importlib.import_module(f"graphtrain.stages.{module_name}")
-    return getattr(module, class_name)
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def check_names(stages: list[str], peers: list[str]) -> None:
+    """Reject unknown rungs and peers, and an empty selection, before anything runs."""
+    problems = []
+    unknown_stages = [s for s in stages if s not in LADDER]
+    unknown_peers = [p for p in peers if p not in PEERS]
+    if unknown_stages:
+        problems.append(f"unknown stage(s) {', '.join(unknown_stages)}; choose from {', '.join(LADDER)}")
+    if unknown_peers:
+        problems.append(f"unknown peer(s) {', '.join(unknown_peers)}; choose from {', '.join(PEERS)}")
+    if not stages and not peers:
+        problems.append("no stages and no peers to run")
+    if problems:
+        raise UsageError("; ".join(problems))

@@ -1,8 +1,10 @@
-"""The interface every rung implements; the trainer (graphtrain.training) drives it.
+"""The interface every row implements, rung and peer alike; the trainer (graphtrain.training)
+drives it.
 
-A stage owns the model's state wherever it lives (host arrays, a device arena) and runs epochs
-over the shared sample order. It times its own epochs, because only it knows the right clock:
-CUDA events on the GPU, perf_counter on the CPU.
+A row is handed the run plan (initial weights, sample orders, batch bounds, the metrics
+schedule) and the dataset. It owns the model's state wherever it lives (host arrays, a device
+arena, framework tensors) and runs epochs over the plan's sample order. It times its own epochs,
+because only it knows the right clock: CUDA events on the GPU, perf_counter on the CPU.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
+from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 
 
@@ -28,18 +30,36 @@ class Stage:
     uses_gpu: ClassVar[bool] = False
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
     note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
-    # False: train loss and accuracy are measured every epoch. True: only when
-    # config.metrics_due(epoch) says so, the sparse schedule of the later rungs.
-    sparse_metrics: ClassVar[bool] = False
 
-    def __init__(self, config: TrainConfig, data: Dataset):
-        self.config = config
+    def __init__(self, plan: RunPlan, data: Dataset):
+        self.plan = plan
+        self.config = plan.config
         self.data = data
+
+    @classmethod
+    def check_available(cls) -> int | None:
+        """Check, cheaply and before any data is read, that this row can run here.
+
+        Raises GpuUnavailableError (a peer: PeerUnavailable) saying what is missing. Returns
+        the bytes of device memory the row trains in, or None when it trains in host memory
+        (or cannot tell), so the trainer can reject a model too large for it before setup.
+        """
+        if not cls.uses_gpu:
+            return None
+        from graphtrain.libs import cuda
+
+        return cuda.open_device().total_memory
+
+    def measures(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) measures train loss and accuracy: every epoch, unless a
+        rung trades that for speed (sparse-metrics and the rungs after it)."""
+        return True
 
     def setup(self) -> None:
         """Everything before the first timed epoch: compile, allocate, upload, warm up, capture."""
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
+        """Train the first `num_batches` batches of `epoch` (the plan's `batches[epoch]` in a run)."""
         raise NotImplementedError
 
     def test_accuracy(self) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain import environment, reference
+from graphtrain import environment
 from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.matmul import Matmul
@@ -36,7 +36,7 @@ class BaselineStage(Stage):
     # ---- setup -------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        cfg, data = self.config, self.data
+        cfg, data, plan = self.config, self.data, self.plan
         self.device = cuda.open_device()
         self.stream = cuda.Stream()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
@@ -44,9 +44,7 @@ class BaselineStage(Stage):
         self.gather_cu, self.matmul_cu, self.layers_cu = Gather(self.device), Matmul(self.device), Layers(self.device)
         self.softmax_cu, self.metrics_cu = Softmax(self.device), Metrics(self.device)
 
-        self.num_train, self.num_test = len(data.train_images), len(data.test_images)
-        self.num_epochs = cfg.num_epochs(self.num_train)
-        self.bounds = reference.batch_bounds(self.num_train, cfg.batch)
+        self.num_train, self.num_test = plan.num_train, plan.num_test
         self.max_rows = max(cfg.batch, min(EVAL_ROWS, self.num_test))
         dims, features, rows = cfg.dims, cfg.in_features, self.max_rows
 
@@ -57,7 +55,7 @@ class BaselineStage(Stage):
         self.test_images = arena.reserve("test_images", (self.num_test, features))
         self.test_labels = arena.reserve("test_labels", (self.num_test,), np.int32)
         # Every epoch's sample order, uploaded once: epoch e's batch at `lo` starts at e·N + lo.
-        self.order = arena.reserve("order", (self.num_epochs * self.num_train,), np.int32)
+        self.order = arena.reserve("order", (plan.orders.size,), np.int32)
         # Weights, then biases, then their gradients, each kind in layer order: the fused rungs
         # update or convert a kind in one pass over its span.
         layers = list(enumerate(zip(dims[:-1], dims[1:]), 1))
@@ -82,8 +80,7 @@ class BaselineStage(Stage):
         self.train_labels.upload(data.train_labels.astype(np.int32), stream)
         self.test_images.upload(data.test_images, stream)
         self.test_labels.upload(data.test_labels.astype(np.int32), stream)
-        orders = [reference.epoch_order(cfg.seed, e, self.num_train) for e in range(self.num_epochs)]
-        self.order.upload(np.concatenate(orders), stream)
+        self.order.upload(plan.orders.ravel(), stream)
         self.setup_extra()
         self.reset_metrics()
 
@@ -95,7 +92,7 @@ class BaselineStage(Stage):
 
     def warm_up(self) -> None:
         """One step of the first batch: first launches, library heuristics (undone afterwards)."""
-        self.train_step(0, self.bounds[0][1], measure=True)
+        self.train_step(0, self.plan.batch_sizes[0], measure=True)
 
     def reserve_extra(self, arena: Arena) -> None:
         """Room a later rung needs in the arena (a cuBLAS workspace, say)."""
@@ -107,10 +104,9 @@ class BaselineStage(Stage):
         """Where the graphs rung records its step graphs, after the warm-up."""
 
     def upload_initial_weights(self) -> None:
-        cfg = self.config
-        for i, layer in enumerate(reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)):
+        for i, layer in enumerate(self.plan.initial):
             self.w[i].upload(layer.w, self.stream)
-            if cfg.bias:
+            if layer.b is not None:
                 self.b[i].upload(layer.b, self.stream)
 
     # ---- the math, one launch per line ----------------------------------------------------------
@@ -202,12 +198,12 @@ class BaselineStage(Stage):
         if not measure:
             return EpochResult(ms)
         loss_sum, correct = self.read_metrics()
-        seen = self.bounds[num_batches - 1][1]
+        seen = self.plan.samples_seen(num_batches)
         return EpochResult(ms, loss_sum / seen, correct / seen)
 
     def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
         base = epoch * self.num_train
-        for lo, hi in self.bounds[:num_batches]:
+        for lo, hi in self.plan.epoch_bounds(epoch, num_batches):
             self.train_step(base + lo, hi - lo, measure)
 
     def test_accuracy(self) -> float:

@@ -19,7 +19,7 @@ class CudnnSoftmaxStage(SparseMetricsStage):
         super().setup_extra()
         self.dnn = Cudnn(self.stream)
         self.softmax_desc = {rows: self.dnn.tensor_4d(rows, self.config.classes, 1, 1)
-                             for rows in sorted({hi - lo for lo, hi in self.bounds})}
+                             for rows in self.plan.batch_sizes}
 
     def softmax(self, rows: int) -> None:
         self.dnn.softmax_forward(self.softmax_desc[rows], self.acts[-1].ptr, self.probs.ptr)

@@ -42,7 +42,7 @@ class GraphsStage(CudnnSoftmaxStage):
         self.gather_cu.advance_cursor(self.stream, self.cursor.ptr, rows)
 
     def capture(self) -> None:
-        for rows in sorted({hi - lo for lo, hi in self.bounds}):
+        for rows in self.plan.batch_sizes:
             for measure in (False, True):
                 with cuda.Graph.capture(self.stream) as graph:
                     self.train_step(0, rows, measure)
@@ -50,7 +50,7 @@ class GraphsStage(CudnnSoftmaxStage):
 
     def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
         self.set_cursor(epoch * self.num_train)
-        for lo, hi in self.bounds[:num_batches]:
+        for lo, hi in self.plan.epoch_bounds(epoch, num_batches):
             self.graphs[hi - lo, measure].launch(self.stream)
 
     def close(self) -> None:

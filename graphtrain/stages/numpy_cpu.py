@@ -15,25 +15,23 @@ class NumpyStage(Stage):
     summary = "CPU reference in float32, the same math as the GPU stages"
 
     def setup(self) -> None:
-        cfg = self.config
-        self.layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float32)
+        self.layers = self.plan.initial_params(np.float32)
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         images, labels = self.data.train_images, self.data.train_labels
-        order = reference.epoch_order(self.config.seed, epoch, len(images))
-        bounds = reference.batch_bounds(len(images), self.config.batch)[:num_batches]
+        order = self.plan.orders[epoch]
         lr = np.float32(self.config.lr)
-        loss_sum, correct, seen = 0.0, 0, 0
+        loss_sum, correct = 0.0, 0
         start = time.perf_counter()
         # Overflow is not an error here: the trainer stops a run whose loss is not finite.
         with np.errstate(over="ignore", invalid="ignore"):
-            for lo, hi in bounds:
+            for lo, hi in self.plan.epoch_bounds(epoch, num_batches):
                 idx = order[lo:hi]
                 batch_loss, batch_correct = reference.train_step(self.layers, images[idx], labels[idx], lr)
                 loss_sum += batch_loss
                 correct += batch_correct
-                seen += hi - lo
         ms = (time.perf_counter() - start) * 1e3
+        seen = self.plan.samples_seen(num_batches)
         return EpochResult(ms, loss_sum / seen, correct / seen)
 
     def test_accuracy(self) -> float:

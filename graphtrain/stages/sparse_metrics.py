@@ -12,7 +12,9 @@ from graphtrain.stages.cublas_gemm import CublasStage
 class SparseMetricsStage(CublasStage):
     name = "sparse-metrics"
     summary = "loss and accuracy only every N epochs (and the last), in one fused kernel"
-    sparse_metrics = True
+
+    def measures(self, epoch: int) -> bool:
+        return self.plan.metrics_due[epoch]
 
     def record_metrics(self, rows: int) -> None:
         self.metrics_cu.batch_metrics(self.stream, self.acts[-1].ptr, self.y.ptr, rows, self.config.classes,

@@ -1,0 +1,204 @@
+"""The run plan: what every row of a workload shares, built once and handed to each of them.
+
+The ladder's promise is that every row, rung and peer alike, trains the same model from the same
+initial weights, in the same sample order, over the same batches, and that the sparse-metrics
+rungs measure the same epochs. A `RunPlan` is that promise as data. It is built once per workload
+from the config and the dataset's size, its arrays are read-only, and no row recomputes any of
+it: a row reads `plan.initial`, `plan.orders[epoch]`, `plan.epoch_bounds(epoch)`,
+`plan.batch_sizes` and `plan.metrics_due[epoch]`.
+
+Building a plan also checks that the workload fits: a batch no larger than the dataset, and
+parameters and activations that fit in the host's memory (`check_fits` does the same for a
+GPU's). Both are a `UsageError`, raised before any weight is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graphtrain import reference
+from graphtrain.config import TrainConfig
+from graphtrain.errors import UsageError
+from graphtrain.reference import Layer
+
+FLOAT_BYTES = 4  # float32 parameters, activations and images
+INDEX_BYTES = 4  # int32 sample indices and labels
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """⌈numerator / denominator⌉ for non-negative integers, exactly (no float rounding)."""
+    return -(-numerator // denominator)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays compare elementwise, not to a bool
+class RunPlan:
+    config: TrainConfig  # in_features taken from the dataset
+    num_train: int
+    num_test: int
+    initial: tuple[Layer, ...]  # float32 initial parameters, read-only
+    orders: np.ndarray  # (num_epochs, num_train) int32: epoch e trains samples orders[e] in order
+    bounds: tuple[tuple[int, int], ...]  # (start, stop) of each batch of a whole epoch
+    batches: tuple[int, ...]  # batches run in each epoch: all, except a steps-limited last one
+    batch_sizes: tuple[int, ...]  # the distinct batch sizes the run trains, largest first
+    metrics_due: tuple[bool, ...]  # the sparse schedule: every metrics_every epochs and the last
+
+    @classmethod
+    def build(cls, config: TrainConfig, num_train: int, num_test: int,
+              num_features: int | None = None) -> RunPlan:
+        """The plan of `config` over a dataset of `num_train` training and `num_test` test samples
+        of `num_features` features (default: the config's)."""
+        if num_features is not None and num_features != config.in_features:
+            config = config.replace(in_features=num_features)
+        cls.check_workload(config, num_train, num_test)
+
+        per_epoch = ceil_div(num_train, config.batch)
+        if config.epochs is not None:
+            batches = (per_epoch,) * config.epochs
+        else:
+            full_epochs, rest = divmod(config.steps, per_epoch)
+            batches = (per_epoch,) * full_epochs + ((rest,) if rest else ())
+        num_epochs = len(batches)
+        bounds = tuple(reference.batch_bounds(num_train, config.batch))
+        sizes = {hi - lo for count in set(batches) for lo, hi in bounds[:count]}
+
+        orders = np.empty((num_epochs, num_train), np.int32)
+        for epoch in range(num_epochs):
+            orders[epoch] = reference.epoch_order(config.seed, epoch, num_train)
+        orders.flags.writeable = False
+        initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
+        for layer in initial:
+            for array in (layer.w, layer.b):
+                if array is not None:
+                    array.flags.writeable = False
+        every = config.metrics_every
+        return cls(
+            config=config, num_train=num_train, num_test=num_test, initial=tuple(initial),
+            orders=orders, bounds=bounds, batches=batches,
+            batch_sizes=tuple(sorted(sizes, reverse=True)),
+            metrics_due=tuple((e + 1) % every == 0 or e == num_epochs - 1 for e in range(num_epochs)),
+        )
+
+    @staticmethod
+    def check_workload(config: TrainConfig, num_train: int, num_test: int) -> None:
+        """UsageError unless `config` can train on this dataset on this machine: a batch no
+        larger than the dataset, parameters and activations that fit in the free memory."""
+        if config.batch > num_train:
+            raise UsageError(f"invalid training configuration: batch {config.batch} is larger than "
+                             f"the dataset ({num_train} samples)")
+        footprint = Footprint.of(config, num_train, num_test)
+        footprint.check(host_memory_bytes(), "the memory free on this machine", footprint.host_bytes)
+
+    @classmethod
+    def for_data(cls, config: TrainConfig, data) -> RunPlan:
+        """The plan of `config` over a loaded `graphtrain.data.Dataset`."""
+        return cls.build(config, len(data.train_images), len(data.test_images), data.num_features)
+
+    @property
+    def num_epochs(self) -> int:
+        return len(self.batches)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches of a whole epoch, the tail batch included."""
+        return len(self.bounds)
+
+    def epoch_bounds(self, epoch: int, num_batches: int | None = None) -> tuple[tuple[int, int], ...]:
+        """(start, stop) of the batches `epoch` runs (its first `num_batches`, when given)."""
+        return self.bounds[:self.batches[epoch] if num_batches is None else num_batches]
+
+    def samples_seen(self, num_batches: int) -> int:
+        """Samples trained by the first `num_batches` batches of an epoch."""
+        return self.bounds[num_batches - 1][1]
+
+    def initial_params(self, dtype=np.float32) -> list[Layer]:
+        """Writable copies of the initial parameters, for a row to train."""
+        return [layer.copy(dtype) for layer in self.initial]
+
+    def check_fits(self, device_memory: int | None, where: str = "the GPU's memory") -> None:
+        """UsageError unless the run's device buffers fit in `device_memory` bytes (None: skip)."""
+        footprint = Footprint.of(self.config, self.num_train, self.num_test)
+        footprint.check(device_memory, where, footprint.device_bytes(self.num_epochs))
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: a lower bound, to reject what cannot fit before any work starts
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a run needs at least: parameters, one batch's activations, the dataset."""
+
+    config: TrainConfig
+    params: int  # one copy of every weight and bias
+    activations: int  # one batch (or evaluation chunk) through every layer
+    train_samples: int
+    dataset: int  # training and test images and labels
+
+    @classmethod
+    def of(cls, config: TrainConfig, num_train: int, num_test: int) -> Footprint:
+        dims = config.dims
+        params = sum(o * i + (o if config.bias else 0) for i, o in zip(dims[:-1], dims[1:]))
+        # A GPU stage runs up to 1024 test rows per forward pass; the batch is the floor.
+        rows = max(config.batch, min(1024, num_test))
+        samples = num_train + num_test
+        return cls(config, params * FLOAT_BYTES, rows * sum(dims) * FLOAT_BYTES, num_train,
+                   samples * (config.in_features * FLOAT_BYTES + INDEX_BYTES))
+
+    @property
+    def host_bytes(self) -> int:
+        """The plan's initial copy, the weights and gradients trained on the CPU, and the
+        activations with their gradients (the dataset is already in memory)."""
+        return 3 * self.params + 2 * self.activations
+
+    def device_bytes(self, num_epochs: int) -> int:
+        """Weights and gradients, activations and their gradients, the dataset and the orders."""
+        orders = num_epochs * self.train_samples * INDEX_BYTES
+        return 2 * self.params + 2 * self.activations + self.dataset + orders
+
+    def check(self, available: int | None, where: str, needed: int) -> None:
+        if available is None or needed <= available:
+            return
+        raise UsageError(
+            f"the model {'-'.join(map(str, self.config.dims))} at batch {self.config.batch} needs at "
+            f"least {format_bytes(needed)} of memory, more than {where} ({format_bytes(available)}): "
+            "choose smaller --hidden sizes or a smaller --batch")
+
+
+def format_bytes(count: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this process can still use: MemAvailable, capped by a cgroup limit; None if unknown."""
+    limits = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    if not limits:
+        try:
+            limits.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:  # a container's limit (cgroup v2), less what the group already uses
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit.isdigit():
+            limits.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+

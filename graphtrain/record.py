@@ -1,0 +1,122 @@
+"""Run records: what one row of training produced, typed, and its stable JSON form.
+
+`RunRecord` is what `graphtrain.train` returns and what `--json` writes; `FailedRun` is a row of
+a ladder or sweep that could not run (skipped: its framework or GPU is missing; failed: it
+raised). Both turn into JSON with `to_json()`, whose keys are stable, because reports, the
+`results/` files and scripts read them:
+
+    stage, kind, note, config, environment, data, epochs, epoch_ms, setup_ms, total_ms,
+    test_accuracy, train_loss, warnings, command (and hidden_size in a sweep);
+    a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from graphtrain.config import TrainConfig
+
+
+@dataclass
+class EpochRecord:
+    epoch: int  # 1-based
+    ms: float  # the epoch's training loop, timed by the row's own clock
+    batches: int
+    full: bool  # False for a steps-limited last epoch that stopped early
+    train_loss: float | None = None  # mean over the epoch's samples, where measured
+    train_accuracy: float | None = None
+    test_accuracy: float | None = None
+
+    def to_json(self) -> dict:
+        return {"epoch": self.epoch, "ms": self.ms, "batches": self.batches, "full": self.full,
+                "train_loss": self.train_loss, "train_accuracy": self.train_accuracy,
+                "test_accuracy": self.test_accuracy}
+
+
+def median_epoch_ms(epochs: list[EpochRecord]) -> float:
+    """The seeds' protocol: the median epoch time over the second half of the (whole) epochs."""
+    times = [e.ms for e in epochs if e.full] or [e.ms for e in epochs]
+    return statistics.median(times[len(times) // 2:])
+
+
+def data_summary(data) -> dict:
+    """What a record says about the dataset a row trained on."""
+    return {"name": data.name, "train": len(data.train_images), "test": len(data.test_images)}
+
+
+@dataclass
+class RunRecord:
+    stage: str
+    kind: str  # "stage" (a rung of the ladder) or "peer" (a framework)
+    config: TrainConfig
+    environment: dict  # Python, CPU; GPU, driver and library versions where the row used them
+    epochs: list[EpochRecord]
+    setup_ms: float  # compile, allocate, upload, warm up, capture
+    total_ms: float  # wall time of the row: setup, training and test evaluation
+    test_accuracy: float
+    note: str = ""  # what sets the row apart (precision, compile mode)
+    data: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+    command: str | None = None
+    hidden_size: int | None = None  # the swept width, in a sweep
+
+    @property
+    def epoch_ms(self) -> float:
+        return median_epoch_ms(self.epochs)
+
+    @property
+    def train_loss(self) -> float | None:
+        """The last measured train loss."""
+        measured = [e.train_loss for e in self.epochs if e.train_loss is not None]
+        return measured[-1] if measured else None
+
+    @property
+    def failed(self) -> bool:
+        return False
+
+    def to_json(self) -> dict:
+        out = {"stage": self.stage, "kind": self.kind}
+        if self.hidden_size is not None:
+            out["hidden_size"] = self.hidden_size
+        out.update({
+            "note": self.note, "config": self.config.to_dict(), "environment": self.environment,
+            "data": self.data, "epochs": [e.to_json() for e in self.epochs],
+            "epoch_ms": self.epoch_ms, "setup_ms": self.setup_ms, "total_ms": self.total_ms,
+            "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,
+            "warnings": list(self.warnings),
+        })
+        if self.command is not None:
+            out["command"] = self.command
+        return out
+
+
+@dataclass
+class FailedRun:
+    """A row that did not train: skipped (cannot run here) or failed (raised while running)."""
+
+    stage: str
+    kind: str
+    config: TrainConfig
+    error: str
+    skipped: bool
+    traceback: str | None = None  # kept for errors graphtrain did not explain itself
+    data: dict | None = None
+    hidden_size: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return True
+
+    def to_json(self) -> dict:
+        out = {"stage": self.stage, "kind": self.kind}
+        if self.hidden_size is not None:
+            out["hidden_size"] = self.hidden_size
+        out.update({"error": self.error, "skipped": self.skipped, "config": self.config.to_dict(),
+                    "data": self.data})
+        if self.traceback is not None:
+            out["traceback"] = self.traceback
+        return out
+
+
+Row = RunRecord | FailedRun  # one row of a ladder or sweep
