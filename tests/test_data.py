@@ -17,7 +17,7 @@ import pytest
 
 from graphtrain import data
 from graphtrain.data import DATASETS, ROLES, Dataset, DatasetSpec, FileSpec
-from graphtrain.errors import DataError, UsageError
+from graphtrain.errors import DataError, DownloadError, UsageError
 
 # Read before the autouse fixture below clears it, so the real-MNIST test can still use it.
 _USER_DATA_DIR = os.environ.get("GRAPHTRAIN_DATA", "")
@@ -203,6 +203,25 @@ def test_missing_file(tmp_path):
     _expect_error(tmp_path / "nope.gz", "no such file")
 
 
+def test_wrong_number_of_dimensions_is_named_before_the_sizes_are_read(tmp_path):
+    """A labels file whose header says 3 dimensions: not 'truncated: a 6x117835012x... array'."""
+    labels = np.arange(6, dtype=np.uint8)
+    path = tmp_path / "labels-idx1-ubyte"
+    path.write_bytes(b"\x00\x00\x08\x03" + struct.pack(">I", 6) + labels.tobytes())
+    with pytest.raises(DataError) as info:
+        data.read_idx(path, ("count",))
+    message = str(info.value)
+    assert "expected a 1-dimensional IDX array (count)" in message
+    assert "declares 3 dimensions" in message and "truncated" not in message
+
+
+def test_load_names_the_dimensions_images_and_labels_need(tmp_path):
+    arrays = tiny_arrays()
+    arrays["test_labels"] = np.zeros((4, 2, 2), np.uint8)  # an images file where labels belong
+    message = _load_error(tmp_path, arrays)
+    assert "t10k-labels-idx1-ubyte.gz: expected a 1-dimensional IDX array (count)" in message
+
+
 # --------------------------------------------------------------------------------------------
 # Dataset checks on load
 # --------------------------------------------------------------------------------------------
@@ -251,6 +270,41 @@ def test_labels_out_of_range(tmp_path):
     assert (
         "train-labels-idx1-ubyte.gz" in message and "label 10 at index 2 is out of range" in message
     )
+
+
+def test_a_bad_file_in_the_users_folder_is_theirs_to_replace(tmp_path):
+    """No advice to download what graphtrain would never download into the user's folder."""
+    arrays = tiny_arrays()
+    spec = tiny_spec(arrays)
+    folder = write_dataset(tmp_path / "mine", spec, arrays)
+    (folder / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(DataError) as info:
+        data.load(spec, data_dir=folder, log=pytest.fail)
+    message = str(info.value)
+    assert "corrupted gzip" in message and "replace it with a good copy" in message
+    assert "download" not in message
+
+
+def test_a_bad_file_in_the_cache_is_fetched_again(tmp_path):
+    arrays = tiny_arrays()
+    spec = tiny_spec(arrays)
+    cache = write_dataset(tmp_path / "home/.cache/graphtrain/tiny", spec, arrays)
+    (cache / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(DataError, match="delete it, and graphtrain downloads it again"):
+        data.load(spec, log=pytest.fail)
+
+
+@pytest.mark.parametrize("how", ["data_dir", "GRAPHTRAIN_DATA"])
+def test_a_data_folder_that_is_a_file_is_not_a_folder(tmp_path, monkeypatch, how):
+    not_a_folder = tmp_path / "mnist.tar"
+    not_a_folder.write_bytes(b"x")
+    if how == "GRAPHTRAIN_DATA":
+        monkeypatch.setenv("GRAPHTRAIN_DATA", str(not_a_folder))
+    with pytest.raises(DataError) as info:
+        data.load("mnist", data_dir=not_a_folder if how == "data_dir" else None, log=pytest.fail)
+    message = str(info.value)
+    assert f"{not_a_folder} (given as {'--data-dir' if how == 'data_dir' else how}) is not a folder" in message
+    assert "does not exist" not in message
 
 
 def test_shape_differs_from_spec(tmp_path):
@@ -434,7 +488,7 @@ def test_download_rejects_checksum_mismatch(tmp_path, server):
     corrupted = dict(arrays, test_labels=arrays["test_labels"][::-1].copy())
     _serve(tmp_path, corrupted, spec)
     dest = tmp_path / "dest"
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DownloadError) as info:
         data.download(spec, dest, mirrors=[server + "good"], log=lambda _: None, timeout=5)
     message = str(info.value)
     assert "t10k-labels-idx1-ubyte.gz" in message and "checksum mismatch" in message
@@ -474,7 +528,7 @@ def test_download_falls_through_to_next_mirror(tmp_path, server, monkeypatch):
 def test_download_all_mirrors_fail(tmp_path, server):
     spec = tiny_spec(tiny_arrays())
     dest = tmp_path / "dest"
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DownloadError) as info:
         data.download(
             spec,
             dest,
@@ -487,7 +541,23 @@ def test_download_all_mirrors_fail(tmp_path, server):
     for name in spec.file_names:
         assert name in message
     assert "404" in message
-    assert _contents(dest) == set()
+    assert not dest.exists()  # not even an empty folder
+
+
+def test_download_without_a_network_says_each_failure_once_and_leaves_no_folder(tmp_path):
+    spec = tiny_spec(tiny_arrays())
+    dest = tmp_path / "cache" / "tiny"
+    lines = []
+    with pytest.raises(DownloadError) as info:
+        data.download(spec, dest, mirrors=["http://127.0.0.1:1/", "http://127.0.0.1:2/"],
+                      log=lines.append, timeout=5)
+    message = str(info.value)
+    assert not isinstance(info.value, UsageError)  # the network's failure, not the user's
+    assert "could not download 4 of 4" in message and "Check the network" in message
+    for port in (1, 2):  # each unreachable mirror said once, in the error, not in the log too
+        assert message.count(f"127.0.0.1:{port}/") == 1
+    assert lines == []
+    assert not (tmp_path / "cache").exists()
 
 
 def test_interrupted_write_leaves_nothing(tmp_path, server, monkeypatch):
@@ -498,7 +568,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, server, monkeypatch):
     def interrupt(fd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.os, "fsync", interrupt)
+    monkeypatch.setattr(os, "fsync", interrupt)
     dest = tmp_path / "dest"
     with pytest.raises(KeyboardInterrupt):
         data.download(spec, dest, mirrors=[server + "good"], log=lambda _: None, timeout=5)
@@ -519,7 +589,7 @@ def test_load_downloads_into_cache(tmp_path, server, monkeypatch):
 
 def test_load_reports_failed_download(tmp_path, server):
     spec = tiny_spec(tiny_arrays(), mirrors=[server + "missing/"])
-    with pytest.raises(DataError) as info:
+    with pytest.raises(DownloadError) as info:  # the network's failure, not the user's: exit 1
         data.load(spec, log=lambda _: None)
     message = str(info.value)
     assert "4 of 4 files missing" in message and "The download failed" in message
