@@ -2,8 +2,8 @@
 encoding against a recording driver, arena planning, NVRTC compilation and its disk cache,
 errors and their exit codes, and `probe()`.
 
-Compiling needs only NVRTC (the `test` extra installs it); those tests skip, saying why, when it
-cannot be loaded. The launch tests need cuda-bindings' Python structures, not a driver.
+Compiling needs only NVRTC (the `nvrtc-cu13` or `nvrtc-cu12` extra installs it); those tests skip,
+saying why, when it cannot be loaded. The launch tests need cuda-bindings' Python structures, not a driver.
 """
 
 from __future__ import annotations
