@@ -2,11 +2,13 @@
 ladder, from naive NVRTC kernels to whole training steps captured in CUDA Graphs.
 
     from graphtrain import train, TrainConfig
-    record = train(TrainConfig(hidden=(784,)), stage="graphs")
+    record = train(TrainConfig(hidden=(784,)), stage="graphs")   # a RunRecord
 """
 
 from graphtrain.config import PRESETS, TrainConfig
+from graphtrain.plan import RunPlan
+from graphtrain.record import RunRecord
 from graphtrain.training import train
 
 __version__ = "0.1.0"
-__all__ = ["PRESETS", "TrainConfig", "train", "__version__"]
+__all__ = ["PRESETS", "RunPlan", "RunRecord", "TrainConfig", "train", "__version__"]

@@ -46,7 +46,7 @@ def fail(message: str, code: int) -> None:
 
 @contextmanager
 def reported_errors():
-    """Turn graphtrain's own errors into a message and an exit code, never a traceback."""
+    """Turn graphtrain's own errors, and running out of memory, into one line and an exit code."""
     try:
         yield
     except GraphtrainError as error:

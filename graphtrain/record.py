@@ -76,9 +76,7 @@ class RunRecord:
         return False
 
     def to_json(self) -> dict:
-        out = {"stage": self.stage, "kind": self.kind}
-        if self.hidden_size is not None:
-            out["hidden_size"] = self.hidden_size
+        out = _row_head(self)
         out.update({
             "note": self.note, "config": self.config.to_dict(), "environment": self.environment,
             "data": self.data, "epochs": [e.to_json() for e in self.epochs],
@@ -109,9 +107,7 @@ class FailedRun:
         return True
 
     def to_json(self) -> dict:
-        out = {"stage": self.stage, "kind": self.kind}
-        if self.hidden_size is not None:
-            out["hidden_size"] = self.hidden_size
+        out = _row_head(self)
         out.update({"error": self.error, "skipped": self.skipped, "config": self.config.to_dict(),
                     "data": self.data})
         if self.traceback is not None:
@@ -120,3 +116,11 @@ class FailedRun:
 
 
 Row = RunRecord | FailedRun  # one row of a ladder or sweep
+
+
+def _row_head(row: Row) -> dict:
+    """The keys a row's JSON starts with: which row, and in a sweep, at which width."""
+    head = {"stage": row.stage, "kind": row.kind}
+    if row.hidden_size is not None:
+        head["hidden_size"] = row.hidden_size
+    return head
