@@ -7,9 +7,10 @@ from the config and the dataset's size, its arrays are read-only, and no row rec
 it: a row reads `plan.initial`, `plan.orders[epoch]`, `plan.epoch_bounds(epoch)`,
 `plan.batch_sizes` and `plan.metrics_due[epoch]`.
 
-Building a plan also checks that the workload fits: a batch no larger than the dataset, and
-parameters and activations that fit in the host's memory (`check_fits` does the same for a
-GPU's). Both are a `UsageError`, raised before any weight is drawn.
+Building a plan also checks that the workload can run at all: a batch no larger than the
+dataset, and the plan's own arrays within the host's free memory. `check_fits` does the same
+for a row, against the memory it trains in (the host's or a GPU's), before its setup. All are
+a `UsageError`, raised before anything large is allocated.
 """
 
 from __future__ import annotations
@@ -27,11 +28,21 @@ from graphtrain.reference import Layer
 
 FLOAT_BYTES = 4  # float32 parameters, activations and images
 INDEX_BYTES = 4  # int32 sample indices and labels
+EVAL_ROWS = 1024  # test rows a GPU rung runs through the model at once: activations for this many
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
     """⌈numerator / denominator⌉ for non-negative integers, exactly (no float rounding)."""
     return -(-numerator // denominator)
+
+
+def epoch_batches(config: TrainConfig, num_train: int) -> tuple[int, ...]:
+    """Batches run in each epoch: all of them, except in a steps-limited last epoch."""
+    per_epoch = ceil_div(num_train, config.batch)
+    if config.epochs is not None:
+        return (per_epoch,) * config.epochs
+    full_epochs, rest = divmod(config.steps, per_epoch)
+    return (per_epoch,) * full_epochs + ((rest,) if rest else ())
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays compare elementwise, not to a bool
@@ -42,7 +53,7 @@ class RunPlan:
     initial: tuple[Layer, ...]  # float32 initial parameters, read-only
     orders: np.ndarray  # (num_epochs, num_train) int32: epoch e trains samples orders[e] in order
     bounds: tuple[tuple[int, int], ...]  # (start, stop) of each batch of a whole epoch
-    batches: tuple[int, ...]  # batches run in each epoch: all, except a steps-limited last one
+    batches: tuple[int, ...]  # batches run in each epoch (see epoch_batches)
     batch_sizes: tuple[int, ...]  # the distinct batch sizes the run trains, largest first
     metrics_due: tuple[bool, ...]  # the sparse schedule: every metrics_every epochs and the last
 
@@ -54,13 +65,7 @@ class RunPlan:
         if num_features is not None and num_features != config.in_features:
             config = config.replace(in_features=num_features)
         cls.check_workload(config, num_train, num_test)
-
-        per_epoch = ceil_div(num_train, config.batch)
-        if config.epochs is not None:
-            batches = (per_epoch,) * config.epochs
-        else:
-            full_epochs, rest = divmod(config.steps, per_epoch)
-            batches = (per_epoch,) * full_epochs + ((rest,) if rest else ())
+        batches = epoch_batches(config, num_train)
         num_epochs = len(batches)
         bounds = tuple(reference.batch_bounds(num_train, config.batch))
         sizes = {hi - lo for count in set(batches) for lo, hi in bounds[:count]}
@@ -68,12 +73,9 @@ class RunPlan:
         orders = np.empty((num_epochs, num_train), np.int32)
         for epoch in range(num_epochs):
             orders[epoch] = reference.epoch_order(config.seed, epoch, num_train)
-        orders.flags.writeable = False
         initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
-        for layer in initial:
-            for array in (layer.w, layer.b):
-                if array is not None:
-                    array.flags.writeable = False
+        for array in (orders, *(a for layer in initial for a in (layer.w, layer.b) if a is not None)):
+            array.flags.writeable = False  # shared by every row: none may change it for the others
         every = config.metrics_every
         return cls(
             config=config, num_train=num_train, num_test=num_test, initial=tuple(initial),
@@ -84,13 +86,13 @@ class RunPlan:
 
     @staticmethod
     def check_workload(config: TrainConfig, num_train: int, num_test: int) -> None:
-        """UsageError unless `config` can train on this dataset on this machine: a batch no
-        larger than the dataset, parameters and activations that fit in the free memory."""
+        """UsageError unless a plan of `config` can be built here: a batch no larger than the
+        dataset, and the plan's initial weights and sample orders within the free memory."""
         if config.batch > num_train:
             raise UsageError(f"invalid training configuration: batch {config.batch} is larger than "
                              f"the dataset ({num_train} samples)")
         footprint = Footprint.of(config, num_train, num_test)
-        footprint.check(host_memory_bytes(), "the memory free on this machine", footprint.host_bytes)
+        footprint.check(footprint.plan_bytes, host_memory_bytes(), "the memory free on this machine")
 
     @classmethod
     def for_data(cls, config: TrainConfig, data) -> RunPlan:
@@ -118,10 +120,15 @@ class RunPlan:
         """Writable copies of the initial parameters, for a row to train."""
         return [layer.copy(dtype) for layer in self.initial]
 
-    def check_fits(self, device_memory: int | None, where: str = "the GPU's memory") -> None:
-        """UsageError unless the run's device buffers fit in `device_memory` bytes (None: skip)."""
+    def check_fits(self, on_gpu: bool, gpu_memory: int | None = None) -> None:
+        """UsageError unless a row's model fits where it trains: on the host (its weights,
+        gradients and activations in the free memory) or on a GPU of `gpu_memory` bytes (those,
+        the dataset and the orders; not checked when the size is unknown)."""
         footprint = Footprint.of(self.config, self.num_train, self.num_test)
-        footprint.check(device_memory, where, footprint.device_bytes(self.num_epochs))
+        if on_gpu:
+            footprint.check(footprint.device_bytes, gpu_memory, "the GPU's memory")
+        else:
+            footprint.check(footprint.host_bytes, host_memory_bytes(), "the memory free on this machine")
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,36 +138,40 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Bytes a run needs at least: parameters, one batch's activations, the dataset."""
+    """Bytes a run needs at least, by what holds them."""
 
     config: TrainConfig
     params: int  # one copy of every weight and bias
     activations: int  # one batch (or evaluation chunk) through every layer
-    train_samples: int
     dataset: int  # training and test images and labels
+    orders: int  # every epoch's sample order
 
     @classmethod
     def of(cls, config: TrainConfig, num_train: int, num_test: int) -> Footprint:
         dims = config.dims
         params = sum(o * i + (o if config.bias else 0) for i, o in zip(dims[:-1], dims[1:]))
-        # A GPU stage runs up to 1024 test rows per forward pass; the batch is the floor.
-        rows = max(config.batch, min(1024, num_test))
+        rows = max(config.batch, min(EVAL_ROWS, num_test))
         samples = num_train + num_test
-        return cls(config, params * FLOAT_BYTES, rows * sum(dims) * FLOAT_BYTES, num_train,
-                   samples * (config.in_features * FLOAT_BYTES + INDEX_BYTES))
+        return cls(config, params * FLOAT_BYTES, rows * sum(dims) * FLOAT_BYTES,
+                   samples * (config.in_features * FLOAT_BYTES + INDEX_BYTES),
+                   len(epoch_batches(config, num_train)) * num_train * INDEX_BYTES)
+
+    @property
+    def plan_bytes(self) -> int:
+        """The plan's initial weights and sample orders."""
+        return self.params + self.orders
 
     @property
     def host_bytes(self) -> int:
-        """The plan's initial copy, the weights and gradients trained on the CPU, and the
-        activations with their gradients (the dataset is already in memory)."""
-        return 3 * self.params + 2 * self.activations
+        """A row training on the host: its weights, their gradients, activations and theirs."""
+        return 2 * self.params + 2 * self.activations
 
-    def device_bytes(self, num_epochs: int) -> int:
-        """Weights and gradients, activations and their gradients, the dataset and the orders."""
-        orders = num_epochs * self.train_samples * INDEX_BYTES
-        return 2 * self.params + 2 * self.activations + self.dataset + orders
+    @property
+    def device_bytes(self) -> int:
+        """A row training on a GPU: the same, plus the dataset and the orders uploaded."""
+        return self.host_bytes + self.dataset + self.orders
 
-    def check(self, available: int | None, where: str, needed: int) -> None:
+    def check(self, needed: int, available: int | None, where: str) -> None:
         if available is None or needed <= available:
             return
         raise UsageError(
@@ -200,5 +211,3 @@ def host_memory_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return min(limits) if limits else None
-
-

@@ -57,7 +57,7 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     """The timing protocol around any row: setup apart, each epoch timed by the row, the loss
     checked wherever it was measured, test accuracy outside the timed loop."""
     name, config = stage_cls.name, plan.config
-    plan.check_fits(stage_cls.check_available())
+    plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()
     with stage_cls(plan, data) as runner:
         runner.setup()

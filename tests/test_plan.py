@@ -76,8 +76,10 @@ def test_footprint_counts_parameters_activations_and_data():
     fp = Footprint.of(cfg, num_train=1000, num_test=10)
     assert fp.params == (784 * 100 + 100 + 100 * 10 + 10) * 4
     assert fp.activations == 50 * (784 + 100 + 10) * 4
-    assert fp.dataset == 1010 * (784 * 4 + 4)
-    assert fp.device_bytes(2) == 2 * fp.params + 2 * fp.activations + fp.dataset + 2 * 1000 * 4
+    assert fp.dataset == 1010 * (784 * 4 + 4) and fp.orders == 2 * 1000 * 4
+    assert fp.plan_bytes == fp.params + fp.orders
+    assert fp.host_bytes == 2 * fp.params + 2 * fp.activations
+    assert fp.device_bytes == fp.host_bytes + fp.dataset + fp.orders
 
 
 def test_the_plan_alone_draws_init_and_order():

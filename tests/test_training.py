@@ -10,6 +10,7 @@ from graphtrain.errors import TrainingError, UsageError
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, median_epoch_ms
 from graphtrain.stages import get_stage
+from graphtrain.training import run_stage
 
 RECORD_KEYS = {"stage", "kind", "note", "config", "environment", "data", "epochs", "epoch_ms",
                "setup_ms", "total_ms", "test_accuracy", "train_loss", "warnings"}
@@ -93,8 +94,19 @@ def test_invalid_config_is_rejected_before_training(small):
 
 def test_a_model_too_large_for_the_memory_is_rejected_before_any_allocation(small, monkeypatch):
     """--hidden 1000000000 would need terabytes: a one-line UsageError, not numpy's MemoryError."""
-    with pytest.raises(UsageError, match=r"needs at least \d+\.\d TB .*free on this machine.*--hidden"):
+    with pytest.raises(UsageError, match=r"needs at least 3\.\d TB .*free on this machine.*--hidden"):
         train(TrainConfig(hidden=(10**9,), epochs=1), data=small)
+
+
+def test_a_model_too_large_to_train_on_the_host_is_rejected_before_setup(small, monkeypatch):
+    """The plan fits, but the numpy stage's weights, gradients and activations would not."""
+    from graphtrain import plan as plan_mod
+
+    plan = RunPlan.for_data(TrainConfig(hidden=(1024,), epochs=1), small)
+    footprint = plan_mod.Footprint.of(plan.config, 1000, 300)
+    monkeypatch.setattr(plan_mod, "host_memory_bytes", lambda: footprint.host_bytes - 1)
+    with pytest.raises(UsageError, match="more than the memory free on this machine"):
+        run_stage(get_stage("numpy"), plan, small)
 
 
 def test_a_model_too_large_for_the_gpu_is_rejected_before_setup(small, monkeypatch):
@@ -102,6 +114,7 @@ def test_a_model_too_large_for_the_gpu_is_rejected_before_setup(small, monkeypat
 
     class SmallGpu(NumpyStage):
         name = "small-gpu"
+        uses_gpu = True
 
         @classmethod
         def check_available(cls):

@@ -40,9 +40,9 @@ class Stage:
     def check_available(cls) -> int | None:
         """Check, cheaply and before any data is read, that this row can run here.
 
-        Raises GpuUnavailableError (a peer: PeerUnavailable) saying what is missing. Returns
-        the bytes of device memory the row trains in, or None when it trains in host memory
-        (or cannot tell), so the trainer can reject a model too large for it before setup.
+        Raises GpuUnavailableError (a peer: PeerUnavailable) saying what is missing. A row that
+        trains on a GPU returns the GPU's memory in bytes (None when it cannot tell), so the
+        trainer can reject a model too large for it before setup.
         """
         if not cls.uses_gpu:
             return None
