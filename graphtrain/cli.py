@@ -214,12 +214,17 @@ def epoch_progress(num_epochs: int, label: str):
         def on_epoch(epoch: int, num_epochs: int, entry) -> None:
             text = f"{entry.ms:8.2f} ms"
             if entry.train_loss is not None:
-                text += f"  loss {entry.train_loss:.4f}"
+                text += f"  loss {loss_text(entry.train_loss)}"
             if entry.test_accuracy is not None:
                 text += f"  test acc {100 * entry.test_accuracy:.2f}%"
             bar.update(task, advance=1, status=text)
 
         yield on_epoch
+
+
+def loss_text(loss: float) -> str:
+    """Four decimals, or four significant digits for a loss that has blown up (5.051e+33)."""
+    return f"{loss:.4f}" if abs(loss) < 1e4 else f"{loss:.4g}"
 
 
 def summary_table(record) -> Table:
@@ -230,7 +235,7 @@ def summary_table(record) -> Table:
     for column in ("epoch", "ms", "train loss", "train acc", "test acc"):
         table.add_column(column, justify="right")
     for e in record.epochs:
-        table.add_row(str(e.epoch), f"{e.ms:.2f}", "" if e.train_loss is None else f"{e.train_loss:.4f}",
+        table.add_row(str(e.epoch), f"{e.ms:.2f}", "" if e.train_loss is None else loss_text(e.train_loss),
                       pct(e.train_accuracy), pct(e.test_accuracy))
     table.caption = (f"median epoch (2nd half) {record.epoch_ms:.2f} ms · setup {record.setup_ms:.0f} ms · "
                      f"total {record.total_ms:.0f} ms · test accuracy {pct(record.test_accuracy)}")
