@@ -28,7 +28,6 @@ from graphtrain.reference import Layer
 
 FLOAT_BYTES = 4  # float32 parameters, activations and images
 INDEX_BYTES = 4  # int32 sample indices and labels
-EVAL_ROWS = 1024  # test rows a GPU rung runs through the model at once: activations for this many
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
@@ -142,7 +141,7 @@ class Footprint:
 
     config: TrainConfig
     params: int  # one copy of every weight and bias
-    activations: int  # one batch (or evaluation chunk) through every layer
+    activations: int  # one batch through every layer
     dataset: int  # training and test images and labels
     orders: int  # every epoch's sample order
 
@@ -150,9 +149,8 @@ class Footprint:
     def of(cls, config: TrainConfig, num_train: int, num_test: int) -> Footprint:
         dims = config.dims
         params = sum(o * i + (o if config.bias else 0) for i, o in zip(dims[:-1], dims[1:]))
-        rows = max(config.batch, min(EVAL_ROWS, num_test))
         samples = num_train + num_test
-        return cls(config, params * FLOAT_BYTES, rows * sum(dims) * FLOAT_BYTES,
+        return cls(config, params * FLOAT_BYTES, config.batch * sum(dims) * FLOAT_BYTES,
                    samples * (config.in_features * FLOAT_BYTES + INDEX_BYTES),
                    len(epoch_batches(config, num_train)) * num_train * INDEX_BYTES)
 
