@@ -246,19 +246,17 @@ def summary_table(record) -> Table:
 def info():
     """What this machine offers: Python, numpy, GPU and driver, CUDA libraries, peers."""
     import importlib.util
-    import platform
 
-    import numpy as np
+    from graphtrain import environment
 
-    from graphtrain.environment import probe
-
+    host = environment.host()
     table = Table(show_header=True, title="graphtrain info")
     table.add_column("component")
     table.add_column("status")
     table.add_column("details", overflow="fold")
-    table.add_row("python", "ok", f"{platform.python_version()} ({sys.executable})")
-    table.add_row("numpy", "ok", np.__version__)
-    for name, finding in probe().items():
+    table.add_row("python", "ok", f"{host['python']} ({sys.executable})")
+    table.add_row("numpy", "ok", host["numpy"])
+    for name, finding in environment.probe().items():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
         table.add_row(name, status, escape(details))

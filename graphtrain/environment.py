@@ -1,4 +1,5 @@
-"""What a run ran on: host, GPU, driver and library versions, for run records and `graphtrain info`.
+"""What a run ran on: host, GPU, driver and library versions, for run records and `graphtrain info`;
+the memory still free on the host, for the run plan's checks.
 
 Nothing here raises on a machine without a GPU or a CUDA package: a version that cannot be read
 is None, and `probe()` says for each missing piece why and what installs it.
@@ -11,9 +12,12 @@ import platform
 import re
 import subprocess
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from graphtrain.errors import INSTALL_HINTS
 
 
 def driver_version() -> str | None:
@@ -54,6 +58,32 @@ def host() -> dict[str, Any]:
             "cpu": cpu, "cpu_count": os.cpu_count()}
 
 
+def free_host_memory() -> int | None:
+    """Memory this process can still use: MemAvailable, capped by a cgroup limit; None if unknown."""
+    limits = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    if not limits:
+        try:
+            limits.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:  # a container's limit (cgroup v2), less what the group already uses
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit.isdigit():
+            limits.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
 def gpu(device: Any) -> dict[str, Any]:
     """The GPU part of a run record, for a `graphtrain.libs.cuda.DeviceInfo`; the stage adds the
     versions of the libraries it loaded (nvrtc, cublas, cudnn)."""
@@ -72,7 +102,6 @@ def probe() -> dict[str, dict[str, Any]]:
     """What `graphtrain info` shows: for the CUDA bindings, the driver and GPU, NVRTC, cuBLAS and
     cuDNN, whether each was found, where, which version, and if not, why and what installs it."""
     from graphtrain.libs import cublas, cuda, cudnn, nvrtc
-    from graphtrain.libs.shared_lib import INSTALL_HINTS
 
     def bindings() -> dict[str, Any]:
         cuda.runtime_api()

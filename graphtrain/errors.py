@@ -34,9 +34,16 @@ class GpuUnavailableError(GraphtrainError):
     """No GPU, no driver, or a CUDA library is missing: says which and how to get it."""
 
 
-# What installs each optional piece, for the messages that say it is missing.
+_CUDA_EXTRAS = "pip install 'graphtrain[cu12]' (CUDA 12 driver) or 'graphtrain[cu13]' (CUDA 13 driver)"
+
+# What installs each optional piece, for the messages that say it is missing and `graphtrain info`.
 INSTALL_HINTS = {
-    "cuda": "pip install 'graphtrain[cu12]' (CUDA 12 driver) or 'graphtrain[cu13]' (CUDA 13 driver)",
+    "cuda_bindings": _CUDA_EXTRAS,
+    "driver": "an NVIDIA GPU with its driver, and " + _CUDA_EXTRAS,
+    "nvrtc": f"{_CUDA_EXTRAS}; it brings nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12",
+    "cublas": f"{_CUDA_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
+    "cublasLt": f"{_CUDA_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
+    "cudnn": f"{_CUDA_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
     "plot": "pip install 'graphtrain[plot]'",
     "torch": "pip install torch",
     "jax": "pip install 'jax[cuda13]' or 'jax[cuda12]'",

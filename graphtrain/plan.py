@@ -15,24 +15,18 @@ a `UsageError`, raised before anything large is allocated.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from graphtrain import reference
+from graphtrain import environment, reference
 from graphtrain.config import TrainConfig
 from graphtrain.errors import UsageError
+from graphtrain.kernels import ceil_div  # the package's one ⌈a / b⌉, beside the launchers
 from graphtrain.reference import Layer
 
 FLOAT_BYTES = 4  # float32 parameters, activations and images
 INDEX_BYTES = 4  # int32 sample indices and labels
-
-
-def ceil_div(numerator: int, denominator: int) -> int:
-    """⌈numerator / denominator⌉ for non-negative integers, exactly (no float rounding)."""
-    return -(-numerator // denominator)
 
 
 def epoch_batches(config: TrainConfig, num_train: int) -> tuple[int, ...]:
@@ -91,7 +85,7 @@ class RunPlan:
             raise UsageError(f"invalid training configuration: batch {config.batch} is larger than "
                              f"the dataset ({num_train} samples)")
         footprint = Footprint.of(config, num_train, num_test)
-        footprint.check(footprint.plan_bytes, host_memory_bytes(), "the memory free on this machine")
+        footprint.check(footprint.plan_bytes, environment.free_host_memory(), "the memory free on this machine")
 
     @classmethod
     def for_data(cls, config: TrainConfig, data) -> RunPlan:
@@ -127,7 +121,7 @@ class RunPlan:
         if on_gpu:
             footprint.check(footprint.device_bytes, gpu_memory, "the GPU's memory")
         else:
-            footprint.check(footprint.host_bytes, host_memory_bytes(), "the memory free on this machine")
+            footprint.check(footprint.host_bytes, environment.free_host_memory(), "the memory free on this machine")
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,29 +177,3 @@ def format_bytes(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
     return f"{count} bytes"
-
-
-def host_memory_bytes() -> int | None:
-    """Memory this process can still use: MemAvailable, capped by a cgroup limit; None if unknown."""
-    limits = []
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-                    break
-    except (OSError, ValueError):
-        pass
-    if not limits:
-        try:
-            limits.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (OSError, ValueError, AttributeError):
-            pass
-    try:  # a container's limit (cgroup v2), less what the group already uses
-        cgroup = Path("/sys/fs/cgroup")
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit.isdigit():
-            limits.append(int(limit) - int((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(limits) if limits else None

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from graphtrain import files
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
 from graphtrain.kernels import KERNELS_DIR, KernelFile
 from graphtrain.libs import cuda, memory, nvrtc
@@ -403,7 +404,15 @@ def test_corrupt_cache_entry_is_recompiled(nvrtc_available, cache):
     compiles = nvrtc.counters.compiles
     assert nvrtc.compile_cubin(SAXPY, "saxpy.cu", "sm_90") == good
     assert nvrtc.counters.compiles == compiles + 1
-    assert not list(cache.glob("*.tmp"))
+    assert [p.name for p in cache.iterdir()] == [entry.name]  # rewritten in place, no temporary left
+
+
+def test_an_unwritable_cache_still_compiles(nvrtc_available, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(tmp_path / "a-file" / "kernels"))  # cannot be a folder
+    compiles = nvrtc.counters.compiles
+    assert nvrtc.compile_cubin(SAXPY, "saxpy.cu", "sm_90").startswith(ELF_MAGIC)
+    assert nvrtc.counters.compiles == compiles + 1
 
 
 def test_bad_arch_is_refused():
@@ -416,7 +425,7 @@ def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     assert nvrtc.cache_dir() == tmp_path / "explicit"
     monkeypatch.delenv("GRAPHTRAIN_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert nvrtc.cache_dir() == tmp_path / "xdg" / "graphtrain" / "kernels"
+    assert nvrtc.cache_dir() == tmp_path / "xdg" / "graphtrain" / "kernels" == files.cache_dir("kernels")
 
 
 # --------------------------------------------------------------------------------------------

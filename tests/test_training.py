@@ -100,11 +100,12 @@ def test_a_model_too_large_for_the_memory_is_rejected_before_any_allocation(smal
 
 def test_a_model_too_large_to_train_on_the_host_is_rejected_before_setup(small, monkeypatch):
     """The plan fits, but the numpy stage's weights, gradients and activations would not."""
-    from graphtrain import plan as plan_mod
+    from graphtrain import environment
+    from graphtrain.plan import Footprint
 
     plan = RunPlan.for_data(TrainConfig(hidden=(1024,), epochs=1), small)
-    footprint = plan_mod.Footprint.of(plan.config, 1000, 300)
-    monkeypatch.setattr(plan_mod, "host_memory_bytes", lambda: footprint.host_bytes - 1)
+    footprint = Footprint.of(plan.config, 1000, 300)
+    monkeypatch.setattr(environment, "free_host_memory", lambda: footprint.host_bytes - 1)
     with pytest.raises(UsageError, match="more than the memory free on this machine"):
         run_stage(get_stage("numpy"), plan, small)
 

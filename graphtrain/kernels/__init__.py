@@ -58,7 +58,8 @@ KERNELS_DIR = Path(__file__).resolve().parent
 
 
 def ceil_div(n: int, d: int) -> int:
-    """⌈n / d⌉ for positive d: the number of blocks of d threads that cover n items."""
+    """⌈n / d⌉ for n >= 0 and d > 0, in integers (no float rounding): the blocks of d threads
+    that cover n items, the batches of d samples that cover n samples."""
     return -(-n // d)
 
 

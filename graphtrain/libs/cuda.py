@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from graphtrain.errors import GpuUnavailableError, UsageError
-from graphtrain.libs.shared_lib import INSTALL_HINTS
+from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, UsageError
 
 
 class CudaError(RuntimeError):

@@ -24,15 +24,14 @@ import hashlib
 import os
 import re
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphtrain.errors import GpuUnavailableError
+from graphtrain import files
+from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, OutputError
 from graphtrain.libs import cuda
-from graphtrain.libs.shared_lib import INSTALL_HINTS
 
 _CACHE_MAGIC = b"GTCUBIN1"  # file = magic + sha256(cubin) + cubin: a torn or corrupt entry is detected
 _DEFAULT_OPTIONS = ("-std=c++17",)
@@ -174,13 +173,10 @@ def version() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled cubins are kept: $GRAPHTRAIN_CACHE, else $XDG_CACHE_HOME/graphtrain/kernels
-    (~/.cache/graphtrain/kernels when XDG_CACHE_HOME is unset)."""
+    """Where compiled cubins are kept: $GRAPHTRAIN_CACHE, else graphtrain's per-user cache folder
+    `kernels` (graphtrain.files.cache_dir)."""
     explicit = os.environ.get("GRAPHTRAIN_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "graphtrain" / "kernels"
+    return Path(explicit).expanduser() if explicit else files.cache_dir("kernels")
 
 
 def _read_cache(path: Path) -> bytes | None:
@@ -196,23 +192,12 @@ def _read_cache(path: Path) -> bytes | None:
 
 
 def _write_cache(path: Path, cubin: bytes) -> None:
-    """Write atomically (temp file + os.replace) so readers never see a half-written entry.
-
-    The cache is an optimisation: failing to write it (read-only home, full disk) is not an error.
-    """
-    tmp_name = None
+    """Write atomically, so that readers never see a half-written entry. The cache is an
+    optimisation: failing to write it (a read-only home, a full disk) is not an error."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem[:16] + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(_CACHE_MAGIC + hashlib.sha256(cubin).digest() + cubin)
-        os.replace(tmp_name, path)
-        tmp_name = None
-    except OSError:
-        pass
-    finally:
-        if tmp_name is not None:
-            Path(tmp_name).unlink(missing_ok=True)
+        files.write_atomic(path, _CACHE_MAGIC + hashlib.sha256(cubin).digest() + cubin)
+    except OutputError:
+        pass  # the next run compiles again
 
 
 def _compile(source: str, name: str, options: Sequence[str]) -> bytes:

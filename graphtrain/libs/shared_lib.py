@@ -14,19 +14,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from graphtrain.errors import GpuUnavailableError
-
-_EXTRAS = "pip install 'graphtrain[cu12]' (CUDA 12 driver) or 'graphtrain[cu13]' (CUDA 13 driver)"
-
-# What installs each piece, for error messages and `graphtrain info`.
-INSTALL_HINTS = {
-    "cuda_bindings": _EXTRAS,
-    "driver": "an NVIDIA GPU with its driver, and " + _EXTRAS,
-    "nvrtc": f"{_EXTRAS}; it brings nvidia-cuda-nvrtc (CUDA 13) or nvidia-cuda-nvrtc-cu12",
-    "cublas": f"{_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
-    "cublasLt": f"{_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
-    "cudnn": f"{_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
-}
+from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError
 
 
 class LibraryError(RuntimeError):
