@@ -3,6 +3,7 @@
     check_writable(path)     before training: can the results be written there? (UsageError)
     write_atomic(path, data) after: the whole file or nothing (OutputError on an OSError)
     cache_dir(name)          graphtrain's per-user cache folder `name` (datasets, kernels)
+    write_cached(path, ...)  a cache entry whose corruption read_cached detects
 
 An atomic write goes to a temporary file beside the target and is renamed over it, so a reader
 (or a crash, or Ctrl-C) sees the old file or the new one, never half of one. A target that
@@ -12,6 +13,7 @@ FIFO (/dev/null, a named pipe) is written through.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -30,6 +32,28 @@ def cache_dir(name: str) -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "graphtrain" / name
+
+
+def write_cached(path: Path, magic: bytes, payload: bytes) -> bool:
+    """Keep `payload` at `path` as magic + sha256(payload) + payload, atomically. A cache is an
+    optimisation: False, not an error, when it cannot be written (a read-only home, a full disk)."""
+    try:
+        write_atomic(path, magic + hashlib.sha256(payload).digest() + payload)
+    except OutputError:
+        return False
+    return True
+
+
+def read_cached(path: Path, magic: bytes) -> bytes | None:
+    """The payload `write_cached` kept at `path`, or None when absent, unreadable or corrupt."""
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    header = len(magic) + hashlib.sha256().digest_size
+    payload, digest = blob[header:], blob[len(magic):header]
+    ok = blob.startswith(magic) and payload and hashlib.sha256(payload).digest() == digest
+    return payload if ok else None
 
 
 def _existing_ancestor(path: Path) -> Path:

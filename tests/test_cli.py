@@ -3,7 +3,6 @@
 import json
 import os
 import stat
-import sys
 import threading
 from pathlib import Path
 

@@ -20,9 +20,8 @@ import pytest
 
 from graphtrain import files
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
-from graphtrain.kernels import KERNELS_DIR, KernelFile
+from graphtrain.kernels import F32, F64, I32, I64, KERNELS_DIR, PTR, U32, KernelFile, compile_kernels, kernel
 from graphtrain.libs import cuda, memory, nvrtc
-from graphtrain.libs.nvrtc import F32, F64, I32, I64, PTR, U32, kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_FILES = sorted(p.stem for p in KERNELS_DIR.glob("*.cu"))
@@ -114,33 +113,33 @@ def test_every_kernel_file_compiles_with_its_declarations(nvrtc_available, cache
 ])
 def test_a_declaration_that_does_not_match_the_kernel_fails_to_compile(nvrtc_available, cache, spec, needle):
     with pytest.raises(nvrtc.NvrtcError, match=needle) as info:
-        nvrtc.compile_kernels(SAXPY, "saxpy.cu", "sm_90", [spec])
+        compile_kernels(SAXPY, "saxpy.cu", "sm_90", [spec])
     assert not isinstance(info.value, UsageError)
 
 
 def test_a_declared_kernel_missing_from_the_source_fails_to_compile(nvrtc_available, cache):
     with pytest.raises(nvrtc.NvrtcError, match="no_such_kernel"):
-        nvrtc.compile_kernels(SAXPY, "saxpy.cu", "sm_90", [SAXPY_SPEC, kernel("no_such_kernel", PTR)])
+        compile_kernels(SAXPY, "saxpy.cu", "sm_90", [SAXPY_SPEC, kernel("no_such_kernel", PTR)])
 
 
 def test_block_sizes_reach_the_source_only_through_defines(nvrtc_available, cache):
     metrics = launcher_class("metrics")
     source = (KERNELS_DIR / "metrics.cu").read_text()
     with pytest.raises(nvrtc.NvrtcError, match="METRICS_THREADS"):
-        nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values())
-    with_define = nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(), metrics.defines)
-    other_size = nvrtc.compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(),
-                                       {"METRICS_THREADS": 128})
+        compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values())
+    with_define = compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(), metrics.defines)
+    other_size = compile_kernels(source, "metrics.cu", "sm_90", metrics.specs().values(),
+                                 {"METRICS_THREADS": 128})
     assert with_define != other_size
 
 
 def test_extra_options_and_the_arch_specific_target(nvrtc_available, cache):
     source = 'extern "C" __global__ void k(int* y) {\n#if defined(FLAG) && FLAG == 3\n *y = FLAG;\n#endif\n}\n'
     spec = kernel("k", PTR)
-    plain = nvrtc.compile_kernels(source, "k.cu", "sm_90", [spec])
-    flagged = nvrtc.compile_kernels(source, "k.cu", "sm_90", [spec], options=["-DFLAG=3"])
+    plain = compile_kernels(source, "k.cu", "sm_90", [spec])
+    flagged = compile_kernels(source, "k.cu", "sm_90", [spec], options=["-DFLAG=3"])
     assert plain != flagged
-    assert nvrtc.compile_kernels(source, "k.cu", "sm_90a", [spec]).startswith(ELF_MAGIC)
+    assert compile_kernels(source, "k.cu", "sm_90a", [spec]).startswith(ELF_MAGIC)
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,7 +392,7 @@ def test_cache_key_covers_arch_options_and_declarations(nvrtc_available, cache):
     nvrtc.compile_cubin(SAXPY, "saxpy.cu", "sm_80")
     nvrtc.compile_cubin(SAXPY, "saxpy.cu", "sm_90")
     nvrtc.compile_cubin(SAXPY, "saxpy.cu", "sm_90", options=["-lineinfo"])
-    nvrtc.compile_kernels(SAXPY, "saxpy.cu", "sm_90", [SAXPY_SPEC])
+    compile_kernels(SAXPY, "saxpy.cu", "sm_90", [SAXPY_SPEC])
     assert len(list(cache.glob("*.cubin"))) == 4
 
 

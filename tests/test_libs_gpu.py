@@ -13,7 +13,7 @@ import pytest
 from helpers import Scratch, rel_err
 
 from graphtrain.errors import GpuUnavailableError
-from graphtrain.libs.nvrtc import F32, F64, I32, I64, PTR, U32, kernel
+from graphtrain.kernels import F32, F64, I32, I64, PTR, U32, kernel, load_source
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device")]
 
@@ -93,10 +93,8 @@ def stream(device):
 
 @pytest.fixture(scope="module")
 def module(device):
-    from graphtrain.libs.nvrtc import Module
-
     specs = [s for s in SPECS if s.cluster is None or device.compute_capability >= (9, 0)]
-    mod = Module.from_source(KERNELS, "testkernels.cu", device, specs)
+    mod = load_source(KERNELS, "testkernels.cu", device, specs)
     yield mod
     mod.close()
 
@@ -280,13 +278,12 @@ def test_a_closed_stream_is_refused(device, module):
 
 def test_dynamic_shared_memory_above_48k_needs_the_raised_limit(stream, device):
     from graphtrain.libs import cuda
-    from graphtrain.libs.nvrtc import Module
 
     n = BIG_SHARED // 4
     x = randn(n)
-    raised = Module.from_source(KERNELS, "testkernels.cu", device,
-                                [kernel("shared_sum", PTR, PTR, I32, max_shared_bytes=BIG_SHARED)])
-    plain = Module.from_source(KERNELS, "testkernels.cu", device, [kernel("shared_sum", PTR, PTR, I32)])
+    raised = load_source(KERNELS, "testkernels.cu", device,
+                         [kernel("shared_sum", PTR, PTR, I32, max_shared_bytes=BIG_SHARED)])
+    plain = load_source(KERNELS, "testkernels.cu", device, [kernel("shared_sum", PTR, PTR, I32)])
     with Scratch(stream, x=x, out=np.array([np.nan])) as s:
         raised["shared_sum"](stream, 1, 256, s["x"], s["out"], n, shared_bytes=BIG_SHARED)
         assert abs(s.get("out")[0] - x.astype(np.float64).sum()) < 1e-3 * np.abs(x).sum()

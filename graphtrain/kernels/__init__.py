@@ -12,8 +12,7 @@ Adding a kernel file is about twenty lines:
     }
 
     # kernels/scale.py
-    from graphtrain.kernels import KernelFile, ceil_div
-    from graphtrain.libs.nvrtc import F32, I32, PTR, kernel
+    from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
     THREADS = 256
 
@@ -47,12 +46,14 @@ default 48 KiB); a launch passes `shared_bytes=N` for its dynamic shared memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ctypes
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from graphtrain.libs import cuda
-from graphtrain.libs.nvrtc import KernelSpec, Module, compile_kernels
+from graphtrain.libs.nvrtc import (F32, F64, I32, I64, PTR, U32, U64, KernelArgumentError, KernelSpec, Module,
+                                   compile_cubin)
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
@@ -61,6 +62,87 @@ def ceil_div(n: int, d: int) -> int:
     """⌈n / d⌉ for n >= 0 and d > 0, in integers (no float rounding): the blocks of d threads
     that cover n items, the batches of d samples that cover n samples."""
     return -(-n // d)
+
+
+# --------------------------------------------------------------------------------------------
+# Declaring kernels, and checking the declarations against the source
+
+# The C kind each argument type must have in the kernel (its size is the ctypes size).
+_KINDS = {PTR: "p", I32: "i", U32: "u", I64: "i", U64: "u", F32: "f", F64: "f"}
+_KIND_NAMES = {"p": "a pointer", "i": "a signed integer", "u": "an unsigned integer", "f": "a floating-point value"}
+
+
+def kernel(name: str, *arg_types: Any, cluster: Sequence[int] | None = None, cooperative: bool = False,
+           max_shared_bytes: int = 0) -> KernelSpec:
+    """Declare a kernel: `kernel("saxpy", F32, PTR, PTR, I32)`."""
+    for i, t in enumerate(arg_types):
+        if t not in _KINDS:
+            raise KernelArgumentError(f"kernel {name}: argument {i} has type {t!r}; declare it as one of "
+                                      "PTR, I32, U32, I64, U64, F32, F64 (graphtrain.kernels)")
+    dims = None
+    if cluster is not None:
+        dims = (*cluster, 1, 1)[:3]
+        if len(cluster) > 3 or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise ValueError(f"kernel {name}: cluster must be 1 to 3 positive ints, not {cluster!r}")
+    if max_shared_bytes < 0:
+        raise ValueError(f"kernel {name}: max_shared_bytes must be non-negative, not {max_shared_bytes}")
+    return KernelSpec(name, tuple(arg_types), dims, bool(cooperative), int(max_shared_bytes))
+
+
+_CHECK_PRELUDE = r"""
+// ---- appended by graphtrain.kernels: the Python declarations of this file's kernels ----
+template <class T> struct graphtrain_kind { static constexpr char value = '?'; };
+template <class T> struct graphtrain_kind<T*> { static constexpr char value = 'p'; };
+#define GRAPHTRAIN_KIND(type, kind) template <> struct graphtrain_kind<type> { static constexpr char value = kind; };
+GRAPHTRAIN_KIND(int, 'i') GRAPHTRAIN_KIND(long, 'i') GRAPHTRAIN_KIND(long long, 'i')
+GRAPHTRAIN_KIND(unsigned, 'u') GRAPHTRAIN_KIND(unsigned long, 'u') GRAPHTRAIN_KIND(unsigned long long, 'u')
+GRAPHTRAIN_KIND(float, 'f') GRAPHTRAIN_KIND(double, 'f')
+#undef GRAPHTRAIN_KIND
+template <unsigned I, class... P> struct graphtrain_arg {  // past the last argument
+    static constexpr char kind = '-'; static constexpr unsigned size = 0; };
+template <class H, class... T> struct graphtrain_arg<0, H, T...> {
+    static constexpr char kind = graphtrain_kind<H>::value; static constexpr unsigned size = sizeof(H); };
+template <unsigned I, class H, class... T> struct graphtrain_arg<I, H, T...> : graphtrain_arg<I - 1, T...> {};
+template <class F> struct graphtrain_params;
+template <class... P> struct graphtrain_params<void(P...)> {
+    static constexpr unsigned count = sizeof...(P);
+    template <unsigned I> using arg = graphtrain_arg<I, P...>;
+};
+"""
+
+
+def declarations_check(specs: Iterable[KernelSpec]) -> str:
+    """C++ that fails to compile unless each kernel takes exactly the declared arguments."""
+    lines = [_CHECK_PRELUDE]
+    for spec in specs:
+        params = f"graphtrain_params<decltype({spec.name})>"
+        lines.append(f'static_assert({params}::count == {len(spec.arg_types)}, '
+                     f'"kernel {spec.name} is declared in Python with {len(spec.arg_types)} arguments");')
+        for i, t in enumerate(spec.arg_types):
+            kind, size = _KINDS[t], ctypes.sizeof(t)
+            arg = f"{params}::arg<{i}>"
+            lines.append(f"static_assert({arg}::kind == '{kind}' && {arg}::size == {size}, \"kernel {spec.name}: "
+                         f'argument {i} is declared in Python as {t.__name__}, {_KIND_NAMES[kind]} of {size} bytes");')
+    return "\n".join(lines) + "\n"
+
+
+def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpec],
+                    defines: Mapping[str, int | str] | None = None, options: Iterable[str] = ()) -> bytes:
+    """Compile a kernel file with its `-D` defines and extra options, checking its declarations."""
+    define_options = [f"-D{key}={value}" for key, value in (defines or {}).items()]
+    return compile_cubin(source + declarations_check(specs), name, arch, [*define_options, *options])
+
+
+def load_source(source: str, name: str, device: cuda.DeviceInfo, specs: Sequence[KernelSpec], *,
+                defines: Mapping[str, int | str] | None = None, options: Iterable[str] = (),
+                arch_suffix: str = "") -> Module:
+    """Compile CUDA C++ given as a string (`name` is used in messages) for the device, and load it."""
+    return Module(name, compile_kernels(source, name, device.arch + arch_suffix, specs, defines, options),
+                  specs, device)
+
+
+# --------------------------------------------------------------------------------------------
+# A kernel file and its launchers
 
 
 class KernelFile:

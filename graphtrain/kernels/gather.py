@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile
-from graphtrain.libs.nvrtc import I32, PTR, kernel
+from graphtrain.kernels import I32, PTR, KernelFile, kernel
 
 THREADS = 256  # threads per row copied: 784 floats are 196 float4s, one pass
 

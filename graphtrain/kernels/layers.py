@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile, ceil_div
-from graphtrain.libs.nvrtc import F32, I32, PTR, kernel
+from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 THREADS = 256  # one thread per element
 BIAS_GRAD_THREADS = 128  # one block per column; its threads stride over the rows

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile, ceil_div
-from graphtrain.libs.nvrtc import F32, I32, PTR, kernel
+from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 TILE = 16  # a TILE×TILE block of threads computes a TILE×TILE block of C, one element each
 

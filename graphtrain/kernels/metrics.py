@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile
-from graphtrain.libs.nvrtc import I32, PTR, kernel
+from graphtrain.kernels import I32, PTR, KernelFile, kernel
 
 METRICS_THREADS = 256  # the block that reduces, in a fixed order; a power of two
 

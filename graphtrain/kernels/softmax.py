@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile, ceil_div
-from graphtrain.libs.nvrtc import I32, PTR, kernel
+from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 
 THREADS = 256
 

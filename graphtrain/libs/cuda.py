@@ -1,18 +1,13 @@
-"""The CUDA runtime layer: device, streams, events, memory, copies and CUDA Graphs.
-
-A thin layer over NVIDIA's `cuda.bindings` (the `cuda-python` wheels, CUDA 12 or 13). Every call's
-status is checked and turned into a `CudaError` that names the call and the status, e.g.
-``cudaMalloc failed: cudaErrorMemoryAllocation``.
-
-`cuda.bindings` is imported on first use, not at import time, so that `graphtrain` (its CLI, its
-CPU tests, `graphtrain info`) works on machines without it and can say what is missing.
-
-The counters below let tests assert the properties the training loop is built for: one device
-allocation per run and no host-blocking synchronisation inside the batch loop.
+"""The CUDA runtime layer over `cuda.bindings` (CUDA 12 or 13): device, streams, events, memory,
+copies and CUDA Graphs. Every call's status is checked: a `CudaError` names the call and the
+status (``cudaMalloc failed: cudaErrorMemoryAllocation``). The counters let tests assert what the
+training loop is built for: one device allocation per run, no host-blocking sync in the batch loop.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,33 +32,26 @@ class CudaError(RuntimeError):
 class ClosedError(RuntimeError):
     """A stream, event, graph, module or library handle was used after `close()`."""
 
-
 # --------------------------------------------------------------------------------------------
-# Lazy import of cuda.bindings
-
-_modules: dict[str, Any] = {}
+# cuda.bindings, imported on first use: without it graphtrain still runs, and says what is missing
 
 
-def _import_bindings() -> dict[str, Any]:
-    """Import the runtime and driver bindings once; GpuUnavailableError if they are missing."""
-    if not _modules:
-        try:
-            from cuda.bindings import driver, runtime
-        except ImportError as exc:
-            raise GpuUnavailableError(f"the CUDA Python bindings (cuda-bindings) are not installed ({exc}); "
-                                      f"{INSTALL_HINTS['cuda_bindings']}") from None
-        _modules.update(runtime=runtime, driver=driver)
-    return _modules
+@functools.cache
+def bindings(name: str) -> Any:
+    """The module `cuda.bindings.<name>` (runtime, driver, nvrtc); GpuUnavailableError if missing."""
+    try:
+        return importlib.import_module(f"cuda.bindings.{name}")
+    except ImportError as exc:
+        raise GpuUnavailableError(f"the CUDA Python bindings (cuda-bindings) are not installed ({exc}); "
+                                  f"{INSTALL_HINTS['cuda_bindings']}") from None
 
 
 def runtime_api() -> Any:
-    """The `cuda.bindings.runtime` module (imported on first use)."""
-    return _import_bindings()["runtime"]
+    return bindings("runtime")
 
 
 def driver_api() -> Any:
-    """The `cuda.bindings.driver` module (imported on first use)."""
-    return _import_bindings()["driver"]
+    return bindings("driver")
 
 
 def status_detail(status: Any) -> str | None:
@@ -77,26 +65,17 @@ def status_detail(status: Any) -> str | None:
 
 
 def check(result: Any, call: str) -> Any:
-    """Unwrap a cuda.bindings result `(status, *values)`; raise CudaError unless it succeeded.
-
-    Success is 0 for runtime and driver statuses alike. Returns None when there are no values,
-    the value when there is one, else a tuple.
-    """
+    """Unwrap a cuda.bindings result `(status, *values)` into None, the one value or a tuple;
+    CudaError unless the status is 0 (success, for runtime and driver alike)."""
     status, values = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
     if status:
         raise CudaError(call, status, status_detail(status))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
+    return values[0] if len(values) == 1 else (values or None)
 
 
 def cuda_version(encoded: int) -> str:
     """CUDA's version encoding, 1000 * major + 10 * minor: 13000 -> "13.0", 12080 -> "12.8"."""
     return f"{encoded // 1000}.{(encoded % 1000) // 10}"
-
-
-# --------------------------------------------------------------------------------------------
-# Counters
 
 
 @dataclass
@@ -158,14 +137,10 @@ def _unavailable(status: Any, runtime: Any) -> GpuUnavailableError:
 
 
 def open_device(ordinal: int = 0) -> DeviceInfo:
-    """Initialise CUDA on GPU `ordinal` and make its primary context current on this thread.
-
-    cudaSetDevice + cudaFree(0) create the primary context; the driver API (modules, kernel
-    launches) then uses that same context. Cached per ordinal, but cudaSetDevice runs on every
-    call because the current device is per host thread.
-    """
-    mods = _import_bindings()
-    runtime, driver = mods["runtime"], mods["driver"]
+    """Initialise CUDA on GPU `ordinal` and make its primary context current on this thread (the
+    context the driver API's modules and launches then use). Cached per ordinal; cudaSetDevice
+    runs on every call because the current device is per host thread."""
+    runtime, driver = runtime_api(), driver_api()
     with _device_lock:
         cached = _devices.get(ordinal)
         if cached is not None:
@@ -206,12 +181,9 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
 
 
 class Stream:
-    """A non-blocking CUDA stream.
-
-    Non-blocking so that it never serialises with the legacy default stream, which other libraries
-    may use behind our back. `handle` is the driver's CUstream, which the runtime and driver
-    bindings both take; `int(stream.handle)` is the address ctypes libraries (cuBLAS, cuDNN) want.
-    """
+    """A non-blocking CUDA stream: it never serialises with the legacy default stream, which other
+    libraries may use behind our back. `handle` is the driver's CUstream, which both bindings
+    take; `int(stream.handle)` is the address ctypes libraries (cuBLAS, cuDNN) want."""
 
     def __init__(self) -> None:
         driver = driver_api()
@@ -286,20 +258,20 @@ def free(ptr: int) -> None:
     counters.frees += 1
 
 
-def copy_to_device(dst_ptr: int, src: np.ndarray, stream: Stream) -> None:
-    """Copy a host array to device memory at `dst_ptr`, then wait for the copy (counted sync).
+def _copy(dst: int, src: int, nbytes: int, kind: str, stream: Stream) -> None:
+    """Copy ordered on `stream` (a plain cudaMemcpy would use the legacy default stream, which does
+    not order with non-blocking ones), then wait for it: the host array is free to change after."""
+    runtime = runtime_api()
+    check(runtime.cudaMemcpyAsync(dst, src, nbytes, getattr(runtime.cudaMemcpyKind, f"cudaMemcpy{kind}"),
+                                  stream.handle), f"cudaMemcpyAsync({kind})")
+    stream.synchronize()
 
-    The copy is ordered on `stream` (a plain cudaMemcpy would use the legacy default stream, which
-    does not order with non-blocking streams), and the wait makes it safe for the caller to drop
-    or modify `src` as soon as this returns. Setup-time only.
-    """
+
+def copy_to_device(dst_ptr: int, src: np.ndarray, stream: Stream) -> None:
+    """Copy a host array to device memory at `dst_ptr` and wait (a counted sync). Setup-time only."""
     host = np.ascontiguousarray(src)
     if host.nbytes:
-        runtime = runtime_api()
-        check(runtime.cudaMemcpyAsync(int(dst_ptr), host.ctypes.data, host.nbytes,
-                                      runtime.cudaMemcpyKind.cudaMemcpyHostToDevice, stream.handle),
-              "cudaMemcpyAsync(HostToDevice)")
-        stream.synchronize()
+        _copy(int(dst_ptr), host.ctypes.data, host.nbytes, "HostToDevice", stream)
 
 
 def copy_to_host(src_ptr: int, dst: np.ndarray, stream: Stream) -> np.ndarray:
@@ -308,12 +280,8 @@ def copy_to_host(src_ptr: int, dst: np.ndarray, stream: Stream) -> np.ndarray:
     if not dst.flags.c_contiguous or not dst.flags.writeable:
         raise ValueError("copy_to_host needs a writeable C-contiguous destination array")
     if dst.nbytes:
-        runtime = runtime_api()
-        check(runtime.cudaMemcpyAsync(dst.ctypes.data, int(src_ptr), dst.nbytes,
-                                      runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream.handle),
-              "cudaMemcpyAsync(DeviceToHost)")
+        _copy(dst.ctypes.data, int(src_ptr), dst.nbytes, "DeviceToHost", stream)
         counters.d2h_copies += 1
-        stream.synchronize()
     return dst
 
 
@@ -363,9 +331,8 @@ class Graph:
         try:
             yield graph
         except BaseException:
-            # End the capture so the stream is usable again and drop what was recorded; the
-            # capture may already be invalidated, so its status is not checked: the original
-            # exception is the one to see.
+            # End the capture so the stream is usable again and drop what was recorded; unchecked,
+            # as the capture may already be invalidated: the original exception is the one to see.
             err, partial = runtime.cudaStreamEndCapture(handle)
             if not err and partial is not None and int(partial):
                 runtime.cudaGraphDestroy(partial)

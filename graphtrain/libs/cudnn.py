@@ -9,7 +9,6 @@ training step only launches.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 from graphtrain.libs import cuda
 from graphtrain.libs.shared_lib import SharedLibrary
@@ -44,14 +43,6 @@ def version() -> str:
     return f"{encoded // 10000}.{(encoded % 10000) // 100}.{encoded % 100}"
 
 
-@dataclass(frozen=True)
-class TensorDesc:
-    """A float32 NCHW tensor descriptor, owned (and destroyed) by a Cudnn handle."""
-
-    handle: ctypes.c_void_p
-    shape: tuple[int, int, int, int]
-
-
 class Cudnn:
     """A cuDNN handle bound to one stream."""
 
@@ -60,7 +51,7 @@ class Cudnn:
         handle = ctypes.c_void_p()
         library.check(lib.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
         self._handle: ctypes.c_void_p | None = handle
-        self._descs: list[TensorDesc] = []
+        self._descs: list[ctypes.c_void_p] = []  # tensor descriptors, destroyed by close()
         self.stream = stream
         try:
             library.check(lib.cudnnSetStream(handle, int(stream.handle)), "cudnnSetStream")
@@ -75,30 +66,28 @@ class Cudnn:
             raise cuda.ClosedError("this cuDNN handle was closed")
         return self._handle
 
-    def tensor_4d(self, n: int, c: int, h: int = 1, w: int = 1) -> TensorDesc:
-        """A float32 NCHW descriptor, destroyed by `close`. For row-wise softmax over a
+    def tensor_4d(self, n: int, c: int, h: int = 1, w: int = 1) -> ctypes.c_void_p:
+        """A float32 NCHW tensor descriptor, destroyed by `close`. For row-wise softmax over a
         rows×classes matrix use tensor_4d(rows, classes, 1, 1)."""
         self._require()
-        raw = ctypes.c_void_p()
-        library.check(self._lib.cudnnCreateTensorDescriptor(ctypes.byref(raw)), "cudnnCreateTensorDescriptor")
-        desc = TensorDesc(raw, (n, c, h, w))
+        desc = ctypes.c_void_p()
+        library.check(self._lib.cudnnCreateTensorDescriptor(ctypes.byref(desc)), "cudnnCreateTensorDescriptor")
         self._descs.append(desc)  # destroyed by close(), also when setting it fails below
-        library.check(self._lib.cudnnSetTensor4dDescriptor(raw, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w),
+        library.check(self._lib.cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w),
                       "cudnnSetTensor4dDescriptor")
         return desc
 
-    def softmax_forward(self, desc: TensorDesc, x_ptr: int, y_ptr: int) -> None:
+    def softmax_forward(self, desc: ctypes.c_void_p, x_ptr: int, y_ptr: int) -> None:
         """y = softmax(x) over each instance (c·h·w values), accurate algorithm; queued."""
         status = self._lib.cudnnSoftmaxForward(self._require(), CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE,
-                                               self._one_ref, desc.handle, x_ptr, self._zero_ref, desc.handle, y_ptr)
+                                               self._one_ref, desc, x_ptr, self._zero_ref, desc, y_ptr)
         if status:
             library.check(status, "cudnnSoftmaxForward")
 
-    def softmax_backward(self, desc: TensorDesc, y_ptr: int, dy_ptr: int, dx_ptr: int) -> None:
+    def softmax_backward(self, desc: ctypes.c_void_p, y_ptr: int, dy_ptr: int, dx_ptr: int) -> None:
         """dx = y ⊙ (dy − Σ y·dy) per instance, from the forward output y; queued."""
         status = self._lib.cudnnSoftmaxBackward(self._require(), CUDNN_SOFTMAX_ACCURATE, CUDNN_SOFTMAX_MODE_INSTANCE,
-                                                self._one_ref, desc.handle, y_ptr, desc.handle, dy_ptr,
-                                                self._zero_ref, desc.handle, dx_ptr)
+                                                self._one_ref, desc, y_ptr, desc, dy_ptr, self._zero_ref, desc, dx_ptr)
         if status:
             library.check(status, "cudnnSoftmaxBackward")
 
@@ -106,7 +95,7 @@ class Cudnn:
         """Destroy every descriptor made here, then the handle (idempotent)."""
         descs, self._descs = self._descs, []
         for desc in descs:
-            library.check(self._lib.cudnnDestroyTensorDescriptor(desc.handle), "cudnnDestroyTensorDescriptor")
+            library.check(self._lib.cudnnDestroyTensorDescriptor(desc), "cudnnDestroyTensorDescriptor")
         if self._handle is not None:
             handle, self._handle = self._handle, None
             library.check(self._lib.cudnnDestroy(handle), "cudnnDestroy")

@@ -31,29 +31,15 @@ def _align(n: int, alignment: int = ALIGNMENT) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
-def _normalise_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    if not isinstance(shape, (tuple, list)) or not all(
-        isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise ArenaError(f"a buffer shape must be a non-negative int or a tuple of them, not {shape!r}")
-    return tuple(int(d) for d in shape)
-
-
 class Buffer:
     """A typed, shaped slice of an Arena at a fixed, 256-byte-aligned offset."""
 
     __slots__ = ("name", "shape", "dtype", "nbytes", "size", "offset", "_arena")
 
     def __init__(self, arena: Arena, name: str, shape: tuple[int, ...], dtype: np.dtype, offset: int):
-        self._arena = arena
-        self.name = name
-        self.shape = shape
-        self.dtype = dtype
+        self._arena, self.name, self.shape, self.dtype, self.offset = arena, name, shape, dtype, offset
         self.size = int(np.prod(shape, dtype=np.int64)) if shape else 1
         self.nbytes = self.size * dtype.itemsize
-        self.offset = offset
 
     @property
     def ptr(self) -> int:
@@ -87,9 +73,6 @@ class Buffer:
         if self.nbytes:
             cuda.memset(self.ptr, 0, self.nbytes, stream)
 
-    def __repr__(self) -> str:
-        return f"Buffer({self.name!r}, shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
-
 
 class Arena:
     """Plan buffers with `reserve`, then `allocate` all of them with one device allocation."""
@@ -108,8 +91,11 @@ class Arena:
             raise ArenaError(f"a buffer name must be a non-empty string, not {name!r}")
         if name in self._buffers:
             raise ArenaError(f"buffer {name!r} is already reserved in this arena")
-        dims = _normalise_shape(shape)
-        buffer = Buffer(self, name, dims, np.dtype(dtype), _align(self._end))
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+        if not isinstance(dims, (tuple, list)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ArenaError(f"a buffer shape must be a non-negative int or a tuple of them, not {shape!r}")
+        buffer = Buffer(self, name, tuple(int(d) for d in dims), np.dtype(dtype), _align(self._end))
         self._buffers[name] = buffer
         self._end = buffer.offset + buffer.nbytes
         return buffer
@@ -155,7 +141,3 @@ class Arena:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else ("allocated" if self._base is not None else "planned")
-        return f"Arena({len(self._buffers)} buffers, {self.nbytes} bytes, {state})"

@@ -1,20 +1,8 @@
 """Kernels: compile CUDA C++ with NVRTC to a cubin (cached on disk), load it, launch it.
 
-Each kernel's argument types are declared once, in Python, with `kernel("name", PTR, I32, ...)`
-(graphtrain/kernels/__init__.py shows the whole pattern). The compiler checks the declaration:
-every compile appends a `static_assert` per argument to the source, so a launcher that declares
-the wrong number or kind of arguments fails to compile with a message naming the kernel and the
-argument, on any machine with NVRTC, GPU or not.
-
-A launch then packs its values with one precompiled `struct.pack_into` into a buffer whose
-layout was fixed when the kernel was loaded, and calls cuLaunchKernel (or cuLaunchKernelEx, for
-thread-block clusters and cooperative launches), then checks the status: no Python checks an
-argument. The packing itself, in C, refuses a wrong count, a float for an int, a negative
-pointer or a value out of the declared type's range.
-
+How kernels are declared, and what is checked when, is in graphtrain/kernels/__init__.py.
 Compiling for the real architecture (``sm_90``, not ``compute_90``) gives a cubin the driver loads
-without a JIT step. ``--use_fast_math`` is deliberately not used: the losses need accurate
-expf/logf.
+without a JIT step. ``--use_fast_math`` is deliberately not used: the losses need accurate expf/logf.
 """
 
 from __future__ import annotations
@@ -24,17 +12,16 @@ import hashlib
 import os
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from graphtrain import files
-from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, OutputError
+from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError
 from graphtrain.libs import cuda
 
-_CACHE_MAGIC = b"GTCUBIN1"  # file = magic + sha256(cubin) + cubin: a torn or corrupt entry is detected
-_DEFAULT_OPTIONS = ("-std=c++17",)
+_CACHE_MAGIC = b"GTCUBIN1"
 
 
 class NvrtcError(RuntimeError):
@@ -61,15 +48,12 @@ counters = CompileCounters()
 
 
 # --------------------------------------------------------------------------------------------
-# Declaring kernels
+# The argument types a kernel may take (graphtrain.kernels declares kernels with them), each with
+# the `struct` code a launch packs it with, in native alignment as the C ABI lays arguments out
 
-# The argument types a kernel may take: the C kind and size the compiler must agree with, and
-# the `struct` code a launch packs the value with (native alignment, as the C ABI lays them out).
 PTR, I32, U32, I64, U64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64
 F32, F64 = ctypes.c_float, ctypes.c_double
-_KINDS = {PTR: ("p", 8, "Q"), I32: ("i", 4, "i"), U32: ("u", 4, "I"), I64: ("i", 8, "q"), U64: ("u", 8, "Q"),
-          F32: ("f", 4, "f"), F64: ("f", 8, "d")}
-_KIND_NAMES = {"p": "a pointer", "i": "a signed integer", "u": "an unsigned integer", "f": "a floating-point value"}
+STRUCT_CODES = {PTR: "Q", I32: "i", U32: "I", I64: "q", U64: "Q", F32: "f", F64: "d"}
 
 
 @dataclass(frozen=True)
@@ -83,72 +67,8 @@ class KernelSpec:
     max_shared_bytes: int = 0  # dynamic shared memory above the default 48 KiB, raised once
 
 
-def kernel(name: str, *arg_types: Any, cluster: Sequence[int] | None = None, cooperative: bool = False,
-           max_shared_bytes: int = 0) -> KernelSpec:
-    """Declare a kernel: `kernel("saxpy", F32, PTR, PTR, I32)`."""
-    for i, t in enumerate(arg_types):
-        if t not in _KINDS:
-            raise KernelArgumentError(f"kernel {name}: argument {i} has type {t!r}; declare it as one of "
-                                      "PTR, I32, U32, I64, U64, F32, F64 (graphtrain.libs.nvrtc)")
-    dims = None
-    if cluster is not None:
-        dims = (*cluster, 1, 1)[:3]
-        if len(cluster) > 3 or not all(isinstance(d, int) and d > 0 for d in dims):
-            raise ValueError(f"kernel {name}: cluster must be 1 to 3 positive ints, not {cluster!r}")
-    if max_shared_bytes < 0:
-        raise ValueError(f"kernel {name}: max_shared_bytes must be non-negative, not {max_shared_bytes}")
-    return KernelSpec(name, tuple(arg_types), dims, bool(cooperative), int(max_shared_bytes))
-
-
-_CHECK_PRELUDE = r"""
-// ---- appended by graphtrain.libs.nvrtc: the Python declarations of this file's kernels ----
-template <class T> struct graphtrain_kind { static constexpr char value = '?'; };
-template <class T> struct graphtrain_kind<T*> { static constexpr char value = 'p'; };
-#define GRAPHTRAIN_KIND(type, kind) template <> struct graphtrain_kind<type> { static constexpr char value = kind; };
-GRAPHTRAIN_KIND(int, 'i') GRAPHTRAIN_KIND(long, 'i') GRAPHTRAIN_KIND(long long, 'i')
-GRAPHTRAIN_KIND(unsigned, 'u') GRAPHTRAIN_KIND(unsigned long, 'u') GRAPHTRAIN_KIND(unsigned long long, 'u')
-GRAPHTRAIN_KIND(float, 'f') GRAPHTRAIN_KIND(double, 'f')
-#undef GRAPHTRAIN_KIND
-template <unsigned I, class... P> struct graphtrain_arg {  // past the last argument
-    static constexpr char kind = '-'; static constexpr unsigned size = 0; };
-template <class H, class... T> struct graphtrain_arg<0, H, T...> {
-    static constexpr char kind = graphtrain_kind<H>::value; static constexpr unsigned size = sizeof(H); };
-template <unsigned I, class H, class... T> struct graphtrain_arg<I, H, T...> : graphtrain_arg<I - 1, T...> {};
-template <class F> struct graphtrain_params;
-template <class... P> struct graphtrain_params<void(P...)> {
-    static constexpr unsigned count = sizeof...(P);
-    template <unsigned I> using arg = graphtrain_arg<I, P...>;
-};
-"""
-
-
-def declarations_check(specs: Iterable[KernelSpec]) -> str:
-    """C++ that fails to compile unless each kernel takes exactly the declared arguments."""
-    lines = [_CHECK_PRELUDE]
-    for spec in specs:
-        params = f"graphtrain_params<decltype({spec.name})>"
-        lines.append(f'static_assert({params}::count == {len(spec.arg_types)}, '
-                     f'"kernel {spec.name} is declared in Python with {len(spec.arg_types)} arguments");')
-        for i, t in enumerate(spec.arg_types):
-            kind, size, _ = _KINDS[t]
-            arg = f"{params}::arg<{i}>"
-            lines.append(f"static_assert({arg}::kind == '{kind}' && {arg}::size == {size}, \"kernel {spec.name}: "
-                         f'argument {i} is declared in Python as {t.__name__}, {_KIND_NAMES[kind]} of {size} bytes");')
-    return "\n".join(lines) + "\n"
-
-
 # --------------------------------------------------------------------------------------------
 # Compilation with a disk cache
-
-
-def _nvrtc() -> Any:
-    """`cuda.bindings.nvrtc`, imported alone: compiling needs no driver and no GPU."""
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:
-        raise GpuUnavailableError("the CUDA Python bindings (cuda-bindings) are not installed; "
-                                  f"{INSTALL_HINTS['cuda_bindings']}") from None
-    return nvrtc
 
 
 def _nvrtc_call(call: str, fn: Any, *args: Any) -> Any:
@@ -167,7 +87,7 @@ def _nvrtc_call(call: str, fn: Any, *args: Any) -> Any:
 
 def version() -> str:
     """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded)."""
-    nvrtc = _nvrtc()
+    nvrtc = cuda.bindings("nvrtc")  # compiling needs no driver and no GPU
     major, minor = _nvrtc_call("nvrtcVersion", nvrtc.nvrtcVersion)
     return f"{major}.{minor}"
 
@@ -179,30 +99,9 @@ def cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else files.cache_dir("kernels")
 
 
-def _read_cache(path: Path) -> bytes | None:
-    """The cached cubin, or None when absent, unreadable or corrupt (then it is recompiled)."""
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    header = len(_CACHE_MAGIC) + 32
-    cubin, digest = blob[header:], blob[len(_CACHE_MAGIC):header]
-    ok = blob.startswith(_CACHE_MAGIC) and cubin and hashlib.sha256(cubin).digest() == digest
-    return cubin if ok else None
-
-
-def _write_cache(path: Path, cubin: bytes) -> None:
-    """Write atomically, so that readers never see a half-written entry. The cache is an
-    optimisation: failing to write it (a read-only home, a full disk) is not an error."""
-    try:
-        files.write_atomic(path, _CACHE_MAGIC + hashlib.sha256(cubin).digest() + cubin)
-    except OutputError:
-        pass  # the next run compiles again
-
-
 def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
     """Run NVRTC once; NvrtcError with the log on a compile error."""
-    nvrtc = _nvrtc()
+    nvrtc = cuda.bindings("nvrtc")
     program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
     try:
         encoded = [opt.encode() for opt in options]
@@ -222,33 +121,23 @@ def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
 
 
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
-    """Compile CUDA C++ `source` (called `name` in messages) to a cubin for `arch` ("sm_90").
-
-    Cached on disk under `cache_dir()`, keyed by the source, the options, the architecture and the
-    NVRTC version; an unreadable or corrupt entry is recompiled.
-    """
+    """Compile CUDA C++ `source` (called `name` in messages) to a cubin for `arch` ("sm_90"), cached
+    under `cache_dir()` by source, options, architecture and NVRTC version (a corrupt entry is redone)."""
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise ValueError(f"GPU architecture must look like 'sm_90' (a real architecture), not {arch!r}")
-    all_options = (f"--gpu-architecture={arch}", *_DEFAULT_OPTIONS, *options)
+    all_options = (f"--gpu-architecture={arch}", "-std=c++17", *options)
     digest = hashlib.sha256()
     for part in ("graphtrain-cubin-v1", version(), "\0".join(all_options), source):
         digest.update(part.encode() + b"\xff")  # a separator that cannot occur in UTF-8 text
     path = cache_dir() / f"{digest.hexdigest()}.cubin"
-    cubin = _read_cache(path)
+    cubin = files.read_cached(path, _CACHE_MAGIC)
     if cubin is not None:
         counters.cache_hits += 1
         return cubin
     cubin = _compile(source, name, all_options)
     counters.compiles += 1
-    _write_cache(path, cubin)
+    files.write_cached(path, _CACHE_MAGIC, cubin)  # when it cannot be written, the next run compiles again
     return cubin
-
-
-def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpec],
-                    defines: Mapping[str, int | str] | None = None, options: Iterable[str] = ()) -> bytes:
-    """Compile a kernel file with its `-D` defines and extra options, checking its declarations."""
-    define_options = [f"-D{key}={value}" for key, value in (defines or {}).items()]
-    return compile_cubin(source + declarations_check(specs), name, arch, [*define_options, *options])
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,20 +145,17 @@ def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpe
 
 
 class Kernel:
-    """A launchable kernel: ``kernel(stream, grid, block, *args, shared_bytes=0)``.
-
-    `grid` and `block` are an int (x) or a 3-tuple. The arguments live in one buffer laid out as
-    the C ABI lays them out, with the array of pointers into it built once; a launch packs all the
-    values with one precompiled `struct.pack_into` (in C, which also refuses a wrong count, a
-    float for an int and a value out of range) and calls the driver with the array's address.
-    The driver copies the values during the call (and into the graph node when capturing), so
-    reusing the buffer is safe. Not for several threads at once.
-    """
+    """A launchable kernel: ``kernel(stream, grid, block, *args, shared_bytes=0)``, `grid` and
+    `block` an int (x) or a 3-tuple. The arguments live in one buffer laid out as the C ABI lays
+    them out, with the array of pointers into it built once; a launch packs all the values with
+    one precompiled `struct.pack_into` (in C, which refuses a wrong count, a float for an int and a
+    value out of range) and calls the driver, which copies the values during the call (and into the
+    graph node when capturing), so reusing the buffer is safe. Not for several threads at once."""
 
     def __init__(self, spec: KernelSpec, function: Any):
         driver = cuda.driver_api()
         self.name, self.spec, self._function = spec.name, spec, function
-        codes = "".join(_KINDS[t][2] for t in spec.arg_types)
+        codes = "".join(STRUCT_CODES[t] for t in spec.arg_types)
         packer = struct.Struct("@" + codes)
         self._pack, self._values = packer.pack_into, ctypes.create_string_buffer(max(packer.size, 1))
         # Each argument's offset: the packed size up to and including it, less its own size.
@@ -317,9 +203,8 @@ class Kernel:
 
 
 def launch_config(spec: KernelSpec) -> Any:
-    """The CUlaunchConfig for cuLaunchKernelEx with the kernel's cluster and cooperative
-    attributes; grid, block, shared memory and stream are filled in per launch. With a cluster,
-    the grid still counts blocks, and must be a multiple of the cluster in each dimension."""
+    """The CUlaunchConfig for cuLaunchKernelEx with the kernel's cluster and cooperative attributes,
+    filled in per launch. With a cluster, the grid still counts blocks (a multiple of the cluster)."""
     driver = cuda.driver_api()
     attrs = []
     if spec.cluster is not None:
@@ -351,14 +236,6 @@ class Module:
         except BaseException:
             driver.cuModuleUnload(self._handle)  # cleanup: the lookup's error is the one to see
             raise
-
-    @classmethod
-    def from_source(cls, source: str, name: str, device: cuda.DeviceInfo, specs: Sequence[KernelSpec], *,
-                    defines: Mapping[str, int | str] | None = None, options: Iterable[str] = (),
-                    arch_suffix: str = "") -> Module:
-        """Compile CUDA C++ given as a string (`name` is used in messages) for the device, and load it."""
-        cubin = compile_kernels(source, name, device.arch + arch_suffix, specs, defines, options)
-        return cls(name, cubin, specs, device)
 
     def __getitem__(self, name: str) -> Kernel:
         return self.kernels[name]

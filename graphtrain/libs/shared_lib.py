@@ -1,11 +1,5 @@
-"""NVIDIA's shared libraries for ctypes: found by cuda.pathfinder, declared once, statuses checked.
-
-`cuda.pathfinder` knows where NVIDIA's pip wheels (CUDA 12: `nvidia/<lib>/lib/*.so.12`; CUDA 13:
-`nvidia/cu13/lib/*.so.13`; cuDNN: `nvidia/cudnn/lib/libcudnn.so.9`), conda and the CUDA toolkit
-put each library, so one code path serves the `cu12` and `cu13` extras and system installs.
-What it does not do, this module does: declare each C function's types once, and turn a non-zero
-status into a `LibraryError` that names the call and the library's own name for the status.
-"""
+"""NVIDIA's shared libraries for ctypes: found by cuda.pathfinder (pip wheels of CUDA 12 or 13,
+conda, the toolkit), each C function's types declared once, every status checked."""
 
 from __future__ import annotations
 
@@ -26,11 +20,8 @@ class LibraryError(RuntimeError):
 
 
 class SharedLibrary:
-    """One NVIDIA library, opened on first use, with its functions' C types declared.
-
-    `functions` maps each function used to (argtypes, restype); `status_name` names the function
-    that turns a status code into text (cublasGetStatusName, cudnnGetErrorString).
-    """
+    """One NVIDIA library, opened on first use, `functions` (name -> (argtypes, restype)) declared;
+    `status_name` is its function that names a status (cublasGetStatusName, cudnnGetErrorString)."""
 
     def __init__(self, name: str, what: str, functions: Mapping[str, tuple[list[Any], Any]], status_name: str):
         self.name, self.what, self.functions, self.status_function = name, what, functions, status_name
