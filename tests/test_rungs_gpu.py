@@ -15,6 +15,7 @@ from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError, UsageError
+from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +45,7 @@ def gpu():
 
 
 def stage_for(name: str, cfg: TrainConfig, data: Dataset):
-    return get_stage(name)(cfg, data)
+    return get_stage(name)(RunPlan.for_data(cfg, data), data)
 
 
 def trains(name: str, cfg: TrainConfig) -> bool:

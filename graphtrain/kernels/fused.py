@@ -6,8 +6,7 @@ The head kernels unroll over the classes, so a `Fused` is compiled for a model's
 
 from __future__ import annotations
 
-from graphtrain.kernels import KernelFile, ceil_div
-from graphtrain.libs.nvrtc import F32, I32, I64, PTR, U64, kernel
+from graphtrain.kernels import F32, I32, I64, PTR, U64, KernelFile, ceil_div, kernel
 
 HEAD_THREADS = 256  # head_step: 8 rows (warps) per block; the column kernels: 32 columns × 8 row warps
 COLUMNS = 32  # per block of the column kernels

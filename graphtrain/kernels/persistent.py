@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphtrain.kernels import KernelFile, ceil_div
-from graphtrain.libs.nvrtc import F32, I32, PTR, kernel
+from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
 THREADS = 256  # per block; measured faster than 512 or 1024 on an H100 (fewer threads per barrier)

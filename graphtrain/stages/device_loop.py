@@ -37,20 +37,15 @@ class DeviceLoopStage(Bf16Stage):
     def capture(self) -> None:
         super().capture()  # the step graphs: nodes per step
         self.epoch_graphs = {}
-        epoch_lengths = {len(self.bounds[:n]) for n in self.batches_per_epoch()}
-        for num_batches in sorted(epoch_lengths):
+        for num_batches in sorted(set(self.plan.batches)):
             for measure in (False, True):
                 self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
         self.set_cursor(0)  # the warm-up moved it; from here each epoch leaves it at the next one's start
         self.next_sample = 0
 
-    def batches_per_epoch(self) -> list[int]:
-        cfg = self.config
-        return [cfg.batches_in_epoch(e, self.num_train) for e in range(self.num_epochs)]
-
     def capture_epoch(self, num_batches: int, measure: bool) -> cuda.Graph:
         """One graph: the full batches of the epoch's first `num_batches`, then its tail batch."""
-        sizes = [hi - lo for lo, hi in self.bounds[:num_batches]]
+        sizes = [hi - lo for lo, hi in self.plan.bounds[:num_batches]]
         full, tail = self.config.batch, sizes[-1] if sizes[-1] != self.config.batch else None
         count = len(sizes) - (tail is not None)
         with cuda.Graph.capture(self.stream) as graph:
@@ -77,7 +72,7 @@ class DeviceLoopStage(Bf16Stage):
         if graph is None:  # a length the run's epochs do not have (a test's partial epoch)
             graph = self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
         graph.launch(self.stream)
-        self.next_sample = start + self.bounds[num_batches - 1][1]
+        self.next_sample = start + self.plan.samples_seen(num_batches)
 
     def close(self) -> None:
         for graph in getattr(self, "epoch_graphs", {}).values():

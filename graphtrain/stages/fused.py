@@ -49,7 +49,7 @@ class FusedStage(GraphsStage):
         self.fused_cu = Fused(self.device, self.config.classes, bf16=self.ACT != R_32F)
         # cuBLASLt shares cuBLAS's workspace: both run on the one stream, one call at a time.
         self.lt = Lt(self.workspace.ptr, self.workspace.nbytes)
-        self.products = {rows: self.plan_products(rows) for rows in sorted({hi - lo for lo, hi in self.bounds})}
+        self.products = {rows: self.plan_products(rows) for rows in self.plan.batch_sizes}
         if self.config.bias:  # the padding between the packed biases stays zero
             for buf in (*self.b, *self.db):
                 buf.zero(self.stream)
