@@ -34,8 +34,10 @@ after the math (usually `name`), whose arguments are (stream, device addresses, 
 computes the launch geometry itself. Pointers are ints (`Buffer.ptr`, `Buffer.at(i)`), or 0 for NULL.
 
 What is checked, and when: the argument types when the class is defined; their number, kinds
-and sizes against the `.cu` by the compiler (NVRTC, on any machine, also without a GPU: the CPU
-tests compile every file for sm_80 and sm_90); nothing in Python per launch, which packs the
+and sizes against the `.cu` by the compiler, from a `static_assert` per argument appended to the
+source (NVRTC, on any machine, also without a GPU: the CPU tests compile every file for sm_80
+and sm_90), so a wrong declaration fails to compile with a message naming the kernel and the
+argument; nothing in Python per launch, which packs the
 values with one precompiled `struct.pack_into` (refusing, in C, a wrong count, a float for an int
 or a value out of range) and calls the driver. `kernel(...)` also takes `cluster=(x, y, z)` (a
 thread-block cluster, launched through cuLaunchKernelEx), `cooperative=True` (grid-wide sync),

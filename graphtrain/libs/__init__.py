@@ -1,10 +1,11 @@
-"""The only part of graphtrain that talks to CUDA: runtime, NVRTC kernels, cuBLAS and cuDNN.
+"""The only part of graphtrain that talks to CUDA: runtime, NVRTC kernels, cuBLAS(Lt) and cuDNN.
 
     cuda.py        cuda.bindings: checked calls, device, streams, events, copies, CUDA Graphs, counters
     memory.py      one device arena per run, carved into typed buffers
     nvrtc.py       compile kernels (cubin cache on disk), load and launch them
     shared_lib.py  cuBLAS/cuDNN/cuBLASLt through ctypes: found by cuda.pathfinder, LibraryError
-    cublas.py      a row-major GEMM;  cudnn.py  softmax forward and backward
+    cublas.py      a row-major GEMM;  cublaslt.py  products with fused epilogues, planned once
+    cudnn.py       softmax forward and backward
 
 Importing any of it needs no GPU and no CUDA package: everything is loaded on first use.
 
