@@ -24,10 +24,20 @@ extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetCondition
 //   row_loss[r] = log Σ_j e^{z_j − m} + m − z_{y_r},  row_correct[r] = [first argmax = y_r]
 // The batch is x, or, when `order` is given, gathered here: x[r] = images[order[*cursor + r]],
 // with y[r] from `labels`, and the rows kept in x_copy for the weight update.
+// W is read by every row: when the launcher gives shared memory for it (CLASSES·k floats), the
+// block copies it there first.
 template <typename T>
-__device__ void head_step(const T* x, const float* images, const int* labels, const int* order, const int* cursor,
-                          float* x_copy, int* y, const float* w, const float* b, int k, int rows,
-                          float* dlogits, float* row_loss, float* row_correct) {
+__device__ void head_step(const T* __restrict__ x, const float* __restrict__ images, const int* labels,
+                          const int* order, const int* cursor, float* __restrict__ x_copy, int* y,
+                          const float* __restrict__ w_global, const float* b, int k, int rows,
+                          float* __restrict__ dlogits, float* row_loss, float* row_correct, int w_shared) {
+    extern __shared__ float w_smem[];
+    const float* w = w_global;
+    if (w_shared) {
+        for (int i = threadIdx.x; i < CLASSES * k; i += HEAD_THREADS) w_smem[i] = w_global[i];
+        __syncthreads();
+        w = w_smem;
+    }
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (HEAD_THREADS / 32) + (threadIdx.x >> 5);
     if (r >= rows) return;  // whole warps leave together
@@ -41,6 +51,7 @@ __device__ void head_step(const T* x, const float* images, const int* labels, co
         if (lane == 0) y[r] = label;
         const float* src = images + (long long)sample * k;
         float* dst = x_copy + (long long)r * k;
+#pragma unroll 4
         for (int c = lane; c < k; c += 32) {
             const float v = src[c];
             dst[c] = v;
@@ -50,6 +61,7 @@ __device__ void head_step(const T* x, const float* images, const int* labels, co
     } else {
         label = y[r];
         const T* src = x + (long long)r * k;
+#pragma unroll 4
         for (int c = lane; c < k; c += 32) {
             const float v = to_float(src[c]);
 #pragma unroll
@@ -84,10 +96,10 @@ __device__ void head_step(const T* x, const float* images, const int* labels, co
     }
 }
 
-// The kernels below work on columns: a block takes 32 consecutive columns (its lanes) and its
-// COL_WARPS warps split the rows (warp w: rows w, w + COL_WARPS, ...), so loads are coalesced and
+// The kernels below work on columns: a block of COL_THREADS takes 32 consecutive columns (its
+// lanes) and its COL_WARPS warps split the rows (warp w: rows w, w + COL_WARPS, ...), so loads are coalesced and
 // many rows are in flight; the warps' partial sums meet in shared memory, added in warp order.
-#define COL_WARPS (HEAD_THREADS / 32)
+#define COL_WARPS (COL_THREADS / 32)
 
 // Σ over the block's warps of v (one value per lane), in warp order; valid in warp 0.
 __device__ __forceinline__ float sum_over_warps(float v, float (*part)[32]) {
@@ -111,7 +123,7 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
                             cudaGraphConditionalHandle loop, int* steps_left) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
-        __shared__ float part[COL_WARPS][CLASSES][32];
+        __shared__ float part[COL_WARPS][32];
         const int c = blockIdx.x * 32 + lane;
         float acc[CLASSES];
 #pragma unroll
@@ -125,14 +137,10 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
             }
         }
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) part[warp][j][lane] = acc[j];
-        __syncthreads();
-        if (warp == 0 && c < k) {
-            for (int j = 0; j < CLASSES; ++j) {
-                float total = 0.0f;
-                for (int v = 0; v < COL_WARPS; ++v) total += part[v][j][lane];
-                w[j * k + c] -= lr * total;
-            }
+        for (int j = 0; j < CLASSES; ++j) {
+            const float total = sum_over_warps(acc[j], part);
+            if (warp == 0 && c < k) w[j * k + c] -= lr * total;
+            __syncthreads();  // part is reused by the next class
         }
         return;
     }
@@ -216,20 +224,21 @@ __device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, floa
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step_##suffix(                          \
         const T* x, const float* images, const int* labels, const int* order, const int* cursor,        \
         float* x_copy, int* y, const float* w, const float* b, int k, int rows, float* dlogits,         \
-        float* row_loss, float* row_correct) {                                                          \
-    head_step<T>(x, images, labels, order, cursor, x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct); \
+        float* row_loss, float* row_correct, int w_shared) {                                            \
+    head_step<T>(x, images, labels, order, cursor, x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, \
+                 w_shared);                                                                             \
 }                                                                                                       \
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_update_##suffix(                        \
+extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update_##suffix(                        \
         const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,                \
         const float* row_loss, const float* row_correct, double* totals, int* cursor,                   \
         cudaGraphConditionalHandle loop, int* steps_left) {                                             \
     head_update<T>(x, dlogits, w, b, k, rows, lr, row_loss, row_correct, totals, cursor, loop, steps_left); \
 }                                                                                                       \
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_backward_##suffix(                      \
+extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward_##suffix(                      \
         const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {          \
     head_backward<T>(dlogits, w, h, dh, db, k, rows);                                                   \
 }                                                                                                       \
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS) relu_bias_grad_##suffix(                     \
+extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad_##suffix(                     \
         const T* h, T* dh, float* db, int k, int rows) {                                                \
     relu_bias_grad<T>(h, dh, db, k, rows);                                                              \
 }

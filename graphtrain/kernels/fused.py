@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from graphtrain.kernels import F32, I32, I64, PTR, U64, KernelFile, ceil_div, kernel
 
-HEAD_THREADS = 256  # head_step: 8 rows (warps) per block; the column kernels: 32 columns × 8 row warps
-COLUMNS = 32  # per block of the column kernels
+HEAD_THREADS = 256  # head_step: 8 rows (warps) per block
+COL_THREADS, COLUMNS = 512, 32  # the column kernels: 32 columns per block, its 16 warps split the rows
+SHARED_W_BYTES = 48 * 1024  # head_step copies W into shared memory up to the default limit
 GATHER_THREADS = 256  # per row copied
 SGD_THREADS, SGD_BLOCKS = 256, 264  # a grid-stride pass over the packed parameters
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
@@ -17,9 +18,10 @@ MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 
 class Fused(KernelFile):
     stem = "fused"
-    defines = {"HEAD_THREADS": HEAD_THREADS, "CLASSES": 10}  # CLASSES: the model's, per instance
-    _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR)
-    _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR)
+    defines = {"HEAD_THREADS": HEAD_THREADS, "COL_THREADS": COL_THREADS, "CLASSES": 10}  # CLASSES: the model's, per instance
+    _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
+    _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR,
+                             I32)
     _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
     _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
     _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32)
@@ -35,6 +37,7 @@ class Fused(KernelFile):
         if not 1 <= classes <= MAX_CLASSES:
             raise ValueError(f"the fused head handles 1 to {MAX_CLASSES} classes, not {classes}")
         super().__init__(device, {"CLASSES": classes})
+        self.classes = classes
         kind = "bf16" if bf16 else "f32"  # the activations' type
         self._head_step, self._head_update = getattr(self, f"_head_step_{kind}"), getattr(self, f"_head_update_{kind}")
         self._head_backward = getattr(self, f"_head_backward_{kind}")
@@ -47,8 +50,10 @@ class Fused(KernelFile):
         (gather = images, labels, order, cursor, x_copy); row_loss/row_correct unless 0."""
         images, labels, order, cursor, x_copy = gather or (0, 0, 0, 0, 0)
         launch = self._head_step if gather is None else self._gathered_step
+        w_bytes = self.classes * k * 4
+        shared = w_bytes if w_bytes <= SHARED_W_BYTES else 0
         launch(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
-                        x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct)
+               x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, shared > 0, shared_bytes=shared)
 
     def head_update(self, stream, x: int, dlogits: int, w: int, b: int, k: int, rows: int, lr: float,
                     row_loss: int, row_correct: int, totals: int, cursor: int, loop: int = 0,
@@ -57,16 +62,16 @@ class Fused(KernelFile):
         cursor += rows, and inside a device loop (steps_left ≠ 0) its condition. `gathered`: x is
         the fp32 batch head_step gathered."""
         launch = self._gathered_update if gathered else self._head_update
-        launch(stream, ceil_div(k, COLUMNS) + 1, HEAD_THREADS, x, dlogits, w, b, k, rows, lr,
+        launch(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr,
                           row_loss, row_correct, totals, cursor, loop, steps_left)
 
     def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""
-        self._head_backward(stream, ceil_div(k, COLUMNS), HEAD_THREADS, dlogits, w, h, dh, db, k, rows)
+        self._head_backward(stream, ceil_div(k, COLUMNS), COL_THREADS, dlogits, w, h, dh, db, k, rows)
 
     def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = 0 where h ≤ 0 (in place), and db = Σ_rows dh unless 0."""
-        self._relu_bias_grad(stream, ceil_div(k, COLUMNS), HEAD_THREADS, h, dh, db, k, rows)
+        self._relu_bias_grad(stream, ceil_div(k, COLUMNS), COL_THREADS, h, dh, db, k, rows)
 
     def gather_batch_bf16(self, stream, images: int, labels: int, order: int, cursor: int, features: int,
                           rows: int, x: int, y: int) -> None:
