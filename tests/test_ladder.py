@@ -251,7 +251,7 @@ def test_defaults_and_registry():
     assert ladder.default_stages() == stage_names()
     assert ladder.default_stages()[:2] == ["numpy", "baseline"]
     assert ladder.default_peers() == peer_names() == list(PEERS)
-    assert peer_names() == ["torch-eager", "torch-compile", "torch-graph", "jax-scan"]
+    assert peer_names() == ["torch-eager", "torch-compile", "torch-graph", "jax-scan", "torch-graph-bf16", "jax-scan-bf16"]
     assert issubclass(PeerUnavailable, GraphtrainError)
 
 

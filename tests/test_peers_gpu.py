@@ -24,8 +24,9 @@ from graphtrain.training import train
 
 pytestmark = pytest.mark.gpu
 
-PEERS = ["torch-eager", "torch-compile", "torch-graph", "jax-scan"]
-FP32_PEERS = ["torch-eager", "torch-graph", "jax-scan"]  # torch-compile trains in bf16
+PEERS = ["torch-eager", "torch-compile", "torch-graph", "jax-scan", "torch-graph-bf16", "jax-scan-bf16"]
+FP32_PEERS = ["torch-eager", "torch-graph", "jax-scan"]  # the others train bf16 products
+BF16_PEERS = ["torch-compile", "torch-graph-bf16", "jax-scan-bf16"]
 
 
 def require(name: str) -> None:
@@ -130,13 +131,15 @@ def test_fp32_peer_follows_the_numpy_stage(name, model):
             np.testing.assert_allclose(layer.b, ref.b, rtol=0, atol=2e-5)
 
 
-def test_torch_compile_is_close_to_the_numpy_stage():
+@pytest.mark.parametrize("name", BF16_PEERS)
+def test_bf16_peer_is_close_to_the_numpy_stage(name):
     """bf16 matmuls: the same training within bf16's rounding, not bit for bit."""
-    require("torch-compile")
+    require(name)
+    assert get_stage(name).precision == "bf16"
     data = Dataset.synthetic(3000, 200, seed=12)
     config = PRESETS["jhu"].replace(epochs=1)
     ref_weights, ref_loss = one_epoch(NumpyStage, config, data)
-    weights, loss = one_epoch(get_stage("torch-compile"), config, data)
+    weights, loss = one_epoch(get_stage(name), config, data)
     assert loss == pytest.approx(ref_loss, rel=0.05)
     scale = np.abs(ref_weights[0].w).max()
     assert np.abs(weights[0].w - ref_weights[0].w).max() < 0.05 * scale

@@ -15,7 +15,7 @@ DESIGN_ORDER = ["numpy", "baseline", "fewer-syncs", "cublas", "sparse-metrics", 
 
 def test_registry_is_in_ladder_order_then_the_peers():
     assert stage_names()[: len(DESIGN_ORDER)] == DESIGN_ORDER
-    assert peer_names() == ["torch-eager", "torch-compile", "torch-graph", "jax-scan"]
+    assert peer_names() == ["torch-eager", "torch-compile", "torch-graph", "jax-scan", "torch-graph-bf16", "jax-scan-bf16"]
     assert row_names() == stage_names() + peer_names()
 
 

@@ -44,12 +44,17 @@ def import_jax():
     return jax, gpus[0]
 
 
-def forward(params, x):
-    """Logits; `params` is a list of (w, b or None), w shaped (out, in) like the reference."""
+def forward(params, x, operand=None):
+    """Logits; `params` is a list of (w, b or None), w shaped (out, in) like the reference.
+    `operand` (jnp.bfloat16): the products read both sides in that type and accumulate in fp32."""
     import jax
+    import jax.numpy as jnp
 
     for i, (w, b) in enumerate(params):
-        x = x @ w.T
+        if operand is None:
+            x = x @ w.T
+        else:
+            x = jnp.dot(x.astype(operand), w.T.astype(operand), preferred_element_type=jnp.float32)
         if b is not None:
             x = x + b
         if i < len(params) - 1:
@@ -61,6 +66,7 @@ class JaxScanPeer(Peer):
     name = "jax-scan"
     summary = "JAX: one jitted lax.scan per epoch over the full batches, fp32"
     note = "fp32, matmul precision highest"
+    operand = None  # the products' operand type (None: the parameters' own, fp32)
 
     @classmethod
     def check_available(cls) -> int | None:
@@ -100,7 +106,7 @@ class JaxScanPeer(Peer):
         lr = np.float32(cfg.lr)
 
         def loss_fn(params, x, y):
-            logits = forward(params, x)
+            logits = forward(params, x, self.operand)
             logp = jax.nn.log_softmax(logits)
             loss = -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
             return loss, logits
@@ -124,7 +130,7 @@ class JaxScanPeer(Peer):
             return params, loss_sum, correct
 
         def correct_fn(params, x, y):
-            return (jnp.argmax(forward(params, x), axis=1) == y).sum()
+            return (jnp.argmax(forward(params, x, self.operand), axis=1) == y).sum()
 
         self.epoch_fn = jax.jit(epoch_fn)
         self.step_fn = jax.jit(step)
@@ -214,3 +220,19 @@ def _jax_cuda_versions() -> dict:
                     else f"{version // 10000}.{version // 100 % 100}.{version % 100}")
     return out
 
+
+
+class JaxScanBf16Peer(JaxScanPeer):
+    """`jax-scan-bf16`: the same scan, its products on bf16 operands with fp32 accumulation; the
+    parameters, the softmax and the loss stay fp32 (the precision of graphtrain's bf16 rungs)."""
+
+    name = "jax-scan-bf16"
+    summary = "JAX: one jitted lax.scan per epoch, bf16 operands, fp32 accumulation and weights"
+    note = "bf16 operands, fp32 accumulation and weights"
+    precision = "bf16"
+
+    def setup(self) -> None:
+        import jax.numpy as jnp
+
+        self.operand = jnp.bfloat16
+        super().setup()

@@ -52,14 +52,32 @@ class TorchGraphPeer(TorchPeer):
         idx = self.idx[rows]
         x = self.train_x.index_select(0, idx)
         y = self.train_y.index_select(0, idx)
-        logits = forward(self.layers, x)
-        loss = F.cross_entropy(logits, y)
+        with self.autocast():
+            logits = forward(self.layers, x)
+            loss = F.cross_entropy(logits, y)
         loss.backward()
         self.optimizer.step()
         self.record_metrics(logits, y, loss, rows)
+
+    def autocast(self):
+        """The precision the step's products run in: fp32 here (autocast off)."""
+        return self.torch.autocast("cuda", enabled=False)
 
     def step(self, order, lo: int, hi: int) -> None:
         rows = hi - lo
         self.idx[rows].copy_(order[lo:hi])
         self.graphs[rows].replay()
 
+
+
+class TorchGraphBf16Peer(TorchGraphPeer):
+    """`torch-graph-bf16`: the same captured step under bf16 autocast: the products on bf16
+    operands, the fp32 weights updated by SGD (the precision of graphtrain's bf16 rungs)."""
+
+    name = "torch-graph-bf16"
+    summary = "PyTorch: the step in one CUDA graph per batch shape, bf16 autocast, fp32 weights"
+    note = "bf16 autocast, fp32 weights"
+    precision = "bf16"
+
+    def autocast(self):
+        return self.torch.autocast("cuda", dtype=self.torch.bfloat16)

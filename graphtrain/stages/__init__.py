@@ -33,6 +33,8 @@ PEERS: dict[str, str] = {
     "torch-compile": "graphtrain.peers.torch_compile:TorchCompilePeer",
     "torch-graph": "graphtrain.peers.torch_graph:TorchGraphPeer",
     "jax-scan": "graphtrain.peers.jax_scan:JaxScanPeer",
+    "torch-graph-bf16": "graphtrain.peers.torch_graph:TorchGraphBf16Peer",
+    "jax-scan-bf16": "graphtrain.peers.jax_scan:JaxScanBf16Peer",
 }
 
 ROWS: dict[str, str] = {**LADDER, **PEERS}

@@ -30,6 +30,7 @@ class Stage:
     uses_gpu: ClassVar[bool] = False
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
     note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
+    precision: ClassVar[str] = "fp32"  # the products' operands: "fp32" or "bf16" (fp32 accumulation)
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
