@@ -76,6 +76,7 @@ class Workload:
     lr: float | None
     seed: int | None
     metrics_every: int | None
+    precision: str | None
     dataset: str | None
     data_dir: Path | None
     offline: bool
@@ -87,7 +88,7 @@ class Workload:
         return config_mod.preset(self.preset).replace(
             hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
-            seed=self.seed, metrics_every=self.metrics_every, dataset=self.dataset)
+            seed=self.seed, metrics_every=self.metrics_every, precision=self.precision, dataset=self.dataset)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
         return data_mod.load(config.dataset, data_dir=self.data_dir, offline=self.offline)
@@ -106,6 +107,9 @@ WORKLOAD_OPTIONS = [
     click.option("--seed", type=int, default=None, help="Seed of the init and the sample order."),
     click.option("--metrics-every", type=int, default=None,
                  help="Epochs between loss/accuracy reads in the sparse-metrics rungs."),
+    click.option("--precision", default=None, type=click.Choice(list(config_mod.PRECISIONS)),
+                 help="The products' operands (fp32 accumulation always); default: each stage's own. "
+                      "tf32: cublas to graphs; bf16: bf16, device-loop and the bf16 peers."),
     click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
                  help="Dataset (default: the preset's, mnist)."),
     click.option("--data-dir", type=click.Path(path_type=Path), default=None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from graphtrain.errors import UsageError
 
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "tf32", "bf16")  # of the products' operands; every row accumulates in fp32
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class TrainConfig:
     seed: int = 0
     dataset: str = "mnist"
     metrics_every: int = 10
-    precision: str = "fp32"
+    precision: str | None = None  # None: each row's own (see Stage.precisions)
     in_features: int = 784
     classes: int = 10
     preset: str | None = field(default=None, compare=False)
@@ -68,7 +68,7 @@ class TrainConfig:
             problems.append(f"steps must be >= 1, got {self.steps}")
         if self.metrics_every < 1:
             problems.append(f"metrics_every must be >= 1, got {self.metrics_every}")
-        if self.precision not in PRECISIONS:
+        if self.precision is not None and self.precision not in PRECISIONS:
             problems.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.seed < 0:
             problems.append(f"seed must be >= 0, got {self.seed}")

@@ -5,8 +5,8 @@ a ladder or sweep that could not run (skipped: its framework or GPU is missing; 
 raised). Both turn into JSON with `to_json()`, whose keys are stable, because reports, the
 `results/` files and scripts read them:
 
-    stage, kind, note, config, environment, data, epochs, epoch_ms, setup_ms, total_ms,
-    test_accuracy, train_loss, warnings, command (and hidden_size in a sweep);
+    stage, kind, note, precision, nodes_per_step, config, environment, data, epochs, epoch_ms,
+    setup_ms, total_ms, test_accuracy, train_loss, warnings, command (and hidden_size in a sweep);
     a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data.
 """
 
@@ -56,6 +56,8 @@ class RunRecord:
     total_ms: float  # wall time of the row: setup, training and test evaluation
     test_accuracy: float
     note: str = ""  # what sets the row apart (precision, compile mode)
+    precision: str = "fp32"  # the products' operands (fp32 accumulation always)
+    nodes_per_step: int | None = None  # kernels in one step's graph, for rows that replay one
     data: dict | None = None
     warnings: list[str] = field(default_factory=list)
     command: str | None = None
@@ -78,7 +80,8 @@ class RunRecord:
     def to_json(self) -> dict:
         out = _row_head(self)
         out.update({
-            "note": self.note, "config": self.config.to_dict(), "environment": self.environment,
+            "note": self.note, "precision": self.precision, "nodes_per_step": self.nodes_per_step,
+            "config": self.config.to_dict(), "environment": self.environment,
             "data": self.data, "epochs": [e.to_json() for e in self.epochs],
             "epoch_ms": self.epoch_ms, "setup_ms": self.setup_ms, "total_ms": self.total_ms,
             "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,

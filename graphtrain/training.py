@@ -93,11 +93,12 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
         if test_accuracy is None:
             test_accuracy = runner.test_accuracy()
         environment = {**environment_mod.host(), **runner.environment()}
-        note = runner.note
+        note, precision, nodes = runner.note, runner.precision, getattr(runner, "nodes_per_step", None)
     total_ms = (time.perf_counter() - run_start) * 1e3
     return RunRecord(stage=name, kind=stage_cls.kind, config=config, environment=environment,
                      epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
-                     note=note, data=data_summary(data), warnings=warnings)
+                     note=note, precision=precision, nodes_per_step=nodes, data=data_summary(data),
+                     warnings=warnings)
 
 
 def _divergence(loss: float, config: TrainConfig, where: str) -> str | None:

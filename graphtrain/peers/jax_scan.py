@@ -229,7 +229,7 @@ class JaxScanBf16Peer(JaxScanPeer):
     name = "jax-scan-bf16"
     summary = "JAX: one jitted lax.scan per epoch, bf16 operands, fp32 accumulation and weights"
     note = "bf16 operands, fp32 accumulation and weights"
-    precision = "bf16"
+    precisions = ("bf16",)
 
     def setup(self) -> None:
         import jax.numpy as jnp

@@ -77,7 +77,7 @@ class TorchGraphBf16Peer(TorchGraphPeer):
     name = "torch-graph-bf16"
     summary = "PyTorch: the step in one CUDA graph per batch shape, bf16 autocast, fp32 weights"
     note = "bf16 autocast, fp32 weights"
-    precision = "bf16"
+    precisions = ("bf16",)
 
     def autocast(self):
         return self.torch.autocast("cuda", dtype=self.torch.bfloat16)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from graphtrain.data import Dataset
+from graphtrain.errors import UsageError
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 
@@ -30,12 +31,18 @@ class Stage:
     uses_gpu: ClassVar[bool] = False
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
     note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
-    precision: ClassVar[str] = "fp32"  # the products' operands: "fp32" or "bf16" (fp32 accumulation)
+    # The products' operand precisions this row can train in, its own first (fp32 accumulation
+    # always); `config.precision` picks one, and `self.precision` is the one it trains in.
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
         self.config = plan.config
         self.data = data
+        self.precision = self.config.precision or self.precisions[0]
+        if self.precision not in self.precisions:
+            raise UsageError(f"{self.name} trains in {' or '.join(self.precisions)}, not --precision "
+                             f"{self.precision}")
 
     @classmethod
     def check_available(cls) -> int | None:

@@ -19,6 +19,7 @@ WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommended workspace on Hopper; it comes
 class CublasStage(FewerSyncsStage):
     name = "cublas"
     summary = "all matrix products through cublasGemmEx (row-major via the transpose trick)"
+    precisions = ("fp32", "tf32")  # cuBLAS's math mode; the fused rungs leave cuBLAS, and tf32, behind
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
@@ -26,7 +27,7 @@ class CublasStage(FewerSyncsStage):
 
     def setup_extra(self) -> None:
         super().setup_extra()
-        self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes, precision=self.config.precision)
+        self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes, precision=self.precision)
 
     def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
         self.blas.gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)

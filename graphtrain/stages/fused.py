@@ -33,7 +33,7 @@ from graphtrain.stages.graphs import GraphsStage
 class FusedStage(GraphsStage):
     name = "fused"
     summary = "fewer, fatter graph nodes: cuBLASLt epilogues, a fused head, SGD fused into the products"
-    precision = "fp32"
+    precisions = ("fp32",)
     AB, ACT = R_32F, R_32F  # the products' operand type, and the hidden activations' type
 
     # ---- setup ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from graphtrain.stages.device_loop import DeviceLoopStage
 class PersistentStage(DeviceLoopStage):
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
-    precision = "fp32"
+    precisions = ("fp32",)
 
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
