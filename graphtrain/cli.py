@@ -359,3 +359,104 @@ def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir):
                                        data=dataset, out_dir=out_dir, command=command_line(), console=err)
     out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
+
+
+# --------------------------------------------------------------------------------------------
+# Using a saved model: eval and predict
+# --------------------------------------------------------------------------------------------
+
+MODEL_OPTION = click.option(
+    "--model", "model_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="A model saved by `graphtrain run --save` (.safetensors).")
+
+
+def load_labelled_data(model, model_path, dataset, data_file, data_dir, offline):
+    """The data to evaluate on: --data FILE.npz, --dataset NAME, or the model's own dataset."""
+    from graphtrain import model_io
+
+    if data_file is not None and (dataset is not None or data_dir is not None):
+        raise UsageError("give --data FILE.npz or --dataset/--data-dir, not both")
+    if data_file is not None:
+        data = data_mod.load_npz(data_file)
+    else:
+        name = dataset or model.info.dataset
+        if name not in data_mod.DATASETS:
+            raise UsageError(f"{model_path} was trained on {name!r}, not a registered dataset: "
+                             "give its file with --data FILE.npz")
+        data = data_mod.load(name, data_dir=data_dir, offline=offline)
+    model_io.check_data(model, model_path, data.num_features, data.num_classes, str(data.source or data.name))
+    return data
+
+
+@main.command("eval")
+@MODEL_OPTION
+@click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
+              help="Registered dataset whose test split to use (default: the model's own).")
+@click.option("--data", "data_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="An .npz file (x_train, y_train, x_test, y_test) whose test split to use.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache).")
+@click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the confusion matrix into this PNG (needs matplotlib).")
+def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
+    """Test accuracy and loss of a saved model, per class, and its confusion matrix.
+
+    Evaluation runs on the CPU with NumPy, in float32 with the numpy stage's forward pass, so a
+    model the numpy stage trained shows exactly the test accuracy its run reported; a model a
+    GPU stage trained may differ from its run's by the few samples whose two top logits nearly
+    tie. There is no GPU evaluation: a test pass of a model this size takes well under a second.
+    """
+    from graphtrain import evaluate, model_io
+
+    with reported_errors():
+        if plot_path is not None:
+            evaluate.require_matplotlib()
+            files.check_writable(plot_path)
+        model = model_io.load(model_path)
+        data = load_labelled_data(model, model_path, dataset, data_file, data_dir, offline)
+        result = evaluate.evaluate(model.layers, data.test_images, data.test_labels, model.info.classes)
+        if plot_path is not None:
+            evaluate.plot_confusion(result, plot_path, f"{model_path.name} on {data.name}")
+
+    out.print(evaluate.class_table(result))
+    out.print(evaluate.confusion_table(result))
+    out.print(f"{model_path} ({model.info.describe()}) on the {data.name} test set, "
+              f"{result.samples} samples: accuracy {100 * result.accuracy:.2f}%, loss {result.loss:.4f}",
+              soft_wrap=True)
+    if plot_path is not None:
+        log(f"confusion matrix drawn in {plot_path}")
+
+
+@main.command()
+@MODEL_OPTION
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the predictions (CSV: index,class,probability) here instead of to stdout.")
+def predict(model_path, input_path, out_path):
+    """Predict the class of each image in INPUT, with the model's probability for it.
+
+    \b
+    INPUT is an IDX images file (gzipped or not, like t10k-images-idx3-ubyte.gz) or a
+    .npy array of shape (N, H, W) with the model's image size, e.g. (N, 28, 28), or
+    (N, features), e.g. (N, 784). Pixels are uint8 0-255 (divided by 255, as in
+    training) or floats already in 0-1.
+
+    Prints CSV (index,class,probability) to stdout, or writes it to --out.
+    Runs on the CPU with NumPy.
+    """
+    from graphtrain import evaluate, images, model_io
+
+    with reported_errors():
+        if out_path is not None:
+            files.check_writable(out_path)
+        model = model_io.load(model_path)
+        raw = images.read_images(input_path)
+        images.check_sample_shape(raw, model.info.in_features, model.info.image_shape, str(input_path))
+        predicted, probability = evaluate.predict(model.layers, images.to_features(raw, str(input_path)))
+        if out_path is not None:
+            evaluate.write_predictions(out_path, predicted, probability)
+    if out_path is None:
+        click.echo(evaluate.predictions_csv(predicted, probability), nl=False)
+    else:
+        log(f"{len(predicted)} predictions written to {out_path}")

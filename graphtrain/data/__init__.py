@@ -11,7 +11,7 @@ and what is wrong; a download that fails raises `DownloadError`.
 
 from graphtrain.data.fetch import download, verify_file
 from graphtrain.data.idx import read_idx
-from graphtrain.data.load import Dataset, FileLookup, find_files, load
+from graphtrain.data.load import Dataset, FileLookup, find_files, load, load_npz
 from graphtrain.data.registry import (
     DATASET_NAMES,
     DATASETS,
@@ -33,6 +33,7 @@ __all__ = [
     "download",
     "find_files",
     "load",
+    "load_npz",
     "read_idx",
     "verify_file",
 ]
