@@ -200,7 +200,7 @@ def _info(metadata, path: Path) -> ModelInfo:
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ModelFileError(
             f"{path}: a safetensors file, but not a graphtrain model (its metadata has no format "
-            f"{FORMAT!r}); in PyTorch, load it with safetensors.torch.load_file")
+            f"{FORMAT!r}; graphtrain reads the files `graphtrain run --save` writes)")
     version = _metadata_value(metadata, "format_version", path)
     if version != FORMAT_VERSION:
         raise ModelFileError(f"{path}: model format version {version!r}; this graphtrain reads version "
@@ -211,8 +211,8 @@ def _info(metadata, path: Path) -> ModelInfo:
         if f.name != "dims" and f.name in metadata:
             values[f.name] = _metadata_value(metadata, f.name, path)
     for name, size in (("in_features", dims[0]), ("classes", dims[-1])):  # dims say it too, for readers
-        if name in metadata and _metadata_value(metadata, name, path) != size:
-            raise ModelFileError(f"{path}: its metadata's {name} disagrees with its dims {list(dims)}")
+        if name in metadata and (value := _metadata_value(metadata, name, path)) != size:
+            raise ModelFileError(f"{path}: its metadata's {name} ({value!r}) disagree with its dims {list(dims)}")
     if not isinstance(values.get("bias"), bool) or not isinstance(values.get("dataset"), str):
         raise ModelFileError(f"{path}: its metadata needs bias (true or false) and dataset (a name)")
     if values.get("image_shape") is not None:
@@ -224,6 +224,7 @@ def _info(metadata, path: Path) -> ModelInfo:
 
 
 def _tensors(data: bytes, header: dict, info: ModelInfo, path: Path) -> dict[str, np.ndarray]:
+    """The tensors, once their names, dtypes, shapes and extent are what `info` says."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
@@ -241,8 +242,16 @@ def _tensors(data: bytes, header: dict, info: ModelInfo, path: Path) -> dict[str
             raise ModelFileError(f"{path}: tensor {name} is {dtype}, graphtrain models are float32 (F32)")
         found = entry.get("shape")
         if not isinstance(found, list) or tuple(found) != shape:
+            found = tuple(found) if isinstance(found, list) else found
             raise ModelFileError(f"{path}: tensor {name} has shape {found}, its metadata's model "
                                  f"{info.describe()} needs {shape}")
+    # The tensor bytes follow the header; data_offsets count from there.
+    (header_bytes,) = struct.unpack("<Q", data[:8])
+    offsets = [header[name].get("data_offsets") for name in expected]
+    ends = [o[1] for o in offsets if isinstance(o, list) and len(o) == 2 and isinstance(o[1], int)]
+    needed = 8 + header_bytes + max(ends, default=0)
+    if len(data) < needed:
+        raise ModelFileError(f"{path}: truncated: its tensors need {needed} bytes, the file has {len(data)}")
     try:
         tensors = load(data)
     except SafetensorError as exc:
