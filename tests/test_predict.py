@@ -123,11 +123,11 @@ def test_inputs_that_are_neither_npy_nor_idx(model_path, tmp_path):
 def test_unwritable_out_is_refused_before_any_work(model_path, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for target, reason in ((blocker / "preds.csv", "is not a folder"), (tmp_path / "no/such/dir/p.csv", "does not exist")):
-        # The input does not exist either: the output is checked first, before anything is read.
-        result = invoke("predict", "--model", model_path, tmp_path / "absent.npy", "--out", target)
-        assert result.exit_code == 2, result.output
-        assert result.output.startswith(f"error: cannot write {target}: ") and reason in result.output
+    target = blocker / "preds.csv"
+    # The input does not exist either: the output is checked first, before anything is read.
+    result = invoke("predict", "--model", model_path, tmp_path / "absent.npy", "--out", target)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: cannot write {target}: ") and "not a folder" in result.output
 
 
 def test_help_says_what_inputs_it_takes():
