@@ -7,6 +7,7 @@ surfaces with its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -77,6 +78,7 @@ class Workload:
     seed: int | None
     metrics_every: int | None
     dataset: str | None
+    data_file: Path | None
     data_dir: Path | None
     offline: bool
 
@@ -84,13 +86,63 @@ class Workload:
         """The preset with the options given applied (checked as it is made)."""
         if self.epochs is not None and self.steps is not None:
             raise UsageError("give --epochs or --steps, not both")
+        if self.data_file is not None and self.dataset is not None:
+            raise UsageError("give --data FILE.npz or --dataset, not both")
         return config_mod.preset(self.preset).replace(
             hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
-            seed=self.seed, metrics_every=self.metrics_every, dataset=self.dataset)
+            seed=self.seed, metrics_every=self.metrics_every,
+            dataset=self.dataset if self.data_file is None else self.data_file.stem)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
-        return data_mod.load(config.dataset, data_dir=self.data_dir, offline=self.offline)
+        return load_dataset(config.dataset, self.data_file, self.data_dir, self.offline)
+
+    def resuming(self, model, path: Path) -> Workload:
+        """The workload of a run resumed from a saved `model`: its hidden sizes, bias, seed,
+        batch, lr and dataset, where the command line does not say otherwise."""
+        info = model.info
+
+        def given_or(value, saved):
+            return saved if value is None else value
+
+        dataset = self.dataset
+        if dataset is None and self.data_file is None:
+            dataset = registered_dataset(info.dataset, path)
+        return dataclasses.replace(
+            self, hidden=given_or(self.hidden, ",".join(map(str, info.hidden)) or "none"),
+            bias=given_or(self.bias, info.bias), seed=given_or(self.seed, info.seed),
+            batch=given_or(self.batch, info.batch), lr=given_or(self.lr, info.lr), dataset=dataset)
+
+
+def registered_dataset(name: str, model_path: Path) -> str:
+    """The dataset a saved model was trained on, when graphtrain can load it by name."""
+    if name not in data_mod.DATASETS:
+        raise UsageError(f"{model_path} was trained on {name!r}, not a registered dataset: "
+                         "give its file with --data FILE.npz")
+    return name
+
+
+def load_dataset(name: str, data_file: Path | None, data_dir: Path | None, offline: bool) -> data_mod.Dataset:
+    """A registered dataset by name, or the user's own .npz file (--data)."""
+    if data_file is None:
+        return data_mod.load(name, data_dir=data_dir, offline=offline)
+    if data_dir is not None:
+        raise UsageError("give --data FILE.npz or --data-dir, not both")
+    return data_mod.load_npz(data_file)
+
+
+# Where the data comes from: shared by the workload options and `eval`.
+DATA_OPTIONS = [
+    click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
+                 help="Dataset (default: the preset's, mnist)."),
+    click.option("--data", "data_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                 metavar="FILE.npz",
+                 help="Your own data instead: an .npz with x_train, y_train, x_test, y_test, images of any "
+                      "size as uint8 0-255 or float 0-1, labels 0 to classes-1."),
+    click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                 help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
+    click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
+]
 
 
 WORKLOAD_OPTIONS = [
@@ -106,13 +158,20 @@ WORKLOAD_OPTIONS = [
     click.option("--seed", type=int, default=None, help="Seed of the init and the sample order."),
     click.option("--metrics-every", type=int, default=None,
                  help="Epochs between loss/accuracy reads in the sparse-metrics rungs."),
-    click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
-                 help="Dataset (default: the preset's, mnist)."),
-    click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-                 help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
-    click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
+    *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
+
+
+def with_options(options):
+    """Apply a list of click options to a command, in the order listed."""
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def workload_options(command):
@@ -123,9 +182,7 @@ def workload_options(command):
         workload = Workload(**{name: kwargs.pop(name) for name in WORKLOAD_FIELDS})
         return command(workload=workload, **kwargs)
 
-    for option in reversed(WORKLOAD_OPTIONS):
-        with_workload = option(with_workload)
-    return with_workload
+    return with_options(WORKLOAD_OPTIONS)(with_workload)
 
 
 def require(stage: str):
@@ -174,25 +231,44 @@ def main():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               default=None, help="Write the run record (per-epoch times, losses, environment) here; "
                                  "'-' prints it on stdout.")
-def run(stage, workload, json_path):
+@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="MODEL.safetensors",
+              help="Keep the trained model: its parameters in PyTorch's nn.Sequential layout, with "
+                   "what it is and how it was trained (for eval, predict, --init, graphtrain.to_torch).")
+@click.option("--init", "init_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="MODEL.safetensors",
+              help="Resume training a saved model: start from its parameters and go on with its next "
+                   "epoch's sample order (epochs are numbered on from its count). Its hidden sizes, "
+                   "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
+                   "more to train.")
+def run(stage, workload, json_path, save_path, init_path):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
-    from graphtrain.plan import RunPlan
-    from graphtrain.training import run_stage
+    from graphtrain import model_io
+    from graphtrain.training import plan_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
+        init = None
+        if init_path is not None:
+            init = model_io.load(init_path)
+            workload = workload.resuming(init, init_path)
         cfg = workload.config()
-        if json_path is not None:
-            files.check_writable(json_path)
+        for path in (json_path, save_path):
+            if path is not None:
+                files.check_writable(path)
         stage_cls = require(stage)
         data = workload.load(cfg)
-        plan = RunPlan.for_data(cfg, data)
+        plan = plan_for(cfg, data, init)
         length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress)
         record.command = command_line()
+        record.init = None if init_path is None else str(init_path)
+        if save_path is not None:
+            model_io.save(save_path, record)
+            log(f"model saved to {save_path}")
         for warning in record.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
         if to_stdout:
@@ -370,38 +446,15 @@ MODEL_OPTION = click.option(
     help="A model saved by `graphtrain run --save` (.safetensors).")
 
 
-def load_labelled_data(model, model_path, dataset, data_file, data_dir, offline):
-    """The data to evaluate on: --data FILE.npz, --dataset NAME, or the model's own dataset."""
-    from graphtrain import model_io
-
-    if data_file is not None and (dataset is not None or data_dir is not None):
-        raise UsageError("give --data FILE.npz or --dataset/--data-dir, not both")
-    if data_file is not None:
-        data = data_mod.load_npz(data_file)
-    else:
-        name = dataset or model.info.dataset
-        if name not in data_mod.DATASETS:
-            raise UsageError(f"{model_path} was trained on {name!r}, not a registered dataset: "
-                             "give its file with --data FILE.npz")
-        data = data_mod.load(name, data_dir=data_dir, offline=offline)
-    model_io.check_data(model, model_path, data.num_features, data.num_classes, str(data.source or data.name))
-    return data
-
-
 @main.command("eval")
 @MODEL_OPTION
-@click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
-              help="Registered dataset whose test split to use (default: the model's own).")
-@click.option("--data", "data_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="An .npz file (x_train, y_train, x_test, y_test) whose test split to use.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache).")
-@click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing.")
+@with_options(DATA_OPTIONS)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the confusion matrix into this PNG (needs matplotlib).")
 def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
     """Test accuracy and loss of a saved model, per class, and its confusion matrix.
 
+    The test split is the model's own dataset's, unless --dataset or --data names another.
     Evaluation runs on the CPU with NumPy, in float32 with the numpy stage's forward pass, so a
     model the numpy stage trained shows exactly the test accuracy its run reported; a model a
     GPU stage trained may differ from its run's by the few samples whose two top logits nearly
@@ -414,7 +467,10 @@ def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
             evaluate.require_matplotlib()
             files.check_writable(plot_path)
         model = model_io.load(model_path)
-        data = load_labelled_data(model, model_path, dataset, data_file, data_dir, offline)
+        if dataset is None and data_file is None:
+            dataset = registered_dataset(model.info.dataset, model_path)
+        data = load_dataset(dataset, data_file, data_dir, offline)
+        model_io.check_data(model, model_path, data.num_features, data.num_classes, str(data.source or data.name))
         result = evaluate.evaluate(model.layers, data.test_images, data.test_labels, model.info.classes)
         if plot_path is not None:
             evaluate.plot_confusion(result, plot_path, f"{model_path.name} on {data.name}")

@@ -13,9 +13,9 @@ The safetensors metadata (a string-to-string map) holds what it takes to use the
 it is and numbers, booleans and lists as JSON. Keys: ``format`` (graphtrain.mlp) and ``format_version``; the model (``dims``,
 ``bias``, ``in_features``, ``classes``); its inputs (``dataset``, ``image_shape``,
 ``preprocessing``, see `graphtrain.images`); and how it was trained (``stage``, ``seed``,
-``batch``, ``lr``, ``epochs_trained``, ``steps_trained``, ``test_accuracy``,
-``graphtrain_version``). `epochs_trained` counts the epochs whose sample order training has used,
-so that a run resumed from the file (`--init`) continues with the next epoch's order.
+``batch``, ``lr``, ``epochs_trained``, ``test_accuracy``, ``graphtrain_version``).
+`epochs_trained` counts the epochs whose sample order training has used (a last one cut short by
+--steps included), so that a run resumed from the file (`--init`) goes on with the next epoch's.
 
 Every problem with a file (unreadable, truncated, corrupted, not safetensors, not a graphtrain
 model, or not the model asked for) raises `ModelFileError`, one line naming the file.
@@ -65,7 +65,6 @@ class ModelInfo:
     batch: int | None = None
     lr: float | None = None
     epochs_trained: int = 0
-    steps_trained: int = 0
     test_accuracy: float | None = None
     graphtrain_version: str | None = field(default=None, compare=False)
 
@@ -98,6 +97,23 @@ class Model:
 
     layers: list[Layer]
     info: ModelInfo
+    source: Path | None = None  # the file it was loaded from
+
+    @classmethod
+    def from_record(cls, record) -> Model:
+        """The model a run trained (`graphtrain.train`'s record, whose `params` it holds)."""
+        from graphtrain import __version__
+
+        if record.params is None:
+            raise ValueError(f"the {record.stage} run record holds no parameters")
+        config, data = record.config, record.data or {}
+        shape = data.get("image_shape")
+        info = ModelInfo(
+            dims=tuple(config.dims), bias=config.bias, dataset=data.get("name", config.dataset),
+            image_shape=None if shape is None else tuple(shape), stage=record.stage, seed=config.seed,
+            batch=config.batch, lr=config.lr, epochs_trained=record.epochs[-1].epoch,
+            test_accuracy=record.test_accuracy, graphtrain_version=__version__)
+        return cls(list(record.params), info)
 
 
 def tensor_names(layer_index: int) -> tuple[str, str]:
@@ -136,11 +152,12 @@ def to_bytes(model: Model) -> bytes:
     return save(state_dict(model.layers), metadata=info.to_metadata())
 
 
-def save(path: str | os.PathLike[str], model: Model) -> Path:
-    """Write `model` to `path` atomically (complete or absent); returns the path."""
-    path = Path(path)
-    write_atomic(path, to_bytes(model))
-    return path
+def save(path: str | os.PathLike[str], model) -> Path:
+    """Write `model` (a `Model`, or the run record `graphtrain.train` returns) to `path`
+    atomically: the whole file or none of it. Returns the path."""
+    if not isinstance(model, Model):
+        model = Model.from_record(model)
+    return write_atomic(path, to_bytes(model))
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +290,7 @@ def load(path: str | os.PathLike[str]) -> Model:
     if not all(np.isfinite(layer.w).all() and (layer.b is None or np.isfinite(layer.b).all())
                for layer in layers):
         raise ModelFileError(f"{path}: its parameters hold NaN or infinite values")
-    return Model(layers, info)
+    return Model(layers, info, path)
 
 
 def check_matches(model: Model, path, dims, bias: bool) -> None:

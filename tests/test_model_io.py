@@ -19,7 +19,7 @@ def invoke(*args):
 def make_model(dims=(12, 8, 3), bias=True, seed=4) -> Model:
     layers = reference.init_params(dims, bias, seed)
     return Model(layers, ModelInfo(dims, bias, "synthetic", image_shape=(3, 4), stage="numpy", seed=seed,
-                                   batch=10, lr=0.1, epochs_trained=2, steps_trained=20, test_accuracy=0.5))
+                                   batch=10, lr=0.1, epochs_trained=2, test_accuracy=0.5))
 
 
 @pytest.fixture
