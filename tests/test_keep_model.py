@@ -155,6 +155,9 @@ def test_resume_takes_the_next_epochs_order_and_the_saved_parameters(small):
     for e in range(2):
         assert np.array_equal(plan.orders[e], reference.epoch_order(5, 3 + e, 1000))
     assert_same_params(plan.initial, saved)
+    # The sparse schedule counts the model's epochs too: epoch 10 of the model is due.
+    plan = RunPlan.for_data(cfg.replace(epochs=4, metrics_every=10), small, saved, first_epoch=8)
+    assert plan.metrics_due == (False, True, False, True)
     with pytest.raises(ValueError, match="do not fit"):
         RunPlan.for_data(cfg.replace(hidden=(9,)), small, saved)
 

@@ -1,0 +1,113 @@
+"""Models saved by the GPU rungs: PyTorch loads them as they are and reproduces their accuracy;
+resuming a GPU run from its saved model continues it exactly.
+
+Skipped where there is no GPU; the PyTorch checks also where torch (with CUDA) is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphtrain
+from graphtrain.config import PRESETS
+from graphtrain.data import Dataset, load
+from graphtrain.errors import GpuUnavailableError
+from graphtrain.stages import LADDER
+from graphtrain.training import train
+
+pytestmark = pytest.mark.gpu
+
+# The graphs rung and the newest rung of the ladder (the same one until a rung is added).
+SAVING_STAGES = sorted({"graphs", list(LADDER)[-1]}, key=list(LADDER).index)
+MODELS = {"softmax-regression": dict(hidden=(), bias=True), "mlp": dict(hidden=(256, 128), bias=True),
+          "mlp-no-bias": dict(hidden=(128,), bias=False)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    from graphtrain.libs import cuda
+
+    try:
+        return cuda.open_device()
+    except GpuUnavailableError as error:
+        pytest.skip(f"no usable GPU: {error}")
+
+
+@pytest.fixture(scope="module")
+def mnist(mnist_dir):
+    return load("mnist", data_dir=mnist_dir, offline=True)
+
+
+def torch_cuda():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    return torch
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("stage", SAVING_STAGES)
+def test_pytorch_loads_the_saved_model_and_reproduces_its_accuracy(stage, model, mnist, tmp_path):
+    torch = torch_cuda()
+    from safetensors.torch import load_file
+
+    cfg = PRESETS["jhu"].replace(epochs=2, **MODELS[model])
+    record = train(cfg, stage=stage, data=mnist)
+    path = graphtrain.save(tmp_path / f"{stage}.safetensors", record)
+
+    # Exactly what a PyTorch user writes: their own Sequential, the file's state_dict, strict.
+    dims = record.config.dims
+    layers = []
+    for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+        layers += [torch.nn.ReLU()] if i else []
+        layers.append(torch.nn.Linear(fan_in, fan_out, bias=cfg.bias))
+    net = torch.nn.Sequential(*layers)
+    net.load_state_dict(load_file(path))
+    built = graphtrain.to_torch(path)
+    for (name, a), (name_b, b) in zip(net.state_dict().items(), built.state_dict().items()):
+        assert name == name_b and torch.equal(a, b)
+
+    saved_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products, as the rungs compute them
+    try:
+        net = net.cuda().eval()
+        with torch.no_grad():
+            logits = net(torch.as_tensor(mnist.test_images, device="cuda"))
+        predicted = logits.argmax(dim=1).cpu().numpy()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved_tf32
+    accuracy = int((predicted == mnist.test_labels).sum()) / len(mnist.test_labels)
+    assert accuracy == record.test_accuracy, (stage, model, accuracy, record.test_accuracy)
+
+
+@pytest.mark.parametrize("stage", SAVING_STAGES)
+def test_resuming_a_gpu_run_continues_it_exactly(stage, tmp_path):
+    data = Dataset.synthetic(3000, 500, seed=12)
+    cfg = PRESETS["jhu"].replace(hidden=(64,), batch=128, epochs=4, seed=12)
+    whole = train(cfg, stage=stage, data=data)
+    first = train(cfg.replace(epochs=2), stage=stage, data=data)
+    path = graphtrain.save(tmp_path / "half.safetensors", first)
+    rest = train(cfg.replace(epochs=2), stage=stage, data=data, init=path)
+    assert [e.epoch for e in rest.epochs] == [3, 4]
+    # The rungs are deterministic: the same step sequence from the same start is bit-identical.
+    for a, b in zip(rest.params, whole.params):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+    assert rest.train_loss == whole.train_loss
+
+
+@pytest.mark.parametrize("stage", SAVING_STAGES)
+def test_own_data_with_three_classes_trains_on_the_gpu(stage, tmp_path):
+    rng = np.random.default_rng(8)
+    means = rng.uniform(0, 255, size=(3, 12, 10))
+
+    def split(n):
+        labels = rng.permutation(np.arange(n) % 3)
+        return np.clip(means[labels] + rng.normal(0, 50, (n, 12, 10)), 0, 255).astype(np.uint8), labels
+
+    (x_train, y_train), (x_test, y_test) = split(1200), split(300)
+    data = Dataset.from_arrays(x_train, y_train, x_test, y_test, name="mine")
+    record = train(PRESETS["jhu"].replace(hidden=(32,), epochs=3, batch=64), stage=stage, data=data)
+    assert record.config.dims == (120, 32, 3) and record.test_accuracy > 0.9
+    model = graphtrain.load(graphtrain.save(tmp_path / "mine.safetensors", record))
+    assert model.info.image_shape == (12, 10) and model.info.classes == 3
