@@ -134,7 +134,7 @@ def load_dataset(name: str, data_file: Path | None, data_dir: Path | None, offli
 # Where the data comes from: shared by the workload options and `eval`.
 DATA_OPTIONS = [
     click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
-                 help="Dataset (default: the preset's, mnist)."),
+                 help="Dataset (default: the preset's, mnist; with a saved model, the model's)."),
     click.option("--data", "data_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                  metavar="FILE.npz",
                  help="Your own data instead: an .npz with x_train, y_train, x_test, y_test, images of any "
@@ -213,6 +213,8 @@ def main():
     \b
     graphtrain run --stage graphs          train one model with one stage
     graphtrain run --stage numpy           the same on the CPU, no GPU needed
+    graphtrain run --save m.safetensors    keep the trained model (eval, predict, --init)
+    graphtrain eval --model m.safetensors  its test accuracy, per class, confusion matrix
     graphtrain ladder                      every stage and the framework peers, into results/
     graphtrain info                        what this machine offers
     graphtrain data download               fetch MNIST into the cache

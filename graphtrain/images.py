@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from graphtrain.errors import DataError
+from graphtrain.files import read_input
 
 PREPROCESSING = "each sample flattened row-major to float32; uint8 pixels divided by 255, floats in [0, 1] as they are"
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -97,22 +98,10 @@ def arrays_to_splits(x_train, y_train, x_test, y_test, label: str = "arrays"):
     return (train_images, train_labels, test_images, test_labels, classes, tuple(x_train.shape[1:]))
 
 
-def _file_start(path: Path, size: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(size)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a folder, not a file") from None
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
 def read_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """The four arrays of an mnist.npz-style file: x_train, y_train, x_test, y_test."""
     path = Path(path)
-    if _file_start(path, len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+    if read_input(path, DataError, len(_ZIP_MAGIC)) != _ZIP_MAGIC:
         raise DataError(f"{path}: not an .npz archive (np.savez writes one, with x_train, y_train, x_test "
                         "and y_test)")
     try:
@@ -133,7 +122,7 @@ def read_images(path: str | os.PathLike[str]) -> np.ndarray:
     from graphtrain.data import read_idx
 
     path = Path(path)
-    start = _file_start(path, len(_NPY_MAGIC))
+    start = read_input(path, DataError, len(_NPY_MAGIC))
     if start != _NPY_MAGIC:
         return read_idx(path)
     try:

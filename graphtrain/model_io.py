@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from graphtrain.errors import INSTALL_HINTS, UsageError
-from graphtrain.files import write_atomic
+from graphtrain.files import read_input, write_atomic
 from graphtrain.images import PREPROCESSING
 from graphtrain.reference import Layer
 
@@ -165,17 +165,6 @@ def save(path: str | os.PathLike[str], model) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModelFileError(f"{path}: is a folder, not a model file") from None
-    except OSError as exc:
-        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
 def _header(data: bytes, path: Path) -> dict:
     """The JSON header, after checking the frame around it: length prefix, size, JSON object."""
     not_safetensors = f"{path}: not a safetensors file"
@@ -279,7 +268,7 @@ def _tensors(data: bytes, header: dict, info: ModelInfo, path: Path) -> dict[str
 def load(path: str | os.PathLike[str]) -> Model:
     """Read a model saved by `save` (or by `graphtrain run --save`), checking all of it."""
     path = Path(path)
-    data = _read(path)
+    data = read_input(path, ModelFileError)
     header = _header(data, path)
     info = _info(header.get("__metadata__"), path)
     tensors = _tensors(data, header, info, path)

@@ -12,26 +12,15 @@ import pytest
 import graphtrain
 from graphtrain.config import PRESETS
 from graphtrain.data import Dataset, load
-from graphtrain.errors import GpuUnavailableError
 from graphtrain.stages import LADDER
 from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_device")]
 
 # The graphs rung and the newest rung of the ladder (the same one until a rung is added).
 SAVING_STAGES = sorted({"graphs", list(LADDER)[-1]}, key=list(LADDER).index)
 MODELS = {"softmax-regression": dict(hidden=(), bias=True), "mlp": dict(hidden=(256, 128), bias=True),
           "mlp-no-bias": dict(hidden=(128,), bias=False)}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu():
-    from graphtrain.libs import cuda
-
-    try:
-        return cuda.open_device()
-    except GpuUnavailableError as error:
-        pytest.skip(f"no usable GPU: {error}")
 
 
 @pytest.fixture(scope="module")
