@@ -144,12 +144,12 @@ def expected_shapes(dims, bias: bool) -> dict[str, tuple[int, ...]]:
 def to_bytes(model: Model) -> bytes:
     from safetensors.numpy import save
 
-    info = model.info
-    actual = {name: t.shape for name, t in state_dict(model.layers).items()}
+    info, tensors = model.info, state_dict(model.layers)
+    actual = {name: t.shape for name, t in tensors.items()}
     if actual != expected_shapes(info.dims, info.bias):
         # The caller built the info from the same config that shaped the layers: a bug if not.
         raise ValueError(f"layers {actual} do not match the model {info.describe()}")
-    return save(state_dict(model.layers), metadata=info.to_metadata())
+    return save(tensors, metadata=info.to_metadata())
 
 
 def save(path: str | os.PathLike[str], model) -> Path:
