@@ -12,6 +12,7 @@ import pytest
 import graphtrain
 from graphtrain.config import PRESETS
 from graphtrain.data import Dataset, load
+from graphtrain.errors import UsageError
 from graphtrain.stages import LADDER
 from graphtrain.training import train
 
@@ -28,6 +29,14 @@ def mnist(mnist_dir):
     return load("mnist", data_dir=mnist_dir, offline=True)
 
 
+def train_or_skip(config, stage, data):
+    """A rung may refuse a model it was not built for (persistent: softmax regression only)."""
+    try:
+        return train(config, stage=stage, data=data)
+    except UsageError as error:
+        pytest.skip(f"{stage} does not train this model: {error}")
+
+
 def torch_cuda():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     if not torch.cuda.is_available():
@@ -42,7 +51,7 @@ def test_pytorch_loads_the_saved_model_and_reproduces_its_accuracy(stage, model,
     from safetensors.torch import load_file
 
     cfg = PRESETS["jhu"].replace(epochs=2, **MODELS[model])
-    record = train(cfg, stage=stage, data=mnist)
+    record = train_or_skip(cfg, stage, mnist)
     path = graphtrain.save(tmp_path / f"{stage}.safetensors", record)
 
     # Exactly what a PyTorch user writes: their own Sequential, the file's state_dict, strict.
@@ -70,18 +79,19 @@ def test_pytorch_loads_the_saved_model_and_reproduces_its_accuracy(stage, model,
     assert accuracy == record.test_accuracy, (stage, model, accuracy, record.test_accuracy)
 
 
+@pytest.mark.parametrize("model", ["softmax-regression", "mlp"])
 @pytest.mark.parametrize("stage", SAVING_STAGES)
-def test_resuming_a_gpu_run_continues_it_exactly(stage, tmp_path):
+def test_resuming_a_gpu_run_continues_it_exactly(stage, model, tmp_path):
     data = Dataset.synthetic(3000, 500, seed=12)
-    cfg = PRESETS["jhu"].replace(hidden=(64,), batch=128, epochs=4, seed=12)
-    whole = train(cfg, stage=stage, data=data)
+    cfg = PRESETS["jhu"].replace(batch=128, epochs=4, seed=12, **MODELS[model])
+    whole = train_or_skip(cfg, stage, data)
     first = train(cfg.replace(epochs=2), stage=stage, data=data)
     path = graphtrain.save(tmp_path / "half.safetensors", first)
     rest = train(cfg.replace(epochs=2), stage=stage, data=data, init=path)
     assert [e.epoch for e in rest.epochs] == [3, 4]
     # The rungs are deterministic: the same step sequence from the same start is bit-identical.
-    for a, b in zip(rest.params, whole.params):
-        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+    for a, b in zip(rest.params, whole.params, strict=True):
+        assert a.w.tobytes() == b.w.tobytes() and a.b.tobytes() == b.b.tobytes()
     assert rest.train_loss == whole.train_loss
 
 
@@ -96,7 +106,7 @@ def test_own_data_with_three_classes_trains_on_the_gpu(stage, tmp_path):
 
     (x_train, y_train), (x_test, y_test) = split(1200), split(300)
     data = Dataset.from_arrays(x_train, y_train, x_test, y_test, name="mine")
-    record = train(PRESETS["jhu"].replace(hidden=(32,), epochs=3, batch=64), stage=stage, data=data)
-    assert record.config.dims == (120, 32, 3) and record.test_accuracy > 0.9
+    record = train_or_skip(PRESETS["jhu"].replace(epochs=3, batch=64), stage, data)
+    assert record.config.dims == (120, 3) and record.test_accuracy > 0.9
     model = graphtrain.load(graphtrain.save(tmp_path / "mine.safetensors", record))
     assert model.info.image_shape == (12, 10) and model.info.classes == 3
