@@ -503,7 +503,8 @@ def predict(model_path, input_path, out_path):
     Prints CSV (index,class,probability) to stdout, or writes it to --out.
     Runs on the CPU with NumPy.
     """
-    from graphtrain import evaluate, images, model_io
+    from graphtrain import evaluate, model_io
+    from graphtrain.data import images
 
     with reported_errors():
         if out_path is not None:

@@ -10,10 +10,11 @@ that is, layer i's weight is ``f"{2 i}.weight"`` of shape (out, in) and its bias
 `to_torch` builds that model for you.
 
 The safetensors metadata (a string-to-string map) holds what it takes to use the model, text as
-it is and numbers, booleans and lists as JSON. Keys: ``format`` (graphtrain.mlp) and ``format_version``; the model (``dims``,
-``bias``, ``in_features``, ``classes``); its inputs (``dataset``, ``image_shape``,
-``preprocessing``, see `graphtrain.images`); and how it was trained (``stage``, ``seed``,
-``batch``, ``lr``, ``epochs_trained``, ``test_accuracy``, ``graphtrain_version``).
+it is and numbers, booleans and lists as JSON. Keys: ``format`` (graphtrain.mlp) and
+``format_version``; the model (``dims``, ``bias``, ``in_features``, ``classes``); its inputs
+(``dataset``, ``image_shape``, ``preprocessing``, see `graphtrain.data.images`); and how it was
+trained (``stage``, ``seed``, ``batch``, ``lr``, ``epochs_trained``, ``test_accuracy``,
+``graphtrain_version``).
 `epochs_trained` counts the epochs whose sample order training has used (a last one cut short by
 --steps included), so that a run resumed from the file (`--init`) goes on with the next epoch's.
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from graphtrain.errors import INSTALL_HINTS, UsageError
 from graphtrain.files import read_input, write_atomic
-from graphtrain.images import PREPROCESSING
+from graphtrain.data.images import PREPROCESSING
 from graphtrain.reference import Layer
 
 FORMAT = "graphtrain.mlp"
@@ -315,7 +316,8 @@ def to_torch(path: str | os.PathLike[str]):
     try:
         import torch
     except ImportError:
-        raise UsageError(f"graphtrain.to_torch needs PyTorch, which is not installed: {INSTALL_HINTS['torch']}") from None
+        raise UsageError("graphtrain.to_torch needs PyTorch, which is not installed: "
+                         f"{INSTALL_HINTS['torch']}") from None
     model = load(path)
     dims, modules = model.info.dims, []
     for i, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):

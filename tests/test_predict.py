@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from graphtrain import evaluate, images, model_io, reference
+from graphtrain import evaluate, model_io, reference
 from graphtrain.cli import main
+from graphtrain.data import images
 from graphtrain.errors import DataError
 from graphtrain.model_io import Model, ModelInfo
 

@@ -24,9 +24,9 @@ import numpy as np
 from graphtrain import terminal
 from graphtrain.data.fetch import download
 from graphtrain.data.idx import read_idx
+from graphtrain.data.images import arrays_to_splits, read_npz, to_features
 from graphtrain.data.registry import AXES, ROLES, DatasetSpec, cache_dir, get_spec
 from graphtrain.errors import DataError, DownloadError
-from graphtrain.images import arrays_to_splits, read_npz, to_features
 from graphtrain.terminal import Log
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class Dataset:
                     source: Path | None = None) -> Dataset:
         """A dataset from arrays of any sample shape and any number of classes.
 
-        Images are (N, ...) uint8 pixels 0-255 or floats in [0, 1] (see `graphtrain.images`);
+        Images are (N, ...) uint8 pixels 0-255 or floats in [0, 1] (see `graphtrain.data.images`);
         labels are integers 0 to classes - 1, the classes being counted from y_train.
         """
         train_images, train_labels, test_images, test_labels, classes, image_shape = arrays_to_splits(

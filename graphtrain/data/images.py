@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphtrain.data.idx import read_idx
 from graphtrain.errors import DataError
 from graphtrain.files import read_input
 
@@ -119,8 +120,6 @@ def read_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 def read_images(path: str | os.PathLike[str]) -> np.ndarray:
     """Images to predict on: a .npy array, or an IDX images file (gzipped or not)."""
-    from graphtrain.data import read_idx
-
     path = Path(path)
     start = read_input(path, DataError, len(_NPY_MAGIC))
     if start != _NPY_MAGIC:
