@@ -13,6 +13,8 @@ from graphtrain.cli import main
 from graphtrain.data import Dataset, load, load_npz
 from graphtrain.errors import DataError, UsageError
 from graphtrain.plan import RunPlan
+from graphtrain.stages import get_stage, row_names
+from graphtrain.stages.base import Stage
 
 
 def invoke(*args):
@@ -66,6 +68,13 @@ def test_numpy_run_saves_and_loads_bit_exact(small, tmp_path):
     assert (info.batch, info.lr, info.epochs_trained, info.dataset) == (100, 0.2, 2, "synthetic")
     assert info.test_accuracy == record.test_accuracy
     assert "params" not in record.to_json()  # the JSON record stays what it was
+
+
+@pytest.mark.parametrize("name", row_names())
+def test_every_row_hands_over_its_trained_parameters(name):
+    """`run --save` writes what the row's `weights()` returns: no rung or peer may leave it to
+    the base class, which has none to give."""
+    assert get_stage(name).weights is not Stage.weights
 
 
 def test_saved_model_evaluates_to_the_accuracy_the_run_reported(mnist_dir, tmp_path):
