@@ -7,6 +7,7 @@ surfaces with its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -78,6 +79,7 @@ class Workload:
     metrics_every: int | None
     precision: str | None
     dataset: str | None
+    data_file: Path | None
     data_dir: Path | None
     offline: bool
 
@@ -85,13 +87,63 @@ class Workload:
         """The preset with the options given applied (checked as it is made)."""
         if self.epochs is not None and self.steps is not None:
             raise UsageError("give --epochs or --steps, not both")
+        if self.data_file is not None and self.dataset is not None:
+            raise UsageError("give --data FILE.npz or --dataset, not both")
         return config_mod.preset(self.preset).replace(
             hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
-            seed=self.seed, metrics_every=self.metrics_every, precision=self.precision, dataset=self.dataset)
+            seed=self.seed, metrics_every=self.metrics_every, precision=self.precision,
+            dataset=self.dataset if self.data_file is None else self.data_file.stem)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
-        return data_mod.load(config.dataset, data_dir=self.data_dir, offline=self.offline)
+        return load_dataset(config.dataset, self.data_file, self.data_dir, self.offline)
+
+    def resuming(self, model, path: Path) -> Workload:
+        """The workload of a run resumed from a saved `model`: its hidden sizes, bias, seed,
+        batch, lr and dataset, where the command line does not say otherwise."""
+        info = model.info
+
+        def given_or(value, saved):
+            return saved if value is None else value
+
+        dataset = self.dataset
+        if dataset is None and self.data_file is None:
+            dataset = registered_dataset(info.dataset, path)
+        return dataclasses.replace(
+            self, hidden=given_or(self.hidden, ",".join(map(str, info.hidden)) or "none"),
+            bias=given_or(self.bias, info.bias), seed=given_or(self.seed, info.seed),
+            batch=given_or(self.batch, info.batch), lr=given_or(self.lr, info.lr), dataset=dataset)
+
+
+def registered_dataset(name: str, model_path: Path) -> str:
+    """The dataset a saved model was trained on, when graphtrain can load it by name."""
+    if name not in data_mod.DATASETS:
+        raise UsageError(f"{model_path} was trained on {name!r}, not a registered dataset: "
+                         "give its file with --data FILE.npz")
+    return name
+
+
+def load_dataset(name: str, data_file: Path | None, data_dir: Path | None, offline: bool) -> data_mod.Dataset:
+    """A registered dataset by name, or the user's own .npz file (--data)."""
+    if data_file is None:
+        return data_mod.load(name, data_dir=data_dir, offline=offline)
+    if data_dir is not None:
+        raise UsageError("give --data FILE.npz or --data-dir, not both")
+    return data_mod.load_npz(data_file)
+
+
+# Where the data comes from: shared by the workload options and `eval`.
+DATA_OPTIONS = [
+    click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
+                 help="Dataset (default: the preset's, mnist; with a saved model, the model's)."),
+    click.option("--data", "data_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                 metavar="FILE.npz",
+                 help="Your own data instead: an .npz with x_train, y_train, x_test, y_test, images of any "
+                      "size as uint8 0-255 or float 0-1, labels 0 to classes-1."),
+    click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                 help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
+    click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
+]
 
 
 WORKLOAD_OPTIONS = [
@@ -110,13 +162,20 @@ WORKLOAD_OPTIONS = [
     click.option("--precision", default=None, type=click.Choice(list(config_mod.PRECISIONS)),
                  help="The products' operands (fp32 accumulation always); default: each stage's own. "
                       "tf32: cublas to graphs; bf16: bf16, device-loop and the bf16 peers."),
-    click.option("--dataset", default=None, type=click.Choice(list(data_mod.DATASETS)),
-                 help="Dataset (default: the preset's, mnist)."),
-    click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-                 help="Folder holding the dataset's IDX files (else $GRAPHTRAIN_DATA, else the cache)."),
-    click.option("--offline", is_flag=True, help="Never download; fail if the dataset is missing."),
+    *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
+
+
+def with_options(options):
+    """Apply a list of click options to a command, in the order listed."""
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def workload_options(command):
@@ -127,9 +186,7 @@ def workload_options(command):
         workload = Workload(**{name: kwargs.pop(name) for name in WORKLOAD_FIELDS})
         return command(workload=workload, **kwargs)
 
-    for option in reversed(WORKLOAD_OPTIONS):
-        with_workload = option(with_workload)
-    return with_workload
+    return with_options(WORKLOAD_OPTIONS)(with_workload)
 
 
 def require(stage: str):
@@ -160,6 +217,8 @@ def main():
     \b
     graphtrain run --stage graphs          train one model with one stage
     graphtrain run --stage numpy           the same on the CPU, no GPU needed
+    graphtrain run --save m.safetensors    keep the trained model (eval, predict, --init)
+    graphtrain eval --model m.safetensors  its test accuracy, per class, confusion matrix
     graphtrain ladder                      every stage and the framework peers, into results/
     graphtrain info                        what this machine offers
     graphtrain data download               fetch MNIST into the cache
@@ -178,25 +237,44 @@ def main():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               default=None, help="Write the run record (per-epoch times, losses, environment) here; "
                                  "'-' prints it on stdout.")
-def run(stage, workload, json_path):
+@click.option("--save", "save_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="MODEL.safetensors",
+              help="Keep the trained model: its parameters in PyTorch's nn.Sequential layout, with "
+                   "what it is and how it was trained (for eval, predict, --init, graphtrain.to_torch).")
+@click.option("--init", "init_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="MODEL.safetensors",
+              help="Resume training a saved model: start from its parameters and go on with its next "
+                   "epoch's sample order (epochs are numbered on from its count). Its hidden sizes, "
+                   "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
+                   "more to train.")
+def run(stage, workload, json_path, save_path, init_path):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
-    from graphtrain.plan import RunPlan
-    from graphtrain.training import run_stage
+    from graphtrain import model_io
+    from graphtrain.training import plan_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
+        init = None
+        if init_path is not None:
+            init = model_io.load(init_path)
+            workload = workload.resuming(init, init_path)
         cfg = workload.config()
-        if json_path is not None:
-            files.check_writable(json_path)
+        for path in (json_path, save_path):
+            if path is not None:
+                files.check_writable(path)
         stage_cls = require(stage)
         data = workload.load(cfg)
-        plan = RunPlan.for_data(cfg, data)
+        plan = plan_for(cfg, data, init)
         length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress)
         record.command = command_line()
+        record.init = None if init_path is None else str(init_path)
+        if save_path is not None:
+            model_io.save(save_path, record)
+            log(f"model saved to {save_path}")
         for warning in record.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
         if to_stdout:
@@ -363,3 +441,85 @@ def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir):
                                        data=dataset, out_dir=out_dir, command=command_line(), console=err)
     out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
+
+
+# --------------------------------------------------------------------------------------------
+# Using a saved model: eval and predict
+# --------------------------------------------------------------------------------------------
+
+MODEL_OPTION = click.option(
+    "--model", "model_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="A model saved by `graphtrain run --save` (.safetensors).")
+
+
+@main.command("eval")
+@MODEL_OPTION
+@with_options(DATA_OPTIONS)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the confusion matrix into this PNG (needs matplotlib).")
+def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
+    """Test accuracy and loss of a saved model, per class, and its confusion matrix.
+
+    The test split is the model's own dataset's, unless --dataset or --data names another.
+    Evaluation runs on the CPU with NumPy, in float32 with the numpy stage's forward pass, so a
+    model the numpy stage trained shows exactly the test accuracy its run reported; a model a
+    GPU stage trained may differ from its run's by the few samples whose two top logits nearly
+    tie. There is no GPU evaluation: a test pass of a model this size takes well under a second.
+    """
+    from graphtrain import evaluate, model_io
+
+    with reported_errors():
+        if plot_path is not None:
+            evaluate.require_matplotlib()
+            files.check_writable(plot_path)
+        model = model_io.load(model_path)
+        if dataset is None and data_file is None:
+            dataset = registered_dataset(model.info.dataset, model_path)
+        data = load_dataset(dataset, data_file, data_dir, offline)
+        model_io.check_data(model, model_path, data.num_features, data.num_classes, str(data.source or data.name))
+        result = evaluate.evaluate(model.layers, data.test_images, data.test_labels, model.info.classes)
+        if plot_path is not None:
+            evaluate.plot_confusion(result, plot_path, f"{model_path.name} on {data.name}")
+
+    out.print(evaluate.class_table(result))
+    out.print(evaluate.confusion_table(result))
+    out.print(f"{model_path} ({model.info.describe()}) on the {data.name} test set, "
+              f"{result.samples} samples: accuracy {100 * result.accuracy:.2f}%, loss {result.loss:.4f}",
+              soft_wrap=True)
+    if plot_path is not None:
+        log(f"confusion matrix drawn in {plot_path}")
+
+
+@main.command()
+@MODEL_OPTION
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the predictions (CSV: index,class,probability) here instead of to stdout.")
+def predict(model_path, input_path, out_path):
+    """Predict the class of each image in INPUT, with the model's probability for it.
+
+    \b
+    INPUT is an IDX images file (gzipped or not, like t10k-images-idx3-ubyte.gz) or a
+    .npy array of shape (N, H, W) with the model's image size, e.g. (N, 28, 28), or
+    (N, features), e.g. (N, 784). Pixels are uint8 0-255 (divided by 255, as in
+    training) or floats already in 0-1.
+
+    Prints CSV (index,class,probability) to stdout, or writes it to --out.
+    Runs on the CPU with NumPy.
+    """
+    from graphtrain import evaluate, model_io
+    from graphtrain.data import images
+
+    with reported_errors():
+        if out_path is not None:
+            files.check_writable(out_path)
+        model = model_io.load(model_path)
+        raw = images.read_images(input_path)
+        images.check_sample_shape(raw, model.info.in_features, model.info.image_shape, str(input_path))
+        predicted, probability = evaluate.predict(model.layers, images.to_features(raw, str(input_path)))
+        if out_path is not None:
+            evaluate.write_predictions(out_path, predicted, probability)
+    if out_path is None:
+        click.echo(evaluate.predictions_csv(predicted, probability), nl=False)
+    else:
+        log(f"{len(predicted)} predictions written to {out_path}")

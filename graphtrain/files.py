@@ -1,6 +1,7 @@
 """Files graphtrain writes: checked before the work, written atomically, cached in one place.
 
     check_writable(path)     before training: can the results be written there? (UsageError)
+    read_input(path, error)  an input's bytes, or one line saying why not
     write_atomic(path, data) after: the whole file or nothing (OutputError on an OSError)
     cache_dir(name)          graphtrain's per-user cache folder `name` (datasets, kernels)
     write_cached(path, ...)  a cache entry whose corruption read_cached detects
@@ -100,6 +101,20 @@ def check_writable(path: str | os.PathLike[str], folder: bool = False) -> None:
         reason = _probe_folder(_existing_ancestor(path))
     if reason:
         raise UsageError(f"cannot write {path}: {reason}")
+
+
+def read_input(path: Path, error: type[UsageError] = UsageError, size: int = -1) -> bytes:
+    """The bytes of an input file (its first `size` bytes when given), or `error` in one line
+    saying why it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a folder, not a file") from None
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def write_json(path: str | os.PathLike[str], obj) -> Path:

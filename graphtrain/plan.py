@@ -15,6 +15,7 @@ a `UsageError`, raised before anything large is allocated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ def epoch_batches(config: TrainConfig, num_train: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays compare elementwise, not to a bool
 class RunPlan:
-    config: TrainConfig  # in_features taken from the dataset
+    config: TrainConfig  # in_features and classes taken from the dataset
     num_train: int
     num_test: int
     initial: tuple[Layer, ...]  # float32 initial parameters, read-only
@@ -49,14 +50,22 @@ class RunPlan:
     batches: tuple[int, ...]  # batches run in each epoch (see epoch_batches)
     batch_sizes: tuple[int, ...]  # the distinct batch sizes the run trains, largest first
     metrics_due: tuple[bool, ...]  # the sparse schedule: every metrics_every epochs and the last
+    # Epochs the model trained before this run (a run resumed from a saved model): this run's
+    # epoch e is the model's epoch first_epoch + e, and takes that epoch's sample order.
+    first_epoch: int = 0
 
     @classmethod
     def build(cls, config: TrainConfig, num_train: int, num_test: int,
-              num_features: int | None = None) -> RunPlan:
+              num_features: int | None = None, num_classes: int | None = None,
+              initial: Sequence[Layer] | None = None, first_epoch: int = 0) -> RunPlan:
         """The plan of `config` over a dataset of `num_train` training and `num_test` test samples
-        of `num_features` features (default: the config's)."""
-        if num_features is not None and num_features != config.in_features:
-            config = config.replace(in_features=num_features)
+        of `num_features` features in `num_classes` classes (default: the config's).
+
+        The initial parameters are `initial` when given (a saved model's, to resume training;
+        the caller checks they fit the config), else the seeded init. `first_epoch` is how many
+        epochs they were trained for: the sample orders continue from there.
+        """
+        config = config.replace(in_features=num_features, classes=num_classes)
         cls.check_workload(config, num_train, num_test)
         batches = epoch_batches(config, num_train)
         num_epochs = len(batches)
@@ -65,8 +74,15 @@ class RunPlan:
 
         orders = np.empty((num_epochs, num_train), np.int32)
         for epoch in range(num_epochs):
-            orders[epoch] = reference.epoch_order(config.seed, epoch, num_train)
-        initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
+            orders[epoch] = reference.epoch_order(config.seed, first_epoch + epoch, num_train)
+        if initial is None:
+            initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
+        else:
+            initial = [layer.copy(np.float32) for layer in initial]
+            shapes = [(layer.w.shape, None if layer.b is None else layer.b.shape) for layer in initial]
+            wanted = [((o, i), (o,) if config.bias else None) for i, o in zip(config.dims, config.dims[1:])]
+            if shapes != wanted:  # the caller checks a user's file; this guards the plan itself
+                raise ValueError(f"initial parameters {shapes} do not fit the model {config.dims}")
         for array in (orders, *(a for layer in initial for a in (layer.w, layer.b) if a is not None)):
             array.flags.writeable = False  # shared by every row: none may change it for the others
         every = config.metrics_every
@@ -74,7 +90,9 @@ class RunPlan:
             config=config, num_train=num_train, num_test=num_test, initial=tuple(initial),
             orders=orders, bounds=bounds, batches=batches,
             batch_sizes=tuple(sorted(sizes, reverse=True)),
-            metrics_due=tuple((e + 1) % every == 0 or e == num_epochs - 1 for e in range(num_epochs)),
+            metrics_due=tuple((first_epoch + e + 1) % every == 0 or e == num_epochs - 1
+                              for e in range(num_epochs)),
+            first_epoch=first_epoch,
         )
 
     @staticmethod
@@ -88,9 +106,12 @@ class RunPlan:
         footprint.check(footprint.plan_bytes, environment.free_host_memory(), "the memory free on this machine")
 
     @classmethod
-    def for_data(cls, config: TrainConfig, data) -> RunPlan:
-        """The plan of `config` over a loaded `graphtrain.data.Dataset`."""
-        return cls.build(config, len(data.train_images), len(data.test_images), data.num_features)
+    def for_data(cls, config: TrainConfig, data, initial: Sequence[Layer] | None = None,
+                 first_epoch: int = 0) -> RunPlan:
+        """The plan of `config` over a loaded `graphtrain.data.Dataset`, whose sample size and
+        classes set the model's input and output sizes."""
+        return cls.build(config, len(data.train_images), len(data.test_images), data.num_features,
+                         data.num_classes, initial, first_epoch)
 
     @property
     def num_epochs(self) -> int:

@@ -6,7 +6,8 @@ raised). Both turn into JSON with `to_json()`, whose keys are stable, because re
 `results/` files and scripts read them:
 
     stage, kind, note, precision, nodes_per_step, config, environment, data, epochs, epoch_ms,
-    setup_ms, total_ms, test_accuracy, train_loss, warnings, command (and hidden_size in a sweep);
+    setup_ms, total_ms, test_accuracy, train_loss, warnings, command (and hidden_size in a sweep,
+    init in a run resumed from a saved model);
     a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data.
 """
 
@@ -16,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from graphtrain.config import TrainConfig
+from graphtrain.reference import Layer
 
 
 @dataclass
@@ -42,7 +44,9 @@ def median_epoch_ms(epochs: list[EpochRecord]) -> float:
 
 def data_summary(data) -> dict:
     """What a record says about the dataset a row trained on."""
-    return {"name": data.name, "train": len(data.train_images), "test": len(data.test_images)}
+    shape = None if data.image_shape is None else list(data.image_shape)
+    return {"name": data.name, "train": len(data.train_images), "test": len(data.test_images),
+            "image_shape": shape}
 
 
 @dataclass
@@ -62,6 +66,9 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)
     command: str | None = None
     hidden_size: int | None = None  # the swept width, in a sweep
+    init: str | None = None  # the saved model training resumed from
+    # The trained parameters (float32, weight (out, in)): `graphtrain.save` writes them; not JSON.
+    params: list[Layer] | None = field(default=None, repr=False)
 
     @property
     def epoch_ms(self) -> float:
@@ -87,8 +94,9 @@ class RunRecord:
             "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,
             "warnings": list(self.warnings),
         })
-        if self.command is not None:
-            out["command"] = self.command
+        for key in ("init", "command"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 

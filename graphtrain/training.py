@@ -2,6 +2,7 @@
 returns its run record.
 
     train(config, stage)          the library's entry: load the data, build the plan, run one row
+    plan_for(config, data, init)  the run plan, from a saved model's parameters when resuming
     run_stage(cls, plan, data)    the timing protocol around any row, given the shared plan
 
 The ladder builds one plan and calls `run_stage` for every row, so all of them train the same
@@ -11,6 +12,7 @@ initial weights in the same order over the same batches.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Callable
 
@@ -18,8 +20,10 @@ import numpy as np
 
 from graphtrain import data as data_mod
 from graphtrain import environment as environment_mod
+from graphtrain import model_io
 from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
+from graphtrain.model_io import Model
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
 from graphtrain.stages import get_stage
@@ -39,17 +43,40 @@ def train(
     data_dir=None,
     offline: bool = False,
     progress: Progress | None = None,
+    init: str | os.PathLike[str] | Model | None = None,
 ) -> RunRecord:
-    """Train `config` with `stage` (a rung or a peer) and return its run record.
+    """Train `config` with `stage` (a rung or a peer) and return its run record, whose
+    `params` are the trained parameters (`graphtrain.save(path, record)` keeps them).
 
     What the stage needs (a GPU, a framework) is checked before the dataset is looked for;
-    the dataset is loaded when not given.
+    the dataset is loaded when not given. `init`, a saved model or its path, resumes training
+    from it (see `plan_for`).
     """
     stage_cls = get_stage(stage)
     stage_cls.check_available()
+    if isinstance(init, (str, os.PathLike)):
+        init = model_io.load(init)
     if data is None:
         data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline)
-    return run_stage(stage_cls, RunPlan.for_data(config, data), data, progress)
+    record = run_stage(stage_cls, plan_for(config, data, init), data, progress)
+    record.init = None if init is None or init.source is None else str(init.source)
+    return record
+
+
+def plan_for(config: TrainConfig, data: data_mod.Dataset, init: Model | None = None) -> RunPlan:
+    """The run plan of `config` on `data`; with `init`, one that resumes training the saved model.
+
+    Resuming starts from the model's parameters and goes on counting epochs from its
+    `epochs_trained`: the run's first epoch is the model's next one and takes that epoch's
+    sample order, so (with the same seed, batch and lr) training 2 epochs, saving and resuming
+    for 2 more gives the same parameters as training 4 epochs at once. A run that stopped inside
+    an epoch (--steps) resumes at the start of the next one.
+    """
+    if init is None:
+        return RunPlan.for_data(config, data)
+    dims = (data.num_features, *config.hidden, data.num_classes)
+    model_io.check_matches(init, init.source or "the saved model", dims, config.bias)
+    return RunPlan.for_data(config, data, init.layers, init.info.epochs_trained)
 
 
 def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
@@ -68,12 +95,14 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
         for epoch in range(plan.num_epochs):
             num_batches = plan.batches[epoch]
             result = runner.train_epoch(epoch, num_batches, runner.measures(epoch))
-            entry = EpochRecord(epoch + 1, result.ms, num_batches,
+            # Numbered as the model's epochs: a resumed run goes on from the saved count.
+            number = plan.first_epoch + epoch + 1
+            entry = EpochRecord(number, result.ms, num_batches,
                                 full=num_batches == plan.batches_per_epoch,
                                 train_loss=result.train_loss, train_accuracy=result.train_accuracy)
             if result.train_loss is not None:
-                where = (f"epoch {epoch + 1}" if unchecked_since == epoch
-                         else f"epochs {unchecked_since + 1}-{epoch + 1}")
+                first = plan.first_epoch + unchecked_since + 1
+                where = f"epoch {number}" if first == number else f"epochs {first}-{number}"
                 if not math.isfinite(result.train_loss):
                     raise TrainingError(
                         f"the training loss became {result.train_loss} in {where} with {name}; "
@@ -98,7 +127,7 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     return RunRecord(stage=name, kind=stage_cls.kind, config=config, environment=environment,
                      epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
                      note=note, precision=precision, nodes_per_step=nodes, data=data_summary(data),
-                     warnings=warnings)
+                     warnings=warnings, params=weights)
 
 
 def _divergence(loss: float, config: TrainConfig, where: str) -> str | None:

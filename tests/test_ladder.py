@@ -290,7 +290,7 @@ def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_framewor
     assert isinstance(numpy_record, RunRecord) and numpy_record.kind == "stage"
     assert numpy_record.test_accuracy > 0.8
     assert len(numpy_record.epochs) == 2
-    assert numpy_record.data == {"name": "synthetic", "train": 2000, "test": 500}
+    assert numpy_record.data == {"name": "synthetic", "train": 2000, "test": 500, "image_shape": None}
     for record in records[1:]:
         assert isinstance(record, FailedRun) and record.kind == "peer" and record.skipped is True
         assert "is not installed" in record.error

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from helpers import Scratch, rel_err
 
-from graphtrain.errors import GpuUnavailableError
 from graphtrain.kernels import F32, F64, I32, I64, PTR, U32, kernel, load_source
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device")]
@@ -73,13 +72,8 @@ def randn(*shape) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def device():
-    from graphtrain.libs import cuda
-
-    try:
-        return cuda.open_device()
-    except GpuUnavailableError as exc:
-        pytest.skip(f"no usable GPU: {exc}")
+def device(gpu_device):
+    return gpu_device
 
 
 @pytest.fixture(scope="module")

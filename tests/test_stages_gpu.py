@@ -11,28 +11,18 @@ from helpers import rel_err
 from graphtrain import reference
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset, load
-from graphtrain.errors import GpuUnavailableError, TrainingError
+from graphtrain.errors import TrainingError
 from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage, stage_names
 from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_device")]
 
 GPU_STAGES = [name for name in stage_names() if name != "numpy"]
 MLP_STAGES = [name for name in GPU_STAGES if name != "persistent"]  # persistent: softmax regression only
 # The rungs whose dW and db land in buffers of their own (from `fused` on, SGD is fused into the
 # products); the later rungs' own tests are in test_rungs_gpu.py.
 GRADIENT_STAGES = GPU_STAGES[:GPU_STAGES.index("fused")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu():
-    from graphtrain.libs import cuda
-
-    try:
-        return cuda.open_device()
-    except GpuUnavailableError as error:
-        pytest.skip(f"no usable GPU: {error}")
 
 
 def synthetic(seed: int, n_train=1000, n_test=300) -> Dataset:

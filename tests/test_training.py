@@ -32,7 +32,7 @@ def test_record_has_the_stable_keys(small):
     assert all(e["batches"] == 16 for e in saved["epochs"])
     assert saved["config"]["dims"] == [784, 32, 10]
     assert saved["environment"]["python"] and saved["environment"]["numpy"]
-    assert saved["data"] == {"name": "synthetic", "train": 1000, "test": 300}
+    assert saved["data"] == {"name": "synthetic", "train": 1000, "test": 300, "image_shape": None}
     assert saved["epoch_ms"] == record.epoch_ms and saved["train_loss"] == record.train_loss
     assert record.test_accuracy > 0.8  # the synthetic classes are separable
     losses = [e.train_loss for e in record.epochs]

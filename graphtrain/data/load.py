@@ -24,6 +24,7 @@ import numpy as np
 from graphtrain import terminal
 from graphtrain.data.fetch import download
 from graphtrain.data.idx import read_idx
+from graphtrain.data.images import arrays_to_splits, read_npz, to_features
 from graphtrain.data.registry import AXES, ROLES, DatasetSpec, cache_dir, get_spec
 from graphtrain.errors import DataError, DownloadError
 from graphtrain.terminal import Log
@@ -136,11 +137,26 @@ class Dataset:
     test_images: np.ndarray  # float32 (M, num_features)
     test_labels: np.ndarray  # int32 (M,)
     num_classes: int = 10
-    source: Path | None = None  # the folder the files came from; None when not from files
+    source: Path | None = None  # the folder or file the data came from; None when not from files
+    image_shape: tuple[int, ...] | None = None  # one sample before flattening, e.g. (28, 28)
 
     @property
     def num_features(self) -> int:
         return int(self.train_images.shape[1])
+
+    @classmethod
+    def from_arrays(cls, x_train, y_train, x_test, y_test, name: str = "arrays",
+                    source: Path | None = None) -> Dataset:
+        """A dataset from arrays of any sample shape and any number of classes.
+
+        Images are (N, ...) uint8 pixels 0-255 or floats in [0, 1] (see `graphtrain.data.images`);
+        labels are integers 0 to classes - 1, the classes being counted from y_train.
+        """
+        train_images, train_labels, test_images, test_labels, classes, image_shape = arrays_to_splits(
+            x_train, y_train, x_test, y_test, label=str(source or name))
+        return cls(name=name, train_images=train_images, train_labels=train_labels,
+                   test_images=test_images, test_labels=test_labels, num_classes=classes,
+                   source=source, image_shape=image_shape)
 
     @classmethod
     def synthetic(
@@ -205,9 +221,7 @@ def _read_split(
             f"{labels_path}: label {int(labels[index])} at index {index} is out of range: "
             f"{spec.name} has {spec.num_classes} classes (0 to {spec.num_classes - 1})"
         )
-    flat = images.reshape(len(images), -1).astype(np.float32)
-    flat /= 255.0
-    return flat, labels.astype(np.int32)
+    return to_features(images, str(images_path)), labels.astype(np.int32)
 
 
 def load(
@@ -256,4 +270,11 @@ def load(
         test_labels=test_labels,
         num_classes=spec.num_classes,
         source=lookup.folder,
+        image_shape=spec.files["train_images"].shape[1:],
     )
+
+
+def load_npz(path: str | os.PathLike[str]) -> Dataset:
+    """A dataset from one .npz file in the mnist.npz layout: x_train, y_train, x_test, y_test."""
+    path = Path(path).expanduser().absolute()
+    return Dataset.from_arrays(**read_npz(path), name=path.stem, source=path)

@@ -74,7 +74,8 @@ class Stage:
         raise NotImplementedError
 
     def weights(self) -> list[Layer]:
-        """Host copies of the current parameters."""
+        """Host copies of the current parameters in float32, what `run --save` writes (a rung
+        that computes with lower-precision copies returns its fp32 master weights)."""
         raise NotImplementedError
 
     def environment(self) -> dict:
