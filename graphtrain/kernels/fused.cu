@@ -18,6 +18,16 @@ template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) { return t
 
 extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 
+// dst[0:n] = src[0:n] by the whole block, 16 bytes a copy and eight copies in flight per thread.
+template <int THREADS>
+__device__ __forceinline__ void copy_to_shared(float4* dst, const float* __restrict__ src, int n) {
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n / 4; i += THREADS) dst[i] = src4[i];
+    float* tail = reinterpret_cast<float*>(dst);
+    for (int i = n / 4 * 4 + threadIdx.x; i < n; i += THREADS) tail[i] = src[i];
+}
+
 // ---- head: logits and the loss step, one warp per row ------------------------------------------
 //   z[r, j] = b[j] + Σ_k x[r, k] · W[j, k]          (W: CLASSES × K fp32, the master weights)
 //   dlogits[r, j] = (softmax(z[r])_j − [j = y_r]) / rows
@@ -31,12 +41,12 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
                           const int* order, const int* cursor, float* __restrict__ x_copy, int* y,
                           const float* __restrict__ w_global, const float* b, int k, int rows,
                           float* __restrict__ dlogits, float* row_loss, float* row_correct, int w_shared) {
-    extern __shared__ float w_smem[];
+    extern __shared__ float4 w_smem4[];
     const float* w = w_global;
-    if (w_shared) {
-        for (int i = threadIdx.x; i < CLASSES * k; i += HEAD_THREADS) w_smem[i] = w_global[i];
+    if (w_shared) {  // float4 copies, many in flight (W's rows are 16-byte aligned when k % 4 == 0)
+        copy_to_shared<HEAD_THREADS>(w_smem4, w_global, CLASSES * k);
         __syncthreads();
-        w = w_smem;
+        w = reinterpret_cast<const float*>(w_smem4);
     }
     const int lane = threadIdx.x & 31;
     const int r = blockIdx.x * (HEAD_THREADS / 32) + (threadIdx.x >> 5);
@@ -51,7 +61,7 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
         if (lane == 0) y[r] = label;
         const float* src = images + (long long)sample * k;
         float* dst = x_copy + (long long)r * k;
-#pragma unroll 4
+#pragma unroll 8
         for (int c = lane; c < k; c += 32) {
             const float v = src[c];
             dst[c] = v;
@@ -61,7 +71,7 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
     } else {
         label = y[r];
         const T* src = x + (long long)r * k;
-#pragma unroll 4
+#pragma unroll 8
         for (int c = lane; c < k; c += 32) {
             const float v = to_float(src[c]);
 #pragma unroll
@@ -124,16 +134,20 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
         __shared__ float part[COL_WARPS][32];
+        extern __shared__ float4 dl_smem4[];  // dlogits, read by every column
+        copy_to_shared<COL_THREADS>(dl_smem4, dlogits, rows * CLASSES);
+        __syncthreads();
+        const float* dl = reinterpret_cast<const float*>(dl_smem4);
         const int c = blockIdx.x * 32 + lane;
         float acc[CLASSES];
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) acc[j] = 0.0f;
         if (c < k) {
-#pragma unroll 4
+#pragma unroll 8
             for (int r = warp; r < rows; r += COL_WARPS) {
                 const float v = to_float(x[(long long)r * k + c]);
 #pragma unroll
-                for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(dlogits[r * CLASSES + j], v, acc[j]);
+                for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(dl[r * CLASSES + j], v, acc[j]);
             }
         }
 #pragma unroll
@@ -179,18 +193,22 @@ template <typename T>
 __device__ void head_backward(const float* __restrict__ dlogits, const float* __restrict__ w, const T* __restrict__ h,
                               T* __restrict__ dh, float* __restrict__ db, int k, int rows) {
     __shared__ float part[COL_WARPS][32];
+    extern __shared__ float4 dl_smem4[];  // dlogits, read by every column
+    copy_to_shared<COL_THREADS>(dl_smem4, dlogits, rows * CLASSES);
+    __syncthreads();
+    const float* dl = reinterpret_cast<const float*>(dl_smem4);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (c < k) {
         float wc[CLASSES];
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) wc[j] = w[j * k + c];
-#pragma unroll 4
+#pragma unroll 8
         for (int r = warp; r < rows; r += COL_WARPS) {
             const long long i = (long long)r * k + c;
             float g = 0.0f;
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) g = fmaf(dlogits[r * CLASSES + j], wc[j], g);
+            for (int j = 0; j < CLASSES; ++j) g = fmaf(dl[r * CLASSES + j], wc[j], g);
             if (!(to_float(h[i]) > 0.0f)) g = 0.0f;
             const T stored = from_float<T>(g);
             dh[i] = stored;
@@ -209,7 +227,7 @@ __device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, floa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float sum = 0.0f;
     if (c < k) {
-#pragma unroll 4
+#pragma unroll 8
         for (int r = warp; r < rows; r += COL_WARPS) {
             const long long i = (long long)r * k + c;
             if (!(to_float(h[i]) > 0.0f)) dh[i] = from_float<T>(0.0f);

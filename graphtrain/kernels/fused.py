@@ -11,6 +11,9 @@ from graphtrain.kernels import F32, I32, I64, PTR, U64, KernelFile, ceil_div, ke
 HEAD_THREADS = 256  # head_step: 8 rows (warps) per block
 COL_THREADS, COLUMNS = 512, 32  # the column kernels: 32 columns per block, its 16 warps split the rows
 SHARED_W_BYTES = 48 * 1024  # head_step copies W into shared memory up to the default limit
+# The column kernels keep a batch's dlogits in shared memory: batch × classes floats, up to this
+# (raised once per kernel; within what every GPU from compute capability 8.0 on allows a block).
+MAX_DLOGITS_BYTES = 96 * 1024
 GATHER_THREADS = 256  # per row copied
 SGD_THREADS, SGD_BLOCKS = 256, 264  # a grid-stride pass over the packed parameters
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
@@ -22,10 +25,12 @@ class Fused(KernelFile):
     _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
     _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR,
                              I32)
-    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
-    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR)
-    _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32)
-    _head_backward_bf16 = kernel("head_backward_bf16", PTR, PTR, PTR, PTR, PTR, I32, I32)
+    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR,
+                               max_shared_bytes=MAX_DLOGITS_BYTES)
+    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR, U64, PTR,
+                               max_shared_bytes=MAX_DLOGITS_BYTES)
+    _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
+    _head_backward_bf16 = kernel("head_backward_bf16", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
     _relu_bias_grad_f32 = kernel("relu_bias_grad_f32", PTR, PTR, PTR, I32, I32)
     _relu_bias_grad_bf16 = kernel("relu_bias_grad_bf16", PTR, PTR, PTR, I32, I32)
     _gather_batch_bf16 = kernel("gather_batch_bf16", PTR, PTR, PTR, PTR, I32, PTR, PTR)
@@ -34,8 +39,6 @@ class Fused(KernelFile):
     def __init__(self, device, classes: int, bf16: bool):
         """`bf16`: the hidden activations and their gradients are bf16 (the head stays fp32; the
         softmax-regression head reads the fp32 batch it gathered)."""
-        if not 1 <= classes <= MAX_CLASSES:
-            raise ValueError(f"the fused head handles 1 to {MAX_CLASSES} classes, not {classes}")
         super().__init__(device, {"CLASSES": classes})
         self.classes = classes
         kind = "bf16" if bf16 else "f32"  # the activations' type
@@ -43,6 +46,19 @@ class Fused(KernelFile):
         self._head_backward = getattr(self, f"_head_backward_{kind}")
         self._relu_bias_grad = getattr(self, f"_relu_bias_grad_{kind}")
         self._gathered_step, self._gathered_update = self._head_step_f32, self._head_update_f32
+
+    def dlogits_bytes(self, rows: int) -> int:
+        return rows * self.classes * 4
+
+    @staticmethod
+    def refusal(batch: int, classes: int) -> str | None:
+        """Why the fused head cannot train a batch this wide, or None."""
+        if not 1 <= classes <= MAX_CLASSES:
+            return f"{classes} classes (the fused head takes at most {MAX_CLASSES}: one warp's lanes)"
+        if batch * classes * 4 > MAX_DLOGITS_BYTES:
+            return (f"batch {batch} of {classes} classes (the fused head keeps a batch's dlogits in "
+                    f"{MAX_DLOGITS_BYTES // 1024} KiB of shared memory: batch × classes ≤ {MAX_DLOGITS_BYTES // 4})")
+        return None
 
     def head_step(self, stream, x: int, w: int, b: int, k: int, rows: int, y: int, dlogits: int, row_loss: int,
                   row_correct: int, gather: tuple[int, int, int, int, int] | None = None) -> None:
@@ -63,11 +79,12 @@ class Fused(KernelFile):
         the fp32 batch head_step gathered."""
         launch = self._gathered_update if gathered else self._head_update
         launch(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr,
-                          row_loss, row_correct, totals, cursor, loop, steps_left)
+               row_loss, row_correct, totals, cursor, loop, steps_left, shared_bytes=self.dlogits_bytes(rows))
 
     def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""
-        self._head_backward(stream, ceil_div(k, COLUMNS), COL_THREADS, dlogits, w, h, dh, db, k, rows)
+        self._head_backward(stream, ceil_div(k, COLUMNS), COL_THREADS, dlogits, w, h, dh, db, k, rows,
+                            shared_bytes=self.dlogits_bytes(rows))
 
     def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = 0 where h ≤ 0 (in place), and db = Σ_rows dh unless 0."""

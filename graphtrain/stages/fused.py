@@ -24,6 +24,7 @@ the earlier rungs (cuBLAS, the test-set forward) is kept as it was.
 
 from __future__ import annotations
 
+from graphtrain.errors import UsageError
 from graphtrain.kernels.fused import Fused
 from graphtrain.libs import cublaslt
 from graphtrain.libs.cublaslt import R_32F, Lt, Matmul, Product
@@ -37,6 +38,12 @@ class FusedStage(GraphsStage):
     AB, ACT = R_32F, R_32F  # the products' operand type, and the hidden activations' type
 
     # ---- setup ---------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        refusal = Fused.refusal(self.config.batch, self.config.classes)
+        if refusal is not None:
+            raise UsageError(f"the {self.name} rung cannot train {refusal}; use --stage graphs")
+        super().setup()
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
