@@ -27,7 +27,11 @@ class CublasStage(FewerSyncsStage):
 
     def setup_extra(self) -> None:
         super().setup_extra()
-        self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes, precision=self.precision)
+        self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes, precision=self.cublas_precision())
+
+    def cublas_precision(self) -> str:
+        """cuBLAS's math mode: the row's precision (fp32, or tf32 with --precision tf32)."""
+        return self.precision
 
     def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
         self.blas.gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)

@@ -61,6 +61,10 @@ class FusedStage(GraphsStage):
             for buf in (*self.b, *self.db):
                 buf.zero(self.stream)
 
+    def cublas_precision(self) -> str:
+        # From here on cuBLAS runs only the eager test-set forward pass, on the fp32 weights.
+        return "fp32"
+
     def plan_products(self, rows: int) -> dict[str, list[Matmul | None]]:
         """The hidden layers' products for a batch of `rows`: forward, dX (none for the first
         layer) and SGD. The head has its own kernels."""
