@@ -22,7 +22,10 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-STEP_START = ("gather_batch", "gather_batch_at", "gather_batch_bf16")  # the first kernel of every step
+# The first kernel of every step: a gather, or, for softmax regression on the fused rungs, the
+# head, which gathers the batch itself.
+STEP_START = ("gather_batch", "gather_batch_at", "gather_batch_bf16")
+HEAD_START = ("head_step_f32", "head_step_bf16")
 
 
 def profile(stage: str, run_args: list[str], skip: int, count: int) -> tuple[list[tuple[str, float]], str]:
@@ -45,7 +48,9 @@ def profile(stage: str, run_args: list[str], skip: int, count: int) -> tuple[lis
 
 
 def one_step(kernels: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    starts = [i for i, (name, _) in enumerate(kernels) if name.split("(")[0] in STEP_START]
+    names = [name.split("(")[0] for name, _ in kernels]
+    first = STEP_START if any(name in STEP_START for name in names) else HEAD_START
+    starts = [i for i, name in enumerate(names) if name in first]
     if len(starts) < 2:
         sys.exit("no whole step in the profiled window: raise --count")
     return kernels[starts[0]:starts[1]]
