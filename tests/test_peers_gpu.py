@@ -135,7 +135,7 @@ def test_fp32_peer_follows_the_numpy_stage(name, model):
 def test_bf16_peer_is_close_to_the_numpy_stage(name):
     """bf16 matmuls: the same training within bf16's rounding, not bit for bit."""
     require(name)
-    assert get_stage(name).precision == "bf16"
+    assert get_stage(name).precisions == ("bf16",)
     data = Dataset.synthetic(3000, 200, seed=12)
     config = PRESETS["jhu"].replace(epochs=1)
     ref_weights, ref_loss = one_epoch(NumpyStage, config, data)
