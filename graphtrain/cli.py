@@ -202,6 +202,20 @@ def require(stage: str):
     return stage_cls
 
 
+PROFILE_OPTION = click.option(
+    "--profile", is_flag=True,
+    help="After the timed epochs, run one more under CUPTI: kernels and launches per step, GPU-busy "
+         "ms per epoch and the share of it the GPU sat idle (needs graphtrain[profile]).")
+
+
+def check_profile(profile: bool) -> None:
+    """Before any work: --profile without CUPTI is a usage error that says what to install."""
+    if profile:
+        from graphtrain.profile import require_cupti
+
+        require_cupti()
+
+
 def name_list(text: str | None, default: list[str]) -> list[str]:
     """'a,b' -> ['a', 'b']; None -> default."""
     if text is None:
@@ -220,6 +234,7 @@ def main():
     graphtrain run --save m.safetensors    keep the trained model (eval, predict, --init)
     graphtrain eval --model m.safetensors  its test accuracy, per class, confusion matrix
     graphtrain ladder                      every stage and the framework peers, into results/
+    graphtrain compare A.json B.json       two ladders side by side, row by row
     graphtrain info                        what this machine offers
     graphtrain data download               fetch MNIST into the cache
     """
@@ -247,7 +262,8 @@ def main():
                    "epoch's sample order (epochs are numbered on from its count). Its hidden sizes, "
                    "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
                    "more to train.")
-def run(stage, workload, json_path, save_path, init_path):
+@PROFILE_OPTION
+def run(stage, workload, json_path, save_path, init_path, profile):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
     from graphtrain import model_io
     from graphtrain.training import plan_for, run_stage
@@ -262,6 +278,7 @@ def run(stage, workload, json_path, save_path, init_path):
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
+        check_profile(profile)
         stage_cls = require(stage)
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
@@ -269,7 +286,7 @@ def run(stage, workload, json_path, save_path, init_path):
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
-            record = run_stage(stage_cls, plan, data, progress)
+            record = run_stage(stage_cls, plan, data, progress, profile=profile)
         record.command = command_line()
         record.init = None if init_path is None else str(init_path)
         if save_path is not None:
@@ -321,6 +338,11 @@ def summary_table(record) -> Table:
                       pct(e.train_accuracy), pct(e.test_accuracy))
     table.caption = (f"median epoch (2nd half) {record.epoch_ms:.2f} ms · setup {record.setup_ms:.0f} ms · "
                      f"total {record.total_ms:.0f} ms · test accuracy {pct(record.test_accuracy)}")
+    profile = record.profile
+    if profile:
+        table.caption += (f"\nprofiled epoch (CUPTI): GPU busy {profile['busy_ms']:.2f} ms per epoch, idle "
+                          f"{profile['idle_share']:.0%} of the median epoch; {profile['kernels_per_step']:.1f} "
+                          f"kernels and {profile['launches_per_step']:.1f} host launches per step")
     return table
 
 
@@ -346,6 +368,11 @@ def info():
         spec = importlib.util.find_spec(peer)
         table.add_row(peer, "[green]importable[/]" if spec else "[yellow]absent[/]",
                       "" if spec else "optional: the ladder skips rows that need it")
+    from graphtrain.profile import cupti_missing
+
+    missing = cupti_missing()
+    table.add_row("cupti", "[yellow]absent[/]" if missing else "[green]importable[/]",
+                  escape(f"optional, for --profile: {missing}") if missing else "")
     out.print(table)
 
 
@@ -376,7 +403,13 @@ ROW_OPTIONS = [
     click.option("--peer", "peer_names", default=None, metavar="P1,P2",
                  help=f"Which peers (default: {', '.join(PEERS)})."),
     click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-                 show_default=True, help="Where the Markdown, JSON and plots go."),
+                 show_default=True,
+                 help="Where the Markdown, JSON and plots go, named <ladder|sweep>-<workload>-<GPU>[-partial].*; "
+                      "each row's own output goes to <out>/logs/."),
+    click.option("--force", is_flag=True,
+                 help="Write the files under the complete table's name even when rows failed or were "
+                      "skipped (or, for the ladder, only some rows were chosen); by default such a run "
+                      "is tagged -partial."),
 ]
 
 
@@ -408,15 +441,21 @@ def prepare_rows(workload: Workload, stages: str | None, default_stages: list[st
 @workload_options
 @click.option("--stages", default=None, metavar="S1,S2", help="Stages to run (default: all, in ladder order).")
 @row_options
-def ladder(workload, stages, peers_flag, peer_names, out_dir):
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run each row this many times from a fresh setup; the table shows the median "
+                   "epoch time and the range.")
+@PROFILE_OPTION
+def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, profile):
     """Reproduce the optimisation table: every stage, then the peers, on one workload."""
     from graphtrain import ladder as ladder_mod
 
     with reported_errors():
+        check_profile(profile)
         cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, list(LADDER), peers_flag,
                                                            peer_names, out_dir)
         records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=dataset,
-                                        out_dir=out_dir, command=command_line(), console=err)
+                                        out_dir=out_dir, command=command_line(), console=err,
+                                        repeat=repeat, profile=profile, force=force)
     out.print(ladder_mod.ladder_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
 
@@ -427,7 +466,7 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir):
               help="Hidden widths to sweep, e.g. 128,256,512,1024,2048,4096.")
 @click.option("--stages", default="graphs", show_default=True, metavar="S1,S2", help="Stages to time.")
 @row_options
-def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir):
+def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir, force):
     """Total training time against hidden size, for chosen stages and peers."""
     from graphtrain import ladder as ladder_mod
 
@@ -438,7 +477,8 @@ def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir):
         cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, ["graphs"], peers_flag,
                                                            peer_names, out_dir)
         records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
-                                       data=dataset, out_dir=out_dir, command=command_line(), console=err)
+                                       data=dataset, out_dir=out_dir, command=command_line(), console=err,
+                                       force=force)
     out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
 
@@ -523,3 +563,19 @@ def predict(model_path, input_path, out_path):
         click.echo(evaluate.predictions_csv(predicted, probability), nl=False)
     else:
         log(f"{len(predicted)} predictions written to {out_path}")
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
+def compare(a, b):
+    """Two ladder (or sweep) JSON reports side by side: epoch times, their ratio, accuracy.
+
+    \b
+    graphtrain compare results/ladder-jhu-h100.json my-results/ladder-jhu-rtx4090.json
+    """
+    from graphtrain import compare as compare_mod
+
+    with reported_errors():
+        first, second = compare_mod.load(a), compare_mod.load(b)
+    out.print(compare_mod.table(first, second))

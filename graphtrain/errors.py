@@ -45,6 +45,7 @@ INSTALL_HINTS = {
     "cublasLt": f"{_CUDA_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
     "cudnn": f"{_CUDA_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
     "plot": "pip install 'graphtrain[plot]'",
+    "profile": "pip install 'graphtrain[profile]'",
     "torch": "pip install torch",
     "jax": "pip install 'jax[cuda13]' or 'jax[cuda12]'",
 }

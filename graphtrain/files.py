@@ -163,8 +163,9 @@ def _replace(target: Path, content: Content) -> None:
             _write_content(handle, content)
             handle.flush()
             os.fsync(handle.fileno())
-        # mkstemp makes files readable by their owner only; results and data are for everyone.
-        os.chmod(temp, 0o644)
+        # mkstemp makes files readable by their owner only; give the file the mode any new file
+        # of the user's gets: 0666 less the umask.
+        os.chmod(temp, 0o666 & ~_umask())
         os.replace(temp, target)
         replaced = True
     finally:
@@ -172,6 +173,12 @@ def _replace(target: Path, content: Content) -> None:
         if not replaced:
             temp.unlink(missing_ok=True)
     _fsync_folder(target.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -5,11 +5,18 @@ each stage in ladder order and then with each peer, one row each. A row that fai
 becomes a failed row with its error (or a skipped row when its framework or the GPU is missing).
 `run_sweep` does the same for each hidden size H of a list, for the seeds' time-against-size
 graph. Both show a progress bar per row on the given (stderr) console and, given an output
-folder, write the reports of `graphtrain.report` there.
+folder, write the reports of `graphtrain.report` there; each row's own output (the frameworks'
+warnings, autotuning logs, tracebacks) then goes to <out>/logs/<kind>-<label>-<row>.log instead
+of the terminal (`graphtrain.capture`).
+
+A ladder row can run `repeat` times, each from a fresh setup (`record.merge_repeats` makes one
+row of them), and be profiled: one more epoch under CUPTI after the timed ones of its last run
+(`training.run_stage`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from pathlib import Path
 
@@ -20,12 +27,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from graphtrain import report, terminal, training
+from graphtrain.capture import RowOutput
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
 from graphtrain.peers import PeerUnavailable
 from graphtrain.plan import RunPlan
-from graphtrain.record import FailedRun, Row, data_summary
+from graphtrain.record import FailedRun, Row, data_summary, merge_repeats
 from graphtrain.stages import PEERS, check_names, get_stage, peer_names, stage_names
 
 SWEEP_DEPTH = 3  # hidden layers of a sweep when the preset has none: cuda-mnist's (H, H, H)
@@ -92,25 +100,34 @@ def sweep_config(config: TrainConfig, size: int) -> TrainConfig:
 
 
 def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data: Dataset,
-               out_dir: Path | None, command: str, console: Console | None = None) -> list[Row]:
+               out_dir: Path | None, command: str, console: Console | None = None, repeat: int = 1,
+               profile: bool = False, force: bool = False) -> list[Row]:
     """Run each stage, then each peer, on `config` with one shared run plan; write the reports
-    to `out_dir` if given."""
+    to `out_dir` if given. The files are tagged `-partial` when a row failed or was skipped or
+    when `stages` and `peers` are not all of them, unless `force`."""
     console = console or terminal.err
     check_names(stages, peers)
+    if not isinstance(repeat, int) or repeat < 1:
+        raise UsageError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     plan = RunPlan.for_data(config, data)
-    with terminal.progress_bar(console) as progress:
-        records = [_run_row(name, plan, data, progress, name) for name in [*stages, *peers]]
+    label = run_label(config)
+    with _row_output(console, out_dir, f"ladder-{label}") as output, terminal.progress_bar(console) as progress:
+        records = [_run_row(name, plan, data, progress, name, output, repeat, profile)
+                   for name in [*stages, *peers]]
     if out_dir is not None:
-        paths = report.write_ladder([r.to_json() for r in records], run_label(config), out_dir,
-                                    command, log=terminal.logger(console))
+        rows = [r.to_json() for r in records]
+        subset = stages != default_stages() or peers != default_peers()
+        partial = not force and (subset or report.has_problems(rows))
+        paths = report.write_ladder(rows, label, out_dir, command, log=terminal.logger(console), partial=partial)
         _print_paths(console, paths)
     return records
 
 
 def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str], peers: list[str],
               data: Dataset, out_dir: Path | None, command: str,
-              console: Console | None = None) -> list[Row]:
-    """For each H: each stage, then each peer, with hidden=(H,)·depth and one plan per H."""
+              console: Console | None = None, force: bool = False) -> list[Row]:
+    """For each H: each stage, then each peer, with hidden=(H,)·depth and one plan per H. The
+    files are tagged `-partial` when a row failed or was skipped, unless `force`."""
     console = console or terminal.err
     check_names(stages, peers)
     if not hidden_sizes:
@@ -118,49 +135,78 @@ def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str]
     configs = {size: sweep_config(config, size) for size in hidden_sizes}
     for sized in configs.values():  # every size checked before the first row runs
         RunPlan.check_workload(sized, len(data.train_images), len(data.test_images))
+    label = sweep_label(config)
     records = []
-    with terminal.progress_bar(console) as progress:
+    with _row_output(console, out_dir, f"sweep-{label}") as output, terminal.progress_bar(console) as progress:
         for size, sized in configs.items():
             plan = RunPlan.for_data(sized, data)  # one at a time: the initial weights can be large
             for name in [*stages, *peers]:
-                record = _run_row(name, plan, data, progress, f"H={size} {name}")
+                record = _run_row(name, plan, data, progress, f"H={size} {name}", output)
                 record.hidden_size = size
                 records.append(record)
     if out_dir is not None:
-        paths = report.write_sweep([r.to_json() for r in records], sweep_label(config), out_dir,
-                                   command, log=terminal.logger(console))
+        rows = [r.to_json() for r in records]
+        paths = report.write_sweep(rows, label, out_dir, command, log=terminal.logger(console),
+                                   partial=not force and report.has_problems(rows))
         _print_paths(console, paths)
     return records
 
 
-def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str) -> Row:
-    """Train one row; any failure becomes a row that says what went wrong."""
+def _row_output(console: Console, out_dir: Path | None, prefix: str):
+    """Where the rows' own output goes: <out>/logs/, or the terminal when nothing is written."""
+    if out_dir is None:
+        return contextlib.nullcontext(None)
+    return RowOutput(console, Path(out_dir) / "logs", prefix)
+
+
+def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str,
+             output: RowOutput | None = None, repeat: int = 1, profile: bool = False) -> Row:
+    """Train one row `repeat` times (profiled the last time, if asked); any failure becomes a
+    row that says what went wrong. With `output`, what the row prints goes to its log."""
     console = progress.console
-    task = progress.add_task(escape(label), total=plan.num_epochs, status="epochs")
+    task = progress.add_task(escape(label), total=plan.num_epochs * repeat, status="epochs")
+    runs = []
 
     def on_epoch(epoch: int, num_epochs: int, entry) -> None:
-        progress.update(task, completed=epoch + 1)
+        progress.update(task, completed=len(runs) * num_epochs + epoch + 1)
 
     kind = "peer" if name in PEERS else "stage"
+    log_path = None
+    # The log is named after the row: "torch-compile", or in a sweep "H128-torch-compile".
+    captured = output.capture(label.replace("=", "").replace(" ", "-")) if output else contextlib.nullcontext()
     try:
-        record = training.run_stage(get_stage(name), plan, data, progress=on_epoch)
+        with captured as log_path:
+            try:
+                for run in range(repeat):
+                    runs.append(training.run_stage(get_stage(name), plan, data, progress=on_epoch,
+                                                   profile=profile and run == repeat - 1))
+            except (PeerUnavailable, GpuUnavailableError):
+                raise  # a skipped row: its message says it all
+            except Exception:
+                if output:
+                    traceback.print_exc()  # into the row's log, beside what the framework printed
+                raise
+        record = merge_repeats(runs)
         progress.update(task, description=escape(f"{label}: {report.fmt_ms(record.epoch_ms)} ms/epoch"))
         for warning in record.warnings:
             console.print(f"[yellow]{escape(name)}: warning:[/] {escape(warning)}")
-        return record
     except (PeerUnavailable, GpuUnavailableError) as exc:
-        failure = FailedRun(name, kind, plan.config, str(exc), skipped=True)
+        record = FailedRun(name, kind, plan.config, str(exc), skipped=True)
         progress.update(task, description=escape(f"{label}: skipped"))
         console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
-        failure = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
+        record = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
         if not isinstance(exc, GraphtrainError):
             # Not one of graphtrain's explained errors: keep the trace for whoever debugs it.
-            failure.traceback = "".join(traceback.format_exception(exc))
+            record.traceback = "".join(traceback.format_exception(exc))
         progress.update(task, description=escape(f"{label}: failed"))
-        console.print(f"[red]{escape(name)}: failed:[/] {escape(failure.error)}")
-    failure.data = data_summary(data)
-    return failure
+        where = f" (its output: {log_path})" if log_path is not None and log_path.exists() else ""
+        console.print(f"[red]{escape(name)}: failed:[/] {escape(record.error)}{escape(where)}")
+    if record.failed:
+        record.data = data_summary(data)
+    if log_path is not None and log_path.exists():
+        record.log = str(log_path)
+    return record
 
 
 def _print_paths(console: Console, paths) -> None:
@@ -180,29 +226,34 @@ def ladder_table(records: list[dict]) -> Table:
 
     Sized for a terminal: headers on two lines, peers below a rule instead of marked "(peer)",
     and the notes (error messages, a peer's precision) as references like "failed [1]" into the
-    caption, which lists them in full.
+    caption, which lists each different note once; then the headline and the legend.
     """
-    notes = []
+    notes: dict[str, int] = {}  # note text -> its number
     table = Table(title="graphtrain ladder", title_justify="left", caption_justify="left",
                   box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    last = len(report.LADDER_COLUMNS) - 1
-    for i, column in enumerate(report.LADDER_COLUMNS):
+    rows = report.ladder_rows(records)
+    columns = report.ladder_columns(rows)
+    last = len(columns) - 1
+    for i, column in enumerate(columns):
         header = "stage\n/ peer" if i == 0 else column.replace(" ", "\n", 1)
         table.add_column(header, justify="left" if i in (0, last) else "right", no_wrap=True)
     previous_kind = None
-    for row in report.ladder_rows(records):
+    for row in rows:
         if previous_kind == "stage" and row.kind == "peer":
             table.add_section()
         previous_kind = row.kind
-        cells = report.ladder_cells(row)
+        cells = report.ladder_cells(row, columns)
         cells[0] = row.name
         note = "" if row.status == "ok" else row.status
         if row.note:
-            notes.append(f"[{len(notes) + 1}] {row.name}: {row.note}")
-            note = f"{note} [{len(notes)}]".strip()
+            number = notes.setdefault(row.note, len(notes) + 1)
+            note = f"{note} [{number}]".strip()
         cells[last] = note
         table.add_row(*(escape(cell) for cell in cells), style=_ROW_STYLES[row.status])
-    table.caption = escape("\n".join([*notes, report.LADDER_LEGEND]))
+    lines = [f"[{number}] {text}" for text, number in notes.items()]
+    top = report.headline(rows)
+    lines += [top] if top else []
+    table.caption = escape("\n".join([*lines, report.ladder_legend(rows)]))
     return table
 
 

@@ -6,17 +6,21 @@ raised). Both turn into JSON with `to_json()`, whose keys are stable, because re
 `results/` files and scripts read them:
 
     stage, kind, note, precision, nodes_per_step, config, environment, data, epochs, epoch_ms,
-    setup_ms, total_ms, test_accuracy, train_loss, warnings, command (and hidden_size in a sweep,
-    init in a run resumed from a saved model);
-    a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data.
+    setup_ms, total_ms, test_accuracy, train_loss, warnings; when they apply: command, init (a run
+    resumed from a saved model), profile (--profile: see graphtrain.profile), epoch_ms_min,
+    epoch_ms_max and repeats (a row run more than once), log (a ladder row that printed
+    something) and hidden_size (in a sweep);
+    a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data, log.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
 from graphtrain.config import TrainConfig
+from graphtrain.profile import against
 from graphtrain.reference import Layer
 
 
@@ -69,10 +73,24 @@ class RunRecord:
     init: str | None = None  # the saved model training resumed from
     # The trained parameters (float32, weight (out, in)): `graphtrain.save` writes them; not JSON.
     params: list[Layer] | None = field(default=None, repr=False)
+    profile: dict | None = None  # the profiled epoch's figures (graphtrain.profile.summarize)
+    repeats: list[RunRecord] = field(default_factory=list)  # every run of a row run more than once
+    log: str | None = None  # where a ladder row's own output went
 
     @property
     def epoch_ms(self) -> float:
+        """The median epoch time; of a repeated row, the median of its runs' ones."""
+        if self.repeats:
+            return statistics.median(run.epoch_ms for run in self.repeats)
         return median_epoch_ms(self.epochs)
+
+    @property
+    def epoch_ms_range(self) -> tuple[float, float] | None:
+        """The lowest and highest epoch_ms of a repeated row's runs; None for a single run."""
+        if not self.repeats:
+            return None
+        times = [run.epoch_ms for run in self.repeats]
+        return min(times), max(times)
 
     @property
     def train_loss(self) -> float | None:
@@ -94,10 +112,31 @@ class RunRecord:
             "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,
             "warnings": list(self.warnings),
         })
-        for key in ("init", "command"):
+        for key in ("init", "command", "profile"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        return out
+        if self.repeats:
+            out["epoch_ms_min"], out["epoch_ms_max"] = self.epoch_ms_range
+            out["repeats"] = [{"epoch_ms": run.epoch_ms, "setup_ms": run.setup_ms, "total_ms": run.total_ms,
+                               "test_accuracy": run.test_accuracy, "train_loss": run.train_loss,
+                               "epochs": [e.to_json() for e in run.epochs]} for run in self.repeats]
+        return _row_tail(self, out)
+
+
+def merge_repeats(runs: list[RunRecord]) -> RunRecord:
+    """One row from several runs of it, each from a fresh setup: the first run's record (the
+    runs train the same weights in the same order) with the median of the runs' setup_ms and
+    total_ms, every run in `repeats` (epoch_ms then is their median), and the profile of the
+    run that has one, its idle share taken against that median."""
+    if not runs:
+        raise ValueError("no runs to merge")
+    if len(runs) == 1:
+        return runs[0]
+    merged = dataclasses.replace(runs[0], setup_ms=statistics.median(run.setup_ms for run in runs),
+                                 total_ms=statistics.median(run.total_ms for run in runs), repeats=list(runs))
+    profiled = [run.profile for run in runs if run.profile is not None]
+    merged.profile = against(profiled[-1], merged.epoch_ms) if profiled else None
+    return merged
 
 
 @dataclass
@@ -112,6 +151,7 @@ class FailedRun:
     traceback: str | None = None  # kept for errors graphtrain did not explain itself
     data: dict | None = None
     hidden_size: int | None = None
+    log: str | None = None  # where the row's own output went, the traceback included
 
     @property
     def failed(self) -> bool:
@@ -123,7 +163,7 @@ class FailedRun:
                     "data": self.data})
         if self.traceback is not None:
             out["traceback"] = self.traceback
-        return out
+        return _row_tail(self, out)
 
 
 Row = RunRecord | FailedRun  # one row of a ladder or sweep
@@ -135,3 +175,10 @@ def _row_head(row: Row) -> dict:
     if row.hidden_size is not None:
         head["hidden_size"] = row.hidden_size
     return head
+
+
+def _row_tail(row: Row, out: dict) -> dict:
+    """The keys a row's JSON ends with: where its own output went, when it printed any."""
+    if row.log is not None:
+        out["log"] = row.log
+    return out

@@ -10,12 +10,17 @@ Speed-ups are ratios of median epoch times (the seeds' protocol):
     speed-up over `baseline`       = baseline.epoch_ms / row.epoch_ms
 
 Peers are not rungs of the ladder, so they get no "rung before", only the baseline ratio.
+
+Files are named <kind>-<workload label>-<GPU>[-partial]: `ladder-jhu-h100.md`. The GPU tag keeps
+ladders of several GPUs side by side; `-partial` marks a run with failed or skipped rows (or, for
+the ladder, a chosen subset of rows), so that it never replaces a complete table.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,6 +52,11 @@ class Row:
     test_accuracy: float | None = None
     train_loss: float | None = None
     note: str = ""
+    epoch_ms_min: float | None = None  # over the repeats of the row, when it ran more than once
+    epoch_ms_max: float | None = None
+    profile: dict | None = None  # graphtrain.profile's summary of the profiled epoch
+    precision: str | None = None
+    nodes_per_step: int | None = None  # CUDA-graph nodes of one step, for rungs that capture one
 
 
 def is_ok(record: dict) -> bool:
@@ -78,7 +88,9 @@ def ladder_rows(records: list[dict]) -> list[Row]:
                 vs_prev=vs_prev,
                 vs_baseline=_ratio(baseline_ms, ms) if baseline_ms is not None else None,
                 test_accuracy=record.get("test_accuracy"), train_loss=record.get("train_loss"),
-                note=record.get("note", ""),
+                note=record.get("note", ""), epoch_ms_min=record.get("epoch_ms_min"),
+                epoch_ms_max=record.get("epoch_ms_max"), profile=record.get("profile"),
+                precision=record.get("precision"), nodes_per_step=record.get("nodes_per_step"),
             ))
         if kind == "stage":
             prev_stage = record
@@ -124,20 +136,104 @@ def row_note(row: Row) -> str:
     return f"{row.status}: {row.note}" if row.note else row.status
 
 
+def fmt_count(value: float | None) -> str:
+    if value is None:
+        return DASH
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def fmt_share(share: float | None) -> str:
+    return DASH if share is None else f"{share:.0%}"
+
+
+def fmt_range(low: float | None, high: float | None) -> str:
+    return DASH if low is None or high is None else f"{fmt_ms(low)}–{fmt_ms(high)}"
+
+
+SPREAD_COLUMN = "epoch ms range"
+NODES_COLUMN = "nodes / step"
+PROFILE_COLUMNS = ("kernels /step", "launches /step", "GPU busy ms", "GPU idle")
 LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "× prev", "× baseline", "test acc", "train loss",
                   "note")
 LADDER_LEGEND = ("epoch ms: median epoch time over the second half of the epochs; total ms: wall time "
                  "of the whole run, setup included; × prev: the rung before's epoch ms over this "
                  "one's (consecutive successful stages); × baseline: `baseline`'s epoch ms over this "
                  "one's; test acc and train loss: after the last epoch.")
+SPREAD_LEGEND = ("With --repeat, each row ran several times from a fresh setup: epoch ms is the median "
+                 "of the runs' and epoch ms range their lowest and highest.")
+NODES_LEGEND = "nodes / step: the CUDA-graph nodes of one training step, for the rungs that capture one."
+PROFILE_LEGEND = ("From one extra epoch under CUPTI: kernels and host launches per training step, "
+                  "GPU busy ms per epoch (the union of kernel, memcpy and memset intervals) and the "
+                  "share of the median epoch the GPU sat idle.")
 
 
-def ladder_cells(row: Row) -> list[str]:
-    """A row's cells in LADDER_COLUMNS order; a peer's name is marked so it never reads as a rung."""
-    name = f"{row.name} (peer)" if row.kind == "peer" else row.name
-    return [name, fmt_ms(row.epoch_ms), fmt_ms(row.total_ms), fmt_speedup(row.vs_prev),
-            fmt_speedup(row.vs_baseline), fmt_accuracy(row.test_accuracy), fmt_loss(row.train_loss),
-            row_note(row)]
+def ladder_columns(rows: list[Row]) -> list[str]:
+    """LADDER_COLUMNS, with the range column after epoch ms when rows were repeated, then before
+    the note the nodes column when rows captured a step graph and the profile columns when rows
+    were profiled."""
+    columns = list(LADDER_COLUMNS[:2])
+    if any(row.epoch_ms_min is not None for row in rows):
+        columns.append(SPREAD_COLUMN)
+    columns += LADDER_COLUMNS[2:-1]
+    if any(row.nodes_per_step is not None for row in rows):
+        columns.append(NODES_COLUMN)
+    if any(row.profile for row in rows):
+        columns += PROFILE_COLUMNS
+    return columns + [LADDER_COLUMNS[-1]]
+
+
+def ladder_legend(rows: list[Row]) -> str:
+    columns = ladder_columns(rows)
+    extra = [SPREAD_LEGEND] if SPREAD_COLUMN in columns else []
+    extra += [NODES_LEGEND] if NODES_COLUMN in columns else []
+    extra += [PROFILE_LEGEND] if PROFILE_COLUMNS[0] in columns else []
+    return " ".join([LADDER_LEGEND, *extra])
+
+
+def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS) -> list[str]:
+    """A row's cells in `columns` order; a peer's name is marked so it never reads as a rung."""
+    profile = row.profile or {}
+    values = {
+        "stage": f"{row.name} (peer)" if row.kind == "peer" else row.name,
+        "epoch ms": fmt_ms(row.epoch_ms),
+        SPREAD_COLUMN: fmt_range(row.epoch_ms_min, row.epoch_ms_max),
+        "total ms": fmt_ms(row.total_ms),
+        "× prev": fmt_speedup(row.vs_prev),
+        "× baseline": fmt_speedup(row.vs_baseline),
+        "test acc": fmt_accuracy(row.test_accuracy),
+        "train loss": fmt_loss(row.train_loss),
+        NODES_COLUMN: DASH if row.nodes_per_step is None else str(row.nodes_per_step),
+        "kernels /step": fmt_count(profile.get("kernels_per_step")),
+        "launches /step": fmt_count(profile.get("launches_per_step")),
+        "GPU busy ms": fmt_ms(profile.get("busy_ms")),
+        "GPU idle": fmt_share(profile.get("idle_share")),
+        "note": row_note(row),
+    }
+    return [values[column] for column in columns]
+
+
+def headline(rows: list[Row]) -> str | None:
+    """The fastest graphtrain rung against `baseline` and the fastest peer of its precision."""
+    ok = [row for row in rows if row.status == "ok"]
+    stages = [row for row in ok if row.kind == "stage"]
+    if not stages:
+        return None
+    best = min(stages, key=lambda row: row.epoch_ms)
+    parts = []
+    if best.vs_baseline is not None and best.name != "baseline":
+        parts.append(f"{fmt_speedup(best.vs_baseline)} over `baseline`")
+    if best.precision is None:
+        parts.append("no peer comparison (the rung's precision is not recorded)")
+    else:
+        peers = [row for row in ok if row.kind == "peer" and row.precision == best.precision]
+        if peers:
+            peer = min(peers, key=lambda row: row.epoch_ms)
+            parts.append(f"{fmt_speedup(_ratio(peer.epoch_ms, best.epoch_ms))} over the fastest "
+                         f"{best.precision} peer, `{peer.name}` ({fmt_ms(peer.epoch_ms)} ms)")
+        else:
+            parts.append(f"no {best.precision} peer ran")
+    return (f"Fastest graphtrain rung: `{best.name}`, {fmt_ms(best.epoch_ms)} ms per epoch: "
+            + "; ".join(parts) + " (speed-ups: their epoch time over this rung's).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,12 +340,14 @@ def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> 
     return [f"# {title}", "", *(f"- {item}" for item in items), ""]
 
 
-def _plots_and_command(heading: str, images, plot_note: str | None, command: str) -> list[str]:
-    """The report's end: its plots (or why there are none), then the command that made it."""
-    if images:
-        lines = [f"## {heading}", ""] + [f"![{Path(name).stem}]({name})" for name in images] + [""]
-    else:
-        lines = [f"{heading}: {plot_note}", ""] if plot_note else []
+def _plots_and_command(heading: str, images, plot_notes: list[str] | None, command: str) -> list[str]:
+    """The report's end: its plots and why any is missing, then the command that made it."""
+    lines = []
+    if images or plot_notes:
+        lines = [f"## {heading}", ""]
+        lines += [f"![{Path(name).stem}]({name})" for name in images or []]
+        lines += [f"- {note}" for note in plot_notes or []]
+        lines.append("")
     return lines + _command_block(command)
 
 
@@ -275,86 +373,185 @@ def markdown_table(columns, rows) -> list[str]:
 
 
 def ladder_markdown(records: list[dict], label: str, command: str, date: str | None = None,
-                    images: list[str] | None = None, plot_note: str | None = None) -> str:
+                    images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
     """The ladder report: header, table, plots (or why there are none) and the exact command."""
+    from graphtrain.profile import where_the_time_goes
+
     lines = _header(f"graphtrain ladder: {label}", records, date or utc_now())
-    table = markdown_table(LADDER_COLUMNS, [ladder_cells(row) for row in ladder_rows(records)])
+    rows = ladder_rows(records)
+    columns = ladder_columns(rows)
+    table = markdown_table(columns, [ladder_cells(row, columns) for row in rows])
     # The note column is the last one; left-align it like the name.
     table[1] = table[1].rsplit("|", 2)[0] + "|---|"
     lines += table + [""]
-    lines += [LADDER_LEGEND, ""]
-    lines += _plots_and_command("Plots", images, plot_note, command)
+    top = headline(rows)
+    if top:
+        lines += [f"**{top}**", ""]
+    lines += [ladder_legend(rows), ""]
+    lines += where_the_time_goes(records)
+    lines += _plots_and_command("Plots", images, plot_notes, command)
     return "\n".join(lines)
 
 
+def _display_name(row: Row) -> str:
+    return f"{row.name} (peer)" if row.kind == "peer" else row.name
+
+
 def plot_ladder_time(records: list[dict], path: Path) -> None:
-    """Median epoch time per successful row, horizontal bars on a log scale, fastest at the bottom."""
+    """Median epoch time per successful row, horizontal bars on a log scale, in ladder order; a
+    whisker spans the repeats' lowest to highest where rows were repeated."""
     plt = _pyplot()
     rows = [r for r in ladder_rows(records) if r.status == "ok"]
     fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(rows), 1) + 1.5))
-    names = [f"{r.name} (peer)" if r.kind == "peer" else r.name for r in rows]
     times = [r.epoch_ms for r in rows]
     colors = ["tab:orange" if r.kind == "peer" else "tab:blue" for r in rows]
-    ax.barh(range(len(rows)), times, color=colors)
-    ax.set_yticks(range(len(rows)), names)
+    spread = None
+    if any(r.epoch_ms_min is not None for r in rows):
+        spread = [[r.epoch_ms - (r.epoch_ms_min if r.epoch_ms_min is not None else r.epoch_ms) for r in rows],
+                  [(r.epoch_ms_max if r.epoch_ms_max is not None else r.epoch_ms) - r.epoch_ms for r in rows]]
+    ax.barh(range(len(rows)), times, color=colors, xerr=spread, capsize=3 if spread else 0)
+    ax.set_yticks(range(len(rows)), [_display_name(r) for r in rows])
     ax.invert_yaxis()  # ladder order top to bottom
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
-    for i, ms in enumerate(times):
-        ax.annotate(f" {fmt_ms(ms)} ms", (ms, i), va="center", fontsize=8)
-    if times:
-        ax.set_xlim(min(times) / 2, max(times) * 4)  # room for the labels
+    ends = [r.epoch_ms_max if r.epoch_ms_max is not None else r.epoch_ms for r in rows]
+    for i, (ms, end) in enumerate(zip(times, ends)):
+        ax.annotate(f" {fmt_ms(ms)} ms", (end, i), va="center", fontsize=8)  # past the whisker
+    ax.set_xlim(min(times) / 2, max(ends) * 4)  # room for the labels
     ax.set_xlabel("median epoch time, ms (log scale)")
-    ax.set_title("Epoch time per stage (blue) and peer (orange)")
+    ax.set_title("Epoch time: stages (blue), peers (orange)")
     ax.grid(axis="x", which="both", alpha=0.3)
     _save(fig, path)
 
 
+def plot_ladder_busy(records: list[dict], path: Path) -> None:
+    """Per profiled row, the profiled epoch split into GPU-busy and GPU-idle time, stacked."""
+    plt = _pyplot()
+    rows = [r for r in ladder_rows(records) if r.status == "ok" and r.profile]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(rows), 1) + 1.5))
+    busy = [r.profile["busy_ms"] for r in rows]
+    idle = [max(r.profile["epoch_ms"] - r.profile["busy_ms"], 0.0) for r in rows]
+    positions = range(len(rows))
+    ax.barh(positions, busy, color="tab:green", label="GPU busy")
+    ax.barh(positions, idle, left=busy, color="lightgray", label="GPU idle (waiting for the host)")
+    ax.set_yticks(positions, [_display_name(r) for r in rows])
+    ax.invert_yaxis()
+    for i, r in enumerate(rows):
+        ax.annotate(f" {fmt_share(r.profile['idle_share'])} idle", (busy[i] + idle[i], i), va="center", fontsize=8)
+    ax.set_xlim(0, max(b + i for b, i in zip(busy, idle)) * 1.2)  # room for the labels
+    ax.set_xlabel("ms per epoch (median epoch time, split by the profiled epoch's GPU-busy time)")
+    ax.set_title("GPU busy and idle time per epoch")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    _save(fig, path)
+
+
+def _loss_curves(records: list[dict]) -> list[tuple[str, list[tuple[int, float]]]]:
+    curves = []
+    for record in records:
+        if not is_ok(record):
+            continue
+        points = [(e["epoch"], e["train_loss"]) for e in record.get("epochs", [])
+                  if e.get("train_loss") is not None]
+        if points:
+            curves.append((record["stage"] + (" (peer)" if kind_of(record) == "peer" else ""), points))
+    return curves
+
+
 def plot_ladder_loss(records: list[dict], path: Path) -> None:
     """Train loss per epoch of every successful row, overlaid: same init and order, same curve."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = ["-", "--", "-.", ":"]
-    for i, record in enumerate(r for r in records if is_ok(r)):
-        points = [(e["epoch"], e["train_loss"]) for e in record.get("epochs", [])
-                  if e.get("train_loss") is not None]
-        if not points:
-            continue
+    for i, (name, points) in enumerate(_loss_curves(records)):
         xs, ys = zip(*points)
-        name = record["stage"] + (" (peer)" if kind_of(record) == "peer" else "")
         ax.plot(xs, ys, styles[i % len(styles)], marker="o", markersize=3, label=name, alpha=0.8)
     ax.set_xlabel("epoch")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_ylabel("mean train loss over the epoch (log scale)")
     ax.set_yscale("log")  # late epochs differ by factors, not by a constant
     ax.set_title("Train loss per epoch (where measured)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=8)
     _save(fig, path)
 
 
-def _write_report(kind: str, records: list[dict], label: str, out_dir, command: str, plots,
-                  markdown, log: Log | None, date: str | None) -> list[Path]:
-    """<kind>-<label>.md and .json, and the plots when matplotlib is there; returns the paths."""
+def _no_epoch_time(records: list[dict]) -> str | None:
+    return None if any(is_ok(r) for r in records) else "no row has an epoch time"
+
+
+def _no_loss(records: list[dict]) -> str | None:
+    return None if _loss_curves(records) else "no row measured a training loss"
+
+
+@dataclass
+class Plot:
+    suffix: str  # the file is <stem><suffix>.png
+    title: str  # what it shows, for the note when it is not drawn
+    draw: Callable[[list[dict], Path], None]
+    nothing_to_draw: Callable[[list[dict]], str | None]
+
+
+def device_tag(records: list[dict]) -> str:
+    """The GPU the rows ran on, as a file-name tag ("h100"); "cpu" when none ran on a GPU."""
+    name = next((r["environment"]["gpu"] for r in records
+                 if _known((r.get("environment") or {}).get("gpu"))), None)
+    return gpu_tag(name) if name else "cpu"
+
+
+_MAKER_WORDS = {"nvidia", "geforce", "tesla", "quadro"}
+
+
+def gpu_tag(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA GeForce RTX 4090" -> "rtx4090",
+    "NVIDIA A100-SXM4-80GB" -> "a100": the model's words up to its first number."""
+    tag = ""
+    for word in (w for w in re.split(r"[\s_]+", name) if w and w.lower() not in _MAKER_WORDS):
+        tag += word.split("-")[0]
+        if any(ch.isdigit() for ch in word):
+            break
+    return re.sub(r"[^a-z0-9]", "", tag.lower()) or "gpu"
+
+
+def has_problems(records: list[dict]) -> bool:
+    """Whether any row failed or was skipped: its table is partial."""
+    return any(not is_ok(r) for r in records)
+
+
+def report_stem(kind: str, label: str, records: list[dict], partial: bool) -> str:
+    return f"{kind}-{label}-{device_tag(records)}" + ("-partial" if partial else "")
+
+
+def _write_report(kind: str, records: list[dict], label: str, out_dir, command: str, plots: list[Plot],
+                  markdown, log: Log | None, date: str | None, partial: bool | None) -> list[Path]:
+    """<stem>.json, the plots when matplotlib is there, then <stem>.md; returns the paths.
+
+    The JSON goes first: whatever happens to the plots, the measurements are on disk.
+    """
     log = log or terminal.log
     out_dir = Path(out_dir)
     date = date or utc_now()
-    images, plot_note = _write_plots(records, out_dir, plots, log)
-    stem = f"{kind}-{label}"
+    stem = report_stem(kind, label, records, has_problems(records) if partial is None else partial)
     json_path = out_dir / f"{stem}.json"
     write_json(json_path, {"report": kind, "label": label, "command": command, "date": date,
                            "records": records})
+    images, plot_notes = _write_plots(records, out_dir, stem, plots, log)
     md_path = out_dir / f"{stem}.md"
-    write_atomic(md_path, markdown(records, label, command, date, images, plot_note))
+    write_atomic(md_path, markdown(records, label, command, date, images, plot_notes))
     return [md_path, json_path, *(out_dir / name for name in images)]
 
 
 def write_ladder(records: list[dict], label: str, out_dir, command: str,
-                 log: Log | None = None, date: str | None = None) -> list[Path]:
-    """Write ladder-<label>.md and .json, and with matplotlib the -time and -loss plots."""
-    plots = [(f"ladder-{label}-time.png", plot_ladder_time), (f"ladder-{label}-loss.png", plot_ladder_loss)]
-    return _write_report("ladder", records, label, out_dir, command, plots, ladder_markdown, log, date)
+                 log: Log | None = None, date: str | None = None, partial: bool | None = None) -> list[Path]:
+    """Write <stem>.md and .json, and with matplotlib the -time, -loss and (profiled) -busy plots.
+    `partial` None: partial when a row failed or was skipped."""
+    plots = [Plot("-time", "time plot", plot_ladder_time, _no_epoch_time),
+             Plot("-loss", "loss plot", plot_ladder_loss, _no_loss)]
+    if any(is_ok(r) and r.get("profile") for r in records):
+        plots.append(Plot("-busy", "busy plot", plot_ladder_busy, lambda _records: None))
+    return _write_report("ladder", records, label, out_dir, command, plots, ladder_markdown, log, date, partial)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,7 +588,7 @@ def sweep_cell(record: dict | None, value: Callable[[dict], str]) -> str:
 
 
 def sweep_markdown(records: list[dict], label: str, command: str, date: str | None = None,
-                   images: list[str] | None = None, plot_note: str | None = None) -> str:
+                   images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
     lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), sweep=True)
     sizes, names, cells = sweep_grid(records)
     heads = ["hidden size H", *(f"{n} (peer)" if _is_peer_name(records, n) else n for n in names)]
@@ -413,7 +610,7 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
         lines += [f"- H={r.get('hidden_size')} {r.get('stage')}: "
                   f"{'skipped' if r.get('skipped') else 'failed'}: {r.get('error', '')}" for r in problems]
         lines.append("")
-    lines += _plots_and_command("Plot", images, plot_note, command)
+    lines += _plots_and_command("Plot", images, plot_notes, command)
     return "\n".join(lines)
 
 
@@ -448,10 +645,10 @@ def plot_sweep(records: list[dict], path: Path) -> None:
 
 
 def write_sweep(records: list[dict], label: str, out_dir, command: str,
-                log: Log | None = None, date: str | None = None) -> list[Path]:
-    """Write sweep-<label>.md and .json, and with matplotlib sweep-<label>.png."""
-    plots = [(f"sweep-{label}.png", plot_sweep)]
-    return _write_report("sweep", records, label, out_dir, command, plots, sweep_markdown, log, date)
+                log: Log | None = None, date: str | None = None, partial: bool | None = None) -> list[Path]:
+    """Write <stem>.md and .json, and with matplotlib <stem>.png."""
+    plots = [Plot("", "plot", plot_sweep, _no_epoch_time)]
+    return _write_report("sweep", records, label, out_dir, command, plots, sweep_markdown, log, date, partial)
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,17 +674,24 @@ def matplotlib_missing() -> str | None:
     return None
 
 
-def _write_plots(records, out_dir: Path, plots, log: Log) -> tuple[list[str], str | None]:
-    """Draw each (file name, function); returns the names drawn and a note when none could be."""
+def _write_plots(records, out_dir: Path, stem: str, plots: list[Plot], log: Log) -> tuple[list[str], list[str]]:
+    """Draw each plot that has something to show; returns the file names drawn and a note for
+    each plot that was not (also logged)."""
     missing = matplotlib_missing()
     if missing:
         log(f"graphtrain: plots {missing}")
-        return [], missing
-    drawn = []
-    for name, draw in plots:
-        draw(records, out_dir / name)
+        return [], [f"Plots {missing}."]
+    drawn, notes = [], []
+    for plot in plots:
+        reason = plot.nothing_to_draw(records)
+        if reason:
+            notes.append(f"The {plot.title} is not drawn: {reason}.")
+            log(f"graphtrain: {notes[-1]}")
+            continue
+        name = f"{stem}{plot.suffix}.png"
+        plot.draw(records, out_dir / name)
         drawn.append(name)
-    return drawn, None
+    return drawn, notes
 
 
 def _plain_log_ticks(axis) -> None:

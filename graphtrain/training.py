@@ -6,7 +6,9 @@ returns its run record.
     run_stage(cls, plan, data)    the timing protocol around any row, given the shared plan
 
 The ladder builds one plan and calls `run_stage` for every row, so all of them train the same
-initial weights in the same order over the same batches.
+initial weights in the same order over the same batches. With `profile`, a row that trains on
+a GPU runs one more epoch after everything its record reports was measured, traced by CUPTI
+(graphtrain.profile): the record gains its `profile` and nothing else changes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
 from graphtrain.model_io import Model
 from graphtrain.plan import RunPlan
-from graphtrain.record import EpochRecord, RunRecord, data_summary
+from graphtrain.record import EpochRecord, RunRecord, data_summary, median_epoch_ms
 from graphtrain.stages import get_stage
 from graphtrain.stages.base import Stage
 
@@ -44,6 +46,7 @@ def train(
     offline: bool = False,
     progress: Progress | None = None,
     init: str | os.PathLike[str] | Model | None = None,
+    profile: bool = False,
 ) -> RunRecord:
     """Train `config` with `stage` (a rung or a peer) and return its run record, whose
     `params` are the trained parameters (`graphtrain.save(path, record)` keeps them).
@@ -58,7 +61,7 @@ def train(
         init = model_io.load(init)
     if data is None:
         data = data_mod.load(config.dataset, data_dir=data_dir, offline=offline)
-    record = run_stage(stage_cls, plan_for(config, data, init), data, progress)
+    record = run_stage(stage_cls, plan_for(config, data, init), data, progress, profile=profile)
     record.init = None if init is None or init.source is None else str(init.source)
     return record
 
@@ -80,9 +83,10 @@ def plan_for(config: TrainConfig, data: data_mod.Dataset, init: Model | None = N
 
 
 def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
-              progress: Progress | None = None) -> RunRecord:
+              progress: Progress | None = None, profile: bool = False) -> RunRecord:
     """The timing protocol around any row: setup apart, each epoch timed by the row, the loss
-    checked wherever it was measured, test accuracy outside the timed loop."""
+    checked wherever it was measured, test accuracy outside the timed loop; then, with
+    `profile`, the profiled epoch (see `_profile`), which total_ms leaves out."""
     name, config = stage_cls.name, plan.config
     plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()
@@ -123,11 +127,26 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
             test_accuracy = runner.test_accuracy()
         environment = {**environment_mod.host(), **runner.environment()}
         note, precision, nodes = runner.note, runner.precision, getattr(runner, "nodes_per_step", None)
-    total_ms = (time.perf_counter() - run_start) * 1e3
+        profile_start = time.perf_counter()
+        profiled = _profile(runner, plan, median_epoch_ms(epochs)) if profile and stage_cls.uses_gpu else None
+        profile_ms = (time.perf_counter() - profile_start) * 1e3
+    total_ms = (time.perf_counter() - run_start) * 1e3 - profile_ms  # the profiled epoch is not the run's
     return RunRecord(stage=name, kind=stage_cls.kind, config=config, environment=environment,
                      epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
                      note=note, precision=precision, nodes_per_step=nodes, data=data_summary(data),
-                     warnings=warnings, params=weights)
+                     warnings=warnings, params=weights, profile=profiled)
+
+
+def _profile(runner: Stage, plan: RunPlan, epoch_ms: float) -> dict:
+    """One more epoch, traced by CUPTI (CPU rows have nothing for it to see): the last epoch's
+    sample order, with the metrics reads of most epochs (every epoch for the rungs that measure
+    every epoch, none for the sparse-metrics ones), its idle share against the timed `epoch_ms`."""
+    from graphtrain.profile import profile_epoch
+
+    last = plan.num_epochs - 1
+    measured = sum(runner.measures(epoch) for epoch in range(plan.num_epochs))
+    return profile_epoch(runner, last, plan.batches[last], measure=2 * measured > plan.num_epochs,
+                         epoch_ms=epoch_ms)
 
 
 def _divergence(loss: float, config: TrainConfig, where: str) -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import sys
 
 import pytest
@@ -155,17 +157,18 @@ def test_device_line_without_any_gpu_record():
 
 def test_write_ladder_files_and_json_round_trip(records, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plots to check")
-    paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
+    paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None, partial=False)
     names = sorted(p.name for p in paths)
-    assert names == ["ladder-jhu-loss.png", "ladder-jhu-time.png", "ladder-jhu.json", "ladder-jhu.md"]
+    assert names == ["ladder-jhu-h100-loss.png", "ladder-jhu-h100-time.png", "ladder-jhu-h100.json",
+                     "ladder-jhu-h100.md"]
     for path in paths:
         assert path.stat().st_size > 0
-    assert (tmp_path / "ladder-jhu-time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    saved = report.read_json(tmp_path / "ladder-jhu.json")
+    assert (tmp_path / "ladder-jhu-h100-time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = report.read_json(tmp_path / "ladder-jhu-h100.json")
     assert saved["records"] == records
     assert saved["command"] == COMMAND and saved["label"] == "jhu"
-    md = (tmp_path / "ladder-jhu.md").read_text()
-    assert "![ladder-jhu-time](ladder-jhu-time.png)" in md
+    md = (tmp_path / "ladder-jhu-h100.md").read_text()
+    assert "![ladder-jhu-h100-time](ladder-jhu-h100-time.png)" in md
     # Written through temporary files: none left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == names
 
@@ -174,8 +177,8 @@ def test_write_ladder_without_matplotlib_notes_it(records, tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     logged = []
     paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=logged.append)
-    assert sorted(p.name for p in paths) == ["ladder-jhu.json", "ladder-jhu.md"]
-    md = (tmp_path / "ladder-jhu.md").read_text()
+    assert sorted(p.name for p in paths) == ["ladder-jhu-h100-partial.json", "ladder-jhu-h100-partial.md"]
+    md = (tmp_path / "ladder-jhu-h100-partial.md").read_text()
     assert "matplotlib is not installed" in md
     assert any("matplotlib is not installed" in message for message in logged)
     assert not list(tmp_path.glob("*.png"))
@@ -183,9 +186,9 @@ def test_write_ladder_without_matplotlib_notes_it(records, tmp_path, monkeypatch
 
 def test_rewriting_replaces_the_files(records, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
-    report.write_ladder(records[:2], "jhu", tmp_path, "second", log=lambda m: None)
-    assert report.read_json(tmp_path / "ladder-jhu.json")["command"] == "second"
+    report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None, partial=False)
+    report.write_ladder(records[:2], "jhu", tmp_path, "second", log=lambda m: None, partial=False)
+    assert report.read_json(tmp_path / "ladder-jhu-h100.json")["command"] == "second"
     assert len(list(tmp_path.iterdir())) == 2
 
 
@@ -229,9 +232,10 @@ def test_write_sweep(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plot to check")
     records = sweep_records()
     paths = report.write_sweep(records, "cuda-mnist", tmp_path, "graphtrain sweep", log=lambda m: None)
-    assert sorted(p.name for p in paths) == ["sweep-cuda-mnist.json", "sweep-cuda-mnist.md",
-                                             "sweep-cuda-mnist.png"]
-    assert report.read_json(tmp_path / "sweep-cuda-mnist.json")["records"] == records
+    assert sorted(p.name for p in paths) == ["sweep-cuda-mnist-h100-partial.json",
+                                             "sweep-cuda-mnist-h100-partial.md",
+                                             "sweep-cuda-mnist-h100-partial.png"]
+    assert report.read_json(tmp_path / "sweep-cuda-mnist-h100-partial.json")["records"] == records
 
 
 # ---- labels and names ----------------------------------------------------------------------
@@ -298,19 +302,21 @@ def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_framewor
     assert "torch is not installed" in records[1].error
     assert "jax is not installed" in records[-1].error
 
-    assert (tmp_path / "ladder-jhu-e2.md").exists() and (tmp_path / "ladder-jhu-e2.json").exists()
-    md = (tmp_path / "ladder-jhu-e2.md").read_text()
+    # numpy ran on the CPU and every peer was skipped: a partial table, tagged so
+    stem = tmp_path / "ladder-jhu-e2-cpu-partial"
+    assert stem.with_suffix(".md").exists() and stem.with_suffix(".json").exists()
+    md = stem.with_suffix(".md").read_text()
     assert "| numpy |" in md and "skipped: torch is not installed" in md and COMMAND in md
     assert "data synthetic (2000 train / 500 test)" in md
-    saved = report.read_json(tmp_path / "ladder-jhu-e2.json")["records"]
+    saved = report.read_json(stem.with_suffix(".json"))["records"]
     assert saved == json.loads(json.dumps([r.to_json() for r in records]))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         assert "matplotlib is not installed" in md
     else:
-        assert (tmp_path / "ladder-jhu-e2-time.png").exists()
-        assert (tmp_path / "ladder-jhu-e2-loss.png").exists()
+        assert (tmp_path / "ladder-jhu-e2-cpu-partial-time.png").exists()
+        assert (tmp_path / "ladder-jhu-e2-cpu-partial-loss.png").exists()
     printed = quiet_console.file.getvalue()
     assert "torch-eager: skipped: torch is not installed" in printed
 
@@ -388,8 +394,8 @@ def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
     assert records[2].config.hidden == (16, 16, 16)
     assert sum(e.batches for e in records[0].epochs) == 30
     assert records[1].skipped is True
-    assert (tmp_path / "sweep-cuda-mnist-s30-lr0.05.md").exists()
-    saved = report.read_json(tmp_path / "sweep-cuda-mnist-s30-lr0.05.json")
+    assert (tmp_path / "sweep-cuda-mnist-s30-lr0.05-cpu-partial.md").exists()  # jax-scan was skipped
+    saved = report.read_json(tmp_path / "sweep-cuda-mnist-s30-lr0.05-cpu-partial.json")
     assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
 
 
@@ -454,3 +460,159 @@ def test_a_sweep_shares_one_plan_per_hidden_size(monkeypatch, quiet_console):
     assert sorted(by_size) == [(8, 8, 8), (16, 16, 16)]
     assert all(len(ids) == 1 for ids in by_size.values())
     assert plans  # the rows ran
+
+
+# ---- file names: the GPU, -partial, --force ------------------------------------------------
+
+
+@pytest.mark.parametrize("name, tag", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("Tesla V100-SXM2-16GB", "v100"), ("NVIDIA RTX A6000", "rtxa6000"),
+    ("NVIDIA L4", "l4"), ("NVIDIA GH200 480GB", "gh200"),
+])
+def test_gpu_tag(name, tag):
+    assert report.gpu_tag(name) == tag
+
+
+def test_file_names_carry_the_gpu_and_partial_runs_never_replace_complete_ones(records, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    complete = [r for r in records if "error" not in r]
+    report.write_ladder(complete, "jhu", tmp_path, "complete", log=lambda m: None)
+    report.write_ladder(records, "jhu", tmp_path, "with a failed row", log=lambda m: None)
+    on_a_4090 = [{**r, "environment": {**r["environment"], "gpu": "NVIDIA GeForce RTX 4090"}} for r in complete]
+    report.write_ladder(on_a_4090, "jhu", tmp_path, "another GPU", log=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ladder-jhu-h100-partial.json", "ladder-jhu-h100-partial.md", "ladder-jhu-h100.json", "ladder-jhu-h100.md",
+        "ladder-jhu-rtx4090.json", "ladder-jhu-rtx4090.md"]
+    assert report.read_json(tmp_path / "ladder-jhu-h100.json")["command"] == "complete"
+    cpu_only = [fake_record("numpy", 100.0, env={"cpu": "Test CPU"})]
+    assert report.report_stem("ladder", "jhu", cpu_only, partial=False) == "ladder-jhu-cpu"
+
+
+def test_a_subset_of_rows_is_partial_unless_forced(tmp_path, quiet_console, no_frameworks, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    config = PRESETS["jhu"].replace(epochs=1)
+    data = small_data()
+    ladder.run_ladder(config, stages=["numpy"], peers=[], data=data, out_dir=tmp_path, command="subset",
+                      console=quiet_console)
+    assert (tmp_path / "ladder-jhu-e1-cpu-partial.md").exists()
+    ladder.run_ladder(config, stages=["numpy"], peers=["jax-scan"], data=data, out_dir=tmp_path,
+                      command="forced", console=quiet_console, force=True)
+    assert report.read_json(tmp_path / "ladder-jhu-e1-cpu.json")["command"] == "forced"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_get_the_users_umask(records, tmp_path, umask, mode):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plots to check")
+    previous = os.umask(umask)
+    try:
+        paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
+    finally:
+        os.umask(previous)
+    assert len(paths) == 4
+    for path in paths:
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path.name
+
+
+def test_nothing_to_plot_writes_the_tables_and_says_why(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plots to check")
+    all_skipped = [failed("baseline", "no NVIDIA driver found", skipped=True),
+                   failed("jax-scan", "jax is not installed", kind="peer", skipped=True)]
+    logged = []
+    paths = report.write_ladder(all_skipped, "jhu", tmp_path, COMMAND, log=logged.append)
+    assert sorted(p.name for p in paths) == ["ladder-jhu-cpu-partial.json", "ladder-jhu-cpu-partial.md"]
+    md = (tmp_path / "ladder-jhu-cpu-partial.md").read_text()
+    assert "The time plot is not drawn: no row has an epoch time." in md
+    assert "The loss plot is not drawn: no row measured a training loss." in md
+    assert any("time plot is not drawn" in message for message in logged)
+    assert not list(tmp_path.glob("*.png"))
+    sweep = report.write_sweep([{**r, "hidden_size": 128} for r in all_skipped], "cuda-mnist", tmp_path, "x",
+                               log=lambda m: None)
+    assert sorted(p.name for p in sweep) == ["sweep-cuda-mnist-cpu-partial.json", "sweep-cuda-mnist-cpu-partial.md"]
+
+
+# ---- the headline, repeats and profile columns, notes ------------------------------------
+
+
+def test_headline_compares_the_fastest_rung_with_the_fastest_peer_of_its_precision():
+    records = [fake_record("baseline", 80.0), fake_record("graphs", 14.0), fake_record("fused", 7.0),
+               fake_record("jax-scan", 10.0, kind="peer"), fake_record("torch-compile", 5.0, kind="peer"),
+               fake_record("jax-scan-bf16", 4.0, kind="peer")]
+    for record in records:
+        record["precision"] = "bf16" if record["stage"] in ("torch-compile", "jax-scan-bf16") else "fp32"
+    line = report.headline(report.ladder_rows(records))
+    assert line.startswith("Fastest graphtrain rung: `fused`, 7.000 ms per epoch: 11.43× over `baseline`; "
+                           "1.43× over the fastest fp32 peer, `jax-scan` (10.00 ms)")
+    only_bf16_peers = [r for r in records if r["stage"] != "jax-scan"]
+    assert "no fp32 peer ran" in report.headline(report.ladder_rows(only_bf16_peers))
+    assert report.headline(report.ladder_rows([failed("baseline", "x")])) is None
+    md = report.ladder_markdown(records, "jhu", COMMAND)
+    assert "**Fastest graphtrain rung: `fused`" in md
+    # A bf16 rung is held against the bf16 peers only.
+    with_bf16 = [*records[:3], {**fake_record("bf16", 4.5), "precision": "bf16"}, *records[3:]]
+    line = report.headline(report.ladder_rows(with_bf16))
+    assert line.startswith("Fastest graphtrain rung: `bf16`, 4.500 ms per epoch: 17.78× over `baseline`; "
+                           "0.89× over the fastest bf16 peer, `jax-scan-bf16` (4.000 ms)")
+
+
+def test_nodes_per_step_column_for_the_rungs_that_have_it(records):
+    assert "nodes / step" not in report.ladder_markdown(records, "jhu", COMMAND)
+    records[5]["nodes_per_step"] = 12
+    md = report.ladder_markdown(records, "jhu", COMMAND)
+    assert "| test acc | train loss | nodes / step | note |" in md
+    assert "| graphs | 2.500 |" in md and "| 0.1250 | 12 |  |" in md
+    assert "| baseline | 40.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 | — |  |" in md
+    assert "nodes / step: the CUDA-graph nodes of one training step" in md
+    console = Console(file=io.StringIO(), width=250)
+    console.print(ladder.ladder_table(records))
+    assert "nodes" in console.file.getvalue()
+
+
+def test_repeated_and_profiled_rows_get_their_columns(records):
+    records[1].update(epoch_ms_min=38.0, epoch_ms_max=45.0,
+                      profile={"busy_ms": 10.0, "epoch_ms": 40.0, "idle_share": 0.75, "kernels_per_step": 11.0,
+                               "launches_per_step": 13.0})
+    md = report.ladder_markdown(records, "jhu", COMMAND)
+    assert ("| stage | epoch ms | epoch ms range | total ms | × prev | × baseline | test acc | train loss "
+            "| kernels /step | launches /step | GPU busy ms | GPU idle | note |") in md
+    assert "| baseline | 40.00 | 38.00–45.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 | 11 | 13 | 10.00 | 75% |  |" in md
+    assert "| fewer-syncs | 20.00 | — |" in md
+    assert "## Where the time goes" in md and "`baseline` (75% idle)" in md
+    plain = report.ladder_markdown([r for r in records if r["stage"] != "baseline"], "jhu", COMMAND)
+    assert "epoch ms range" not in plain and "GPU busy" not in plain and "Where the time goes" not in plain
+
+
+def test_plots_with_repeats_and_profiles(records, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: no plots to check")
+    records[1].update(epoch_ms_min=38.0, epoch_ms_max=45.0,
+                      profile={"busy_ms": 10.0, "epoch_ms": 40.0, "idle_share": 0.75, "kernels_per_step": 11.0,
+                               "launches_per_step": 13.0})
+    paths = report.write_ladder(records, "jhu", tmp_path, COMMAND, log=lambda m: None)
+    assert "ladder-jhu-h100-partial-busy.png" in {p.name for p in paths}
+    md = (tmp_path / "ladder-jhu-h100-partial.md").read_text()
+    assert "![ladder-jhu-h100-partial-busy](ladder-jhu-h100-partial-busy.png)" in md
+
+
+def test_terminal_table_lists_each_note_once():
+    records = [fake_record("torch-eager", 100.0, kind="peer", note="fp32, TF32 off"),
+               fake_record("torch-graph", 30.0, kind="peer", note="fp32, TF32 off")]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(ladder.ladder_table(records))
+    text = console.file.getvalue()
+    assert text.count("fp32, TF32 off") == 1 and text.count("[1]") == 3 and "[2]" not in text
+
+
+def test_repeat_runs_each_row_again_from_a_fresh_setup(quiet_console):
+    records = ladder.run_ladder(PRESETS["jhu"].replace(epochs=2), stages=["numpy"], peers=[], data=small_data(),
+                                out_dir=None, command=COMMAND, console=quiet_console, repeat=3)
+    row = records[0]
+    assert len(row.repeats) == 3 and all(len(run.epochs) == 2 for run in row.repeats)
+    assert len({id(run) for run in row.repeats}) == 3
+    times = sorted(run.epoch_ms for run in row.repeats)
+    assert row.epoch_ms == times[1] and row.epoch_ms_range == (times[0], times[2])
+    saved = row.to_json()
+    assert [run["epoch_ms"] for run in saved["repeats"]] == [run.epoch_ms for run in row.repeats]
+    assert (saved["epoch_ms"], saved["epoch_ms_min"], saved["epoch_ms_max"]) == (times[1], times[0], times[2])
+    with pytest.raises(UsageError, match="--repeat"):
+        ladder.run_ladder(PRESETS["jhu"], stages=["numpy"], peers=[], data=small_data(), out_dir=None,
+                          command=COMMAND, console=quiet_console, repeat=0)

@@ -10,10 +10,12 @@ from graphtrain.errors import TrainingError, UsageError
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, median_epoch_ms
 from graphtrain.stages import get_stage
+from graphtrain.stages.numpy_cpu import NumpyStage
 from graphtrain.training import run_stage
 
 RECORD_KEYS = {"stage", "kind", "note", "config", "environment", "data", "epochs", "epoch_ms",
-               "setup_ms", "total_ms", "test_accuracy", "train_loss", "warnings"}
+               "setup_ms", "total_ms", "test_accuracy", "train_loss", "warnings", "precision",
+               "nodes_per_step"}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,34 @@ def test_record_has_the_stable_keys(small):
     losses = [e.train_loss for e in record.epochs]
     assert losses[-1] < losses[0]
     assert record.warnings == []
+    # The numpy stage computes in fp32 and captures no step graph; no profile, no repeats, no log.
+    assert (saved["precision"], saved["nodes_per_step"]) == ("fp32", None)
+    assert not {"profile", "repeats", "epoch_ms_min", "log"} & set(saved)
+
+
+@pytest.mark.parametrize("row, precision", [
+    ("numpy", "fp32"), ("graphs", "fp32"), ("fused", "fp32"), ("bf16", "bf16"), ("device-loop", "bf16"),
+    ("persistent", "fp32"), ("torch-eager", "fp32"), ("torch-graph", "fp32"), ("torch-compile", "bf16"),
+    ("jax-scan", "fp32"), ("torch-graph-bf16", "bf16"), ("jax-scan-bf16", "bf16"),
+])
+def test_every_row_says_its_own_precision(row, precision):
+    """What the ladder's headline pairs rungs and peers by (imports no framework and no GPU)."""
+    assert get_stage(row).precisions[0] == precision
+
+
+def test_a_record_carries_the_rows_precision_and_nodes_per_step(small):
+    class CapturingStage(NumpyStage):
+        """The numpy stage, claiming the precision and the step graph of a later rung."""
+
+        precisions = ("bf16",)
+
+        def setup(self):
+            super().setup()
+            self.nodes_per_step = 15
+
+    plan = RunPlan.for_data(TrainConfig(batch=100, epochs=1), small)
+    saved = run_stage(CapturingStage, plan, small).to_json()
+    assert (saved["precision"], saved["nodes_per_step"]) == ("bf16", 15)
 
 
 def test_numpy_stage_is_the_reference_step_by_step(small):

@@ -6,6 +6,7 @@
     shared_lib.py  cuBLAS/cuDNN/cuBLASLt through ctypes: found by cuda.pathfinder, LibraryError
     cublas.py      a row-major GEMM;  cublaslt.py  products with fused epilogues, planned once
     cudnn.py       softmax forward and backward
+    cupti.py       CUPTI's activity tracing (graphtrain.profile), each call checked
 
 Importing any of it needs no GPU and no CUDA package: everything is loaded on first use.
 
