@@ -34,6 +34,26 @@ __device__ __forceinline__ void copy_to_shared(float4* dst, const float* __restr
 //   row_loss[r] = log Σ_j e^{z_j − m} + m − z_{y_r},  row_correct[r] = [first argmax = y_r]
 // The batch is x, or, when `order` is given, gathered here: x[r] = images[order[*cursor + r]],
 // with y[r] from `labels`, and the rows kept in x_copy for the weight update.
+// acc[j] += Σ_c x[c] · W[j, c] over the lane's columns c = lane + 32·i, and copy[c] = x[c] when
+// given. Eight loads are issued before any is used, so a row's reads overlap instead of queueing.
+template <typename T>
+__device__ __forceinline__ void row_logits(const T* __restrict__ x, float* __restrict__ copy, const float* w,
+                                           int k, int lane, float (&acc)[CLASSES]) {
+    for (int c0 = lane; c0 < k; c0 += 32 * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = c0 + 32 * u < k ? to_float(x[c0 + 32 * u]) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int c = c0 + 32 * u;
+            if (c >= k) break;
+            if (copy != nullptr) copy[c] = v[u];
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v[u], w[j * k + c], acc[j]);
+        }
+    }
+}
+
 // W is read by every row: when the launcher gives shared memory for it (CLASSES·k floats), the
 // block copies it there first.
 template <typename T>
@@ -59,24 +79,10 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
         const int sample = order[*cursor + r];
         label = labels[sample];
         if (lane == 0) y[r] = label;
-        const float* src = images + (long long)sample * k;
-        float* dst = x_copy + (long long)r * k;
-#pragma unroll 8
-        for (int c = lane; c < k; c += 32) {
-            const float v = src[c];
-            dst[c] = v;
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v, w[j * k + c], acc[j]);
-        }
+        row_logits(images + (long long)sample * k, x_copy + (long long)r * k, w, k, lane, acc);
     } else {
         label = y[r];
-        const T* src = x + (long long)r * k;
-#pragma unroll 8
-        for (int c = lane; c < k; c += 32) {
-            const float v = to_float(src[c]);
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v, w[j * k + c], acc[j]);
-        }
+        row_logits(x + (long long)r * k, static_cast<float*>(nullptr), w, k, lane, acc);
     }
     // Butterfly sums: every lane ends with every class's total, summed in the same order.
     float z = -__int_as_float(0x7f800000);  // lane j keeps z_j; −∞ past the classes
