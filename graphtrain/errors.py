@@ -14,6 +14,11 @@ class UsageError(GraphtrainError):
     """Bad options or bad input files: nothing was trained. The user can fix it."""
 
 
+class ModelUnsupported(UsageError):
+    """A rung that cannot train this model by its design (a persistent kernel and an MLP, say):
+    `run` exits 2 with the reason; a ladder shows the row as skipped, its table still complete."""
+
+
 class DataError(UsageError):
     """A dataset file is missing, truncated, corrupted or not what its name says."""
 

@@ -30,7 +30,7 @@ from graphtrain import report, terminal, training
 from graphtrain.capture import RowOutput
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, ModelUnsupported, UsageError
 from graphtrain.peers import PeerUnavailable
 from graphtrain.plan import RunPlan
 from graphtrain.record import FailedRun, Row, data_summary, merge_repeats
@@ -180,7 +180,7 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
                 for run in range(repeat):
                     runs.append(training.run_stage(get_stage(name), plan, data, progress=on_epoch,
                                                    profile=profile and run == repeat - 1))
-            except (PeerUnavailable, GpuUnavailableError):
+            except (PeerUnavailable, GpuUnavailableError, ModelUnsupported):
                 raise  # a skipped row: its message says it all
             except Exception:
                 if output:
@@ -190,8 +190,9 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
         progress.update(task, description=escape(f"{label}: {report.fmt_ms(record.epoch_ms)} ms/epoch"))
         for warning in record.warnings:
             console.print(f"[yellow]{escape(name)}: warning:[/] {escape(warning)}")
-    except (PeerUnavailable, GpuUnavailableError) as exc:
-        record = FailedRun(name, kind, plan.config, str(exc), skipped=True)
+    except (PeerUnavailable, GpuUnavailableError, ModelUnsupported) as exc:
+        record = FailedRun(name, kind, plan.config, str(exc), skipped=True,
+                           unsupported=isinstance(exc, ModelUnsupported))
         progress.update(task, description=escape(f"{label}: skipped"))
         console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below

@@ -148,6 +148,7 @@ class FailedRun:
     config: TrainConfig
     error: str
     skipped: bool
+    unsupported: bool = False  # skipped because the rung cannot train this model by design
     traceback: str | None = None  # kept for errors graphtrain did not explain itself
     data: dict | None = None
     hidden_size: int | None = None
@@ -161,6 +162,8 @@ class FailedRun:
         out = _row_head(self)
         out.update({"error": self.error, "skipped": self.skipped, "config": self.config.to_dict(),
                     "data": self.data})
+        if self.unsupported:
+            out["unsupported"] = True
         if self.traceback is not None:
             out["traceback"] = self.traceback
         return _row_tail(self, out)

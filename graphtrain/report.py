@@ -516,8 +516,9 @@ def gpu_tag(name: str) -> str:
 
 
 def has_problems(records: list[dict]) -> bool:
-    """Whether any row failed or was skipped: its table is partial."""
-    return any(not is_ok(r) for r in records)
+    """Whether any row failed or was skipped: its table is partial. A rung that cannot train the
+    model by its design (skipped as unsupported) leaves nothing missing."""
+    return any(not is_ok(r) and not r.get("unsupported") for r in records)
 
 
 def report_stem(kind: str, label: str, records: list[dict], partial: bool) -> str:

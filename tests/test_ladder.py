@@ -616,3 +616,13 @@ def test_repeat_runs_each_row_again_from_a_fresh_setup(quiet_console):
     with pytest.raises(UsageError, match="--repeat"):
         ladder.run_ladder(PRESETS["jhu"], stages=["numpy"], peers=[], data=small_data(), out_dir=None,
                           command=COMMAND, console=quiet_console, repeat=0)
+
+
+def test_a_rung_that_cannot_train_the_model_leaves_the_table_complete():
+    """A persistent kernel skips an MLP by design: the ladder is whole; a missing framework is not."""
+    ok = {"stage": "graphs", "kind": "stage", "epoch_ms": 1.0}
+    unsupported = {"stage": "persistent", "kind": "stage", "error": "softmax regression only", "skipped": True,
+                   "unsupported": True}
+    missing = {"stage": "jax-scan", "kind": "peer", "error": "jax is not installed", "skipped": True}
+    assert not report.has_problems([ok, unsupported])
+    assert report.has_problems([ok, unsupported, missing])

@@ -24,7 +24,7 @@ the earlier rungs (cuBLAS, the test-set forward) is kept as it was.
 
 from __future__ import annotations
 
-from graphtrain.errors import UsageError
+from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.fused import Fused
 from graphtrain.libs import cublaslt
 from graphtrain.libs.cublaslt import R_32F, Lt, Matmul, Product
@@ -42,7 +42,7 @@ class FusedStage(GraphsStage):
     def setup(self) -> None:
         refusal = Fused.refusal(self.config.batch, self.config.classes)
         if refusal is not None:
-            raise UsageError(f"the {self.name} rung cannot train {refusal}; use --stage graphs")
+            raise ModelUnsupported(f"the {self.name} rung cannot train {refusal}; use --stage graphs")
         super().setup()
 
     def reserve_extra(self, arena) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain.errors import UsageError
+from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import Persistent, Shape
 from graphtrain.libs import cuda
 from graphtrain.stages.device_loop import DeviceLoopStage
@@ -32,15 +32,15 @@ class PersistentStage(DeviceLoopStage):
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
         if cfg.hidden:
-            raise UsageError(f"the persistent rung trains softmax regression (no hidden layers), not the "
+            raise ModelUnsupported(f"the persistent rung trains softmax regression (no hidden layers), not the "
                              f"{'-'.join(map(str, cfg.dims))} MLP; use --stage device-loop or an earlier rung")
         self.shape = Shape(features, cfg.classes, cfg.batch)
         refusal = self.shape.refusal()
         if refusal is not None:
-            raise UsageError(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+            raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
         device = cuda.open_device()
         if device.compute_capability < (9, 0):
-            raise UsageError(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
+            raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
                              f"and {device.name} has {'.'.join(map(str, device.compute_capability))}")
         super().setup()
 
