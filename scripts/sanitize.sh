@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The new rungs' kernels under compute-sanitizer: memcheck for every rung from `fused` on, and
+# racecheck and synccheck (shared memory, clusters) for the fused head kernels and the persistent
+# cluster kernel. A few steps each: the tools slow kernels down by orders of magnitude.
+# Usage (GPU machine, MNIST reachable): scripts/sanitize.sh OUT_DIR
+set -uo pipefail
+out=${1:?usage: scripts/sanitize.sh OUT_DIR}
+mkdir -p "$out"
+status=0
+short=(--steps 3)
+check() {  # check TOOL NAME graphtrain-run-args...
+  local tool=$1 name=$2; shift 2
+  if compute-sanitizer --tool "$tool" --error-exitcode 99 python3 -m graphtrain run "$@" "${short[@]}" \
+      > "$out/$tool-$name.log" 2>&1; then
+    echo "ok      $tool $name"
+  else
+    echo "FAILED  $tool $name (see $tool-$name.log)"; status=1
+  fi
+}
+for stage in fused bf16 device-loop; do
+  check memcheck "$stage-mlp" --stage "$stage" --hidden 256,128
+  check memcheck "$stage-jhu" --stage "$stage"
+done
+check memcheck persistent --stage persistent
+for tool in racecheck synccheck; do
+  check "$tool" fused-mlp --stage fused --hidden 256,128
+  check "$tool" persistent --stage persistent
+done
+exit $status
