@@ -74,6 +74,9 @@ class DeviceLoopStage(Bf16Stage):
         graph.launch(self.stream)
         self.next_sample = start + self.plan.samples_seen(num_batches)
 
+    def environment(self) -> dict:
+        return {**super().environment(), "device_loop": self.loop_kind}  # "while", or "unrolled"
+
     def close(self) -> None:
         for graph in getattr(self, "epoch_graphs", {}).values():
             graph.close()
