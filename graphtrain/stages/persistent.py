@@ -72,6 +72,11 @@ class PersistentStage(DeviceLoopStage):
     def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
         self.launch_epoch(epoch, num_batches, measure)
 
+    def environment(self) -> dict:
+        env = super().environment()
+        env.pop("device_loop")  # no graph here: one kernel per epoch
+        return env
+
     def close(self) -> None:
         if getattr(self, "persistent_cu", None) is not None:
             self.persistent_cu.close()
