@@ -321,3 +321,16 @@ def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch):
     monkeypatch.setattr(ladder, "run_sweep", every_row_skipped)
     result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers")
     assert result.exit_code == 1 and "no row" in result.output
+
+
+def test_a_precision_the_stage_does_not_train_in_is_one_line(synthetic):
+    line = one_line_error(invoke("run", "--stage", "numpy", "--precision", "bf16", "--epochs", "1"), 2)
+    assert "numpy trains in fp32" in line and "--precision bf16" in line
+
+
+def test_precision_defaults_to_the_stage_own_and_is_recorded(synthetic, tmp_path):
+    out = tmp_path / "run.json"
+    result = invoke("run", "--stage", "numpy", "--epochs", "1", "--json", str(out))
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["precision"] == "fp32" and record["config"]["precision"] is None
