@@ -99,9 +99,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def probe() -> dict[str, dict[str, Any]]:
-    """What `graphtrain info` shows: for the CUDA bindings, the driver and GPU, NVRTC, cuBLAS and
-    cuDNN, whether each was found, where, which version, and if not, why and what installs it."""
-    from graphtrain.libs import cublas, cuda, cudnn, nvrtc
+    """What `graphtrain info` shows: for the CUDA bindings, the driver and GPU, NVRTC, cuBLAS,
+    cuBLASLt and cuDNN, whether each was found, where, which version, and if not, why and what
+    installs it."""
+    from graphtrain.libs import cublas, cublaslt, cuda, cudnn, nvrtc
 
     def bindings() -> dict[str, Any]:
         cuda.runtime_api()
@@ -123,7 +124,7 @@ def probe() -> dict[str, dict[str, Any]]:
         return {"path": module.library.path, "found_via": module.library.found_via, "version": module.version()}
 
     steps = {"cuda_bindings": bindings, "driver": driver, "nvrtc": nvrtc_library,
-             "cublas": lambda: shared(cublas), "cudnn": lambda: shared(cudnn)}
+             "cublas": lambda: shared(cublas), "cublasLt": lambda: shared(cublaslt), "cudnn": lambda: shared(cudnn)}
     report: dict[str, dict[str, Any]] = {}
     for key, step in steps.items():
         try:

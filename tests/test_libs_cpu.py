@@ -555,7 +555,7 @@ def test_probe_reports_every_component_without_raising():
     from graphtrain.environment import probe
 
     report = probe()
-    assert set(report) == {"cuda_bindings", "driver", "nvrtc", "cublas", "cudnn"}
+    assert set(report) == {"cuda_bindings", "driver", "nvrtc", "cublas", "cublasLt", "cudnn"}
     for name, entry in report.items():
         assert isinstance(entry["found"], bool), name
         if not entry["found"]:
