@@ -1,13 +1,13 @@
 """`device-loop`: the whole epoch from one graph launch; the host leaves the batch loop.
 
 Until here the host launched one step graph per batch, 469 a `jhu` epoch. Now one graph holds the
-epoch: a conditional WHILE node whose body is the full-batch step, then the tail batch's step.
-The loss kernel of each step counts the steps left and sets the loop's condition on the device
-(cudaGraphSetConditional); the cursor carries each step, and each epoch, on to the next. Per
-epoch the host launches one graph and waits once.
+epoch: a conditional WHILE node whose body is 16 full-batch steps, then the full steps left over
+and the tail batch's step. The body's last update kernel counts the iterations left and sets the
+loop's condition on the device (cudaGraphSetConditional); the cursor carries each step, and each
+epoch, on to the next. Per epoch the host launches one graph and waits once.
 
-What this buys is host time, not GPU time: the nodes are the same nodes, and the WHILE node adds
-a little of its own per iteration. It matters where the host cannot keep ahead of the GPU (a
+What this buys is host time, not GPU time: the nodes are the same nodes, and each iteration of
+the WHILE node costs a few microseconds of its own (hence several steps to a body). It matters where the host cannot keep ahead of the GPU (a
 busy or slow CPU, tiny steps); on an idle host the queued step graphs already kept the GPU fed,
 and the ladder shows that honestly. Without conditional nodes (runtime or driver before CUDA
 12.4) the epoch graph is unrolled instead, one step after another; the record says which.
@@ -23,7 +23,8 @@ from graphtrain.stages.bf16 import Bf16Stage
 
 class DeviceLoopStage(Bf16Stage):
     name = "device-loop"
-    summary = "the whole epoch from one graph launch: a conditional WHILE node over the step"
+    summary = "the whole epoch from one graph launch: a conditional WHILE node over the steps"
+    steps_per_iteration = 16  # full steps in the WHILE body (measured: scripts/device_loop_body.py)
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
@@ -44,22 +45,31 @@ class DeviceLoopStage(Bf16Stage):
         self.next_sample = 0
 
     def capture_epoch(self, num_batches: int, measure: bool) -> cuda.Graph:
-        """One graph: the full batches of the epoch's first `num_batches`, then its tail batch."""
+        """One graph: the full batches of the epoch's first `num_batches`, then its tail batch.
+
+        With conditional nodes: a WHILE node whose body is `steps_per_iteration` full steps, run
+        ⌊full / steps_per_iteration⌋ times, then the remaining full steps and the tail unrolled.
+        Each iteration of a WHILE node costs the GPU a few microseconds of its own (the body is
+        launched like a graph), so the body holds several steps to spread that cost."""
         sizes = [hi - lo for lo, hi in self.plan.bounds[:num_batches]]
         full, tail = self.config.batch, sizes[-1] if sizes[-1] != self.config.batch else None
         count = len(sizes) - (tail is not None)
+        per_body = self.steps_per_iteration
+        iterations, unrolled = divmod(count, per_body) if self.loop_kind == "while" else (0, count)
         with cuda.Graph.capture(self.stream) as graph:
-            if self.loop_kind == "while":
-                self.gather_cu.set_cursor(self.stream, self.steps_left.ptr, count)
+            if iterations:
+                self.gather_cu.set_cursor(self.stream, self.steps_left.ptr, iterations)
                 with cuda.Graph.while_loop(self.stream, self.loop_stream) as loop:
                     outer, self.stream = self.stream, self.loop_stream
                     try:
-                        self.train_step(0, full, measure, loop=loop, steps_left=self.steps_left.ptr)
+                        for k in range(per_body):  # the body's last step counts the iteration
+                            last = k == per_body - 1
+                            self.train_step(0, full, measure, loop=loop if last else 0,
+                                            steps_left=self.steps_left.ptr if last else 0)
                     finally:
                         self.stream = outer
-            else:
-                for _ in range(count):
-                    self.train_step(0, full, measure)
+            for _ in range(unrolled):
+                self.train_step(0, full, measure)
             if tail is not None:
                 self.train_step(0, tail, measure)
         return graph
