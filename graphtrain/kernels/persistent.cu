@@ -15,33 +15,43 @@
 //      on its slice, and b[j] −= lr · Σ_r dlogits[r, j] on its copy of b
 //
 // No block needs another's slice of W or of dW, so a step exchanges only the partial logits and
-// dlogits (rows × classes each) and waits at two cluster barriers. Every sum runs in a fixed
+// dlogits (rows × classes each) and waits at two cluster barriers.
+//
+// The products of A and C run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in
+// three passes, which keeps fp32 accuracy: each operand is split as v = hi + lo, hi = tf32(v),
+// lo = tf32(v − hi), and a·b ≈ hi_a·hi_b + (hi_a·lo_b + lo_a·hi_b), the dropped lo·lo term
+// being ~2⁻²² of the product. On CUDA cores the two products were most of a step's
+// instructions; here a warp issues about 45 mma for each. Every sum runs in a fixed
 // order, without atomics: the same seed gives the same weights bit for bit. The next batch is
 // copied in (cp.async) while the current one trains, and its sample indices one step before that,
 // so no dependent global load sits on a step's path.
 //
-// Compile-time (from kernels/persistent.py): CLUSTER, THREADS, SLICE (a multiple of 4, < F_LANES),
-// CLASSES (≤ 32), FEATURES. Images are float32 rows of CLUSTER·SLICE, zero past FEATURES (as W is
-// there). Without a bias (bias = 0), b stays zero.
+// Compile-time (from kernels/persistent.py): CLUSTER, THREADS, SLICE (a multiple of 8), CLASSES
+// (≤ 32), FEATURES. Images are float32 rows of CLUSTER·SLICE, zero past FEATURES (as W is there).
+// Without a bias (bias = 0), b stays zero.
 
 #define PADDED_FEATURES (CLUSTER * SLICE)
-#define CLASS_STRIDE ((CLASSES + 3) / 4 * 4)  // floats per row of W slice, inbox and dlogits
-#define A_SPLIT 4                    // phase A: lanes per row, each over SLICE / A_SPLIT features
-#define F_LANES 64                   // phase C: lanes per row chunk, one per feature (and the bias)
-#define C_PARTS (THREADS / F_LANES)  // phase C: row chunks, summed in order afterwards
-#define CHUNKS_PER_ROW (SLICE / 4)   // 16-byte copies per row of a tile
+#define WARPS (THREADS / 32)
+#define CLASS_STRIDE ((CLASSES + 3) / 4 * 4)  // floats per row of the bias, the inbox
+#define N_TILES ((CLASSES + 7) / 8)           // the classes in mma columns of 8
+// Rows of W (per feature) and of dlogits (per sample): N_TILES·8 classes, the stride ≡ 8 or 24
+// (mod 32 banks) so that a B fragment's lanes (k = lane % 4, n = lane / 4) hit 32 banks.
+#define CLASS_PAD (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
+#define X_STRIDE (SLICE + 4)        // floats per tile row: A fragments of phase A hit 32 banks
+#define C_M_TILES ((SLICE + 1 + 15) / 16)  // phase C's rows: the slice's features, then the bias
+#define CHUNKS_PER_ROW (SLICE / 4)  // 16-byte copies per row of a tile
 
-#if SLICE % 4 != 0 || SLICE % A_SPLIT != 0 || SLICE >= F_LANES || CLASSES > 32 || THREADS % F_LANES != 0
-#error "persistent.cu: unsupported SLICE / CLASSES / THREADS"
+#if SLICE % 8 != 0 || CLASSES > 32
+#error "persistent.cu: unsupported SLICE / CLASSES"
 #endif
 
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
 }
 // Arrive (release: this block's writes, remote ones included, become visible) and wait (acquire).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
 // `p`'s address in the shared memory of cluster block `rank`.
 __device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
     unsigned out;
@@ -60,37 +70,63 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
 __device__ __forceinline__ void copy4_async(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
+// D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
+// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// v = hi + lo, each a TF32 value (fp32 bits, the low 13 mantissa bits zero).
+__device__ __forceinline__ void split_tf32(float v, unsigned& hi, unsigned& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(v));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+}
+// The three-pass product of one tile: big += hi·hi, small += hi_a·lo_b + lo_a·hi_b (kept apart,
+// so each sum's chain of dependent mma is one per k-step; the caller adds small to big last).
+template <int A, int B>
+__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const float (&a)[A], const float (&b)[B]) {
+    unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split_tf32(a[i], a_hi[i], a_lo[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) split_tf32(b[i], b_hi[i], b_lo[i]);
+    mma_tf32(small, a_lo, b_hi);
+    mma_tf32(small, a_hi, b_lo);
+    mma_tf32(big, a_hi, b_hi);
+}
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The dynamic shared memory, carved for a batch of `batch` rows. Keep in step with the
 // launcher's byte count (kernels/persistent.py: shared_bytes).
 struct Smem {
-    double* totals;   // [2 + 2·THREADS/32]  block totals of loss and correct, then per warp
-    float* w;         // [SLICE][CLASS_STRIDE]     this block's slice of W, feature-major
-    float* b;         // [CLASS_STRIDE]            this block's copy of the bias
-    float* x;         // [2][batch][SLICE]         this step's tile and the next one's
+    double* totals;   // [2 + 2·WARPS]              block totals of loss and correct, then per warp
+    float* w;         // [SLICE][CLASS_PAD]         this block's slice of W, feature-major
+    float* b;         // [CLASS_STRIDE]             this block's copy of the bias
+    float* x;         // [2][tile_rows][X_STRIDE]   this step's tile and the next one's
     float* inbox;     // [CLUSTER][r_max][CLASS_STRIDE]  partial logits of the owned rows, per block
-    float* dl;        // [batch][CLASS_STRIDE]     dlogits, pushed by the rows' owners
-    float* red;       // [C_PARTS][CLASSES][F_LANES]  phase C's per-chunk sums
-    int* order;       // [2][batch]                sample indices of the next two steps
-    int* labels;      // [2][r_max]                labels of the owned rows, this step and the next
+    float* dl;        // [tile_rows][CLASS_PAD]     dlogits, pushed by the rows' owners
+    int* order;       // [2][batch]                 sample indices of the next two steps
+    int* labels;      // [2][r_max]                 labels of the owned rows, this step and the next
 };
 
 __device__ __forceinline__ int owned_rows(int rows) { return (rows + CLUSTER - 1) / CLUSTER; }
+// Rows of a tile and of dlogits: the batch in whole mma tiles of 16.
+__device__ __forceinline__ int tile_rows(int batch) { return (batch + 15) / 16 * 16; }
 
 __device__ Smem carve(unsigned char* base, int batch) {
-    const int r_max = owned_rows(batch);
+    const int r_max = owned_rows(batch), rows16 = tile_rows(batch);
     Smem s;
     double* d = reinterpret_cast<double*>(base);
-    s.totals = d; d += 2 + 2 * (THREADS / 32);
+    s.totals = d; d += 2 + 2 * WARPS;
     float* f = reinterpret_cast<float*>(d);  // every region below starts 16-byte aligned
-    s.w = f; f += SLICE * CLASS_STRIDE;
+    s.w = f; f += SLICE * CLASS_PAD;
     s.b = f; f += CLASS_STRIDE;
-    s.x = f; f += 2 * batch * SLICE;
+    s.x = f; f += 2 * rows16 * X_STRIDE;
     s.inbox = f; f += CLUSTER * r_max * CLASS_STRIDE;
-    s.dl = f; f += batch * CLASS_STRIDE;
-    s.red = f; f += C_PARTS * CLASSES * F_LANES;
+    s.dl = f; f += rows16 * CLASS_PAD;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += 2 * batch;
     s.labels = i;
@@ -106,7 +142,7 @@ __device__ void fetch(const float* images, const int* labels, const int* order, 
                       float* tile, int* owned_labels) {
     for (int i = threadIdx.x; i < rows * CHUNKS_PER_ROW; i += THREADS) {
         const int r = i / CHUNKS_PER_ROW, k = i - r * CHUNKS_PER_ROW;
-        copy16_async(tile + r * SLICE + 4 * k, images + (long long)order[r] * PADDED_FEATURES + rank * SLICE + 4 * k);
+        copy16_async(tile + r * X_STRIDE + 4 * k, images + (long long)order[r] * PADDED_FEATURES + rank * SLICE + 4 * k);
     }
     const int r_own = owned_rows(rows), lo = min(rows, (int)rank * r_own), owned = min(rows, lo + r_own) - lo;
     if (threadIdx.x < owned) copy4_async(owned_labels + threadIdx.x, labels + order[lo + threadIdx.x]);
@@ -121,12 +157,17 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     const unsigned rank = cluster_rank();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int col0 = rank * SLICE;
-    const int r_max = owned_rows(batch);
+    const int r_max = owned_rows(batch), rows16 = tile_rows(batch);
+    const int g = lane >> 2, t = lane & 3;  // an mma fragment's row group and column pair
 
-    for (int i = tid; i < SLICE * CLASS_STRIDE; i += THREADS) {
-        const int f = i / CLASS_STRIDE, j = i - f * CLASS_STRIDE;
+    for (int i = tid; i < SLICE * CLASS_PAD; i += THREADS) {
+        const int f = i / CLASS_PAD, j = i - f * CLASS_PAD;
         s.w[i] = (j < CLASSES && col0 + f < FEATURES) ? w[j * FEATURES + col0 + f] : 0.0f;
     }
+    // Tiles and dlogits start at zero: the mma tiles read rows past a step's last one (and
+    // dlogits' columns past the classes), whose products are discarded but must be finite.
+    for (int i = tid; i < 2 * rows16 * X_STRIDE; i += THREADS) s.x[i] = 0.0f;
+    for (int i = tid; i < rows16 * CLASS_PAD; i += THREADS) s.dl[i] = 0.0f;
     if (tid < CLASS_STRIDE) s.b[tid] = bias && tid < CLASSES ? b[tid] : 0.0f;
     for (int step = 0; step < 2 && step < num_steps; ++step) {
         const int rows = step_rows(step, batch, num_samples);
@@ -135,64 +176,62 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     __syncthreads();
     fetch(images, labels, s.order, step_rows(0, batch, num_samples), rank, s.x, s.labels);
     async_commit();
+    // No block may write into another's shared memory before every block of the cluster runs.
+    cluster_sync();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of the warps of phase B
 
     for (int step = 0; step < num_steps; ++step) {
         const int rows = step_rows(step, batch, num_samples), r_own = owned_rows(rows);
         const int own_lo = min(rows, (int)rank * r_own), owned = min(rows, own_lo + r_own) - own_lo;
         const int cur = step & 1, nxt = cur ^ 1;
-        const float* x = s.x + cur * batch * SLICE;
+        const float* x = s.x + cur * rows16 * X_STRIDE;
 
         async_wait_all();
         __syncthreads();  // this step's tile, labels and the next step's indices have landed
+
+        // ---- A: partial logits of this block's features, pushed to each row's owner ----------
+        // P = x·W_sliceᵀ: warp w takes rows 16w.., all classes, k over the slice's features.
+        for (int m = warp; m < (rows + 15) / 16; m += WARPS) {
+            float big[N_TILES][4] = {}, small[N_TILES][4] = {};
+            const float* xa = x + (16 * m + g) * X_STRIDE + t;
+#pragma unroll
+            for (int k = 0; k < SLICE; k += 8) {
+                const float a[4] = {xa[k], xa[8 * X_STRIDE + k], xa[k + 4], xa[8 * X_STRIDE + k + 4]};
+#pragma unroll
+                for (int n = 0; n < N_TILES; ++n) {
+                    const float* wb = s.w + (k + t) * CLASS_PAD + 8 * n + g;
+                    const float b[2] = {wb[0], wb[4 * CLASS_PAD]};
+                    mma_3xtf32(big[n], small[n], a, b);
+                }
+            }
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
+                const int r = 16 * m + g + 8 * half;
+                if (r >= rows) continue;
+                const int owner = r / r_own, rr = r - owner * r_own;
+                const unsigned dst = remote(s.inbox + (rank * r_max + rr) * CLASS_STRIDE, owner);
+#pragma unroll
+                for (int n = 0; n < N_TILES; ++n) {
+                    const int j = 8 * n + 2 * t;
+                    if (j < CLASSES) store_remote(dst + 4 * j, big[n][2 * half] + small[n][2 * half]);
+                    if (j + 1 < CLASSES) store_remote(dst + 4 * (j + 1), big[n][2 * half + 1] + small[n][2 * half + 1]);
+                }
+            }
+        }
+        // Barrier 1, split: while the other blocks finish their pushes, queue the next step's
+        // copies (its tile and labels, and the indices of the step after it).
+        cluster_arrive();
         if (step + 1 < num_steps)
             fetch(images, labels, s.order + nxt * batch, step_rows(step + 1, batch, num_samples), rank,
-                  s.x + nxt * batch * SLICE, s.labels + nxt * r_max);
+                  s.x + nxt * rows16 * X_STRIDE, s.labels + nxt * r_max);
         if (step + 2 < num_steps)
             for (int r = tid; r < step_rows(step + 2, batch, num_samples); r += THREADS)
                 copy4_async(s.order + cur * batch + r, order + (long long)(step + 2) * batch + r);
         async_commit();
-
-        // ---- A: partial logits of this block's features, pushed to each row's owner ----------
-        // A_SPLIT adjacent lanes share a row; whole warps take part, for the shuffles.
-        for (int t = tid; t < (rows * A_SPLIT + 31) / 32 * 32; t += THREADS) {
-            const int r = t / A_SPLIT, part = t - r * A_SPLIT;
-            const bool valid = r < rows;
-            float acc[CLASS_STRIDE];
-#pragma unroll
-            for (int j = 0; j < CLASS_STRIDE; ++j) acc[j] = 0.0f;
-            if (valid) {
-                const float* xr = x + r * SLICE + part * (SLICE / A_SPLIT);
-                const float* wf = s.w + part * (SLICE / A_SPLIT) * CLASS_STRIDE;
-#pragma unroll
-                for (int f = 0; f < SLICE / A_SPLIT; ++f) {
-                    const float xv = xr[f];
-#pragma unroll
-                    for (int q = 0; q < CLASS_STRIDE / 4; ++q) {
-                        const float4 wv = reinterpret_cast<const float4*>(wf + f * CLASS_STRIDE)[q];
-                        acc[4 * q] = fmaf(xv, wv.x, acc[4 * q]);
-                        acc[4 * q + 1] = fmaf(xv, wv.y, acc[4 * q + 1]);
-                        acc[4 * q + 2] = fmaf(xv, wv.z, acc[4 * q + 2]);
-                        acc[4 * q + 3] = fmaf(xv, wv.w, acc[4 * q + 3]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j)
-#pragma unroll
-                for (int o = 1; o < A_SPLIT; o <<= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-            if (valid && part < 2) {  // two lanes push half the classes each
-                const int owner = r / r_own, rr = r - owner * r_own;
-                const unsigned dst = remote(s.inbox + (rank * r_max + rr) * CLASS_STRIDE, owner);
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j)
-                    if ((j & 1) == part) store_remote(dst + 4 * j, acc[j]);
-            }
-        }
-        cluster_sync();
+        cluster_wait();
 
         // ---- B: the owned rows: logits, softmax, dlogits to every block; one warp per row ------
-        for (int rr = warp; rr < owned; rr += THREADS / 32) {
+        for (int rr = warp; rr < owned; rr += WARPS) {
             const int r = own_lo + rr, label = s.labels[cur * r_max + rr];
             float z = -__int_as_float(0x7f800000);  // −∞ on the lanes past the classes
             if (lane < CLASSES) {
@@ -210,7 +249,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
             if (lane < CLASSES) {
                 const float dl = (e / total - (lane == label ? 1.0f : 0.0f)) / (float)rows;
 #pragma unroll
-                for (int c = 0; c < CLUSTER; ++c) store_remote(remote(s.dl + r * CLASS_STRIDE + lane, c), dl);
+                for (int c = 0; c < CLUSTER; ++c) store_remote(remote(s.dl + r * CLASS_PAD + lane, c), dl);
             }
             if (measure) {
                 const float z_label = __shfl_sync(0xffffffffu, z, label);
@@ -225,41 +264,29 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
         cluster_sync();
 
         // ---- C: this block's slice of W and its copy of b, from its copy of dlogits -----------
-        // Thread (part, f) sums a chunk of rows for every class; the lanes of a warp take
-        // consecutive features of the same rows (conflict-free x, broadcast dlogits). Lane
-        // f = SLICE sums dlogits alone: the bias is a feature whose input is 1.
-        {
-            const int f = tid % F_LANES, part = tid / F_LANES;
-            const int chunk = (rows + C_PARTS - 1) / C_PARTS;
-            const int r0 = min(rows, part * chunk), r1 = min(rows, r0 + chunk);
-            if (f <= SLICE) {
-                float acc[CLASS_STRIDE];
-#pragma unroll
-                for (int j = 0; j < CLASS_STRIDE; ++j) acc[j] = 0.0f;
-                for (int r = r0; r < r1; ++r) {
-                    const float xv = f < SLICE ? x[r * SLICE + f] : 1.0f;
-#pragma unroll
-                    for (int q = 0; q < CLASS_STRIDE / 4; ++q) {
-                        const float4 d = reinterpret_cast<const float4*>(s.dl + r * CLASS_STRIDE)[q];
-                        acc[4 * q] = fmaf(d.x, xv, acc[4 * q]);
-                        acc[4 * q + 1] = fmaf(d.y, xv, acc[4 * q + 1]);
-                        acc[4 * q + 2] = fmaf(d.z, xv, acc[4 * q + 2]);
-                        acc[4 * q + 3] = fmaf(d.w, xv, acc[4 * q + 3]);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j) s.red[(part * CLASSES + j) * F_LANES + f] = acc[j];
+        // dW_sliceᵀ = xᵀ·dlogits: rows are the slice's features and then the bias (a feature
+        // whose input is 1), k runs over the step's rows (past them, A is zero), a warp a tile.
+        for (int tile = warp; tile < C_M_TILES * N_TILES; tile += WARPS) {
+            const int m = tile / N_TILES, n = tile - m * N_TILES;
+            const int f0 = 16 * m + g, f1 = f0 + 8;
+            const auto xt = [&](int f, int r) {  // A[f][r]
+                return r >= rows ? 0.0f : f < SLICE ? x[r * X_STRIDE + f] : f == SLICE ? 1.0f : 0.0f;
+            };
+            float big[4] = {}, small[4] = {};
+            for (int k = 0; k < rows; k += 8) {
+                const int r0 = k + t, r1 = r0 + 4;
+                const float a[4] = {xt(f0, r0), xt(f1, r0), xt(f0, r1), xt(f1, r1)};
+                const float b[2] = {s.dl[r0 * CLASS_PAD + 8 * n + g], s.dl[r1 * CLASS_PAD + 8 * n + g]};
+                mma_3xtf32(big, small, a, b);
             }
-        }
-        __syncthreads();
-        for (int i = tid; i < CLASSES * F_LANES; i += THREADS) {
-            const int j = i / F_LANES, f = i - j * F_LANES;
-            if (f > SLICE) continue;
-            float sum = 0.0f;
 #pragma unroll
-            for (int part = 0; part < C_PARTS; ++part) sum += s.red[(part * CLASSES + j) * F_LANES + f];
-            if (f < SLICE) s.w[f * CLASS_STRIDE + j] -= lr * sum;
-            else if (bias) s.b[j] -= lr * sum;
+            for (int i = 0; i < 4; ++i) {
+                const int f = i < 2 ? f0 : f1, j = 8 * n + 2 * t + (i & 1);
+                const float grad = big[i] + small[i];
+                if (j >= CLASSES) continue;
+                if (f < SLICE) s.w[f * CLASS_PAD + j] -= lr * grad;
+                else if (f == SLICE && bias) s.b[j] -= lr * grad;
+            }
         }
         // The next step's first __syncthreads orders these updates before phase A reads them.
     }
@@ -268,7 +295,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     __syncthreads();
     for (int i = tid; i < SLICE * CLASSES; i += THREADS) {
         const int f = i / CLASSES, j = i - f * CLASSES;
-        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = s.w[f * CLASS_STRIDE + j];
+        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = s.w[f * CLASS_PAD + j];
     }
     if (bias && rank == 0 && tid < CLASSES) b[tid] = s.b[tid];
     if (measure) {
@@ -277,7 +304,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
         __syncthreads();
         if (tid == 0) {
             double l = 0.0, c = 0.0;
-            for (int i = 0; i < THREADS / 32; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
+            for (int i = 0; i < WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
             s.totals[0] = l; s.totals[1] = c;
         }
     }

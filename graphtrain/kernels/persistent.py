@@ -12,7 +12,6 @@ from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
 THREADS = 256  # per block; measured faster than 512 or 1024 on an H100 (fewer threads per barrier)
-F_LANES = 64  # phase C's lanes per row chunk: one per feature of a slice, and one for the bias
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a Hopper block may opt in to
 
@@ -27,8 +26,8 @@ class Shape:
 
     @property
     def slice(self) -> int:
-        """Features per block: ⌈features / CLUSTER⌉ rounded up to 4 (16-byte copies)."""
-        return ceil_div(ceil_div(self.features, CLUSTER), 4) * 4
+        """Features per block: ⌈features / CLUSTER⌉ rounded up to 8 (an mma's k)."""
+        return ceil_div(ceil_div(self.features, CLUSTER), 8) * 8
 
     @property
     def padded_features(self) -> int:
@@ -38,22 +37,21 @@ class Shape:
     def shared_bytes(self) -> int:
         """persistent.cu's `carve`, in bytes: totals (double), then floats, then ints."""
         class_stride = ceil_div(self.classes, 4) * 4
+        n_tiles = ceil_div(self.classes, 8)
+        class_pad = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
+        x_stride, tile_rows = self.slice + 4, ceil_div(self.batch, 16) * 16
         owned = ceil_div(self.batch, CLUSTER)
-        floats = (self.slice * class_stride + class_stride + 2 * self.batch * self.slice
-                  + CLUSTER * owned * class_stride + self.batch * class_stride
-                  + THREADS // F_LANES * self.classes * F_LANES)
+        floats = (self.slice * class_pad + class_stride + 2 * tile_rows * x_stride
+                  + CLUSTER * owned * class_stride + tile_rows * class_pad)
         return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (2 * self.batch + 2 * owned)
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
         if self.classes > MAX_CLASSES:
             return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
-        if self.slice >= F_LANES:
-            return (f"{self.features} input features (at most {CLUSTER * (F_LANES - 4)}: "
-                    f"{CLUSTER} blocks of fewer than {F_LANES} features each)")
         if self.shared_bytes > MAX_SHARED_BYTES:
-            return (f"batch {self.batch}, whose step needs {self.shared_bytes} bytes of shared memory per block "
-                    f"(at most {MAX_SHARED_BYTES})")
+            return (f"batch {self.batch} of {self.features} features, whose step needs {self.shared_bytes} bytes "
+                    f"of shared memory per block (at most {MAX_SHARED_BYTES})")
         return None
 
 
@@ -61,7 +59,7 @@ class Persistent(KernelFile):
     stem = "persistent"
     min_arch = 90  # thread-block clusters and distributed shared memory
     # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "SLICE": 52, "CLASSES": 10, "FEATURES": 784}
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "SLICE": 56, "CLASSES": 10, "FEATURES": 784}
     _softmax_epoch = kernel("softmax_epoch", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
                     cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
