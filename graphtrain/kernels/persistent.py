@@ -35,7 +35,7 @@ class Shape:
 
     @property
     def shared_bytes(self) -> int:
-        """persistent.cu's `carve`, in bytes: totals (double), then floats, then ints."""
+        """persistent.cu's `carve`, in bytes: two mbarriers, totals (double), floats, then ints."""
         class_stride = ceil_div(self.classes, 4) * 4
         n_tiles = ceil_div(self.classes, 8)
         class_pad = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
@@ -43,7 +43,7 @@ class Shape:
         owned = ceil_div(self.batch, CLUSTER)
         floats = (self.slice * class_pad + class_stride + 2 * tile_rows * x_stride
                   + CLUSTER * owned * class_stride + tile_rows * class_pad)
-        return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (2 * self.batch + 2 * owned)
+        return 8 * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (2 * self.batch + 2 * owned)
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
