@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The new rungs' kernels under compute-sanitizer: memcheck for every rung from `fused` on, and
 # racecheck and synccheck (shared memory, clusters) for the fused head kernels and the persistent
-# cluster kernel. A few steps each: the tools slow kernels down by orders of magnitude.
+# cluster kernels. A few steps each: the tools slow kernels down by orders of magnitude.
 # Usage (GPU machine, MNIST reachable): scripts/sanitize.sh OUT_DIR
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR}
@@ -22,6 +22,13 @@ for stage in fused bf16 device-loop; do
   check memcheck "$stage-jhu" --stage "$stage"
 done
 check memcheck persistent --stage persistent
+# The persistent MLP kernel: three hidden layers (five cluster barriers a step) and one (the
+# logits' two alternating buffers), the cuda-mnist preset's batch.
+persistent_mlp=(--stage persistent --preset cuda-mnist)
+for tool in memcheck racecheck synccheck; do
+  check "$tool" persistent-mlp "${persistent_mlp[@]}" --hidden 128,128,128
+  check "$tool" persistent-mlp1 "${persistent_mlp[@]}" --hidden 64
+done
 for tool in racecheck synccheck; do
   check "$tool" fused-mlp --stage fused --hidden 256,128
   check "$tool" persistent --stage persistent

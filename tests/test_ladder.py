@@ -619,9 +619,10 @@ def test_repeat_runs_each_row_again_from_a_fresh_setup(quiet_console):
 
 
 def test_a_rung_that_cannot_train_the_model_leaves_the_table_complete():
-    """A persistent kernel skips an MLP by design: the ladder is whole; a missing framework is not."""
+    """A persistent kernel skips an MLP too large for it by design: the ladder is whole; a missing
+    framework is not."""
     ok = {"stage": "graphs", "kind": "stage", "epoch_ms": 1.0}
-    unsupported = {"stage": "persistent", "kind": "stage", "error": "softmax regression only", "skipped": True,
+    unsupported = {"stage": "persistent", "kind": "stage", "error": "too large for shared memory", "skipped": True,
                    "unsupported": True}
     missing = {"stage": "jax-scan", "kind": "peer", "error": "jax is not installed", "skipped": True}
     assert not report.has_problems([ok, unsupported])

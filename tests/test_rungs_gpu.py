@@ -33,7 +33,11 @@ MODELS = {
     "softmax-regression": dict(hidden=(), bias=True),
     "mlp-bias": dict(hidden=(96, 40), bias=True),
     "mlp-no-bias": dict(hidden=(64,), bias=False),
+    "mlp-three-layers": dict(hidden=(64, 64, 64), bias=True),
 }
+# The persistent rung's MLP kernel trains equal hidden sizes in multiples of 64 (its refusal of
+# the others is tested below): it takes these in place of the MLPs above.
+PERSISTENT_MODELS = {**MODELS, "mlp-bias": dict(hidden=(64, 64), bias=True)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,8 +54,8 @@ def stage_for(name: str, cfg: TrainConfig, data: Dataset):
     return get_stage(name)(RunPlan.for_data(cfg, data), data)
 
 
-def trains(name: str, cfg: TrainConfig) -> bool:
-    return name != "persistent" or not cfg.hidden
+def model_of(name: str, model: str) -> dict:
+    return (PERSISTENT_MODELS if name == "persistent" else MODELS)[model]
 
 
 def reference_epoch(cfg: TrainConfig, data: Dataset, num_batches: int):
@@ -68,9 +72,7 @@ def reference_epoch(cfg: TrainConfig, data: Dataset, num_batches: int):
 def test_one_step_update_matches_float64(name, model):
     seed = int.from_bytes(os.urandom(2), "little")
     data = Dataset.synthetic(1000, 300, seed=seed)
-    cfg = TrainConfig(**MODELS[model], batch=100, epochs=1, lr=0.1, seed=seed)
-    if not trains(name, cfg):
-        pytest.skip("persistent trains softmax regression only (its refusal is tested below)")
+    cfg = TrainConfig(**model_of(name, model), batch=100, epochs=1, lr=0.1, seed=seed)
     with stage_for(name, cfg, data) as stage:
         stage.setup()
         result = stage.train_epoch(0, num_batches=1, measure=True)
@@ -89,25 +91,32 @@ def test_one_step_update_matches_float64(name, model):
             assert rel_err(got.b.astype(np.float64) - old.b, ref.b - old.b) < tol, f"seed {seed}"
 
 
-@pytest.mark.parametrize("name", NEW_RUNGS)
-def test_a_whole_epoch_with_its_tail_batch(name):
-    """1000 samples at batch 300: three full steps and a real one of 100 rows."""
+@pytest.mark.parametrize("name,hidden,batch", [
+    *((name, (32,), 300) for name in NEW_RUNGS if name != "persistent"),
+    ("persistent", (), 300), ("persistent", (64, 64, 64), 96),
+])
+def test_a_whole_epoch_with_its_tail_batch(name, hidden, batch):
+    """1000 samples at batch 300: three full steps and a real one of 100 rows (at batch 96, ten
+    and one of 40: a batch of 300 does not fit the persistent MLP kernel's shared memory)."""
     seed = int.from_bytes(os.urandom(2), "little")
     data = Dataset.synthetic(1000, 300, seed=seed)
-    cfg = TrainConfig(hidden=() if name == "persistent" else (32,), batch=300, epochs=1, lr=0.1, seed=seed)
+    cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed)
+    num_batches = -(-1000 // batch)
     with stage_for(name, cfg, data) as stage:
         stage.setup()
-        stage.train_epoch(0, 4, measure=True)
+        stage.train_epoch(0, num_batches, measure=True)
         weights = stage.weights()
     start = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
-    for got, old, ref in zip(weights, start, reference_epoch(cfg, data, 4)):
+    for got, old, ref in zip(weights, start, reference_epoch(cfg, data, num_batches)):
         assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < EPOCH_TOLERANCE[name], f"seed {seed}"
 
 
-@pytest.mark.parametrize("name", NEW_RUNGS)
-def test_same_seed_gives_bit_identical_weights(name):
+@pytest.mark.parametrize("name,hidden", [
+    *((name, (64, 32)) for name in NEW_RUNGS if name != "persistent"), ("persistent", ()), ("persistent", (64, 64)),
+])
+def test_same_seed_gives_bit_identical_weights(name, hidden):
     data = Dataset.synthetic(2000, 100, seed=3)
-    cfg = TrainConfig(hidden=() if name == "persistent" else (64, 32), batch=64, epochs=2, lr=0.1, seed=4)
+    cfg = TrainConfig(hidden=hidden, batch=64, epochs=2, lr=0.1, seed=4)
     runs = []
     for _ in range(2):
         with stage_for(name, cfg, data) as stage:
@@ -154,12 +163,14 @@ def launches_in_an_epoch(stage, monkeypatch, num_batches: int) -> tuple[int, int
     return counts["graph"], counts["kernel"], cuda.counters.syncs
 
 
-@pytest.mark.parametrize("name,graphs,kernels", [("graphs", 10, 1), ("device-loop", 1, 0), ("persistent", 0, 1)])
-def test_launches_per_epoch(name, graphs, kernels, monkeypatch):
+@pytest.mark.parametrize("name,hidden,graphs,kernels", [
+    ("graphs", (), 10, 1), ("device-loop", (), 1, 0), ("persistent", (), 0, 1), ("persistent", (64, 64), 0, 1),
+])
+def test_launches_per_epoch(name, hidden, graphs, kernels, monkeypatch):
     """1000 samples at batch 100: `graphs` launches a graph per batch (and sets its cursor),
     device-loop one graph per epoch, persistent one kernel; each waits once, for the epoch's end."""
     data = Dataset.synthetic(1000, 100, seed=2)
-    cfg = TrainConfig(batch=100, epochs=2, seed=2)
+    cfg = TrainConfig(hidden=hidden, batch=100, epochs=2, seed=2)
     with stage_for(name, cfg, data) as stage:
         stage.setup()
         stage.train_epoch(0, 10, measure=False)
@@ -185,8 +196,15 @@ def test_device_loop_matches_bf16_bit_for_bit():
 
 def test_persistent_refuses_a_model_it_cannot_train():
     data = Dataset.synthetic(200, 50, seed=1)
-    with pytest.raises(UsageError, match="softmax regression"):
+    with pytest.raises(UsageError, match="multiple of 64"):
         with stage_for("persistent", TrainConfig(hidden=(32,), batch=50, epochs=1), data) as stage:
+            stage.setup()
+    with pytest.raises(UsageError, match="the same size"):
+        with stage_for("persistent", TrainConfig(hidden=(128, 64), batch=50, epochs=1), data) as stage:
+            stage.setup()
+    with pytest.raises(UsageError, match=r"784-784-784-784-10 MLP at batch 32: a block needs \d+ bytes of shared "
+                                         r"memory \(at most 232448\)"):
+        with stage_for("persistent", TrainConfig(hidden=(784,) * 3, batch=32, epochs=1), data) as stage:
             stage.setup()
     with pytest.raises(UsageError, match="shared memory"):
         with stage_for("persistent", TrainConfig(batch=4096, epochs=1), Dataset.synthetic(5000, 50)) as stage:
@@ -196,9 +214,11 @@ def test_persistent_refuses_a_model_it_cannot_train():
 def test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing(mnist_dir, tmp_path):
     out = tmp_path / "run.json"
     env = {**os.environ, "GRAPHTRAIN_DATA": str(mnist_dir)}
-    proc = subprocess.run([sys.executable, "-m", "graphtrain", "run", "--stage", "persistent", "--hidden", "64",
-                           "--epochs", "1", "--json", str(out)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "graphtrain", "run", "--stage", "persistent", "--hidden",
+                           "784,784,784", "--batch", "32", "--epochs", "1", "--json", str(out)],
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "softmax regression" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "784-784-784-784-10 MLP" in lines[0] and "bytes of shared memory (at most 232448)" in lines[0]
     assert not out.exists()

@@ -19,7 +19,7 @@ from graphtrain.training import train
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_device")]
 
 GPU_STAGES = [name for name in stage_names() if name != "numpy"]
-MLP_STAGES = [name for name in GPU_STAGES if name != "persistent"]  # persistent: softmax regression only
+MLP_STAGES = GPU_STAGES
 # The rungs whose dW and db land in buffers of their own (from `fused` on, SGD is fused into the
 # products); the later rungs' own tests are in test_rungs_gpu.py.
 GRADIENT_STAGES = GPU_STAGES[:GPU_STAGES.index("fused")]
@@ -136,7 +136,7 @@ def test_one_device_allocation_per_run(stage_name):
 
     data = synthetic(6)
     cuda.reset_counters()
-    train(TrainConfig(hidden=(32,), batch=50, epochs=2, seed=2), stage=stage_name, data=data)
+    train(TrainConfig(hidden=(64,), batch=50, epochs=2, seed=2), stage=stage_name, data=data)
     assert cuda.counters.mallocs == 1
     assert cuda.counters.frees == 1
 

@@ -10,8 +10,14 @@ A step is two cluster barriers and two small exchanges through distributed share
 next batch is copied in while the current one trains. fp32 throughout; sums in a fixed order, so
 the same seed gives the same weights bit for bit.
 
-Softmax regression only (a model with hidden layers is refused before training, with the
-reason), on a GPU with thread-block clusters (compute capability 9.0: Hopper and later).
+An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
+units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
+activations from every block, all-reduces the head's partial logits, and sends each block its
+share of the input gradients on the way back, so a step of L hidden layers is 2L − 1 cluster
+barriers and no block ever needs another's weights. It trains equal hidden sizes that are
+multiples of 64 whose parameters and step buffers fit a block's 227 KB of shared memory (the
+cuda-mnist preset at H = 128 and 256, batch 32); anything else is refused before training, with
+the size it needs. A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 
 from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import Persistent, Shape
+from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.stages.device_loop import DeviceLoopStage
 
@@ -32,9 +39,9 @@ class PersistentStage(DeviceLoopStage):
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
         if cfg.hidden:
-            raise ModelUnsupported(f"the persistent rung trains softmax regression (no hidden layers), not the "
-                             f"{'-'.join(map(str, cfg.dims))} MLP; use --stage device-loop or an earlier rung")
-        self.shape = Shape(features, cfg.classes, cfg.batch)
+            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch)
+        else:
+            self.shape = Shape(features, cfg.classes, cfg.batch)
         refusal = self.shape.refusal()
         if refusal is not None:
             raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
@@ -46,15 +53,28 @@ class PersistentStage(DeviceLoopStage):
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
-        # The training images again, each row padded to whole 16-byte copies per block.
-        self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features))
+        # The training images again where the kernel reads rows of another length: padded to whole
+        # 16-byte copies per block (softmax regression) or in all (an MLP).
+        self.padded_images = None
+        if self.shape.padded_features != self.config.in_features:
+            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features))
+        if self.config.hidden:  # the addresses of every layer's weights, then of its biases
+            self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
 
     def setup_extra(self) -> None:
         super().setup_extra()
-        self.persistent_cu = Persistent(self.device, self.shape)
-        padded = np.zeros((self.num_train, self.shape.padded_features), np.float32)
-        padded[:, :self.config.in_features] = self.data.train_images
-        self.padded_images.upload(padded, self.stream)
+        if self.config.hidden:
+            self.persistent_cu = PersistentMlp(self.device, self.shape)
+            biases = [b.ptr if b is not None else 0 for b in self.b]
+            self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
+        else:
+            self.persistent_cu = Persistent(self.device, self.shape)
+        self.images = self.train_images
+        if self.padded_images is not None:
+            padded = np.zeros((self.num_train, self.shape.padded_features), np.float32)
+            padded[:, :self.config.in_features] = self.data.train_images
+            self.padded_images.upload(padded, self.stream)
+            self.images = self.padded_images
 
     def warm_up(self) -> None:
         self.launch_epoch(0, 1, measure=True)
@@ -63,11 +83,15 @@ class PersistentStage(DeviceLoopStage):
         """Nothing to capture: an epoch is one launch."""
 
     def launch_epoch(self, epoch: int, num_steps: int, measure: bool) -> None:
-        cfg = self.config
-        self.persistent_cu.train_epoch(self.stream, self.padded_images.ptr, self.train_labels.ptr,
-                                       self.order.at(epoch * self.num_train), self.w[0].ptr,
-                                       self.b[0].ptr if cfg.bias else 0, self.num_train, num_steps, cfg.lr,
-                                       self.metrics.ptr, measure)
+        cfg, order = self.config, self.order.at(epoch * self.num_train)
+        if cfg.hidden:
+            self.persistent_cu.train_epoch(self.stream, self.images.ptr, self.train_labels.ptr, order,
+                                           self.param_table.ptr, cfg.bias, self.num_train, num_steps, cfg.lr,
+                                           self.metrics.ptr, measure)
+        else:
+            self.persistent_cu.train_epoch(self.stream, self.images.ptr, self.train_labels.ptr, order,
+                                           self.w[0].ptr, self.b[0].ptr if cfg.bias else 0, self.num_train,
+                                           num_steps, cfg.lr, self.metrics.ptr, measure)
 
     def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
         self.launch_epoch(epoch, num_batches, measure)

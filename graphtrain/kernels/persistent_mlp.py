@@ -1,0 +1,93 @@
+"""Launcher for persistent_mlp.cu: an MLP trained by one thread-block cluster, one launch an epoch.
+
+The kernel is compiled for the model's sizes (its loops unroll over the units a block owns), so a
+`PersistentMlp` is made per workload, and `MlpShape.refusal` says beforehand why one cannot be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
+
+THREADS = 256  # per block
+UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
+
+
+@dataclass(frozen=True)
+class MlpShape:
+    """The sizes a kernel is compiled for, and the batch its shared memory is carved for."""
+
+    features: int
+    hidden: tuple[int, ...]
+    classes: int
+    batch: int
+
+    @property
+    def padded_features(self) -> int:
+        """Floats per image row as the kernel reads them: whole 16-byte quads."""
+        return ceil_div(self.features, 4) * 4
+
+    @property
+    def layers(self) -> int:
+        return len(self.hidden)
+
+    @property
+    def units(self) -> int:
+        """Units of each hidden layer a block owns (rounded up, for the size of a shape refused)."""
+        return ceil_div(self.hidden[0], CLUSTER)
+
+    @property
+    def shared_bytes(self) -> int:
+        """persistent_mlp.cu's `carve`, in bytes: totals (double), then floats, then ints."""
+        h, s, b, layers = self.hidden[0], self.units, self.batch, self.layers
+        cs = ceil_div(self.classes, 4) * 4
+        logit_buffers = 2 if layers == 1 else 1
+        floats = (self.padded_features * s + (layers - 1) * h * s + cs * s + layers * s + cs
+                  + layers * b * (h + 4) + logit_buffers * CLUSTER * b * cs
+                  + layers * b * s + b * s + b * cs + cs * s + cs)
+        return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (3 * b + 2 * b)
+
+    def refusal(self) -> str | None:
+        """Why the kernel cannot train this shape, or None."""
+        dims = "-".join(map(str, (self.features, *self.hidden, self.classes)))
+        if self.classes > MAX_CLASSES:
+            return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
+        if len(set(self.hidden)) > 1:
+            return f"the {dims} MLP: its hidden layers must all have the same size"
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            return (f"the {dims} MLP at batch {self.batch}: a block needs {self.shared_bytes} bytes of shared "
+                    f"memory (at most {MAX_SHARED_BYTES})")
+        if self.hidden[0] % UNIT_QUAD:
+            return (f"the {dims} MLP: a hidden size must be a multiple of {UNIT_QUAD} ({CLUSTER} blocks, "
+                    f"each owning whole quads of 4 units)")
+        if self.hidden[0] > 4 * THREADS:
+            return f"the {dims} MLP: a hidden size of at most {4 * THREADS} ({THREADS} threads of 4 inputs)"
+        return None
+
+
+class PersistentMlp(KernelFile):
+    stem = "persistent_mlp"
+    min_arch = 90  # thread-block clusters and distributed shared memory
+    # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
+    # stage passes its own.
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FEATURES": 784, "FEATURE_STRIDE": 784, "HIDDEN": 256,
+               "LAYERS": 3, "CLASSES": 10}
+    _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
+                        cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
+
+    def __init__(self, device, shape: MlpShape):
+        self.shape = shape
+        super().__init__(device, {"FEATURES": shape.features, "FEATURE_STRIDE": shape.padded_features,
+                                  "HIDDEN": shape.hidden[0], "LAYERS": shape.layers, "CLASSES": shape.classes})
+
+    def train_epoch(self, stream, images: int, labels: int, order: int, params: int, bias: bool,
+                    num_samples: int, num_steps: int, lr: float, metrics: int, measure: bool) -> None:
+        """`num_steps` SGD steps of the shape's batch over samples order[0:num_samples] (the last
+        batch may be shorter). `params`: a device array of 2·(layers + 1) addresses, the weights
+        (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
+        bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
+        num_samples × padded_features floats."""
+        self._mlp_epoch(stream, CLUSTER, THREADS, images, labels, order, params, int(bias), num_samples,
+                        self.shape.batch, num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
