@@ -23,12 +23,14 @@ for stage in fused bf16 device-loop; do
 done
 check memcheck persistent --stage persistent
 # The persistent MLP kernel: three hidden layers (five cluster barriers a step) and one (the
-# logits' two alternating buffers), the cuda-mnist preset's batch.
+# logits' two alternating buffers), the cuda-mnist preset's batch; at H = 256 the batch's images
+# do not fit in shared memory and are read from global memory twice a step.
 persistent_mlp=(--stage persistent --preset cuda-mnist)
 for tool in memcheck racecheck synccheck; do
   check "$tool" persistent-mlp "${persistent_mlp[@]}" --hidden 128,128,128
   check "$tool" persistent-mlp1 "${persistent_mlp[@]}" --hidden 64
 done
+check memcheck persistent-mlp256 "${persistent_mlp[@]}" --hidden 256,256,256
 for tool in racecheck synccheck; do
   check "$tool" fused-mlp --stage fused --hidden 256,128
   check "$tool" persistent --stage persistent

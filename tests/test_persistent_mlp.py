@@ -29,14 +29,15 @@ def cache(tmp_path, monkeypatch):
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
     defines = {"FEATURES": shape.features, "FEATURE_STRIDE": shape.padded_features, "HIDDEN": shape.hidden[0],
-               "LAYERS": shape.layers, "CLASSES": shape.classes}
+               "LAYERS": shape.layers, "CLASSES": shape.classes, "X_STRIDE": shape.x_stride}
     assert PersistentMlp.cubin("sm_90", defines).startswith(ELF_MAGIC)
 
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
-    for h in (128, 256):
+    for h, staged in ((128, True), (256, False)):  # the batch's images in shared memory at H = 128 only
         shape = MlpShape(784, (h,) * 3, 10, 32)
         assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
+        assert shape.x_stride == (788 if staged else 0)
     assert MlpShape(30, (64,), 3, 8).padded_features == 32
 
 

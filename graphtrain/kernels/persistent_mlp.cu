@@ -54,7 +54,10 @@
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 4; images are rows of FEATURE_STRIDE floats, zero past FEATURES), HIDDEN (a multiple
-// of 4·CLUSTER), LAYERS, CLASSES (≤ 32). Without a bias (bias = 0) every bias stays zero.
+// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), X_STRIDE (0, or FEATURE_STRIDE + 4 where the batch's
+// images fit in shared memory: layer 1's forward stores what it loads there, and the update of
+// W_1 reads them back instead of reading global memory again). Without a bias (bias = 0) every
+// bias stays zero.
 
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
@@ -66,7 +69,7 @@
 #define WARPS (THREADS / 32)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 
-#if S % 4 != 0 || KP * S > HS || FEATURE_STRIDE % 4 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || HQ > THREADS
+#if (X_STRIDE != 0 && X_STRIDE < FEATURE_STRIDE) || X_STRIDE % 4 != 0 || S % 4 != 0 || KP * S > HS || FEATURE_STRIDE % 4 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || HQ > THREADS
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
@@ -123,6 +126,7 @@ struct Smem {
     float4* dh;       // [SQ][batch]4         dh_l[:, U_c] of the layer being differentiated
     float* dl;        // [batch][CS]          dlogits
     float* gwh;       // [CS][S], then [CS]   the head's gradient
+    float* x;         // [batch][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][batch]           sample indices of this step and the next two
     int* labels;      // [2][batch]           labels of this step and the next
 };
@@ -143,6 +147,7 @@ __device__ Smem carve(unsigned char* base, int batch) {
     s.dh = reinterpret_cast<float4*>(f); f += batch * S;
     s.dl = f; f += batch * CS;
     s.gwh = f; f += CS * S + CS;
+    s.x = f; f += batch * X_STRIDE;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += 3 * batch;
     s.labels = i;
@@ -163,29 +168,53 @@ struct ImageRows {
         return reinterpret_cast<const float4*>(images + (long long)order[r] * FEATURE_STRIDE);
     }
 };
-struct SharedRows {
+template <int STRIDE> struct SharedRows {
     const float* base;
-    __device__ const float4* operator()(int r) const { return reinterpret_cast<const float4*>(base + r * HS); }
+    __device__ const float4* operator()(int r) const { return reinterpret_cast<const float4*>(base + r * STRIDE); }
 };
+using ActivationRows = SharedRows<HS>;  // h_full
+using StagedRows = SharedRows<X_STRIDE>;  // the batch's images, as layer 1's forward read them
 
 // ---- forward: h_l[:, U_c] = act(A · W_l[U_c, :]ᵀ + b) -----------------------------------------
 // Thread (p, pair) sums the features k ≡ p (mod KP, in quads) of rows r and r + pairs for every
 // owned unit (each weight loaded once serves two rows; the lanes of a warp share p, so the weight
 // loads are broadcasts); the KP partial sums then add up in order p = 0..KP−1.
+// With `stage`, the thread also stores the quads it loaded there (rows of X_STRIDE floats), for
+// the update of W_1 to read from shared memory.
 template <int K4, class Rows>
-__device__ void forward_partials(Rows a_rows, const float* wt, float4* partial, int rows, int batch) {
+__device__ void forward_partials(Rows a_rows, const float* wt, float4* partial, int rows, int batch,
+                                 float* stage = nullptr) {
+    constexpr int NQ = (K4 + KP - 1) / KP;  // input quads per thread and row, all loaded up front
     const int pairs = (rows + 1) / 2;
     for (int i = threadIdx.x; i < pairs * KP; i += THREADS) {
         const int p = i / pairs, r0 = i - p * pairs, r1 = r0 + pairs;
         const bool two = r1 < rows;
         const float4* x0 = a_rows(r0);
         const float4* x1 = two ? a_rows(r1) : x0;
-        float4 acc0[SQ], acc1[SQ];
+        float4 acc0[SQ], acc1[SQ], in0[NQ], in1[NQ];
 #pragma unroll
         for (int uq = 0; uq < SQ; ++uq) { acc0[uq] = zero4(); acc1[uq] = zero4(); }
-#pragma unroll 2
-        for (int q = p; q < K4; q += KP) {
-            const float4 a0 = x0[q], a1 = x1[q];
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {  // the loads first: one memory latency, not NQ of them
+            const int q = p + n * KP;
+            in0[n] = q < K4 ? x0[q] : zero4();
+            in1[n] = q < K4 ? x1[q] : zero4();
+        }
+        if (stage) {
+            float4* staged = reinterpret_cast<float4*>(stage);
+#pragma unroll
+            for (int n = 0; n < NQ; ++n) {
+                const int q = p + n * KP;
+                if (q >= K4) break;
+                staged[r0 * (X_STRIDE / 4) + q] = in0[n];
+                if (two) staged[r1 * (X_STRIDE / 4) + q] = in1[n];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+            const int q = p + n * KP;
+            if (q >= K4) break;
+            const float4 a0 = in0[n], a1 = in1[n];
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const float4* wk = reinterpret_cast<const float4*>(wt + (4 * q + kk) * S);
@@ -255,13 +284,32 @@ __device__ void send_input_grad(const float* wt, const float4* dh, float* inbox,
     }
 }
 
-// W_l[U_c, :] −= lr · dh_lᵀ A and b_l[U_c] −= lr · Σ_r dh_l: thread (q, g) owns inputs 4q..4q+3 of
-// units 4g..4g+3 and sums over the rows in order (the lanes of a warp read consecutive quads of a
-// row). Threads below S also sum their unit's bias gradient.
-template <int K4, class Rows>
-__device__ void update_layer(Rows a_rows, float* wt, const float4* dh, float* bias, bool has_bias, float lr, int rows,
-                             int batch) {
-    for (int i = threadIdx.x; i < K4 * SQ; i += THREADS) {
+// b_l[U_c] −= lr · Σ_r dh_l (rows in order), by the threads below S.
+__device__ void update_bias(float* bias, const float4* dh, float lr, int rows, int batch) {
+    if (threadIdx.x < S) {
+        const int u = threadIdx.x;
+        float sum = 0.0f;
+        for (int r = 0; r < rows; ++r) sum += at(dh[(u / 4) * batch + r], u % 4);
+        bias[u] = fmaf(-lr, sum, bias[u]);
+    }
+}
+
+// W_l[U_c, :] −= lr · dh_lᵀ h_{l−1}, l ≥ 2: thread (q, g) owns inputs 4q..4q+3 of units 4g..4g+3
+// and sums over the rows in order (the lanes of a warp read consecutive quads of a row). Where
+// that leaves threads idle, thread (k, g) owns input k alone.
+__device__ void update_layer(ActivationRows a_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
+    if (HQ * SQ < THREADS) {
+        for (int i = threadIdx.x; i < HIDDEN * SQ; i += THREADS) {
+            const int g = i % SQ, k = i / SQ;
+            float4 acc = zero4();
+#pragma unroll 4
+            for (int r = 0; r < rows; ++r) acc = fma4(a_rows.base[r * HS + k], dh[g * batch + r], acc);
+            float4* wv = reinterpret_cast<float4*>(wt + k * S) + g;
+            *wv = fma4(-lr, acc, *wv);
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < HQ * SQ; i += THREADS) {
         const int g = i % SQ, q = i / SQ;
         float4 acc[4] = {zero4(), zero4(), zero4(), zero4()};
 #pragma unroll 4
@@ -276,11 +324,42 @@ __device__ void update_layer(Rows a_rows, float* wt, const float4* dh, float* bi
             *wv = fma4(-lr, acc[m], *wv);
         }
     }
-    if (has_bias && threadIdx.x < S) {
-        const int u = threadIdx.x;
-        float sum = 0.0f;
-        for (int r = 0; r < rows; ++r) sum += at(dh[(u / 4) * batch + r], u % 4);
-        bias[u] = fmaf(-lr, sum, bias[u]);
+}
+
+// W_1[U_c, :] −= lr · dh_1ᵀ X, X in global memory or staged in shared: thread q owns inputs
+// 4q..4q+3 of every owned unit (each image quad loaded once), sums over the rows in order, and
+// loads the quads of CHUNK rows before using them (one memory latency per chunk, not per row).
+template <class Rows>
+__device__ void update_first_layer(Rows x_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
+    constexpr int CHUNK = S <= 8 ? 16 : 8;
+    for (int q = threadIdx.x; q < FQ; q += THREADS) {
+        float4 acc[4][SQ];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int uq = 0; uq < SQ; ++uq) acc[m][uq] = zero4();
+        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
+            float4 a[CHUNK];
+#pragma unroll
+            for (int n = 0; n < CHUNK; ++n) a[n] = r0 + n < rows ? x_rows(r0 + n)[q] : zero4();
+#pragma unroll
+            for (int n = 0; n < CHUNK; ++n) {
+                if (r0 + n >= rows) break;
+#pragma unroll
+                for (int uq = 0; uq < SQ; ++uq) {
+                    const float4 d = dh[uq * batch + r0 + n];
+                    acc[0][uq] = fma4(a[n].x, d, acc[0][uq]); acc[1][uq] = fma4(a[n].y, d, acc[1][uq]);
+                    acc[2][uq] = fma4(a[n].z, d, acc[2][uq]); acc[3][uq] = fma4(a[n].w, d, acc[3][uq]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int uq = 0; uq < SQ; ++uq) {
+                float4* wv = reinterpret_cast<float4*>(wt + (4 * q + m) * S) + uq;
+                *wv = fma4(-lr, acc[m][uq], *wv);
+            }
     }
 }
 
@@ -327,7 +406,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     for (int step = 0; step < 2 && step < num_steps; ++step)
         for (int r = tid; r < step_rows(step, batch, num_samples); r += THREADS)
             s.order[step * batch + r] = order[(long long)step * batch + r];
-    __syncthreads();
+    cluster_sync();  // every block of the cluster has started before any writes to another's memory
     if (num_steps > 0)
         for (int r = tid; r < step_rows(0, batch, num_samples); r += THREADS) {
             copy4_async(s.labels + r, labels + s.order[r]);
@@ -361,8 +440,8 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         // ---- forward ---------------------------------------------------------------------------
         float4* partial = reinterpret_cast<float4*>(s.region + (LAYERS - 1) * batch * HS);
         for (int l = 1; l <= LAYERS; ++l) {
-            if (l == 1) forward_partials<FQ>(x_rows, s.w1, partial, rows, batch);
-            else forward_partials<HQ>(SharedRows{s.region + (l - 2) * batch * HS}, layer_weights(s, l), partial, rows, batch);
+            if (l == 1) forward_partials<FQ>(x_rows, s.w1, partial, rows, batch, X_STRIDE ? s.x : nullptr);
+            else forward_partials<HQ>(ActivationRows{s.region + (l - 2) * batch * HS}, layer_weights(s, l), partial, rows, batch);
             __syncthreads();
             forward_finish(partial, s.b + (l - 1) * S, true, s.h_own + (l - 1) * SQ * batch,
                            l < LAYERS ? s.region + (l - 1) * batch * HS : nullptr, rows, batch, rank);
@@ -394,31 +473,47 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         }
         cluster_sync();  // every block has every block's partial logits
 
-        // ---- head, in every block alike: logits, softmax, dlogits; one warp per row -----------
-        for (int r = warp; r < rows; r += WARPS) {
-            const int label = step_labels[r];
-            float z = -__int_as_float(0x7f800000);  // −∞ on the lanes past the classes
-            if (lane < CLASSES) {
-                z = 0.0f;
+        // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
+        // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
+        constexpr int ROWS_AT_ONCE = 4;
+        for (int r0 = warp; r0 < rows; r0 += WARPS * ROWS_AT_ONCE) {
+            float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], total[ROWS_AT_ONCE];
 #pragma unroll
-                for (int c = 0; c < CLUSTER; ++c) z += logits[(c * batch + r) * CS + lane];
-                z += s.bh[lane];
+            for (int i = 0; i < ROWS_AT_ONCE; ++i) {
+                const int r = r0 + i * WARPS;
+                z[i] = -__int_as_float(0x7f800000);  // −∞ on the lanes past the classes
+                if (r < rows && lane < CLASSES) {
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < CLUSTER; ++c) sum += logits[(c * batch + r) * CS + lane];
+                    z[i] = sum + s.bh[lane];
+                }
+                m[i] = z[i];
             }
-            float m = z;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float e = lane < CLASSES ? expf(z - m) : 0.0f;
-            float total = e;
+            for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-            if (lane < CS) s.dl[r * CS + lane] = (e / total - (lane == label ? 1.0f : 0.0f)) / (float)rows;
-            if (measure && rank == 0) {
-                const float z_label = __shfl_sync(0xffffffffu, z, label);
-                // The first index of the largest logit: the lowest lane holding m.
-                const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z == m);
-                if (lane == 0) {
-                    loss_sum += (double)(logf(total) + m - z_label);
-                    correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+                for (int i = 0; i < ROWS_AT_ONCE; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+#pragma unroll
+            for (int i = 0; i < ROWS_AT_ONCE; ++i) total[i] = e[i] = lane < CLASSES && r0 + i * WARPS < rows ? expf(z[i] - m[i]) : 0.0f;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int i = 0; i < ROWS_AT_ONCE; ++i) total[i] += __shfl_xor_sync(0xffffffffu, total[i], o);
+#pragma unroll
+            for (int i = 0; i < ROWS_AT_ONCE; ++i) {
+                const int r = r0 + i * WARPS;
+                if (r >= rows) break;  // the same for the whole warp
+                const int label = step_labels[r];
+                if (lane < CS) s.dl[r * CS + lane] = (e[i] / total[i] - (lane == label ? 1.0f : 0.0f)) / (float)rows;
+                if (measure && rank == 0) {
+                    const float z_label = __shfl_sync(0xffffffffu, z[i], label);
+                    // The first index of the largest logit: the lowest lane holding m.
+                    const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z[i] == m[i]);
+                    if (lane == 0) {
+                        loss_sum += (double)(logf(total[i]) + m[i] - z_label);
+                        correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+                    }
                 }
             }
         }
@@ -457,12 +552,15 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 float* inbox = s.region + (l - 1) * batch * HS;  // dh_{l−1}'s inbox: region[l−1]
                 send_input_grad(wt, s.dh, inbox, rows, batch, rank);
                 __syncthreads();  // W_l is read by the products above before its update below
-                update_layer<HQ>(SharedRows{s.region + (l - 2) * batch * HS}, wt, s.dh, b, bias, lr, rows, batch);
+                update_layer(ActivationRows{s.region + (l - 2) * batch * HS}, wt, s.dh, lr, rows, batch);
+                if (bias) update_bias(b, s.dh, lr, rows, batch);
                 cluster_sync();  // dh_{l−1}'s inbox is full in every block; s.dh is read
                 gather_input_grad(inbox, s.h_own + (l - 2) * SQ * batch, s.dh, rows, batch);
                 __syncthreads();
             } else {
-                update_layer<FQ>(x_rows, wt, s.dh, b, bias, lr, rows, batch);
+                if (X_STRIDE) update_first_layer(StagedRows{s.x}, wt, s.dh, lr, rows, batch);
+                else update_first_layer(x_rows, wt, s.dh, lr, rows, batch);
+                if (bias) update_bias(b, s.dh, lr, rows, batch);
             }
         }
         // The next step's first __syncthreads orders these updates before its forward reads them.

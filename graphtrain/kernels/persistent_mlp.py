@@ -39,14 +39,25 @@ class MlpShape:
         return ceil_div(self.hidden[0], CLUSTER)
 
     @property
+    def x_stride(self) -> int:
+        """Floats per row of the batch's images kept in shared memory (4 more than a row, so the
+        rows start on different banks), or 0 where they do not fit (they are read from global
+        memory twice a step instead)."""
+        staged = self.padded_features + 4
+        return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
+
+    @property
     def shared_bytes(self) -> int:
+        return self.bytes_with(self.x_stride)
+
+    def bytes_with(self, x_stride: int) -> int:
         """persistent_mlp.cu's `carve`, in bytes: totals (double), then floats, then ints."""
         h, s, b, layers = self.hidden[0], self.units, self.batch, self.layers
         cs = ceil_div(self.classes, 4) * 4
         logit_buffers = 2 if layers == 1 else 1
         floats = (self.padded_features * s + (layers - 1) * h * s + cs * s + layers * s + cs
                   + layers * b * (h + 4) + logit_buffers * CLUSTER * b * cs
-                  + layers * b * s + b * s + b * cs + cs * s + cs)
+                  + layers * b * s + b * s + b * cs + cs * s + cs + b * x_stride)
         return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (3 * b + 2 * b)
 
     def refusal(self) -> str | None:
@@ -73,14 +84,15 @@ class PersistentMlp(KernelFile):
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FEATURES": 784, "FEATURE_STRIDE": 784, "HIDDEN": 256,
-               "LAYERS": 3, "CLASSES": 10}
+               "LAYERS": 3, "CLASSES": 10, "X_STRIDE": 0}
     _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
     def __init__(self, device, shape: MlpShape):
         self.shape = shape
         super().__init__(device, {"FEATURES": shape.features, "FEATURE_STRIDE": shape.padded_features,
-                                  "HIDDEN": shape.hidden[0], "LAYERS": shape.layers, "CLASSES": shape.classes})
+                                  "HIDDEN": shape.hidden[0], "LAYERS": shape.layers, "CLASSES": shape.classes,
+                                  "X_STRIDE": shape.x_stride})
 
     def train_epoch(self, stream, images: int, labels: int, order: int, params: int, bias: bool,
                     num_samples: int, num_steps: int, lr: float, metrics: int, measure: bool) -> None:
