@@ -102,6 +102,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+__device__ __forceinline__ float4 operator+(float4 a, float4 b) { return add4(a, b); }
 __device__ __forceinline__ float4 fma4(float s, float4 v, float4 acc) {
     return make_float4(fmaf(s, v.x, acc.x), fmaf(s, v.y, acc.y), fmaf(s, v.z, acc.z), fmaf(s, v.w, acc.w));
 }
@@ -284,12 +285,22 @@ __device__ void send_input_grad(const float* wt, const float4* dh, float* inbox,
     }
 }
 
-// b_l[U_c] −= lr · Σ_r dh_l (rows in order), by the threads below S.
+// Sums over the rows of a step, in a fixed order that is not a chain of `rows` dependent adds:
+// four partial sums over r ≡ 0, 1, 2, 3 (mod 4), then (s0 + s1) + (s2 + s3).
+template <class T, class Term>
+__device__ __forceinline__ T sum_rows(int rows, T zero, Term term) {
+    T part[4] = {zero, zero, zero, zero};
+    for (int r = 0; r < rows; r += 4)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (r + k < rows) part[k] = term(r + k, part[k]);
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+// b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest above).
 __device__ void update_bias(float* bias, const float4* dh, float lr, int rows, int batch) {
-    if (threadIdx.x < S) {
-        const int u = threadIdx.x;
-        float sum = 0.0f;
-        for (int r = 0; r < rows; ++r) sum += at(dh[(u / 4) * batch + r], u % 4);
+    const int u = THREADS - 1 - threadIdx.x;
+    if (u < S) {
+        const float sum = sum_rows(rows, 0.0f, [&](int r, float acc) { return acc + at(dh[(u / 4) * batch + r], u % 4); });
         bias[u] = fmaf(-lr, sum, bias[u]);
     }
 }
@@ -528,16 +539,16 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 for (int j = 0; j < CLASSES; ++j) v = fma4(s.dl[r * CS + j], wh4[j * SQ + uq], v);
                 s.dh[uq * batch + r] = relu_mask(v, h_last[uq * batch + r]);
             }
-            for (int i = tid; i < CLASSES * SQ; i += THREADS) {
-                const int j = i / SQ, uq = i - j * SQ;
-                float4 g = zero4();
-                for (int r = 0; r < rows; ++r) g = fma4(s.dl[r * CS + j], h_last[uq * batch + r], g);
-                reinterpret_cast<float4*>(s.gwh)[j * SQ + uq] = g;
-            }
-            if (bias && tid < CLASSES) {
-                float g = 0.0f;
-                for (int r = 0; r < rows; ++r) g += s.dl[r * CS + tid];
-                s.gwh[CS * S + tid] = g;
+            // The head's gradient by the last threads, the first ones being busy with dh_L above.
+            for (int i = THREADS - 1 - tid; i < CLASSES * SQ + CLASSES; i += THREADS) {
+                if (i < CLASSES * SQ) {
+                    const int j = i / SQ, uq = i - j * SQ;
+                    reinterpret_cast<float4*>(s.gwh)[j * SQ + uq] = sum_rows(rows, zero4(), [&](int r, float4 acc) {
+                        return fma4(s.dl[r * CS + j], h_last[uq * batch + r], acc); });
+                } else if (bias) {
+                    const int j = i - CLASSES * SQ;
+                    s.gwh[CS * S + j] = sum_rows(rows, 0.0f, [&](int r, float acc) { return acc + s.dl[r * CS + j]; });
+                }
             }
             __syncthreads();
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
