@@ -338,8 +338,8 @@ __device__ void update_layer(ActivationRows a_rows, float* wt, const float4* dh,
 }
 
 // W_1[U_c, :] −= lr · dh_1ᵀ X, X in global memory or staged in shared: thread q owns inputs
-// 4q..4q+3 of every owned unit (each image quad loaded once), sums over the rows in order, and
-// loads the quads of CHUNK rows before using them (one memory latency per chunk, not per row).
+// 4q..4q+3 of every owned unit (each image quad loaded once) and sums over the rows in order; the
+// quads of the next CHUNK rows are loaded while the products of this chunk's run.
 template <class Rows>
 __device__ void update_first_layer(Rows x_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
     constexpr int CHUNK = S <= 8 ? 16 : 8;
@@ -349,10 +349,13 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float4* dh, flo
         for (int m = 0; m < 4; ++m)
 #pragma unroll
             for (int uq = 0; uq < SQ; ++uq) acc[m][uq] = zero4();
-        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
-            float4 a[CHUNK];
+        float4 a[CHUNK], next[CHUNK];
 #pragma unroll
-            for (int n = 0; n < CHUNK; ++n) a[n] = r0 + n < rows ? x_rows(r0 + n)[q] : zero4();
+        for (int n = 0; n < CHUNK; ++n) a[n] = n < rows ? x_rows(n)[q] : zero4();
+        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
+#pragma unroll
+            for (int n = 0; n < CHUNK; ++n)  // the next chunk in flight while this one's products run
+                next[n] = r0 + CHUNK + n < rows ? x_rows(r0 + CHUNK + n)[q] : zero4();
 #pragma unroll
             for (int n = 0; n < CHUNK; ++n) {
                 if (r0 + n >= rows) break;
@@ -363,6 +366,8 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float4* dh, flo
                     acc[2][uq] = fma4(a[n].z, d, acc[2][uq]); acc[3][uq] = fma4(a[n].w, d, acc[3][uq]);
                 }
             }
+#pragma unroll
+            for (int n = 0; n < CHUNK; ++n) a[n] = next[n];
         }
 #pragma unroll
         for (int m = 0; m < 4; ++m)
