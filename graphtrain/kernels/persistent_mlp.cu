@@ -309,7 +309,7 @@ __device__ void update_bias(float* bias, const float4* dh, float lr, int rows, i
 // and sums over the rows in order (the lanes of a warp read consecutive quads of a row). Where
 // that leaves threads idle, thread (k, g) owns input k alone.
 __device__ void update_layer(ActivationRows a_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
-    if (HQ * SQ < THREADS) {
+    if constexpr (HQ * SQ < THREADS) {
         for (int i = threadIdx.x; i < HIDDEN * SQ; i += THREADS) {
             const int g = i % SQ, k = i / SQ;
             float4 acc = zero4();
@@ -318,21 +318,21 @@ __device__ void update_layer(ActivationRows a_rows, float* wt, const float4* dh,
             float4* wv = reinterpret_cast<float4*>(wt + k * S) + g;
             *wv = fma4(-lr, acc, *wv);
         }
-        return;
-    }
-    for (int i = threadIdx.x; i < HQ * SQ; i += THREADS) {
-        const int g = i % SQ, q = i / SQ;
-        float4 acc[4] = {zero4(), zero4(), zero4(), zero4()};
+    } else {
+        for (int i = threadIdx.x; i < HQ * SQ; i += THREADS) {
+            const int g = i % SQ, q = i / SQ;
+            float4 acc[4] = {zero4(), zero4(), zero4(), zero4()};
 #pragma unroll 4
-        for (int r = 0; r < rows; ++r) {
-            const float4 a = a_rows(r)[q], d = dh[g * batch + r];
-            acc[0] = fma4(a.x, d, acc[0]); acc[1] = fma4(a.y, d, acc[1]);
-            acc[2] = fma4(a.z, d, acc[2]); acc[3] = fma4(a.w, d, acc[3]);
-        }
+            for (int r = 0; r < rows; ++r) {
+                const float4 a = a_rows(r)[q], d = dh[g * batch + r];
+                acc[0] = fma4(a.x, d, acc[0]); acc[1] = fma4(a.y, d, acc[1]);
+                acc[2] = fma4(a.z, d, acc[2]); acc[3] = fma4(a.w, d, acc[3]);
+            }
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            float4* wv = reinterpret_cast<float4*>(wt + (4 * q + m) * S) + g;
-            *wv = fma4(-lr, acc[m], *wv);
+            for (int m = 0; m < 4; ++m) {
+                float4* wv = reinterpret_cast<float4*>(wt + (4 * q + m) * S) + g;
+                *wv = fma4(-lr, acc[m], *wv);
+            }
         }
     }
 }
