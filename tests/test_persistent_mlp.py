@@ -33,6 +33,11 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert PersistentMlp.cubin("sm_90", defines).startswith(ELF_MAGIC)
 
 
+def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
+    """scripts/persistent_mlp_phases.py's instrumented build of the kernel."""
+    assert PersistentMlp.cubin("sm_90", {"PHASE_CYCLES": 1}).startswith(ELF_MAGIC)
+
+
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     for h, staged in ((128, True), (256, False)):  # the batch's images in shared memory at H = 128 only
         shape = MlpShape(784, (h,) * 3, 10, 32)

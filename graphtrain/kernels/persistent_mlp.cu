@@ -391,6 +391,20 @@ __device__ void gather_input_grad(const float* inbox, const float4* h_own, float
     }
 }
 
+// With PHASE_CYCLES=1 (scripts/persistent_mlp_phases.py), thread 0 of block 0 adds up the SM
+// cycles of each phase of a step (each ending at a block or cluster barrier, so the slowest
+// thread's and block's time) and prints them per step at the end of the launch. Off, it is nothing.
+enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_BARRIER, SOFTMAX, HEAD_GRADIENT, SEND_GRADIENT,
+             UPDATE, BACKWARD_BARRIER, GATHER_GRADIENT, PHASES };
+#if PHASE_CYCLES
+#define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
+        phase_cycles[phase][layer] += now - phase_mark; phase_mark = now; } } while (0)
+#define PHASE_SYNC() __syncthreads()  // splits a phase that ends without a barrier of its own
+#else
+#define PHASE_END(phase, layer) do {} while (0)
+#define PHASE_SYNC() do {} while (0)
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 mlp_epoch(const float* images, const int* labels, const int* order, const unsigned long long* params, int bias,
           int num_samples, int batch, int num_steps, float lr, double* metrics, int measure) {
@@ -430,6 +444,9 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         }
     async_commit();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp of block 0
+#if PHASE_CYCLES
+    long long phase_cycles[PHASES][LAYERS + 1] = {}, phase_mark = clock64();
+#endif
 
     for (int step = 0; step < num_steps; ++step) {
         const int rows = step_rows(step, batch, num_samples);
@@ -452,6 +469,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             for (int r = tid; r < step_rows(step + 2, batch, num_samples); r += THREADS)
                 copy4_async(s.order + ((step + 2) % 3) * batch + r, order + (long long)(step + 2) * batch + r);
         async_commit();
+        PHASE_END(START, 0);
 
         // ---- forward ---------------------------------------------------------------------------
         float4* partial = reinterpret_cast<float4*>(s.region + (LAYERS - 1) * batch * HS);
@@ -459,10 +477,12 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             if (l == 1) forward_partials<FQ>(x_rows, s.w1, partial, rows, batch, X_STRIDE ? s.x : nullptr);
             else forward_partials<HQ>(ActivationRows{s.region + (l - 2) * batch * HS}, layer_weights(s, l), partial, rows, batch);
             __syncthreads();
+            PHASE_END(PRODUCTS, l);
             forward_finish(partial, s.b + (l - 1) * S, true, s.h_own + (l - 1) * SQ * batch,
                            l < LAYERS ? s.region + (l - 1) * batch * HS : nullptr, rows, batch, rank);
             if (l < LAYERS) cluster_sync();  // h_full[l] is whole in every block
             else __syncthreads();
+            PHASE_END(EXCHANGE, l);
         }
 
         // ---- head: partial logits of this block's units, to every block ------------------------
@@ -487,7 +507,10 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 for (int o = 0; o < CLUSTER / 2; ++o) store_remote4(remote(dst, half * (CLUSTER / 2) + o), v);
             }
         }
+        PHASE_SYNC();
+        PHASE_END(HEAD_PARTIALS, 0);
         cluster_sync();  // every block has every block's partial logits
+        PHASE_END(HEAD_BARRIER, 0);
 
         // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
         // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
@@ -534,6 +557,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             }
         }
         __syncthreads();
+        PHASE_END(SOFTMAX, 0);
         {   // dh_L[:, U_c] (with W_h before its update), and the head's gradient
             const float4* h_last = s.h_own + (LAYERS - 1) * SQ * batch;
             const float4* wh4 = reinterpret_cast<const float4*>(s.wh);
@@ -559,6 +583,8 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
             if (bias && tid < CLASSES) s.bh[tid] = fmaf(-lr, s.gwh[CS * S + tid], s.bh[tid]);
         }
+        PHASE_SYNC();
+        PHASE_END(HEAD_GRADIENT, 0);
 
         // ---- backward ---------------------------------------------------------------------------
         for (int l = LAYERS; l >= 1; --l) {
@@ -568,20 +594,43 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 float* inbox = s.region + (l - 1) * batch * HS;  // dh_{l−1}'s inbox: region[l−1]
                 send_input_grad(wt, s.dh, inbox, rows, batch, rank);
                 __syncthreads();  // W_l is read by the products above before its update below
+                PHASE_END(SEND_GRADIENT, l);
                 update_layer(ActivationRows{s.region + (l - 2) * batch * HS}, wt, s.dh, lr, rows, batch);
                 if (bias) update_bias(b, s.dh, lr, rows, batch);
+                PHASE_SYNC();
+                PHASE_END(UPDATE, l);
                 cluster_sync();  // dh_{l−1}'s inbox is full in every block; s.dh is read
+                PHASE_END(BACKWARD_BARRIER, l);
                 gather_input_grad(inbox, s.h_own + (l - 2) * SQ * batch, s.dh, rows, batch);
                 __syncthreads();
+                PHASE_END(GATHER_GRADIENT, l - 1);
             } else {
                 if (X_STRIDE) update_first_layer(StagedRows{s.x}, wt, s.dh, lr, rows, batch);
                 else update_first_layer(x_rows, wt, s.dh, lr, rows, batch);
                 if (bias) update_bias(b, s.dh, lr, rows, batch);
+                PHASE_SYNC();
+                PHASE_END(UPDATE, 1);
             }
         }
         // The next step's first __syncthreads orders these updates before its forward reads them.
     }
 
+#if PHASE_CYCLES
+    if (rank == 0 && tid == 0 && num_steps > 0) {
+        const char* names[PHASES] = {"step start", "forward products", "forward sums, sends, barrier",
+                                     "head partial logits, sends", "head barrier", "softmax", "head gradient",
+                                     "backward products, sends", "weight update", "backward barrier",
+                                     "input gradient sums"};
+        long long total = 0;
+        for (int p = 0; p < PHASES; ++p)
+            for (int l = 0; l <= LAYERS; ++l) total += phase_cycles[p][l];
+        printf("phase cycles per step (block 0, %d steps of %d rows): %lld in all\n", num_steps, batch,
+               total / num_steps);
+        for (int p = 0; p < PHASES; ++p)
+            for (int l = 0; l <= LAYERS; ++l)
+                if (phase_cycles[p][l]) printf("  %-30s layer %d  %8lld\n", names[p], l, phase_cycles[p][l] / num_steps);
+    }
+#endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------
     __syncthreads();
     for (int l = 1; l <= LAYERS; ++l) {

@@ -84,7 +84,7 @@ class PersistentMlp(KernelFile):
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FEATURES": 784, "FEATURE_STRIDE": 784, "HIDDEN": 256,
-               "LAYERS": 3, "CLASSES": 10, "X_STRIDE": 0}
+               "LAYERS": 3, "CLASSES": 10, "X_STRIDE": 0, "PHASE_CYCLES": 0}
     _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 

@@ -17,7 +17,10 @@ share of the input gradients on the way back, so a step of L hidden layers is 2L
 barriers and no block ever needs another's weights. It trains equal hidden sizes that are
 multiples of 64 whose parameters and step buffers fit a block's 227 KB of shared memory (the
 cuda-mnist preset at H = 128 and 256, batch 32); anything else is refused before training, with
-the size it needs. A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
+the size it needs. fp32 on CUDA cores; a step is a chain of short phases, each ending at a block
+or cluster barrier, and is bound by their latency more than by arithmetic
+(scripts/persistent_mlp_phases.py counts the cycles of each). A GPU with thread-block clusters
+(compute capability 9.0: Hopper and later).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class PersistentStage(DeviceLoopStage):
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
     precisions = ("fp32",)
+    mlp_kernel = PersistentMlp  # scripts/persistent_mlp_phases.py swaps in its instrumented build
 
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
@@ -64,7 +68,7 @@ class PersistentStage(DeviceLoopStage):
     def setup_extra(self) -> None:
         super().setup_extra()
         if self.config.hidden:
-            self.persistent_cu = PersistentMlp(self.device, self.shape)
+            self.persistent_cu = self.mlp_kernel(self.device, self.shape)
             biases = [b.ptr if b is not None else 0 for b in self.b]
             self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
         else:
