@@ -10,7 +10,7 @@ status=0
 short=(--steps 3)
 check() {  # check TOOL NAME graphtrain-run-args...
   local tool=$1 name=$2; shift 2
-  if compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 4 --error-exitcode 99 python3 -m graphtrain run "$@" "${short[@]}" \
+  if compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" "${short[@]}" \
       > "$out/$tool-$name.log" 2>&1; then
     echo "ok      $tool $name"
   else
