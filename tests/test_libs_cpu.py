@@ -9,9 +9,11 @@ saying why, when it cannot be loaded. The launch tests need cuda-bindings' Pytho
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import importlib
 import subprocess
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -88,6 +90,16 @@ def test_every_kernel_file_has_a_launcher_module_beside_it(stem):
         assert name in source and f"#define {name}" not in source, name
     for attr, spec in cls.specs().items():
         assert attr == f"_{spec.name}", f"{stem}.py declares kernel {spec.name} as {attr}"
+
+
+def test_every_header_a_launcher_names_exists_and_ships_with_the_package():
+    shipped = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["graphtrain"]
+    named = {header for stem in KERNEL_FILES for header in launcher_class(stem).headers}
+    assert named, "no launcher names a header"
+    for header in named:
+        assert (KERNELS_DIR / header).is_file(), header
+        assert any(fnmatch.fnmatch(f"kernels/{header}", pattern) for pattern in shipped), header
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -487,6 +499,7 @@ def test_only_missing_hardware_or_libraries_are_graphtrain_errors():
 # A `graphtrain run` in a fresh interpreter whose first step (the initial weights) fails as a bug would.
 CLI_WITH_A_BUG = """
 import sys
+import tomllib
 from graphtrain import reference
 from graphtrain.libs import memory
 

@@ -43,7 +43,9 @@ or a value out of range) and calls the driver. `kernel(...)` also takes `cluster
 thread-block cluster, launched through cuLaunchKernelEx), `cooperative=True` (grid-wide sync),
 and `max_shared_bytes=N` (raises the kernel's dynamic shared memory limit once, above the
 default 48 KiB); a launch passes `shared_bytes=N` for its dynamic shared memory. A class may set
-`options` (extra NVRTC options) and `arch_suffix = "a"` (compile for sm_90a: wgmma, setmaxnreg).
+`options` (extra NVRTC options), `arch_suffix = "a"` (compile for sm_90a: wgmma, setmaxnreg) and
+`headers` (`.cuh` files of kernels/ whose text goes before the source: device helpers two files
+share).
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class KernelFile:
     defines: ClassVar[Mapping[str, int | str]] = {}
     options: ClassVar[tuple[str, ...]] = ()
     arch_suffix: ClassVar[str] = ""
+    headers: ClassVar[tuple[str, ...]] = ()
     min_arch: ClassVar[int] = 80  # the oldest architecture the file compiles for (90: clusters)
 
     @classmethod
@@ -167,7 +170,8 @@ class KernelFile:
         """The file compiled for `arch` ("sm_90"), its declarations checked (cached on disk);
         `defines` add to or replace the class's (a kernel specialised for one model's sizes)."""
         path = KERNELS_DIR / f"{cls.stem}.cu"
-        return compile_kernels(path.read_text(encoding="utf-8"), path.name, arch + cls.arch_suffix,
+        source = "".join((KERNELS_DIR / header).read_text(encoding="utf-8") + "\n" for header in cls.headers)
+        return compile_kernels(source + path.read_text(encoding="utf-8"), path.name, arch + cls.arch_suffix,
                                cls.specs().values(), {**cls.defines, **(defines or {})}, cls.options)
 
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):

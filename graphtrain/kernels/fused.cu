@@ -93,15 +93,9 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == j) z = s + (b != nullptr ? b[j] : 0.0f);
     }
-    float m = z;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float e = lane < CLASSES ? expf(z - m) : 0.0f;
-    float total = e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    if (lane < CLASSES)
-        dlogits[(long long)r * CLASSES + lane] = (e / total - (lane == label ? 1.0f : 0.0f)) / (float)rows;
+    float m, total;  // warp_softmax.cuh, put before this file by the launcher
+    const float dl = warp_softmax_grad(z, lane < CLASSES, lane, label, rows, m, total);
+    if (lane < CLASSES) dlogits[(long long)r * CLASSES + lane] = dl;
     if (row_loss != nullptr) {
         const float z_label = __shfl_sync(0xffffffffu, z, label);
         const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z == m);

@@ -21,6 +21,7 @@ MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 
 class Fused(KernelFile):
     stem = "fused"
+    headers = ("warp_softmax.cuh",)
     defines = {"HEAD_THREADS": HEAD_THREADS, "COL_THREADS": COL_THREADS, "CLASSES": 10}  # CLASSES: the model's, per instance
     _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
     _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR,

@@ -50,27 +50,14 @@
 #error "persistent.cu: unsupported SLICE / CLASSES"
 #endif
 
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
-}
-// Arrive (release: this block's writes, remote ones included, become visible) and wait (acquire).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
-// `p`'s address in the shared memory of cluster block `rank`.
-__device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
-    unsigned out;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-    return out;
-}
+// From cluster.cuh and warp_softmax.cuh (put before this file by the launcher): cluster_rank,
+// cluster_sync, remote, copy4_async, async_commit, async_wait_all, step_rows, warp_softmax_grad.
+
 __device__ __forceinline__ double load_remote_f64(unsigned addr) {
     double v; asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory"); return v;
 }
 __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void copy4_async(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 // D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
 // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
@@ -132,8 +119,6 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned 
                  "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
                  "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
-__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The dynamic shared memory, carved for a batch of `batch` rows. Keep in step with the
 // launcher's byte count (kernels/persistent.py: shared_bytes).
@@ -173,9 +158,6 @@ __device__ Smem carve(unsigned char* base, int batch) {
     return s;
 }
 
-__device__ __forceinline__ int step_rows(int step, int batch, int num_samples) {
-    return min(batch, num_samples - step * batch);
-}
 
 // Queue the copies of a step's tile (this block's columns) and of the labels of its owned rows.
 __device__ void fetch(const float* images, const int* labels, const int* order, int rows, unsigned rank,
@@ -288,14 +270,8 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
 #pragma unroll
                 for (int c = 0; c < CLUSTER; ++c) z += s.inbox[(c * r_max + rr) * CLASS_STRIDE + lane];
             }
-            float m = z;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            const float e = lane < CLASSES ? expf(z - m) : 0.0f;
-            float sum = e;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            const float dl = lane < CLASSES ? (e / sum - (lane == label ? 1.0f : 0.0f)) / (float)rows : 0.0f;
+            float m, sum;
+            const float dl = warp_softmax_grad(z, lane < CLASSES, lane, label, rows, m, sum);
             // The row's dlogits to every block, as 16-byte stores: lane p takes block p % CLUSTER
             // and classes 4q..4q+3, q = p / CLUSTER (zeros past the classes).
             for (int base = 0; base < CLUSTER * QUADS; base += 32) {

@@ -58,6 +58,7 @@ class Shape:
 class Persistent(KernelFile):
     stem = "persistent"
     min_arch = 90  # thread-block clusters and distributed shared memory
+    headers = ("cluster.cuh", "warp_softmax.cuh")
     # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "SLICE": 56, "CLASSES": 10, "FEATURES": 784}
     _softmax_epoch = kernel("softmax_epoch", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,

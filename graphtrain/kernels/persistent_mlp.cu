@@ -73,28 +73,13 @@
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
-}
-// Arrive (release: this block's writes, remote ones included, become visible) and wait (acquire).
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// `p`'s address in the shared memory of cluster block `rank`.
-__device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
-    unsigned out;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-    return out;
-}
+// From cluster.cuh (put before this file by the launcher): cluster_rank, cluster_sync, remote,
+// copy4_async, async_commit, async_wait_all, step_rows.
+
 __device__ __forceinline__ void store_remote4(unsigned addr, float4 v) {
     asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
                  "f"(v.w) : "memory");
 }
-__device__ __forceinline__ void copy4_async(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
@@ -157,9 +142,6 @@ __device__ Smem carve(unsigned char* base, int batch) {
 
 __device__ __forceinline__ float* layer_weights(const Smem& s, int l) {  // wt of hidden layer l (1-based)
     return l == 1 ? s.w1 : s.w + (l - 2) * HIDDEN * S;
-}
-__device__ __forceinline__ int step_rows(int step, int batch, int num_samples) {
-    return min(batch, num_samples - step * batch);
 }
 
 // The rows of a product's left operand: a batch of images in global memory, or h_full in shared.

@@ -81,6 +81,7 @@ class MlpShape:
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
+    headers = ("cluster.cuh",)
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FEATURES": 784, "FEATURE_STRIDE": 784, "HIDDEN": 256,
