@@ -25,9 +25,10 @@ NEW_RUNGS = ["fused", "bf16", "device-loop", "persistent"]
 # numpy (~1e-6). bf16 operands keep 8 mantissa bits (each off by up to 2^-9 ≈ 2e-3 relative), and
 # an MLP's update compounds several: the batch, the activations, the weights' copies and dX of
 # every layer above. Measured on H100 at 2.8e-2 to 3.2e-2 for the first layer of a 3-layer MLP,
-# so 5e-2 for one step; over an epoch of four steps the roundings compound (measured 5.4e-2 and
-# 7.3e-2), so 0.15 there. A wrong step (a missing mask, a transposed operand) errs by order 1.
-TOLERANCE = {"fused": 1e-4, "bf16": 5e-2, "device-loop": 5e-2, "persistent": 1e-4}
+# and at 5.3e-2 for one seed's first-layer bias (seed 9422), so 0.1 for one step; over an epoch of
+# four steps the roundings compound (measured 5.4e-2 and 7.3e-2), so 0.15 there. A wrong step (a
+# missing mask, a transposed operand) errs by order 1.
+TOLERANCE = {"fused": 1e-4, "bf16": 0.1, "device-loop": 0.1, "persistent": 1e-4}
 EPOCH_TOLERANCE = {**TOLERANCE, "bf16": 0.15, "device-loop": 0.15}
 MODELS = {
     "softmax-regression": dict(hidden=(), bias=True),
