@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
-THREADS = 256  # per block; measured faster than 512 or 1024 on an H100 (fewer threads per barrier)
+COMPUTE_WARPS = 16  # run the phases: one 16×8 tile of A's partials, or half of one of C's, each
+FETCH_WARPS = 2  # copy the next batch in while the compute warps train the current one
+THREADS = 32 * (COMPUTE_WARPS + FETCH_WARPS)
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a Hopper block may opt in to
 
@@ -35,15 +37,20 @@ class Shape:
 
     @property
     def shared_bytes(self) -> int:
-        """persistent.cu's `carve`, in bytes: two mbarriers, totals (double), floats, then ints."""
+        """persistent.cu's `carve`, in bytes: six mbarriers, totals (double), floats, then ints."""
         class_stride = ceil_div(self.classes, 4) * 4
         n_tiles = ceil_div(self.classes, 8)
         class_pad = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
-        x_stride, tile_rows = self.slice + 4, ceil_div(self.batch, 16) * 16
+        x_stride, rows16 = self.slice + 4, ceil_div(self.batch, 16) * 16
         owned = ceil_div(self.batch, CLUSTER)
-        floats = (self.slice * class_pad + class_stride + 2 * tile_rows * x_stride
-                  + CLUSTER * owned * class_stride + tile_rows * class_pad)
-        return 8 * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (2 * self.batch + 2 * owned)
+        c_tiles = ceil_div(self.slice + 1, 16) * n_tiles
+        floats = (self.slice * class_pad + class_stride + 2 * rows16 * x_stride
+                  + CLUSTER * owned * class_stride + rows16 * class_pad + 2 * c_tiles * 32 * 4)
+        return 8 * 6 + 8 * (2 + 2 * COMPUTE_WARPS) + 4 * floats + 4 * (self.batch + 2 * owned)
+
+    @property
+    def defines(self) -> dict[str, int]:
+        return {"SLICE": self.slice, "CLASSES": self.classes, "FEATURES": self.features, "BATCH": self.batch}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -58,15 +65,16 @@ class Shape:
 class Persistent(KernelFile):
     stem = "persistent"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "warp_softmax.cuh")
+    headers = ("cluster.cuh",)
     # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "SLICE": 56, "CLASSES": 10, "FEATURES": 784}
-    _softmax_epoch = kernel("softmax_epoch", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
+    defines = {"CLUSTER": CLUSTER, "COMPUTE_WARPS": COMPUTE_WARPS, "FETCH_WARPS": FETCH_WARPS,
+               **Shape(784, 10, 128).defines}
+    _softmax_epoch = kernel("softmax_epoch", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32,
                     cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
     def __init__(self, device, shape: Shape):
         self.shape = shape
-        super().__init__(device, {"SLICE": shape.slice, "CLASSES": shape.classes, "FEATURES": shape.features})
+        super().__init__(device, shape.defines)
 
     def train_epoch(self, stream, images: int, labels: int, order: int, w: int, b: int, num_samples: int,
                     num_steps: int, lr: float, metrics: int, measure: bool) -> None:
@@ -74,4 +82,4 @@ class Persistent(KernelFile):
         batch may be shorter), W (classes × features) and b (0: no bias) updated in place;
         metrics += (Σ loss, #correct) when measuring. `images`: num_samples × padded_features."""
         self._softmax_epoch(stream, CLUSTER, THREADS, images, labels, order, w, b, int(b != 0), num_samples,
-                    self.shape.batch, num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
+                            num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
