@@ -3,6 +3,7 @@ and the promises each makes: nodes per step, launches per epoch, same seed → s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -72,8 +73,21 @@ def reference_epoch(cfg: TrainConfig, data: Dataset, num_batches: int):
 @pytest.mark.parametrize("name", NEW_RUNGS)
 def test_one_step_update_matches_float64(name, model):
     seed = int.from_bytes(os.urandom(2), "little")
+    check_one_step(name, model_of(name, model), Dataset.synthetic(1000, 300, seed=seed), seed)
+
+
+def test_persistent_one_step_with_8bit_inputs_matches_float64():
+    """Pixels k/255 (as loaded from uint8): the kernel reads k, and its products with the images
+    take two passes instead of three (persistent.cu: PIXEL_LEVELS)."""
+    seed = int.from_bytes(os.urandom(2), "little")
     data = Dataset.synthetic(1000, 300, seed=seed)
-    cfg = TrainConfig(**model_of(name, model), batch=100, epochs=1, lr=0.1, seed=seed)
+    data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
+    stage = check_one_step("persistent", MODELS["softmax-regression"], data, seed)
+    assert stage.shape.pixel_levels == 255, f"seed {seed}"
+
+
+def check_one_step(name: str, model: dict, data: Dataset, seed: int):
+    cfg = TrainConfig(**model, batch=100, epochs=1, lr=0.1, seed=seed)
     with stage_for(name, cfg, data) as stage:
         stage.setup()
         result = stage.train_epoch(0, num_batches=1, measure=True)
@@ -90,6 +104,7 @@ def test_one_step_update_matches_float64(name, model):
         assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < tol, f"seed {seed}"
         if cfg.bias:
             assert rel_err(got.b.astype(np.float64) - old.b, ref.b - old.b) < tol, f"seed {seed}"
+    return stage
 
 
 @pytest.mark.parametrize("name,hidden,batch", [

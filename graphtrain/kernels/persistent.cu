@@ -33,7 +33,8 @@
 // The products of A and C run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in
 // three passes, which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its
 // top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
-// truncation ~2⁻²⁰ of the product. A warp takes one 16×8 tile of A's partials, or half of the
+// truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
+// products with x take two passes. A warp takes one 16×8 tile of A's partials, or half of the
 // k range (the batch's rows) of one 16×8 tile of C's gradients, with even and odd k-steps in
 // separate sums so that no chain of dependent mma is longer than a quarter of the k range; C's
 // two halves meet in shared memory and are added in a fixed order. Every sum runs in a fixed
@@ -41,8 +42,8 @@
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
-// takes the same code with fewer rows). Images are float32 rows of CLUSTER·SLICE, zero past
-// FEATURES (as W is there). Without a bias (bias = 0), b stays zero.
+// takes the same code with fewer rows), PIXEL_LEVELS (below). Images are float32 rows of
+// CLUSTER·SLICE, zero past FEATURES (as W is there). Without a bias (bias = 0), b stays zero.
 
 #define PADDED_FEATURES (CLUSTER * SLICE)
 #define COMPUTE_THREADS (32 * COMPUTE_WARPS)
@@ -61,6 +62,16 @@
 #define R_MAX ((BATCH + CLUSTER - 1) / CLUSTER)  // owned rows of a full step
 #define C_K_HALF (ROWS16 / 16)      // phase C's k-steps (8 rows each) per half
 #define FETCH_ROWS ((BATCH + FETCH_WARPS - 1) / FETCH_WARPS)  // a fetch warp's rows of a tile
+
+// PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the
+// images then hold k itself, exact in TF32, so the products with x take two passes, not three,
+// and x's unit 1/255 goes into the logits and the step. 0: any floats, three passes.
+#if PIXEL_LEVELS
+#define X_LEVELS PIXEL_LEVELS  // 1 in x's unit, exact (1 / X_UNIT in float is not)
+#else
+#define X_LEVELS 1
+#endif
+#define X_UNIT (1.0f / X_LEVELS)
 
 #if SLICE % 8 != 0 || CLASSES > 32 || 32 % CLUSTER != 0 || COMPUTE_THREADS % CLUSTER != 0
 #error "persistent.cu: unsupported SLICE / CLASSES"
@@ -94,15 +105,24 @@ __device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N
         lo[i] = __float_as_uint(v[i] - __uint_as_float(hi[i]));
     }
 }
-// The three passes of a tile's product, each into a sum of its own so that the chains of
-// dependent mma stay one per k-step: hi·hi, lo_a·hi_b, hi_a·lo_b. The caller adds them last,
-// small terms first.
+// The passes of a tile's product, each into a sum of its own so that the chains of dependent
+// mma stay one per k-step: hi·hi, lo_a·hi_b, hi_a·lo_b. The caller adds them last, small terms
+// first.
 struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
-__device__ __forceinline__ void mma_3xtf32(Sums3& d, const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
-                                           const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
-    mma_tf32(d.lh, a_lo, b_hi);
-    mma_tf32(d.hl, a_hi, b_lo);
-    mma_tf32(d.hh, a_hi, b_hi);
+// x·v for x from a tile (the A operand) and v = hi + lo: with 8-bit inputs x is exact in TF32
+// and two passes suffice (hi·x, lo·x), else x too is split and lo_x·hi_v is the third.
+__device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsigned (&v_hi)[2], const unsigned (&v_lo)[2]) {
+    unsigned x_hi[4];
+#if PIXEL_LEVELS
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x_hi[i] = __float_as_uint(x[i]);
+#else
+    unsigned x_lo[4];
+    split_tf32(x, x_hi, x_lo);
+    mma_tf32(d.lh, x_lo, v_hi);
+#endif
+    mma_tf32(d.hl, x_hi, v_lo);
+    mma_tf32(d.hh, x_hi, v_hi);
 }
 __device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
 // Stores into cluster block `rank`'s shared memory that count their bytes on that block's
@@ -271,10 +291,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         for (int k = 0; k < SLICE; k += 8) {
             const float a[4] = {xa[k], xa[8 * X_STRIDE + k], xa[k + 4], xa[8 * X_STRIDE + k + 4]};
             const float b[2] = {wb[k * CLASS_PAD], wb[(k + 4) * CLASS_PAD]};
-            unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
-            split_tf32(a, a_hi, a_lo);
+            unsigned b_hi[2], b_lo[2];
             split_tf32(b, b_hi, b_lo);
-            mma_3xtf32(sums[(k / 8) & 1], a_hi, a_lo, b_hi, b_lo);
+            mma_x(sums[(k / 8) & 1], a, b_hi, b_lo);
         }
         const int j = 8 * n + 2 * t;  // this lane's classes j, j + 1: one 8-byte store a row
 #pragma unroll
@@ -298,9 +317,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     for (int i = me.tid; i < owned * CLUSTER; i += COMPUTE_THREADS) {
         const int rr = i / CLUSTER, c = i - rr * CLUSTER, r = own_lo + rr;
         const int label = s.labels[cur * R_MAX + rr];
-        float z[CLASS_STRIDE];
-#pragma unroll
-        for (int q = 0; q < QUADS; ++q) reinterpret_cast<float4*>(z)[q] = reinterpret_cast<const float4*>(s.b)[q];
+        float z[CLASS_STRIDE] = {};  // Σ_c partial_c, in x's unit, then the logits
 #pragma unroll
         for (int from = 0; from < CLUSTER; ++from) {
             const float4* partial = reinterpret_cast<const float4*>(s.inbox + (from * R_MAX + rr) * CLASS_STRIDE);
@@ -310,6 +327,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
                 z[4 * q] += v.x; z[4 * q + 1] += v.y; z[4 * q + 2] += v.z; z[4 * q + 3] += v.w;
             }
         }
+#pragma unroll
+        for (int j = 0; j < CLASS_STRIDE; ++j) z[j] = s.b[j] + X_UNIT * z[j];
         float m = z[0];
 #pragma unroll
         for (int j = 1; j < CLASSES; ++j) m = fmaxf(m, z[j]);
@@ -348,10 +367,10 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         const int half = task / C_TILES, tile = task - half * C_TILES;
         const int m = tile / N_TILES, n = tile - m * N_TILES;
         const int f0 = 16 * m + g, f1 = f0 + 8;
-        // A[f][r] = x[r][f] for a feature, 1 for the bias row, 0 past it.
+        // A[f][r] = x[r][f] for a feature, 1 for the bias row (in x's unit), 0 past it.
         const float* x0 = x + min(f0, SLICE - 1);
         const float* x1 = x + min(f1, SLICE - 1);
-        const float c0 = f0 == SLICE ? 1.0f : 0.0f, c1 = f1 == SLICE ? 1.0f : 0.0f;
+        const float c0 = f0 == SLICE ? (float)X_LEVELS : 0.0f, c1 = f1 == SLICE ? (float)X_LEVELS : 0.0f;
         const bool in0 = f0 < SLICE, in1 = f1 < SLICE;
         const float* db = s.dl + t * CLASS_PAD + 8 * n + g;
         Sums3 sums[2];  // even and odd k-steps
@@ -361,10 +380,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             const int r0 = (k + t) * X_STRIDE, r1 = r0 + 4 * X_STRIDE;
             const float a[4] = {in0 ? x0[r0] : c0, in1 ? x1[r0] : c1, in0 ? x0[r1] : c0, in1 ? x1[r1] : c1};
             const float b[2] = {db[k * CLASS_PAD], db[(k + 4) * CLASS_PAD]};
-            unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
-            split_tf32(a, a_hi, a_lo);
+            unsigned b_hi[2], b_lo[2];
             split_tf32(b, b_hi, b_lo);
-            mma_3xtf32(sums[i & 1], a_hi, a_lo, b_hi, b_lo);
+            mma_x(sums[i & 1], a, b_hi, b_lo);
         }
         float4 part;
         part.x = total(sums[0], 0) + total(sums[1], 0); part.y = total(sums[0], 1) + total(sums[1], 1);
@@ -382,8 +400,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         for (int i = 0; i < 4; ++i) {  // D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
             const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
             if (j >= CLASSES) continue;
-            if (f < SLICE) s.w[f * CLASS_PAD + j] -= lr * grads[i];
-            else if (f == SLICE && bias) s.b[j] -= lr * grads[i];
+            if (f < SLICE) s.w[f * CLASS_PAD + j] -= lr * X_UNIT * grads[i];
+            else if (f == SLICE && bias) s.b[j] -= lr * X_UNIT * grads[i];
         }
     }
     compute_sync();  // the updates before the next step's phase A reads W and b

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
@@ -25,6 +27,7 @@ class Shape:
     features: int
     classes: int
     batch: int
+    pixel_levels: int = 0  # 255: the images are 8-bit pixels k/255 and the kernel reads k (see pixel_levels())
 
     @property
     def slice(self) -> int:
@@ -50,7 +53,8 @@ class Shape:
 
     @property
     def defines(self) -> dict[str, int]:
-        return {"SLICE": self.slice, "CLASSES": self.classes, "FEATURES": self.features, "BATCH": self.batch}
+        return {"SLICE": self.slice, "CLASSES": self.classes, "FEATURES": self.features, "BATCH": self.batch,
+                "PIXEL_LEVELS": self.pixel_levels}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -60,6 +64,23 @@ class Shape:
             return (f"batch {self.batch} of {self.features} features, whose step needs {self.shared_bytes} bytes "
                     f"of shared memory per block (at most {MAX_SHARED_BYTES})")
         return None
+
+
+def pixel_levels(images: np.ndarray) -> int:
+    """255 where every value is k/255 for an integer k (8-bit pixels, as loaded from uint8), else 0.
+
+    With 255 the kernel is given k itself, exact in TF32, so its products with the images take
+    two tensor-core passes instead of three (persistent.cu: PIXEL_LEVELS)."""
+    levels = np.rint(images * np.float32(255))
+    return 255 if np.array_equal(levels / np.float32(255), images) else 0
+
+
+def kernel_images(images: np.ndarray, shape: Shape) -> np.ndarray:
+    """The training images as the kernel reads them: rows of `shape.padded_features` (zero past
+    the features), in units of 1/pixel_levels where the shape has them."""
+    rows = np.zeros((len(images), shape.padded_features), np.float32)
+    rows[:, :shape.features] = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
+    return rows
 
 
 class Persistent(KernelFile):

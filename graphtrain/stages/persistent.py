@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain.errors import ModelUnsupported
-from graphtrain.kernels.persistent import Persistent, Shape
+from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.stages.device_loop import DeviceLoopStage
@@ -45,7 +45,7 @@ class PersistentStage(DeviceLoopStage):
         if cfg.hidden:
             self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch)
         else:
-            self.shape = Shape(features, cfg.classes, cfg.batch)
+            self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
         refusal = self.shape.refusal()
         if refusal is not None:
             raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
@@ -57,10 +57,11 @@ class PersistentStage(DeviceLoopStage):
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
-        # The training images again where the kernel reads rows of another length: padded to whole
-        # 16-byte copies per block (softmax regression) or in all (an MLP).
+        # The training images again where the kernel reads them otherwise: rows padded to whole
+        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k.
         self.padded_images = None
-        if self.shape.padded_features != self.config.in_features:
+        eight_bit = not self.config.hidden and self.shape.pixel_levels
+        if self.shape.padded_features != self.config.in_features or eight_bit:
             self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features))
         if self.config.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
@@ -75,8 +76,11 @@ class PersistentStage(DeviceLoopStage):
             self.persistent_cu = Persistent(self.device, self.shape)
         self.images = self.train_images
         if self.padded_images is not None:
-            padded = np.zeros((self.num_train, self.shape.padded_features), np.float32)
-            padded[:, :self.config.in_features] = self.data.train_images
+            if self.config.hidden:
+                padded = np.zeros((self.num_train, self.shape.padded_features), np.float32)
+                padded[:, :self.config.in_features] = self.data.train_images
+            else:
+                padded = kernel_images(self.data.train_images, self.shape)
             self.padded_images.upload(padded, self.stream)
             self.images = self.padded_images
 
@@ -103,6 +107,9 @@ class PersistentStage(DeviceLoopStage):
     def environment(self) -> dict:
         env = super().environment()
         env.pop("device_loop")  # no graph here: one kernel per epoch
+        if not self.config.hidden:
+            env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
+                                          if self.shape.pixel_levels else "3xTF32 mma: three passes")
         return env
 
     def close(self) -> None:

@@ -1,0 +1,58 @@
+"""The persistent softmax-regression kernel without a GPU: which inputs take the two-pass
+products, the images as the kernel reads them, and that it compiles for each kind of shape."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from graphtrain.data import images as images_mod
+from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
+from graphtrain.libs import nvrtc
+
+ELF_MAGIC = b"\x7fELF"
+
+
+@pytest.fixture(scope="module")
+def nvrtc_available() -> str:
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda.bindings.nvrtc cannot be imported")
+    return nvrtc.version()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(tmp_path / "kernel-cache"))
+
+
+def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
+    seed = int.from_bytes(os.urandom(2), "little")
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(50, 28, 28), dtype=np.uint8)
+    features = images_mod.to_features(pixels, "test")  # as every loader makes them: k / 255 in float32
+    assert pixel_levels(features) == 255, f"seed {seed}"
+    shape = Shape(784, 10, 128, pixel_levels=255)
+    rows = kernel_images(features, shape)
+    assert rows.shape == (50, shape.padded_features) and rows.dtype == np.float32
+    assert np.array_equal(rows[:, :784], pixels.reshape(50, -1).astype(np.float32)), f"seed {seed}"
+    assert not rows[:, 784:].any()
+
+
+def test_other_floats_keep_the_three_pass_products():
+    seed = int.from_bytes(os.urandom(2), "little")
+    features = np.random.default_rng(seed).uniform(0, 1, size=(50, 784)).astype(np.float32)
+    assert pixel_levels(features) == 0, f"seed {seed}"
+    almost = images_mod.to_features(np.full((2, 784), 7, np.uint8), "test")
+    almost[1, 3] = np.nextafter(almost[1, 3], np.float32(1))  # one value a float ulp off 7/255
+    assert pixel_levels(almost) == 0
+    rows = kernel_images(features, Shape(784, 10, 128))
+    assert np.array_equal(rows[:, :784], features), f"seed {seed}"
+
+
+@pytest.mark.parametrize("shape", [
+    Shape(784, 10, 128, 255), Shape(784, 10, 128), Shape(784, 10, 100), Shape(784, 10, 300, 255),
+    Shape(30, 3, 16), Shape(784, 17, 64),
+])
+def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
+    assert shape.refusal() is None
+    assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
