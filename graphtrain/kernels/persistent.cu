@@ -24,21 +24,23 @@
 // Warps have two roles. COMPUTE_WARPS run the phases; FETCH_WARPS only copy batches in: step
 // t+1's tile of this block's columns (and the labels of its owned rows) goes into the second of
 // two buffers with cp.async while step t trains; each fetch thread arrives on that buffer's
-// `tile_full` mbarrier once its copies have landed, and refills a buffer only once every compute
-// thread has marked it free (`tile_empty`, after phase C's products read it). So no copy is
-// issued and no dependent global load (order → bytes, order → label) waits on a step's path;
-// within a step the compute warps meet only at two named barriers, both in phase C. (Bulk
-// copies, one a row, were slower: they held up the exchanges' stores.)
+// `tile_full` mbarrier once its copies have landed. A buffer is refilled once every compute
+// thread has sent step t's partial logits (`sent`): step t − 1, the buffer's last user, is done
+// then, and the compute warps spend the next while waiting for the exchanges, so the copies
+// hardly delay their loads. So no copy is issued and no dependent global load (order → bytes,
+// order → label) waits on a step's path; within a step the compute warps meet only at two named
+// barriers, both in phase C. (Bulk copies, one a row, were slower: they held up the exchanges.)
 //
 // The products of A and C run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in
 // three passes, which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its
 // top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
 // truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
-// products with x take two passes. A warp takes one 16×8 tile of A's partials, or half of the
-// k range (the batch's rows) of one 16×8 tile of C's gradients, with even and odd k-steps in
-// separate sums so that no chain of dependent mma is longer than a quarter of the k range; C's
-// two halves meet in shared memory and are added in a fixed order. Every sum runs in a fixed
-// order, without atomics: the same seed gives the same weights bit for bit.
+// products with x take two passes. W is kept split (hi, lo) and dlogits arrive split, so only x
+// is split in the loop, and only for other inputs. What bounds both products is shared memory's
+// bandwidth, not the tensor cores: so a warp takes two 16-row tiles of all classes (A), or two
+// 16-feature tiles of all classes over a part of the k range (C), and loads each operand
+// fragment once for all the tiles it serves. Every sum runs in a fixed order, without atomics:
+// the same seed gives the same weights bit for bit.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
@@ -48,19 +50,24 @@
 #define PADDED_FEATURES (CLUSTER * SLICE)
 #define COMPUTE_THREADS (32 * COMPUTE_WARPS)
 #define THREADS (32 * (COMPUTE_WARPS + FETCH_WARPS))
-#define CLASS_STRIDE ((CLASSES + 3) / 4 * 4)  // floats per row of the bias, the inbox
 #define N_TILES ((CLASSES + 7) / 8)           // the classes in mma columns of 8
-#define QUADS (CLASS_STRIDE / 4)              // the classes in 16-byte pieces
-// Rows of W (per feature) and of dlogits (per sample): N_TILES·8 classes, the stride ≡ 8 or 24
-// (mod 32 banks) so that a B fragment's lanes (k = lane % 4, n = lane / 4) hit 32 banks.
-#define CLASS_PAD (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
-#define X_STRIDE (SLICE + 4)        // floats per tile row: A fragments of phase A hit 32 banks
+#define PAIRS ((CLASSES + 1) / 2)             // a row's dlogits in 16-byte (hi, lo, hi, lo) pieces
+#define ROW_LANES (CLASSES <= 16 ? 16 : 32)   // phase B's threads per row: a class each
+#define INBOX_STRIDE ROW_LANES                // floats per row of the inbox
+// Classes per feature pair of W and per row of dlogits, each class an 8-byte (hi, lo) or
+// (even, odd feature) pair: ≡ 4 (mod 16), so that a fragment's 8-byte loads (k = lane % 4,
+// n = lane / 4) spread over all 32 banks.
+#define PAIR_STRIDE ((N_TILES * 8 + 11) / 16 * 16 + 4)
 #define C_M_TILES ((SLICE + 1 + 15) / 16)  // phase C's rows: the slice's features, then the bias
 #define C_TILES (C_M_TILES * N_TILES)
+#define X_COLS (16 * C_M_TILES)     // a tile row as phase C reads it: features, the bias's input, zeros
+#define X_STRIDE ((X_COLS + 23) / 32 * 32 + 8)  // ≡ 8 (mod 32): A's 8-byte and C's 4-byte loads hit 32 banks
 #define CHUNKS_PER_ROW (SLICE / 4)  // 16-byte copies per row of a tile
 #define ROWS16 ((BATCH + 15) / 16 * 16)  // rows of a tile and of dlogits: whole mma tiles
 #define R_MAX ((BATCH + CLUSTER - 1) / CLUSTER)  // owned rows of a full step
-#define C_K_HALF (ROWS16 / 16)      // phase C's k-steps (8 rows each) per half
+#define C_M_PAIRS ((C_M_TILES + 1) / 2)
+#define C_K_STEPS (ROWS16 / 8)      // phase C's k-steps of 8 rows (an even number)
+#define C_K_PARTS (C_K_STEPS % 4 == 0 ? 4 : 2)  // phase C's k range split over warps
 #define FETCH_ROWS ((BATCH + FETCH_WARPS - 1) / FETCH_WARPS)  // a fetch warp's rows of a tile
 
 // PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the
@@ -171,31 +178,35 @@ struct Smem {
     unsigned long long* inbox_full;  // this step's partial logits of the owned rows have arrived
     unsigned long long* dl_full;     // this step's dlogits have arrived
     unsigned long long* tile_full;   // [2] a tile buffer's copies (and its labels') have landed
-    unsigned long long* tile_empty;  // [2] the compute warps are done reading a tile buffer
-    double* totals;   // [2 + 2·COMPUTE_WARPS]      block totals of loss and correct, then per warp
-    float* w;         // [SLICE][CLASS_PAD]         this block's slice of W, feature-major
-    float* b;         // [CLASS_STRIDE]             this block's copy of the bias
-    float* x;         // [2][ROWS16][X_STRIDE]      this step's tile and the next one's
-    float* inbox;     // [CLUSTER][R_MAX][CLASS_STRIDE]  partial logits of the owned rows, per block
-    float* dl;        // [ROWS16][CLASS_PAD]        dlogits, pushed by the rows' owners
-    float* dw_half;   // [2][C_TILES][32][4]        phase C's sums over each half of the rows
-    int* order;       // [BATCH]                    a tile's sample indices, for the fetch warps
-    int* labels;      // [2][R_MAX]                 labels of the owned rows, per tile buffer
+    unsigned long long* sent;        // the compute threads have sent this step's partial logits
+    double* totals;     // [2 + 2·COMPUTE_WARPS]        block totals of loss and correct, then per warp
+    float2* w_hi;       // [SLICE/2][PAIR_STRIDE]       this block's slice of W as W = hi + lo (hi: TF32),
+    float2* w_lo;       //                              (W[2p][j], W[2p+1][j]) at [p][j]
+    float* b;           // [ROW_LANES]                  this block's copy of the bias
+    float* x;           // [2][ROWS16][X_STRIDE]        this step's tile and the next one's
+    float* inbox;       // [CLUSTER][R_MAX][INBOX_STRIDE]  partial logits of the owned rows, per block
+    float2* dl;         // [ROWS16][PAIR_STRIDE]        dlogits as (hi, lo), pushed by the rows' owners
+    float2* dl_row;     // [R_MAX + 1][ROW_LANES]       an owned row's (hi, lo), gathered for sending
+    float* dw_parts;    // [C_K_PARTS][C_TILES][32][4]  phase C's sums over each part of the rows
+    int* order;         // [BATCH]                      a tile's sample indices, for the fetch warps
+    int* labels;        // [2][R_MAX]                   labels of the owned rows, per tile buffer
 };
 
 __device__ Smem carve(unsigned char* base) {
     Smem s;
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(base);
-    s.inbox_full = bars; s.dl_full = bars + 1; s.tile_full = bars + 2; s.tile_empty = bars + 4;
-    double* d = reinterpret_cast<double*>(bars + 6);
+    s.inbox_full = bars; s.dl_full = bars + 1; s.tile_full = bars + 2; s.sent = bars + 4;
+    double* d = reinterpret_cast<double*>(bars + 6);  // five barriers and a pad: the floats start 16-byte aligned
     s.totals = d; d += 2 + 2 * COMPUTE_WARPS;
     float* f = reinterpret_cast<float*>(d);  // every region below starts 16-byte aligned
-    s.w = f; f += SLICE * CLASS_PAD;
-    s.b = f; f += CLASS_STRIDE;
+    s.w_hi = reinterpret_cast<float2*>(f); f += SLICE * PAIR_STRIDE;
+    s.w_lo = reinterpret_cast<float2*>(f); f += SLICE * PAIR_STRIDE;
+    s.b = f; f += ROW_LANES;
     s.x = f; f += 2 * ROWS16 * X_STRIDE;
-    s.inbox = f; f += CLUSTER * R_MAX * CLASS_STRIDE;
-    s.dl = f; f += ROWS16 * CLASS_PAD;
-    s.dw_half = f; f += 2 * C_TILES * 32 * 4;
+    s.inbox = f; f += CLUSTER * R_MAX * INBOX_STRIDE;
+    s.dl = reinterpret_cast<float2*>(f); f += 2 * ROWS16 * PAIR_STRIDE;
+    s.dl_row = reinterpret_cast<float2*>(f); f += 2 * (R_MAX + 1) * ROW_LANES;
+    s.dw_parts = f; f += C_K_PARTS * C_TILES * 32 * 4;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += BATCH;
     s.labels = i;
@@ -203,6 +214,11 @@ __device__ Smem carve(unsigned char* base) {
 }
 
 __device__ __forceinline__ int owned_rows(int rows) { return (rows + CLUSTER - 1) / CLUSTER; }
+// v = hi + lo, hi a TF32 value (see split_tf32)
+__device__ __forceinline__ float2 split_pair(float v) {
+    const float hi = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+    return make_float2(hi, v - hi);
+}
 
 // A fetch warp's loop: rows [FETCH_ROWS·warp, FETCH_ROWS·(warp + 1)) of every step's tile
 // (16-byte cp.async copies of this block's columns) and the labels of the owned rows among them;
@@ -228,7 +244,11 @@ __device__ void fetch_epoch(const Smem& s, const float* images, const int* label
         const int buffer = step & 1, rows = step_rows(step, BATCH, num_samples);
         const int r_own = owned_rows(rows), own_lo = min(rows, (int)rank * r_own);
         const int owned = min(rows, own_lo + r_own) - own_lo;
-        if (step >= 2) mbarrier_wait(s.tile_empty + buffer, ((step >> 1) & 1) ^ 1);  // step − 2 is done
+        // Step − 1's partials are sent, so step − 2 (whose buffer this is) is done; and the compute
+        // warps now wait for the exchanges, so the copies hardly delay their loads. (Step 1 waits
+        // too, though its buffer is fresh: a parity wait tells apart only the phase it waits for
+        // and the one after, so each wait must find the one before it complete.)
+        if (step >= 1) mbarrier_wait(s.sent, (step - 1) & 1);
 #pragma unroll
         for (int i = 0; i < ROWS_PER_LANE; ++i) {
             const int local = lane + 32 * i, r = row0 + local;
@@ -255,8 +275,8 @@ __device__ void fetch_epoch(const Smem& s, const float* images, const int* label
 struct Compute {
     unsigned rank;
     int tid, lane, warp, g, t;  // g, t: an mma fragment's row group and column pair
-    unsigned dl_to, dl_full_to;  // this thread's dlogit stores in phase B: to block tid % CLUSTER
-    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the threads of phase B that send to block 0
+    unsigned dl_to, dl_full_to;  // phase B: this thread's block (lane % ROW_LANES) and its barrier
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the threads of phase B of class 0
 };
 
 // One step of `rows` samples (BATCH for all but a short last one; inlined, so that a full step's
@@ -272,136 +292,166 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     mbarrier_wait(s.tile_full + cur, (step >> 1) & 1);  // this step's tile and labels have landed
     if (me.tid == 0) {  // what this step will receive: partials of the owned rows, all dlogits
         mbarrier_expect(s.inbox_full, owned * CLUSTER * CLASSES * 4);
-        mbarrier_expect(s.dl_full, rows * QUADS * 16);
+        mbarrier_expect(s.dl_full, rows * PAIRS * 16);
     }
     // A short step: phase C's k-steps run past its rows, where dlogits must be zero (no block
     // pushes there this step; an earlier step's values are still in place).
     if (rows < ROWS16)
-        for (int i = rows * CLASS_PAD + me.tid; i < ROWS16 * CLASS_PAD; i += COMPUTE_THREADS) s.dl[i] = 0.0f;
+        for (int i = rows * PAIR_STRIDE + me.tid; i < ROWS16 * PAIR_STRIDE; i += COMPUTE_THREADS) s.dl[i] = make_float2(0.0f, 0.0f);
 
     // ---- A: partial logits of this block's features, pushed to each row's owner ----------------
-    // P = x·W_sliceᵀ, a warp a 16×8 tile: rows 16m.., classes 8n.., k over the slice's features.
+    // P = x·W_sliceᵀ, a warp two 16-row tiles (m0, m1) of all classes, k over the slice's features:
+    // shared memory's bandwidth bounds this phase, and a warp loads W's fragments once for both
+    // tiles. Within a k-step of 8 features, mma slot t takes feature 2t and slot t + 4 feature
+    // 2t + 1 (any order of k gives the same sum), so each operand pair is one 8-byte load.
     const int m_tiles = (rows + 15) / 16;
-    for (int task = warp; task < m_tiles * N_TILES; task += COMPUTE_WARPS) {
-        const int m = task / N_TILES, n = task - m * N_TILES;
-        const float* xa = x + (16 * m + g) * X_STRIDE + t;
-        const float* wb = s.w + t * CLASS_PAD + 8 * n + g;
-        Sums3 sums[2];  // even and odd k-steps
+    for (int pair = warp; 2 * pair < m_tiles; pair += COMPUTE_WARPS) {
+        const int m0 = 2 * pair, m1 = min(m0 + 1, m_tiles - 1);  // m1 = m0: one tile, done twice
+        const float* xa0 = x + (16 * m0 + g) * X_STRIDE + 2 * t;
+        const float* xa1 = x + (16 * m1 + g) * X_STRIDE + 2 * t;
+        const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
+        const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
+        Sums3 sums[2][N_TILES];
 #pragma unroll
         for (int k = 0; k < SLICE; k += 8) {
-            const float a[4] = {xa[k], xa[8 * X_STRIDE + k], xa[k + 4], xa[8 * X_STRIDE + k + 4]};
-            const float b[2] = {wb[k * CLASS_PAD], wb[(k + 4) * CLASS_PAD]};
-            unsigned b_hi[2], b_lo[2];
-            split_tf32(b, b_hi, b_lo);
-            mma_x(sums[(k / 8) & 1], a, b_hi, b_lo);
-        }
-        const int j = 8 * n + 2 * t;  // this lane's classes j, j + 1: one 8-byte store a row
+            const float2 top0 = *reinterpret_cast<const float2*>(xa0 + k), bottom0 = *reinterpret_cast<const float2*>(xa0 + 8 * X_STRIDE + k);
+            const float2 top1 = *reinterpret_cast<const float2*>(xa1 + k), bottom1 = *reinterpret_cast<const float2*>(xa1 + 8 * X_STRIDE + k);
+            const float a0[4] = {top0.x, bottom0.x, top0.y, bottom0.y}, a1[4] = {top1.x, bottom1.x, top1.y, bottom1.y};
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
-            const int r = 16 * m + g + 8 * half;
-            if (r >= rows || j >= CLASSES) continue;
-            const int owner = r / r_own, rr = r - owner * r_own;
-            const unsigned dst = remote(s.inbox + (me.rank * R_MAX + rr) * CLASS_STRIDE + j, owner);
-            const unsigned bar = remote(s.inbox_full, owner);
-            const float v0 = total(sums[0], 2 * half) + total(sums[1], 2 * half);
-            const float v1 = total(sums[0], 2 * half + 1) + total(sums[1], 2 * half + 1);
-            if (j + 1 < CLASSES) send2(dst, v0, v1, bar);
-            else send(dst, v0, bar);
+            for (int n = 0; n < N_TILES; ++n) {
+                const float2 hi = wb_hi[k / 2 * PAIR_STRIDE + 8 * n], lo = wb_lo[k / 2 * PAIR_STRIDE + 8 * n];
+                const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
+                const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
+                mma_x(sums[0][n], a0, b_hi, b_lo);
+                mma_x(sums[1][n], a1, b_hi, b_lo);
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            if (mi == 1 && m1 == m0) break;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
+                const int r = 16 * (mi ? m1 : m0) + g + 8 * half;
+                if (r >= rows) continue;
+                const int owner = r / r_own, rr = r - owner * r_own;
+                const unsigned bar = remote(s.inbox_full, owner);
+#pragma unroll
+                for (int n = 0; n < N_TILES; ++n) {  // classes j, j + 1: one 8-byte store
+                    const int j = 8 * n + 2 * t;
+                    const unsigned dst = remote(s.inbox + (me.rank * R_MAX + rr) * INBOX_STRIDE + j, owner);
+                    const float v0 = total(sums[mi][n], 2 * half), v1 = total(sums[mi][n], 2 * half + 1);
+                    if (j + 1 < CLASSES) send2(dst, v0, v1, bar);
+                    else if (j < CLASSES) send(dst, v0, bar);
+                }
+            }
         }
     }
+    mbarrier_arrive(s.sent);
     mbarrier_wait(s.inbox_full, step & 1);
 
     // ---- B: the owned rows: logits, softmax, dlogits to every block --------------------------
-    // Thread (rr, c) computes owned row rr's softmax (the CLUSTER threads of a row alike, from
-    // the same loads) and sends the row's dlogits to block c: no shuffles, one row per thread.
-    for (int i = me.tid; i < owned * CLUSTER; i += COMPUTE_THREADS) {
-        const int rr = i / CLUSTER, c = i - rr * CLUSTER, r = own_lo + rr;
+    // ROW_LANES threads a row, thread j its class j: z_j = b_j + Σ_c partial_c (c in order), the
+    // row's max and sum by shuffles among them, and dlogit_j as (hi, lo); then thread p sends the
+    // row to block p. Whole warps take part (a row past the owned ones computes but sends nothing).
+    for (int base = warp * 32; base < owned * ROW_LANES; base += COMPUTE_THREADS) {
+        const int row = (base + lane) / ROW_LANES, rr = min(row, R_MAX - 1), j = lane % ROW_LANES, r = own_lo + rr;
+        const bool row_owned = row < owned, is_class = j < CLASSES;
         const int label = s.labels[cur * R_MAX + rr];
-        float z[CLASS_STRIDE] = {};  // Σ_c partial_c, in x's unit, then the logits
+        float partials = 0.0f;  // in x's unit
 #pragma unroll
-        for (int from = 0; from < CLUSTER; ++from) {
-            const float4* partial = reinterpret_cast<const float4*>(s.inbox + (from * R_MAX + rr) * CLASS_STRIDE);
+        for (int from = 0; from < CLUSTER; ++from) partials += s.inbox[(from * R_MAX + rr) * INBOX_STRIDE + j];
+        const float z = is_class ? s.b[j] + X_UNIT * partials : -__int_as_float(0x7f800000);
+        float m = z;
 #pragma unroll
-            for (int q = 0; q < QUADS; ++q) {
-                const float4 v = partial[q];
-                z[4 * q] += v.x; z[4 * q + 1] += v.y; z[4 * q + 2] += v.z; z[4 * q + 3] += v.w;
+        for (int o = ROW_LANES / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float e = is_class ? expf(z - m) : 0.0f;
+        float sum = e;
+#pragma unroll
+        for (int o = ROW_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float dl = is_class ? (e / sum - (j == label ? 1.0f : 0.0f)) / (float)rows : 0.0f;
+        float2* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
+        gathered[j] = split_pair(dl);
+        __syncwarp();
+        if (row_owned && j < CLUSTER) {  // to block j: the row's classes as (hi, lo) pairs
+            const float4* pieces = reinterpret_cast<const float4*>(gathered);
+#pragma unroll
+            for (int q = 0; q < PAIRS; ++q) send4(me.dl_to + 8 * (r * PAIR_STRIDE + 2 * q), pieces[q], me.dl_full_to);
+        }
+        if (measure) {
+            const float z_label = __shfl_sync(0xffffffffu, z, (lane & ~(ROW_LANES - 1)) + label);
+            // The first index of the largest logit: the lowest of the row's lanes holding m.
+            const unsigned at_max = __ballot_sync(0xffffffffu, is_class && z == m) >> (lane & ~(ROW_LANES - 1));
+            if (row_owned && j == 0) {
+                me.loss_sum += (double)(logf(sum) + m - z_label);
+                me.correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
             }
         }
-#pragma unroll
-        for (int j = 0; j < CLASS_STRIDE; ++j) z[j] = s.b[j] + X_UNIT * z[j];
-        float m = z[0];
-#pragma unroll
-        for (int j = 1; j < CLASSES; ++j) m = fmaxf(m, z[j]);
-        float e[CLASS_STRIDE], sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CLASS_STRIDE; ++j) {
-            e[j] = j < CLASSES ? expf(z[j] - m) : 0.0f;
-            sum += e[j];
-        }
-        const float inv_sum = 1.0f / sum, inv_rows = 1.0f / (float)rows;
-#pragma unroll
-        for (int j = 0; j < CLASS_STRIDE; ++j) e[j] = j < CLASSES ? (e[j] * inv_sum - (j == label ? 1.0f : 0.0f)) * inv_rows : 0.0f;
-        const unsigned to = me.dl_to + 4 * r * CLASS_PAD;  // c = tid % CLUSTER: me.dl_to is block c's
-#pragma unroll
-        for (int q = 0; q < QUADS; ++q) send4(to + 16 * q, reinterpret_cast<const float4*>(e)[q], me.dl_full_to);
-        if (measure && c == 0) {
-            int argmax = 0;  // the first index of the largest logit (m)
-            float z_label = z[0];
-#pragma unroll
-            for (int j = CLASSES - 1; j > 0; --j) {
-                if (z[j] == m) argmax = j;
-                if (j == label) z_label = z[j];
-            }
-            if (z[0] == m) argmax = 0;
-            me.loss_sum += (double)(logf(sum) + m - z_label);
-            me.correct_sum += argmax == label ? 1.0 : 0.0;
-        }
+        __syncwarp();  // the row's pieces are read before the next row's overwrite them
     }
     mbarrier_wait(s.dl_full, step & 1);
 
     // ---- C: this block's slice of W and its copy of b, from its copy of dlogits ---------------
     // dW_sliceᵀ = xᵀ·dlogits: rows are the slice's features and then the bias (a feature whose
-    // input is 1), k runs over the tile's rows (past the step's rows, dlogits are zero). A warp
-    // takes one half of the k range of one 16×8 tile.
-    for (int task = warp; task < 2 * C_TILES; task += COMPUTE_WARPS) {
-        const int half = task / C_TILES, tile = task - half * C_TILES;
-        const int m = tile / N_TILES, n = tile - m * N_TILES;
-        const int f0 = 16 * m + g, f1 = f0 + 8;
-        // A[f][r] = x[r][f] for a feature, 1 for the bias row (in x's unit), 0 past it.
-        const float* x0 = x + min(f0, SLICE - 1);
-        const float* x1 = x + min(f1, SLICE - 1);
-        const float c0 = f0 == SLICE ? (float)X_LEVELS : 0.0f, c1 = f1 == SLICE ? (float)X_LEVELS : 0.0f;
-        const bool in0 = f0 < SLICE, in1 = f1 < SLICE;
-        const float* db = s.dl + t * CLASS_PAD + 8 * n + g;
-        Sums3 sums[2];  // even and odd k-steps
+    // input, X_LEVELS, is the tile's column SLICE), k runs over the tile's rows (past the step's
+    // rows, dlogits are zero). A warp takes two 16-feature tiles of all classes over one of
+    // C_K_PARTS parts of the k range (fewer loads of shared memory than a tile a warp); the parts
+    // meet in shared memory and are added in order.
+    for (int task = warp; task < C_M_PAIRS * C_K_PARTS; task += COMPUTE_WARPS) {
+        const int part = task / C_M_PAIRS, pair = task - part * C_M_PAIRS;
+        const int m0 = 2 * pair, m1 = min(m0 + 1, C_M_TILES - 1);  // m1 = m0: one tile, done twice
+        const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;  // A[f][r] = x[r][f]
+        const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
+        const float2* db = s.dl + t * PAIR_STRIDE + g;
+        Sums3 sums[2][N_TILES];
 #pragma unroll
-        for (int i = 0; i < C_K_HALF; ++i) {
-            const int k = 8 * (half * C_K_HALF + i);
-            const int r0 = (k + t) * X_STRIDE, r1 = r0 + 4 * X_STRIDE;
-            const float a[4] = {in0 ? x0[r0] : c0, in1 ? x1[r0] : c1, in0 ? x0[r1] : c0, in1 ? x1[r1] : c1};
-            const float b[2] = {db[k * CLASS_PAD], db[(k + 4) * CLASS_PAD]};
-            unsigned b_hi[2], b_lo[2];
-            split_tf32(b, b_hi, b_lo);
-            mma_x(sums[i & 1], a, b_hi, b_lo);
+        for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
+            const int k = 8 * (part * (C_K_STEPS / C_K_PARTS) + i);
+            const float* x0 = xa0 + k * X_STRIDE;
+            const float* x1 = xa1 + k * X_STRIDE;
+            const float a0[4] = {x0[0], x0[8], x0[4 * X_STRIDE], x0[4 * X_STRIDE + 8]};
+            const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) {
+                const float2 d0 = db[k * PAIR_STRIDE + 8 * n], d1 = db[(k + 4) * PAIR_STRIDE + 8 * n];
+                const unsigned b_hi[2] = {__float_as_uint(d0.x), __float_as_uint(d1.x)};
+                const unsigned b_lo[2] = {__float_as_uint(d0.y), __float_as_uint(d1.y)};
+                mma_x(sums[0][n], a0, b_hi, b_lo);
+                mma_x(sums[1][n], a1, b_hi, b_lo);
+            }
         }
-        float4 part;
-        part.x = total(sums[0], 0) + total(sums[1], 0); part.y = total(sums[0], 1) + total(sums[1], 1);
-        part.z = total(sums[0], 2) + total(sums[1], 2); part.w = total(sums[0], 3) + total(sums[1], 3);
-        reinterpret_cast<float4*>(s.dw_half)[(half * C_TILES + tile) * 32 + lane] = part;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            if (mi == 1 && m1 == m0) break;
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) {
+                const int tile = (mi ? m1 : m0) * N_TILES + n;
+                const float4 v = make_float4(total(sums[mi][n], 0), total(sums[mi][n], 1), total(sums[mi][n], 2),
+                                             total(sums[mi][n], 3));
+                reinterpret_cast<float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane] = v;
+            }
+        }
     }
-    mbarrier_arrive(s.tile_empty + cur);  // this thread is done with the tile (and the labels)
-    compute_sync();  // every half's sums are in
+    compute_sync();  // every part's sums are in
     for (int tile = warp; tile < C_TILES; tile += COMPUTE_WARPS) {
         const int m = tile / N_TILES, n = tile - m * N_TILES;
-        const float4 lo = reinterpret_cast<const float4*>(s.dw_half)[tile * 32 + lane];
-        const float4 hi = reinterpret_cast<const float4*>(s.dw_half)[(C_TILES + tile) * 32 + lane];
-        const float grads[4] = {lo.x + hi.x, lo.y + hi.y, lo.z + hi.z, lo.w + hi.w};
+        float grads[4] = {};
+#pragma unroll
+        for (int part = 0; part < C_K_PARTS; ++part) {
+            const float4 v = reinterpret_cast<const float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane];
+            grads[0] += v.x; grads[1] += v.y; grads[2] += v.z; grads[3] += v.w;
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
             const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
             if (j >= CLASSES) continue;
-            if (f < SLICE) s.w[f * CLASS_PAD + j] -= lr * X_UNIT * grads[i];
-            else if (f == SLICE && bias) s.b[j] -= lr * X_UNIT * grads[i];
+            if (f < SLICE) {  // W = hi + lo exactly, so this is W's fp32 update, split again
+                float* w_hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+                float* w_lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+                const float2 w = split_pair((*w_hi + *w_lo) - lr * X_UNIT * grads[i]);
+                *w_hi = w.x; *w_lo = w.y;
+            } else if (f == SLICE && bias) {
+                s.b[j] -= lr * X_UNIT * grads[i];
+            }
         }
     }
     compute_sync();  // the updates before the next step's phase A reads W and b
@@ -416,22 +466,26 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int col0 = rank * SLICE;
 
-    for (int i = tid; i < SLICE * CLASS_PAD; i += THREADS) {
-        const int f = i / CLASS_PAD, j = i - f * CLASS_PAD;
-        s.w[i] = (j < CLASSES && col0 + f < FEATURES) ? w[j * FEATURES + col0 + f] : 0.0f;
+    for (int i = tid; i < SLICE / 2 * PAIR_STRIDE; i += THREADS) {
+        const int f = 2 * (i / PAIR_STRIDE), j = i - f / 2 * PAIR_STRIDE;
+        const bool in = j < CLASSES;
+        const float2 even = split_pair(in && col0 + f < FEATURES ? w[j * FEATURES + col0 + f] : 0.0f);
+        const float2 odd = split_pair(in && col0 + f + 1 < FEATURES ? w[j * FEATURES + col0 + f + 1] : 0.0f);
+        s.w_hi[i] = make_float2(even.x, odd.x);
+        s.w_lo[i] = make_float2(even.y, odd.y);
     }
     // Tiles and dlogits start at zero: the mma tiles read rows past a step's last one (and
-    // dlogits' columns past the classes), whose products are discarded but must be finite.
-    for (int i = tid; i < 2 * ROWS16 * X_STRIDE; i += THREADS) s.x[i] = 0.0f;
-    for (int i = tid; i < ROWS16 * CLASS_PAD; i += THREADS) s.dl[i] = 0.0f;
-    if (tid < CLASS_STRIDE) s.b[tid] = bias && tid < CLASSES ? b[tid] : 0.0f;
+    // dlogits' columns past the classes), whose products are discarded but must be finite. A
+    // tile row's column SLICE is the bias's input, X_LEVELS (1 in x's unit); the copies never
+    // write there.
+    for (int i = tid; i < 2 * ROWS16 * X_STRIDE; i += THREADS) s.x[i] = i % X_STRIDE == SLICE ? (float)X_LEVELS : 0.0f;
+    for (int i = tid; i < ROWS16 * PAIR_STRIDE; i += THREADS) s.dl[i] = make_float2(0.0f, 0.0f);
+    if (tid < ROW_LANES) s.b[tid] = bias && tid < CLASSES ? b[tid] : 0.0f;
     if (tid == 0) {
         mbarrier_init(s.inbox_full, 1);
         mbarrier_init(s.dl_full, 1);
-        for (int i = 0; i < 2; ++i) {
-            mbarrier_init(s.tile_full + i, 32 * FETCH_WARPS);
-            mbarrier_init(s.tile_empty + i, COMPUTE_THREADS);
-        }
+        for (int i = 0; i < 2; ++i) mbarrier_init(s.tile_full + i, 32 * FETCH_WARPS);
+        mbarrier_init(s.sent, COMPUTE_THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -439,7 +493,8 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
 
-    Compute me{rank, tid, lane, warp, lane >> 2, lane & 3, remote(s.dl, tid % CLUSTER), remote(s.dl_full, tid % CLUSTER)};
+    const int to = min(lane % ROW_LANES, CLUSTER - 1);
+    Compute me{rank, tid, lane, warp, lane >> 2, lane & 3, remote(s.dl, to), remote(s.dl_full, to)};
     if (warp >= COMPUTE_WARPS) {
         fetch_epoch(s, images, labels, order, num_samples, num_steps, rank, warp - COMPUTE_WARPS, lane);
     } else {
@@ -453,7 +508,9 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     __syncthreads();
     for (int i = tid; i < SLICE * CLASSES; i += THREADS) {
         const int f = i / CLASSES, j = i - f * CLASSES;
-        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = s.w[f * CLASS_PAD + j];
+        const int at = (f / 2) * PAIR_STRIDE + j;
+        const float w_hi = f & 1 ? s.w_hi[at].y : s.w_hi[at].x, w_lo = f & 1 ? s.w_lo[at].y : s.w_lo[at].x;
+        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = w_hi + w_lo;
     }
     if (bias && rank == 0 && tid < CLASSES) b[tid] = s.b[tid];
     if (measure) {

@@ -13,7 +13,7 @@ import numpy as np
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 
 CLUSTER = 16  # blocks: the largest cluster Hopper runs (a non-portable size)
-COMPUTE_WARPS = 16  # run the phases: one 16×8 tile of A's partials, or half of one of C's, each
+COMPUTE_WARPS = 16  # run the phases (A and C keep half of them busy; more would only add loads)
 FETCH_WARPS = 2  # copy the next batch in while the compute warps train the current one
 THREADS = 32 * (COMPUTE_WARPS + FETCH_WARPS)
 MAX_CLASSES = 32  # a row's classes are the lanes of one warp
@@ -41,14 +41,15 @@ class Shape:
     @property
     def shared_bytes(self) -> int:
         """persistent.cu's `carve`, in bytes: six mbarriers, totals (double), floats, then ints."""
-        class_stride = ceil_div(self.classes, 4) * 4
         n_tiles = ceil_div(self.classes, 8)
-        class_pad = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
-        x_stride, rows16 = self.slice + 4, ceil_div(self.batch, 16) * 16
-        owned = ceil_div(self.batch, CLUSTER)
-        c_tiles = ceil_div(self.slice + 1, 16) * n_tiles
-        floats = (self.slice * class_pad + class_stride + 2 * rows16 * x_stride
-                  + CLUSTER * owned * class_stride + rows16 * class_pad + 2 * c_tiles * 32 * 4)
+        pair_stride = (n_tiles * 8 + 11) // 16 * 16 + 4
+        row_lanes = 16 if self.classes <= 16 else 32
+        c_m_tiles = ceil_div(self.slice + 1, 16)
+        x_stride = (16 * c_m_tiles + 23) // 32 * 32 + 8
+        rows16, owned = ceil_div(self.batch, 16) * 16, ceil_div(self.batch, CLUSTER)
+        c_k_parts = 4 if rows16 // 8 % 4 == 0 else 2
+        floats = (2 * self.slice * pair_stride + row_lanes + 2 * rows16 * x_stride + CLUSTER * owned * row_lanes
+                  + 2 * rows16 * pair_stride + 2 * (owned + 1) * row_lanes + c_k_parts * c_m_tiles * n_tiles * 32 * 4)
         return 8 * 6 + 8 * (2 + 2 * COMPUTE_WARPS) + 4 * floats + 4 * (self.batch + 2 * owned)
 
     @property
