@@ -35,8 +35,8 @@
 // three passes, which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its
 // top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
 // truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
-// products with x take two passes. W is kept split (hi, lo) and dlogits arrive split, so only x
-// is split in the loop, and only for other inputs. What bounds both products is shared memory's
+// products with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
+// inputs) x are split in the loop. What bounds both products is shared memory's
 // bandwidth, not the tensor cores: so a warp takes two 16-row tiles of all classes (A), or two
 // 16-feature tiles of all classes over a part of the k range (C), and loads each operand
 // fragment once for all the tiles it serves. Every sum runs in a fixed order, without atomics:
@@ -51,12 +51,14 @@
 #define COMPUTE_THREADS (32 * COMPUTE_WARPS)
 #define THREADS (32 * (COMPUTE_WARPS + FETCH_WARPS))
 #define N_TILES ((CLASSES + 7) / 8)           // the classes in mma columns of 8
-#define PAIRS ((CLASSES + 1) / 2)             // a row's dlogits in 16-byte (hi, lo, hi, lo) pieces
+#define QUADS ((CLASSES + 3) / 4)             // a row's dlogits in 16-byte pieces
+// Floats per row of dlogits: ≡ 8 or 24 (mod 32), so that a fragment's loads (k = lane % 4,
+// n = lane / 4) hit 32 banks.
+#define DL_STRIDE (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
 #define ROW_LANES (CLASSES <= 16 ? 16 : 32)   // phase B's threads per row: a class each
 #define INBOX_STRIDE ROW_LANES                // floats per row of the inbox
-// Classes per feature pair of W and per row of dlogits, each class an 8-byte (hi, lo) or
-// (even, odd feature) pair: ≡ 4 (mod 16), so that a fragment's 8-byte loads (k = lane % 4,
-// n = lane / 4) spread over all 32 banks.
+// Classes per feature pair of W, each class an 8-byte (even, odd feature) pair: ≡ 4 (mod 16),
+// so that a fragment's 8-byte loads (k = lane % 4, n = lane / 4) spread over all 32 banks.
 #define PAIR_STRIDE ((N_TILES * 8 + 11) / 16 * 16 + 4)
 #define C_M_TILES ((SLICE + 1 + 15) / 16)  // phase C's rows: the slice's features, then the bias
 #define C_TILES (C_M_TILES * N_TILES)
@@ -185,8 +187,8 @@ struct Smem {
     float* b;           // [ROW_LANES]                  this block's copy of the bias
     float* x;           // [2][ROWS16][X_STRIDE]        this step's tile and the next one's
     float* inbox;       // [CLUSTER][R_MAX][INBOX_STRIDE]  partial logits of the owned rows, per block
-    float2* dl;         // [ROWS16][PAIR_STRIDE]        dlogits as (hi, lo), pushed by the rows' owners
-    float2* dl_row;     // [R_MAX + 1][ROW_LANES]       an owned row's (hi, lo), gathered for sending
+    float* dl;          // [ROWS16][DL_STRIDE]          dlogits, pushed by the rows' owners
+    float* dl_row;      // [R_MAX + 1][ROW_LANES]       an owned row's dlogits, gathered for sending
     float* dw_parts;    // [C_K_PARTS][C_TILES][32][4]  phase C's sums over each part of the rows
     int* order;         // [BATCH]                      a tile's sample indices, for the fetch warps
     int* labels;        // [2][R_MAX]                   labels of the owned rows, per tile buffer
@@ -204,8 +206,8 @@ __device__ Smem carve(unsigned char* base) {
     s.b = f; f += ROW_LANES;
     s.x = f; f += 2 * ROWS16 * X_STRIDE;
     s.inbox = f; f += CLUSTER * R_MAX * INBOX_STRIDE;
-    s.dl = reinterpret_cast<float2*>(f); f += 2 * ROWS16 * PAIR_STRIDE;
-    s.dl_row = reinterpret_cast<float2*>(f); f += 2 * (R_MAX + 1) * ROW_LANES;
+    s.dl = f; f += ROWS16 * DL_STRIDE;
+    s.dl_row = f; f += (R_MAX + 1) * ROW_LANES;
     s.dw_parts = f; f += C_K_PARTS * C_TILES * 32 * 4;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += BATCH;
@@ -292,12 +294,12 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     mbarrier_wait(s.tile_full + cur, (step >> 1) & 1);  // this step's tile and labels have landed
     if (me.tid == 0) {  // what this step will receive: partials of the owned rows, all dlogits
         mbarrier_expect(s.inbox_full, owned * CLUSTER * CLASSES * 4);
-        mbarrier_expect(s.dl_full, rows * PAIRS * 16);
+        mbarrier_expect(s.dl_full, rows * QUADS * 16);
     }
     // A short step: phase C's k-steps run past its rows, where dlogits must be zero (no block
     // pushes there this step; an earlier step's values are still in place).
     if (rows < ROWS16)
-        for (int i = rows * PAIR_STRIDE + me.tid; i < ROWS16 * PAIR_STRIDE; i += COMPUTE_THREADS) s.dl[i] = make_float2(0.0f, 0.0f);
+        for (int i = rows * DL_STRIDE + me.tid; i < ROWS16 * DL_STRIDE; i += COMPUTE_THREADS) s.dl[i] = 0.0f;
 
     // ---- A: partial logits of this block's features, pushed to each row's owner ----------------
     // P = x·W_sliceᵀ, a warp two 16-row tiles (m0, m1) of all classes, k over the slice's features:
@@ -351,8 +353,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
 
     // ---- B: the owned rows: logits, softmax, dlogits to every block --------------------------
     // ROW_LANES threads a row, thread j its class j: z_j = b_j + Σ_c partial_c (c in order), the
-    // row's max and sum by shuffles among them, and dlogit_j as (hi, lo); then thread p sends the
-    // row to block p. Whole warps take part (a row past the owned ones computes but sends nothing).
+    // row's max and sum by shuffles among them, and dlogit_j; then thread p sends the row to
+    // block p (unsplit: half the remote stores of (hi, lo) pairs; phase C splits them). Whole warps take part (a row past the owned ones computes but sends nothing).
     for (int base = warp * 32; base < owned * ROW_LANES; base += COMPUTE_THREADS) {
         const int row = (base + lane) / ROW_LANES, rr = min(row, R_MAX - 1), j = lane % ROW_LANES, r = own_lo + rr;
         const bool row_owned = row < owned, is_class = j < CLASSES;
@@ -369,13 +371,13 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
 #pragma unroll
         for (int o = ROW_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         const float dl = is_class ? (e / sum - (j == label ? 1.0f : 0.0f)) / (float)rows : 0.0f;
-        float2* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
-        gathered[j] = split_pair(dl);
+        float* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
+        gathered[j] = dl;
         __syncwarp();
-        if (row_owned && j < CLUSTER) {  // to block j: the row's classes as (hi, lo) pairs
+        if (row_owned && j < CLUSTER) {  // to block j: the row's classes, 4 a store
             const float4* pieces = reinterpret_cast<const float4*>(gathered);
 #pragma unroll
-            for (int q = 0; q < PAIRS; ++q) send4(me.dl_to + 8 * (r * PAIR_STRIDE + 2 * q), pieces[q], me.dl_full_to);
+            for (int q = 0; q < QUADS; ++q) send4(me.dl_to + 4 * (r * DL_STRIDE + 4 * q), pieces[q], me.dl_full_to);
         }
         if (measure) {
             const float z_label = __shfl_sync(0xffffffffu, z, (lane & ~(ROW_LANES - 1)) + label);
@@ -401,7 +403,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         const int m0 = 2 * pair, m1 = min(m0 + 1, C_M_TILES - 1);  // m1 = m0: one tile, done twice
         const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;  // A[f][r] = x[r][f]
         const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
-        const float2* db = s.dl + t * PAIR_STRIDE + g;
+        const float* db = s.dl + t * DL_STRIDE + g;
         Sums3 sums[2][N_TILES];
 #pragma unroll
         for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
@@ -412,9 +414,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n) {
-                const float2 d0 = db[k * PAIR_STRIDE + 8 * n], d1 = db[(k + 4) * PAIR_STRIDE + 8 * n];
-                const unsigned b_hi[2] = {__float_as_uint(d0.x), __float_as_uint(d1.x)};
-                const unsigned b_lo[2] = {__float_as_uint(d0.y), __float_as_uint(d1.y)};
+                const float d[2] = {db[k * DL_STRIDE + 8 * n], db[(k + 4) * DL_STRIDE + 8 * n]};
+                unsigned b_hi[2], b_lo[2];
+                split_tf32(d, b_hi, b_lo);
                 mma_x(sums[0][n], a0, b_hi, b_lo);
                 mma_x(sums[1][n], a1, b_hi, b_lo);
             }
@@ -479,7 +481,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     // tile row's column SLICE is the bias's input, X_LEVELS (1 in x's unit); the copies never
     // write there.
     for (int i = tid; i < 2 * ROWS16 * X_STRIDE; i += THREADS) s.x[i] = i % X_STRIDE == SLICE ? (float)X_LEVELS : 0.0f;
-    for (int i = tid; i < ROWS16 * PAIR_STRIDE; i += THREADS) s.dl[i] = make_float2(0.0f, 0.0f);
+    for (int i = tid; i < ROWS16 * DL_STRIDE; i += THREADS) s.dl[i] = 0.0f;
     if (tid < ROW_LANES) s.b[tid] = bias && tid < CLASSES ? b[tid] : 0.0f;
     if (tid == 0) {
         mbarrier_init(s.inbox_full, 1);

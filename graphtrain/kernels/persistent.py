@@ -43,13 +43,14 @@ class Shape:
         """persistent.cu's `carve`, in bytes: six mbarriers, totals (double), floats, then ints."""
         n_tiles = ceil_div(self.classes, 8)
         pair_stride = (n_tiles * 8 + 11) // 16 * 16 + 4
+        dl_stride = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
         row_lanes = 16 if self.classes <= 16 else 32
         c_m_tiles = ceil_div(self.slice + 1, 16)
         x_stride = (16 * c_m_tiles + 23) // 32 * 32 + 8
         rows16, owned = ceil_div(self.batch, 16) * 16, ceil_div(self.batch, CLUSTER)
         c_k_parts = 4 if rows16 // 8 % 4 == 0 else 2
         floats = (2 * self.slice * pair_stride + row_lanes + 2 * rows16 * x_stride + CLUSTER * owned * row_lanes
-                  + 2 * rows16 * pair_stride + 2 * (owned + 1) * row_lanes + c_k_parts * c_m_tiles * n_tiles * 32 * 4)
+                  + rows16 * dl_stride + (owned + 1) * row_lanes + c_k_parts * c_m_tiles * n_tiles * 32 * 4)
         return 8 * 6 + 8 * (2 + 2 * COMPUTE_WARPS) + 4 * floats + 4 * (self.batch + 2 * owned)
 
     @property
