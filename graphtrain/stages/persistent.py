@@ -6,9 +6,12 @@ thread-block cluster (16 blocks, one per SM) runs every step of the epoch (kerne
 each block keeps its slice of the input features' weights in shared memory, computes partial
 logits of the batch over its slice, and sends them to the block that owns each row; the owners
 compute softmax and dlogits and send those to every block, and each block updates its own slice.
-A step is two cluster barriers and two small exchanges through distributed shared memory; the
-next batch is copied in while the current one trains. fp32 throughout; sums in a fixed order, so
-the same seed gives the same weights bit for bit.
+A step is two small exchanges through distributed shared memory, each store counted on the
+receiver's mbarrier (no cluster barrier); two warps copy the next batch in while sixteen train the
+current one. The products run on tensor cores in TF32 passes that keep fp32 accuracy: three, or
+two where the images are 8-bit pixels (k/255, as every IDX or uint8 dataset is), which the kernel
+reads as k, exact in TF32. Sums in a fixed order, so the same seed gives the same weights bit for
+bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
