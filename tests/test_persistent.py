@@ -3,7 +3,9 @@ products, the images as the kernel reads them, and that it compiles for each kin
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,3 +58,12 @@ def test_other_floats_keep_the_three_pass_products():
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
     assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
+
+
+def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
+    """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
+    path = Path(__file__).parents[1] / "scripts" / "persistent_phases.py"
+    spec = importlib.util.spec_from_file_location("persistent_phases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255).defines).startswith(ELF_MAGIC)

@@ -166,13 +166,17 @@ class KernelFile:
                 if isinstance(value, KernelSpec)}
 
     @classmethod
+    def source(cls) -> str:
+        """The text compiled: the headers, then the `.cu` file."""
+        texts = [(KERNELS_DIR / name).read_text(encoding="utf-8") + "\n" for name in (*cls.headers, f"{cls.stem}.cu")]
+        return "".join(texts)
+
+    @classmethod
     def cubin(cls, arch: str, defines: Mapping[str, int | str] | None = None) -> bytes:
         """The file compiled for `arch` ("sm_90"), its declarations checked (cached on disk);
         `defines` add to or replace the class's (a kernel specialised for one model's sizes)."""
-        path = KERNELS_DIR / f"{cls.stem}.cu"
-        source = "".join((KERNELS_DIR / header).read_text(encoding="utf-8") + "\n" for header in cls.headers)
-        return compile_kernels(source + path.read_text(encoding="utf-8"), path.name, arch + cls.arch_suffix,
-                               cls.specs().values(), {**cls.defines, **(defines or {})}, cls.options)
+        return compile_kernels(cls.source(), f"{cls.stem}.cu", arch + cls.arch_suffix, cls.specs().values(),
+                               {**cls.defines, **(defines or {})}, cls.options)
 
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
         specs = self.specs()

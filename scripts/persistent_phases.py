@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Where a step of the persistent softmax-regression kernel spends its time: SM cycles per phase.
+
+    python3 scripts/persistent_phases.py [--preset jhu] [--steps 64]
+
+Builds kernels/persistent.cu with clock64() stamps put before the lines named below (thread 0 of
+block 0, the first 64 steps), trains that many steps of the workload with it, and prints the
+median cycles between consecutive stamps over steps 8 on. Thread 0 is one warp of sixteen: its
+phase A and C times are its own tiles', and a wait ends when the slowest block's data reach it,
+so the columns show where the step's critical path runs. The stamps cost a few cycles each; the
+total is within a few per cent of the plain kernel's time per step (ms/epoch ÷ steps × SM clock).
+A line the script looks for that the kernel no longer has is an error: edit MARKS with the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from graphtrain import data as data_mod
+from graphtrain.config import preset
+from graphtrain.kernels.persistent import Persistent
+from graphtrain.libs.memory import Arena
+from graphtrain.plan import RunPlan
+from graphtrain.stages.persistent import PersistentStage
+
+MAX_STEPS = 64
+# (name of the phase that ends at the stamp, the kernel line the stamp goes before)
+MARKS = [
+    ("C: second barrier", "    mbarrier_wait(s.tile_full + cur"),  # (of the step before)
+    ("tile wait", "    if (me.tid == 0) {  // what this step will receive"),
+    ("A: products", "        for (int mi = 0; mi < 2; ++mi) {"),
+    ("A: sends", "    mbarrier_arrive(s.sent);"),
+    ("inbox wait", "    // ---- B: the owned rows"),
+    ("B", "    mbarrier_wait(s.dl_full, step & 1);"),
+    ("dlogits wait", "    // ---- C: this block's slice"),
+    ("C: products", "    compute_sync();  // every part's sums are in"),
+    ("C: barrier", "    for (int tile = warp; tile < C_TILES"),
+    ("C: update", "    compute_sync();  // the updates before"),
+]
+
+
+class PhaseCycles(Persistent):
+    @classmethod
+    def source(cls) -> str:
+        text = super().source()
+        for k, (_, line) in enumerate(MARKS):
+            if line not in text:
+                raise SystemExit(f"persistent_phases.py: the kernel has no line {line.strip()!r}; update MARKS")
+            stamp = f"    if (me.rank == 0 && me.tid == 0 && step < {MAX_STEPS}) phase_stamps[step * {len(MARKS)} + {k}] = clock64();\n"
+            text = text.replace(line, stamp + line, 1)
+        text = text.replace("// One step of `rows` samples", "__device__ long long* phase_stamps;\n// One step of `rows` samples", 1)
+        # The stamps go where the metrics would (the run below does not measure).
+        return text.replace("    const Smem s = carve(smem_raw);",
+                            "    const Smem s = carve(smem_raw);\n    phase_stamps = reinterpret_cast<long long*>(metrics);", 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="jhu")
+    parser.add_argument("--steps", type=int, default=MAX_STEPS, help=f"steps to time (at most {MAX_STEPS})")
+    args = parser.parse_args()
+    steps = min(args.steps, MAX_STEPS)
+    config = preset(args.preset).replace(epochs=1)
+    if config.hidden:
+        raise SystemExit("persistent_phases.py times the softmax-regression kernel; for MLPs see persistent_mlp_phases.py")
+    data = data_mod.load(config.dataset)
+    with PersistentStage(RunPlan.for_data(config, data), data) as stage, Arena() as arena:
+        stage.setup()
+        stamps = arena.reserve("stamps", (MAX_STEPS * len(MARKS),), np.int64)
+        arena.allocate()
+        kernel = PhaseCycles(stage.device, stage.shape.defines)
+        try:
+            stamps.zero(stage.stream)
+            kernel.train_epoch(stage.stream, stage.images.ptr, stage.train_labels.ptr, stage.order.ptr, stage.w[0].ptr,
+                               stage.b[0].ptr if config.bias else 0, stage.num_train, steps, config.lr, stamps.ptr, False)
+            at = stamps.download(stage.stream).reshape(MAX_STEPS, len(MARKS))[:steps].astype(np.float64)
+        finally:
+            kernel.close()
+    # Each phase: from the stamp before to its own; the first, from the previous step's last stamp.
+    per_phase = np.diff(np.concatenate([at[:-1, -1:], at[1:]], axis=1), axis=1)[7:]
+    print(f"{args.preset}, {steps} steps: SM cycles per step, median over steps 8 to {steps - 1}")
+    for (name, _), cycles in zip(MARKS, np.median(per_phase, axis=0)):
+        print(f"  {name:20s} {cycles:8.0f}")
+    print(f"  {'step':20s} {np.median(np.diff(at[:, 0])[7:]):8.0f}")
+
+
+if __name__ == "__main__":
+    main()
