@@ -5,7 +5,8 @@
 
 Trains the workload with the persistent rung built with PHASE_CYCLES=1 (kernels/persistent_mlp.cu):
 thread 0 of block 0 reads the SM clock at the end of each phase of every step (each phase ends at
-a block or cluster barrier, so the count is the slowest thread's and block's) and each launch
+a block barrier or at the wait for an exchange, so the count is the slowest thread's, and for a
+wait the slowest sender's) and each launch
 prints the cycles per step of every phase and layer when it ends. The instrumented build adds a
 few block barriers of its own (to split phases that end without one); its total is within a few
 per cent of the plain build's time per step (ms/epoch ÷ steps per epoch × the SM clock).

@@ -28,9 +28,7 @@ def cache(tmp_path, monkeypatch):
 ])
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
-    defines = {"FEATURES": shape.features, "FEATURE_STRIDE": shape.padded_features, "HIDDEN": shape.hidden[0],
-               "LAYERS": shape.layers, "CLASSES": shape.classes, "X_STRIDE": shape.x_stride}
-    assert PersistentMlp.cubin("sm_90", defines).startswith(ELF_MAGIC)
+    assert PersistentMlp.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
 def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
@@ -44,15 +42,58 @@ def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
         assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
         assert shape.x_stride == (788 if staged else 0)
     assert MlpShape(30, (64,), 3, 8).padded_features == 32
+    assert MlpShape(40, (64,), 3, 8).padded_features == 48  # whole mma tiles of 16 inputs
 
 
 @pytest.mark.parametrize("shape,needle", [
-    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 820956 bytes of shared "
+    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 963020 bytes of shared "
                                         "memory (at most 232448)"),
-    (MlpShape(784, (256,) * 3, 10, 64), "at batch 64: a block needs 354480 bytes"),
+    (MlpShape(784, (256,) * 3, 10, 64), "at batch 64: a block needs 369888 bytes"),
     (MlpShape(784, (128, 64), 10, 32), "784-128-64-10 MLP: its hidden layers must all have the same size"),
     (MlpShape(784, (96, 96), 10, 32), "a hidden size must be a multiple of 64"),
     (MlpShape(784, (64,), 40, 32), "40 classes (at most 32"),
 ])
 def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needle):
     assert needle in shape.refusal()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden,features", [((256,) * 3, 784), ((128,), 784), ((64,) * 4, 784), ((64, 64), 50)])
+def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features):
+    """Shapes the rung tests leave out: H = 256 (two unit tiles per block, the images read from
+    global memory), one hidden layer with the images in shared memory (the logits' two buffers),
+    four layers (an inbox of its own between the first and the last), and images padded from 50
+    features to 64. 1000 samples at batch 32: 31 steps and one of 8."""
+    import os
+
+    import numpy as np
+    from helpers import rel_err
+
+    from graphtrain import reference
+    from graphtrain.config import TrainConfig
+    from graphtrain.data import Dataset
+    from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs import cuda
+    from graphtrain.plan import RunPlan
+    from graphtrain.stages import get_stage
+
+    try:
+        cuda.open_device()
+    except GpuUnavailableError as error:
+        pytest.skip(f"no usable GPU: {error}")
+    seed = int.from_bytes(os.urandom(2), "little")
+    data = Dataset.synthetic(1000, 300, seed=seed, num_features=features)
+    cfg = TrainConfig(hidden=hidden, batch=32, epochs=1, lr=0.1, seed=seed, in_features=features)
+    num_batches = -(-1000 // cfg.batch)
+    with get_stage("persistent")(RunPlan.for_data(cfg, data), data) as stage:
+        stage.setup()
+        stage.train_epoch(0, num_batches, measure=True)
+        weights = stage.weights()
+    layers = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
+    start = [layer.w.copy() for layer in layers]
+    order = reference.epoch_order(seed, 0, len(data.train_images))
+    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch):
+        reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
+                             data.train_labels[order[lo:hi]], cfg.lr)
+    for got, old, ref in zip(weights, start, layers):
+        assert rel_err(got.w.astype(np.float64) - old, ref.w - old) < 1e-4, f"seed {seed}"

@@ -4,380 +4,490 @@
 // Block c of the CLUSTER blocks owns S = HIDDEN / CLUSTER units U_c of every hidden layer: the rows
 // W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]), its bias b_l[U_c], and the
 // head's columns W_h[:, U_c]. Every block keeps a copy of the head's bias. A step of `rows` samples
-// x (read from global memory through the sample order), h_0 = x:
+// x (read through the sample order), h_0 = x:
 //
 //   forward, l = 1..LAYERS      h_l[:, U_c] = relu(h_{l-1} · W_l[U_c, :]ᵀ + b_l[U_c])
-//       for l < LAYERS each block sends its columns to every block's h_full[l]  ── cluster barrier ──
-//   head, partial               P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ, sent to every block
-//                                                                              ── cluster barrier ──
+//       l < LAYERS: G_l         each block sends its columns to every block's h_full[l]
+//   head, partial: Z            P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ, sent to every block
 //   head, in every block        z = Σ_{c = 0..CLUSTER-1} P_c + b_h (in that order: every block
 //                               gets the same bits), dz = (softmax(z) − onehot(y)) / rows,
 //                               dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L[:, U_c] > 0],
 //                               W_h[:, U_c] −= lr · dzᵀ h_L[:, U_c],  b_h −= lr · Σ_r dz[r]
-//   backward, l = LAYERS..1     Q_c = dh_l[:, U_c] · W_l[U_c, :] (this block's part of dh_{l-1}),
-//       (l ≥ 2)                 Q_c[:, U_o] sent to block o's inbox
-//                               W_l[U_c, :] −= lr · dh_l[:, U_c]ᵀ h_{l-1},  b_l[U_c] −= lr · Σ_r dh_l
-//       (l ≥ 2)                 ── cluster barrier ──  dh_{l-1}[:, U_c] = Σ_{o} Q_o[:, U_c] (in order
-//                               o = 0..CLUSTER-1) ⊙ [h_{l-1}[:, U_c] > 0]
+//   backward, l = LAYERS..2     Q_c = dh_l[:, U_c] · W_l[U_c, :] (this block's part of dh_{l-1}),
+//       D_l                     W_l[U_c, :] −= lr · dh_l[:, U_c]ᵀ h_{l-1},  b_l[U_c] −= lr · Σ_r dh_l,
+//                               then Q_c[:, U_o] sent to block o's inbox[l−1];
+//                               dh_{l-1}[:, U_c] = Σ_{o = 0..CLUSTER-1} Q_o[:, U_c] (in order)
+//                               ⊙ [h_{l-1}[:, U_c] > 0]
+//   l = 1                       W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x,  b_1[U_c] −= lr · Σ_r dh_1
 //
 // So no block needs another's weights, nor its weight gradients: the exchanges are activations
-// (gathered), partial logits (all-reduced) and partial input gradients (reduce-scattered), and a
-// step waits at 2·LAYERS − 1 cluster barriers (5 for three hidden layers). The products that need
-// old weights (dh, Q) run before the update of those weights, as SGD requires. Every sum runs in a
-// fixed order without atomics: the same seed gives the same weights bit for bit.
+// (gathered), partial logits (all-gathered) and partial input gradients (reduce-scattered). Every
+// sum runs in a fixed order without atomics: the same seed gives the same weights bit for bit.
 //
-// Shared memory is reused across the step. Each buffer that other blocks write is written in one
-// phase (between two barriers) and read in later ones; region[l] below serves two buffers whose
-// lives do not overlap. A block's phases, barriers A_l (after the gather of h_l), Z (after the
-// partial logits), D_l (after the exchange of dh_l):
+// The products run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in three passes,
+// which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its top 19 bits), and
+// a·b ≈ hi_a·hi_b + (hi_a·lo_b + lo_a·hi_b), the dropped lo·lo term and the truncations ~2⁻²⁰ of
+// the product. A forward product splits its k (the inputs) over the warps, whose partial sums then
+// add up in warp order; the updates and Q split their outputs over the warps.
 //
-//   region[0]         h_full[1]: written before A_1, read before A_2 (forward) and before D_1
-//                     (dW_2); the next step writes it after D_1, in its forward, so once all
-//                     blocks have passed D_1, which every reader passes after its last read.
-//   region[l], 1 ≤ l ≤ LAYERS−2   h_full[l+1] (written before A_{l+1}, last read by dW_{l+2},
-//                     before D_{l+1}) and dh_l's inbox (written after D_{l+1}, read after D_l):
-//                     the inbox is written only after every block has passed D_{l+1}, after its last
-//                     read of h_full[l+1]; the next step's gather of h_{l+1} comes after A_l of that
-//                     step, after every reader's sum of the inbox (before D_{l−1}, or before A_1).
-//   region[LAYERS−1]  dh_{L−1}'s inbox (written after Z, read after D_{L−1}) and the forward's
-//                     partial sums (this block only, between the inbox's read and Z of the next
-//                     step). With one hidden layer there is no inbox: only the partial sums.
-//   logits            written after A_{L−1} (or, with one hidden layer, any time in the step), read
-//                     after Z and before D_{L−1}; the next step writes it after A_{L−1} of that
-//                     step. With one hidden layer Z is the step's only barrier, so two buffers
-//                     alternate by step: step t+2 writes step t's buffer only after passing Z of
-//                     step t+1, which every reader passes after reading step t's logits.
+// The exchanges G_l, Z, D_l are st.async stores into the receiver's shared memory that count their
+// bytes on the receiver's mbarrier for that exchange (a phase a step); the receiver waits on its
+// own barrier only, so there is no cluster barrier and no memory fence in the loop. Why one buffer
+// per exchange is safe to reuse step after step: the exchanges run in one order, G_1 .. G_{L−1}, Z,
+// D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E has received every
+// block's E, each sent after its sender had waited for the exchange before E. So when block B
+// writes block A's buffer for E in step t + 1, A has already sent its part of the exchange before
+// E (of step t + 1, or D_2 of step t where E = G_1), and it suffices that A reads its buffer of E
+// for step t only before making that send:
+//
+//   h_full[l], l ≥ 2    read by the forward of layer l + 1 and the update of W_{l+1}, in step t;
+//                       the exchange before G_l is G_{l−1} of step t + 1.
+//   h_full[1]           read by the forward of layer 2 and the update of W_2; the exchange before
+//                       G_1 is D_2 of step t, so a warp sends its part of D_2 only after its update
+//                       of W_2 (which reads h_full[1]) has read what it needs.
+//   logits              read by the softmax, before D_L of step t (the exchange before Z is G_{L−1}
+//                       of step t + 1). With one hidden layer, Z is the exchange before itself:
+//                       two buffers alternate by step, and the one before Z of step t + 2 is Z of
+//                       step t + 1, after A's softmax of step t.
+//   inbox[l]            (dh_l's inbox, the target of D_{l+1}) read by the sum of dh_l in step t;
+//                       the exchange before D_{l+1} is D_{l+2} or Z, of step t + 1.
+// The same order makes an mbarrier's phases safe: a block's bytes for E of step t + 1 reach A only
+// after A has sent the exchange before E of step t + 1, so after A waited for E of step t; and A
+// sets a barrier's expected bytes for a step at the step's start, after that wait.
+//
+// Two buffers share memory where their lives do not overlap, by the same argument:
+//   inbox[L−1] and the forward's partial sums (this block's only): D_L of step t comes after every
+//     block's Z of step t, sent after the forward's last partial sums; the next forward writes them
+//     after reading inbox[L−1].
+//   inbox[1] and the logits, with L ≥ 3: D_2 of step t comes after every block's D_3, sent after its
+//     softmax; Z of step t + 1 after every block's G_{L−1} of step t + 1, sent after it read
+//     inbox[1] in step t.
 //
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), and the next
 // step's images are prefetched into L2 (cp.async.bulk.prefetch), so no dependent global load sits
-// on a step's path apart from the images themselves.
+// on a step's path apart from the images themselves. Where the batch's images fit in shared memory
+// (X_STRIDE > 0) each warp copies in the columns its forward product reads (cp.async), and the
+// update of W_1 reads them there rather than from global memory again.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
-// multiple of 4; images are rows of FEATURE_STRIDE floats, zero past FEATURES), HIDDEN (a multiple
-// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), X_STRIDE (0, or FEATURE_STRIDE + 4 where the batch's
-// images fit in shared memory: layer 1's forward stores what it loads there, and the update of
-// W_1 reads them back instead of reading global memory again). Without a bias (bias = 0) every
-// bias stays zero.
+// multiple of 16; images are rows of FEATURE_STRIDE floats, zero past FEATURES), HIDDEN (a multiple
+// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, X_STRIDE (0, or FEATURE_STRIDE + 4). Without a
+// bias (bias = 0) every bias stays zero.
 
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
-#define HS (HIDDEN + 4)               // row stride of h_full: rows land on different banks
-#define KP 16                         // the forward's partial sums per output (its k split)
-#define FQ (FEATURE_STRIDE / 4)
-#define HQ (HIDDEN / 4)
+#define HS (HIDDEN + 4)               // row stride of h_full: ≡ 4 (mod 8), A fragments hit 32 banks
 #define WARPS (THREADS / 32)
+#define NT ((S + 7) / 8)              // a block's units in mma columns of 8
+#define WST (NT * 8)                  // floats per row of wt[k][u] and of dh: S, zero past it
+#define MT ((BATCH + 15) / 16)        // the batch in mma rows of 16
+#define ROWS16 (MT * 16)
+#define KB ((BATCH + 7) / 8)          // the batch in k-steps of 8 (the updates sum over rows)
+#define F_KSTEPS (FEATURE_STRIDE / 8)
+#define H_KSTEPS (HIDDEN / 8)
+#define F_MTILES (FEATURE_STRIDE / 16)
+#define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
+#define GATHER_BARS (LAYERS - 1)
+#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)
 
-#if (X_STRIDE != 0 && X_STRIDE < FEATURE_STRIDE) || X_STRIDE % 4 != 0 || S % 4 != 0 || KP * S > HS || FEATURE_STRIDE % 4 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || HQ > THREADS
+#if (X_STRIDE != 0 && X_STRIDE != FEATURE_STRIDE + 4) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
 // From cluster.cuh (put before this file by the launcher): cluster_rank, cluster_sync, remote,
 // copy4_async, async_commit, async_wait_all, step_rows.
 
-__device__ __forceinline__ void store_remote4(unsigned addr, float4 v) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
-                 "f"(v.w) : "memory");
-}
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+// Wait for every cp.async group but the newest one.
+__device__ __forceinline__ void async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-__device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Stores into cluster block `rank`'s shared memory that count their bytes on that block's
+// mbarrier `bar` (addresses from remote()).
+__device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :: "r"(addr), "f"(v0), "f"(v1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
+}
+// This block's one arrival of a phase, with the bytes the phase will receive.
+__device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Wait for the phase of parity `parity` to complete: its arrival made and its bytes received. The
+// default (CTA-scope) acquire: the cluster-scope one invalidates L1 after every wait.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "wait_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
+// D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
+// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// v = hi + lo exactly: hi is v with its low 13 mantissa bits cleared (a TF32 value), lo the rest.
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N], unsigned (&lo)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        hi[i] = __float_as_uint(v[i]) & 0xffffe000u;
+        lo[i] = __float_as_uint(v[i] - __uint_as_float(hi[i]));
+    }
+}
+// The three passes of a tile's product, each into a sum of its own (three independent chains).
+struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
+__device__ __forceinline__ void mma_3xtf32(Sums3& d, const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
+                                           const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
+    mma_tf32(d.lh, a_lo, b_hi);
+    mma_tf32(d.hl, a_hi, b_lo);
+    mma_tf32(d.hh, a_hi, b_hi);
+}
+__device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
+__device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const float (&b)[2]) {
+    unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+    split_tf32(a, a_hi, a_lo);
+    split_tf32(b, b_hi, b_lo);
+    mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
+}
+
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
-__device__ __forceinline__ float4 operator+(float4 a, float4 b) { return add4(a, b); }
-__device__ __forceinline__ float4 fma4(float s, float4 v, float4 acc) {
-    return make_float4(fmaf(s, v.x, acc.x), fmaf(s, v.y, acc.y), fmaf(s, v.z, acc.z), fmaf(s, v.w, acc.w));
+__device__ __forceinline__ float4 relu4(float4 v) {
+    return make_float4(fmaxf(v.x, 0.0f), fmaxf(v.y, 0.0f), fmaxf(v.z, 0.0f), fmaxf(v.w, 0.0f));
 }
-__device__ __forceinline__ float4 relu_mask(float4 v, float4 h) {  // v where h > 0, else 0
-    return make_float4(h.x > 0.0f ? v.x : 0.0f, h.y > 0.0f ? v.y : 0.0f, h.z > 0.0f ? v.z : 0.0f, h.w > 0.0f ? v.w : 0.0f);
-}
-__device__ __forceinline__ float at(float4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// The dynamic shared memory, carved for a batch of `batch` rows. Keep in step with the launcher's
-// byte count (kernels/persistent_mlp.py: shared_bytes). [..]4 marks float4 layouts, [uq][r]
-// meaning quad uq of row r: consecutive rows are consecutive float4s (conflict-free).
+// The dynamic shared memory, carved for a batch of BATCH rows. Keep in step with the launcher's
+// byte count (kernels/persistent_mlp.py: shared_bytes).
+#define INBOX_FLOATS (CLUSTER * BATCH * S)
+#define PARTIAL_FLOATS (WARPS * ROWS16 * WST)
+#define LOGIT_FLOATS (LOGIT_BUFFERS * CLUSTER * BATCH * CS)
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
 struct Smem {
+    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
-    float* w1;        // [FEATURE_STRIDE][S]  W_1[U_c, :], k-major
-    float* w;         // [LAYERS−1][HIDDEN][S]  W_l[U_c, :] for l = 2..LAYERS, k-major
+    float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :], k-major, zero past S
+    float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
     float* bh;        // [CS]                 the head's bias (every block's copy)
-    float* region;    // [LAYERS][batch·HS]   see the header
-    float* logits;    // [LOGIT_BUFFERS][CLUSTER][batch][CS]  partial logits, per sending block
-    float4* h_own;    // [LAYERS][SQ][batch]4 h_l[:, U_c]: the ReLU masks, the head's input
-    float4* dh;       // [SQ][batch]4         dh_l[:, U_c] of the layer being differentiated
-    float* dl;        // [batch][CS]          dlogits
+    float* h_full;    // [LAYERS−1][BATCH][HS]  h_l of the whole batch, l < LAYERS
+    float* logits;    // [LOGIT_BUFFERS][CLUSTER][BATCH][CS]  partial logits, per sending block
+    float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
+    float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
+    float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
+    float* dh;        // [ROWS16][WST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
+    float* dl;        // [BATCH][CS]          dlogits
     float* gwh;       // [CS][S], then [CS]   the head's gradient
-    float* x;         // [batch][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
-    int* order;       // [3][batch]           sample indices of this step and the next two
-    int* labels;      // [2][batch]           labels of this step and the next
+    float* x;         // [BATCH][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
+    int* order;       // [3][BATCH]           sample indices of this step and the next two
+    int* labels;      // [2][BATCH]           labels of this step and the next
 };
 
-__device__ Smem carve(unsigned char* base, int batch) {
+__device__ Smem carve(unsigned char* base) {
     Smem s;
-    double* d = reinterpret_cast<double*>(base);
+    s.bars = reinterpret_cast<unsigned long long*>(base);
+    double* d = reinterpret_cast<double*>(s.bars + (NBARS + 1) / 2 * 2);  // 16-byte aligned after
     s.totals = d; d += 2 + 2 * WARPS;
     float* f = reinterpret_cast<float*>(d);  // every region below is a multiple of 16 bytes
-    s.w1 = f; f += FEATURE_STRIDE * S;
-    s.w = f; f += (LAYERS - 1) * HIDDEN * S;
+    s.w1 = f; f += FEATURE_STRIDE * WST;
+    s.w = f; f += (LAYERS - 1) * HIDDEN * WST;
     s.wh = f; f += CS * S;
     s.b = f; f += LAYERS * S;
     s.bh = f; f += CS;
-    s.region = f; f += LAYERS * batch * HS;
-    s.logits = f; f += LOGIT_BUFFERS * CLUSTER * batch * CS;
-    s.h_own = reinterpret_cast<float4*>(f); f += LAYERS * batch * S;
-    s.dh = reinterpret_cast<float4*>(f); f += batch * S;
-    s.dl = f; f += batch * CS;
+    s.h_full = f; f += (LAYERS - 1) * BATCH * HS;
+    s.logits = f; f += MAX2(LOGIT_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
+    s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
+    s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
+    s.h_own = f; f += LAYERS * BATCH * S;
+    s.dh = f; f += ROWS16 * WST;
+    s.dl = f; f += BATCH * CS;
     s.gwh = f; f += CS * S + CS;
-    s.x = f; f += batch * X_STRIDE;
+    s.x = f; f += BATCH * X_STRIDE;
     int* i = reinterpret_cast<int*>(f);
-    s.order = i; i += 3 * batch;
+    s.order = i; i += 3 * BATCH;
     s.labels = i;
     return s;
 }
 
 __device__ __forceinline__ float* layer_weights(const Smem& s, int l) {  // wt of hidden layer l (1-based)
-    return l == 1 ? s.w1 : s.w + (l - 2) * HIDDEN * S;
+    return l == 1 ? s.w1 : s.w + (l - 2) * HIDDEN * WST;
 }
+// dh_l's inbox, 1 ≤ l ≤ LAYERS − 1 (see the header), and its barrier.
+__device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
+    return l == LAYERS - 1 ? s.last : l == 1 ? s.logits : s.inbox_mid + (l - 2) * INBOX_FLOATS;
+}
+__device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) { return s.bars + (l - 1); }
+__device__ __forceinline__ unsigned long long* logits_bar(const Smem& s, int buffer) { return s.bars + GATHER_BARS + buffer; }
+__device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + LOGIT_BUFFERS + (l - 1); }
 
-// The rows of a product's left operand: a batch of images in global memory, or h_full in shared.
+// The rows of a product's left operand: a batch of images in global memory, or rows in shared.
 struct ImageRows {
     const float* images; const int* order;
-    __device__ const float4* operator()(int r) const {
-        return reinterpret_cast<const float4*>(images + (long long)order[r] * FEATURE_STRIDE);
-    }
+    __device__ const float* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
+    __device__ static float load(const float* p) { return __ldg(p); }
 };
 template <int STRIDE> struct SharedRows {
     const float* base;
-    __device__ const float4* operator()(int r) const { return reinterpret_cast<const float4*>(base + r * STRIDE); }
+    __device__ const float* operator()(int r) const { return base + r * STRIDE; }
+    __device__ static float load(const float* p) { return *p; }
 };
 using ActivationRows = SharedRows<HS>;  // h_full
-using StagedRows = SharedRows<X_STRIDE>;  // the batch's images, as layer 1's forward read them
+using StagedRows = SharedRows<X_STRIDE == 0 ? 4 : X_STRIDE>;  // the batch's images in shared memory
 
-// ---- forward: h_l[:, U_c] = act(A · W_l[U_c, :]ᵀ + b) -----------------------------------------
-// Thread (p, pair) sums the features k ≡ p (mod KP, in quads) of rows r and r + pairs for every
-// owned unit (each weight loaded once serves two rows; the lanes of a warp share p, so the weight
-// loads are broadcasts); the KP partial sums then add up in order p = 0..KP−1.
-// With `stage`, the thread also stores the quads it loaded there (rows of X_STRIDE floats), for
-// the update of W_1 to read from shared memory.
-template <int K4, class Rows>
-__device__ void forward_partials(Rows a_rows, const float* wt, float4* partial, int rows, int batch,
-                                 float* stage = nullptr) {
-    constexpr int NQ = (K4 + KP - 1) / KP;  // input quads per thread and row, all loaded up front
-    const int pairs = (rows + 1) / 2;
-    for (int i = threadIdx.x; i < pairs * KP; i += THREADS) {
-        const int p = i / pairs, r0 = i - p * pairs, r1 = r0 + pairs;
-        const bool two = r1 < rows;
-        const float4* x0 = a_rows(r0);
-        const float4* x1 = two ? a_rows(r1) : x0;
-        float4 acc0[SQ], acc1[SQ], in0[NQ], in1[NQ];
+// ---- forward: partial[w] = A · W_l[U_c, :]ᵀ over warp w's k-steps ------------------------------
+// Warp w takes the k-steps w, w + WARPS, ... of K = 8·KSTEPS inputs for every row tile and unit
+// tile; past KSTEPS its A operand is zero (no branch around the mma). Rows past the step's are
+// the last row again (finite; their sums are never read).
+template <int KSTEPS, class Rows>
+__device__ __forceinline__ void forward_products(Rows a_rows, const float* wt, float* partial, int rows) {
+    constexpr int KPW = (KSTEPS + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const float* row[MT][2];
 #pragma unroll
-        for (int uq = 0; uq < SQ; ++uq) { acc0[uq] = zero4(); acc1[uq] = zero4(); }
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < NQ; ++n) {  // the loads first: one memory latency, not NQ of them
-            const int q = p + n * KP;
-            in0[n] = q < K4 ? x0[q] : zero4();
-            in1[n] = q < K4 ? x1[q] : zero4();
-        }
-        if (stage) {
-            float4* staged = reinterpret_cast<float4*>(stage);
+        for (int h = 0; h < 2; ++h) row[mt][h] = a_rows(min(16 * mt + 8 * h + g, rows - 1)) + t;
+    Sums3 sums[MT][NT];
 #pragma unroll
-            for (int n = 0; n < NQ; ++n) {
-                const int q = p + n * KP;
-                if (q >= K4) break;
-                staged[r0 * (X_STRIDE / 4) + q] = in0[n];
-                if (two) staged[r1 * (X_STRIDE / 4) + q] = in1[n];
-            }
+    for (int i = 0; i < KPW; ++i) {
+        const int ks = warp + WARPS * i;
+        const bool valid = KSTEPS % WARPS == 0 || ks < KSTEPS;
+        const int k = valid ? 8 * ks : 0;
+        float b[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            b[n][0] = wt[(k + t) * WST + 8 * n + g];
+            b[n][1] = wt[(k + t + 4) * WST + 8 * n + g];
         }
 #pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-            const int q = p + n * KP;
-            if (q >= K4) break;
-            const float4 a0 = in0[n], a1 = in1[n];
+        for (int mt = 0; mt < MT; ++mt) {
+            float a[4] = {Rows::load(row[mt][0] + k), Rows::load(row[mt][1] + k), Rows::load(row[mt][0] + k + 4),
+                          Rows::load(row[mt][1] + k + 4)};
+            if (!valid) a[0] = a[1] = a[2] = a[3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                const float4* wk = reinterpret_cast<const float4*>(wt + (4 * q + kk) * S);
-                const float v0 = at(a0, kk), v1 = at(a1, kk);
-#pragma unroll
-                for (int uq = 0; uq < SQ; ++uq) {
-                    const float4 wv = wk[uq];
-                    acc0[uq] = fma4(v0, wv, acc0[uq]);
-                    acc1[uq] = fma4(v1, wv, acc1[uq]);
-                }
-            }
-        }
-#pragma unroll
-        for (int uq = 0; uq < SQ; ++uq) {
-            partial[(p * SQ + uq) * batch + r0] = acc0[uq];
-            if (two) partial[(p * SQ + uq) * batch + r1] = acc1[uq];
+            for (int n = 0; n < NT; ++n) mma_split(sums[mt][n], a, b[n]);
         }
     }
+    float* p = partial + warp * ROWS16 * WST;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(p + (16 * mt + 8 * h + g) * WST + 8 * n + 2 * t) =
+                    make_float2(total(sums[mt][n], 2 * h), total(sums[mt][n], 2 * h + 1));
 }
 
-// h_l[:, U_c] = act(Σ_p partial[p] + b), kept in h_own and, when `h_full` is given, sent to every
-// block's h_full[:, U_c] (two threads per quad, each sending to half the cluster).
-__device__ void forward_finish(const float4* partial, const float* bias, bool relu, float4* h_own, float* h_full,
-                               int rows, int batch, unsigned rank) {
-    const int items = rows * SQ, senders = h_full ? 2 : 1;
-    for (int i = threadIdx.x; i < items * senders; i += THREADS) {
-        const int half = i / items, j = i - half * items, uq = j / rows, r = j - uq * rows;
-        float4 v = partial[uq * batch + r];
+// Destination groups of a sending item: enough threads for the sends, each taking CLUSTER/GROUPS
+// destinations.
+__host__ __device__ constexpr int send_groups(int items) {
+    return items * 16 <= THREADS ? 16 : items * 8 <= THREADS ? 8 : items * 4 <= THREADS ? 4 : items * 2 <= THREADS ? 2 : 1;
+}
+
+// h_l[:, U_c] = relu(Σ_w partial[w] + b) (warp order), kept in h_own and, when `h_full` is given,
+// sent to every block's h_full[:, U_c], counted on its barrier `bar`.
+__device__ void forward_finish(const float* partial, const float* bias, float* h_own, float* h_full,
+                               unsigned long long* bar, int rows, unsigned rank) {
+    constexpr int GROUPS = send_groups(BATCH * SQ) < CLUSTER ? send_groups(BATCH * SQ) : CLUSTER;
+    constexpr int PER = CLUSTER / GROUPS;
+    for (int i = threadIdx.x; i < rows * SQ * GROUPS; i += THREADS) {
+        const int grp = i % GROUPS, j = i / GROUPS, uq = j % SQ, r = j / SQ;
+        float4 v = reinterpret_cast<const float4*>(bias)[uq];
 #pragma unroll
-        for (int p = 1; p < KP; ++p) v = add4(v, partial[(p * SQ + uq) * batch + r]);
-        v = add4(v, reinterpret_cast<const float4*>(bias)[uq]);
-        if (relu) v = relu_mask(v, v);
-        if (half == 0) h_own[uq * batch + r] = v;
+        for (int w = 0; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
+        v = relu4(v);
+        if (grp == 0) *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
         if (h_full) {
             const float* dst = h_full + r * HS + rank * S + 4 * uq;
 #pragma unroll
-            for (int o = 0; o < CLUSTER / 2; ++o) store_remote4(remote(dst, half * (CLUSTER / 2) + o), v);
+            for (int m = 0; m < PER; ++m) {
+                const unsigned o = grp * PER + m;
+                send4(remote(dst, o), v, remote(bar, o));
+            }
         }
     }
 }
 
 // ---- backward ----------------------------------------------------------------------------------
-// Q_c = dh_l[:, U_c] · W_l[U_c, :] for the HIDDEN inputs of layer l ≥ 2; quad k..k+3 of each row
-// goes to the inbox of the block that owns unit k, at [rank][k's quad][r]. Thread (q, g) holds
-// the four weight rows k = 4q..4q+3 in registers and takes the rows r ≡ g (mod groups).
-__device__ void send_input_grad(const float* wt, const float4* dh, float* inbox, int rows, int batch, unsigned rank) {
-    constexpr int groups = THREADS / HQ;
-    for (int i = threadIdx.x; i < HQ * groups; i += THREADS) {
-        const int q = i % HQ, g = i / HQ, k = 4 * q, owner = k / S, uq = (k - owner * S) / 4;
-        float4 w[4][SQ];
+// Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
+//   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
+//   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
+// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`.
+// A warp reads and writes only its own inputs' weights, and sends only after its update has read
+// h_{l−1} (see the header: h_full[1]'s reuse).
+__device__ void backward_layer(const float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
+                               float lr, int rows, unsigned rank) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // The update's B operand (dh: k = rows, n = units), the same for every input tile.
+    unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];
 #pragma unroll
-        for (int m = 0; m < 4; ++m)
+    for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
-            for (int u = 0; u < SQ; ++u) w[m][u] = reinterpret_cast<const float4*>(wt + (k + m) * S)[u];
-        const unsigned dst = remote(inbox + 4 * ((rank * SQ + uq) * batch), owner);
-        for (int r = g; r < rows; r += groups) {
-            float qv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < SQ; ++u) {
-                const float4 d = dh[u * batch + r];
-#pragma unroll
-                for (int m = 0; m < 4; ++m)
-                    qv[m] = fmaf(d.w, w[m][u].w, fmaf(d.z, w[m][u].z, fmaf(d.y, w[m][u].y, fmaf(d.x, w[m][u].x, qv[m]))));
-            }
-            store_remote4(dst + 16 * r, make_float4(qv[0], qv[1], qv[2], qv[3]));
+        for (int n = 0; n < NT; ++n) {
+            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
+            split_tf32(b, bu_hi[ks][n], bu_lo[ks][n]);
         }
+    const float* h_row[KB][2];  // rows 8ks + t and 8ks + t + 4 of h_{l−1}, the last row past the step's
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) h_row[ks][h] = h_prev + min(8 * ks + 4 * h + t, rows - 1) * HS + g;
+    for (int i = warp; i < H_MTILES; i += WARPS) {
+        const int k0 = 16 * i;
+        Sums3 q[MT][2];
+#pragma unroll
+        for (int kk = 0; kk < NT; ++kk) {
+            float b[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                b[j][0] = wt[(k0 + 8 * j + g) * WST + 8 * kk + t];
+                b[j][1] = wt[(k0 + 8 * j + g) * WST + 8 * kk + t + 4];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const float* d0 = dh + (16 * mt + g) * WST + 8 * kk + t;
+                const float a[4] = {d0[0], d0[8 * WST], d0[4], d0[8 * WST + 4]};
+#pragma unroll
+                for (int j = 0; j < 2; ++j) mma_split(q[mt][j], a, b[j]);
+            }
+        }
+        Sums3 du[NT];
+#pragma unroll
+        for (int ks = 0; ks < KB; ++ks) {
+            const float a[4] = {h_row[ks][0][k0], h_row[ks][0][k0 + 8], h_row[ks][1][k0], h_row[ks][1][k0 + 8]};
+            unsigned a_hi[4], a_lo[4];
+            split_tf32(a, a_hi, a_lo);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_3xtf32(du[n], a_hi, a_lo, bu_hi[ks][n], bu_lo[ks][n]);
+        }
+        __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float* wv = wt + (k0 + 8 * h + g) * WST + 8 * n + 2 * t;
+                wv[0] = fmaf(-lr, total(du[n], 2 * h), wv[0]);
+                wv[1] = fmaf(-lr, total(du[n], 2 * h + 1), wv[1]);
+            }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int col = k0 + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
+            const unsigned dst = remote(inbox + rank * BATCH * S + u, owner), dst_bar = remote(bar, owner);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * mt + 8 * h + g;
+                    if (r < rows) send2(dst + 4 * r * S, total(q[mt][j], 2 * h), total(q[mt][j], 2 * h + 1), dst_bar);
+                }
+        }
+    }
+}
+
+// W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x in global memory or staged in shared: m = inputs (tiles of 16,
+// warp w taking w, w + WARPS, ...), k = rows, n = units. Rows past the step's read the last row
+// again, against zeros of dh.
+template <class Rows>
+__device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, float lr, int rows) {
+    constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    unsigned b_hi[KB][NT][2], b_lo[KB][NT][2];
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
+            split_tf32(b, b_hi[ks][n], b_lo[ks][n]);
+        }
+    const float* x_row[KB][2];
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + g;
+#pragma unroll
+    for (int i = 0; i < MPW; ++i) {
+        const int mt = warp + WARPS * i;
+        const bool valid = F_MTILES % WARPS == 0 || mt < F_MTILES;
+        const int f0 = valid ? 16 * mt : 0;
+        Sums3 d[NT];
+#pragma unroll
+        for (int ks = 0; ks < KB; ++ks) {
+            const float a[4] = {Rows::load(x_row[ks][0] + f0), Rows::load(x_row[ks][0] + f0 + 8),
+                                Rows::load(x_row[ks][1] + f0), Rows::load(x_row[ks][1] + f0 + 8)};
+            unsigned a_hi[4], a_lo[4];
+            split_tf32(a, a_hi, a_lo);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_3xtf32(d[n], a_hi, a_lo, b_hi[ks][n], b_lo[ks][n]);
+        }
+        if (valid)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float* wv = wt + (f0 + 8 * h + g) * WST + 8 * n + 2 * t;
+                    wv[0] = fmaf(-lr, total(d[n], 2 * h), wv[0]);
+                    wv[1] = fmaf(-lr, total(d[n], 2 * h + 1), wv[1]);
+                }
     }
 }
 
 // Sums over the rows of a step, in a fixed order that is not a chain of `rows` dependent adds:
 // four partial sums over r ≡ 0, 1, 2, 3 (mod 4), then (s0 + s1) + (s2 + s3).
-template <class T, class Term>
-__device__ __forceinline__ T sum_rows(int rows, T zero, Term term) {
-    T part[4] = {zero, zero, zero, zero};
+template <class Term>
+__device__ __forceinline__ float sum_rows(int rows, Term term) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int r = 0; r < rows; r += 4)
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             if (r + k < rows) part[k] = term(r + k, part[k]);
     return (part[0] + part[1]) + (part[2] + part[3]);
 }
-// b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest above).
-__device__ void update_bias(float* bias, const float4* dh, float lr, int rows, int batch) {
+// b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest elsewhere).
+__device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
     const int u = THREADS - 1 - threadIdx.x;
-    if (u < S) {
-        const float sum = sum_rows(rows, 0.0f, [&](int r, float acc) { return acc + at(dh[(u / 4) * batch + r], u % 4); });
-        bias[u] = fmaf(-lr, sum, bias[u]);
-    }
+    if (u < S) bias[u] = fmaf(-lr, sum_rows(rows, [&](int r, float acc) { return acc + dh[r * WST + u]; }), bias[u]);
 }
 
-// W_l[U_c, :] −= lr · dh_lᵀ h_{l−1}, l ≥ 2: thread (q, g) owns inputs 4q..4q+3 of units 4g..4g+3
-// and sums over the rows in order (the lanes of a warp read consecutive quads of a row). Where
-// that leaves threads idle, thread (k, g) owns input k alone.
-__device__ void update_layer(ActivationRows a_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
-    if constexpr (HQ * SQ < THREADS) {
-        for (int i = threadIdx.x; i < HIDDEN * SQ; i += THREADS) {
-            const int g = i % SQ, k = i / SQ;
-            float4 acc = zero4();
-#pragma unroll 4
-            for (int r = 0; r < rows; ++r) acc = fma4(a_rows.base[r * HS + k], dh[g * batch + r], acc);
-            float4* wv = reinterpret_cast<float4*>(wt + k * S) + g;
-            *wv = fma4(-lr, acc, *wv);
+// dh_{l}[:, U_c] = Σ_o inbox[o] (in order) ⊙ [h_l[:, U_c] > 0], zero past the step's rows and S.
+__device__ void gather_input_grad(const float* inbox, const float* h_own, float* dh, int rows) {
+    for (int i = threadIdx.x; i < ROWS16 * WST; i += THREADS) {
+        const int r = i / WST, u = i - r * WST;
+        float v = 0.0f;
+        if (r < rows && u < S) {
+            v = inbox[r * S + u];
+#pragma unroll
+            for (int o = 1; o < CLUSTER; ++o) v += inbox[(o * BATCH + r) * S + u];
+            if (!(h_own[r * S + u] > 0.0f)) v = 0.0f;
         }
-    } else {
-        for (int i = threadIdx.x; i < HQ * SQ; i += THREADS) {
-            const int g = i % SQ, q = i / SQ;
-            float4 acc[4] = {zero4(), zero4(), zero4(), zero4()};
-#pragma unroll 4
-            for (int r = 0; r < rows; ++r) {
-                const float4 a = a_rows(r)[q], d = dh[g * batch + r];
-                acc[0] = fma4(a.x, d, acc[0]); acc[1] = fma4(a.y, d, acc[1]);
-                acc[2] = fma4(a.z, d, acc[2]); acc[3] = fma4(a.w, d, acc[3]);
-            }
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                float4* wv = reinterpret_cast<float4*>(wt + (4 * q + m) * S) + g;
-                *wv = fma4(-lr, acc[m], *wv);
-            }
-        }
-    }
-}
-
-// W_1[U_c, :] −= lr · dh_1ᵀ X, X in global memory or staged in shared: thread q owns inputs
-// 4q..4q+3 of every owned unit (each image quad loaded once) and sums over the rows in order; the
-// quads of the next CHUNK rows are loaded while the products of this chunk's run.
-template <class Rows>
-__device__ void update_first_layer(Rows x_rows, float* wt, const float4* dh, float lr, int rows, int batch) {
-    constexpr int CHUNK = S <= 8 ? 16 : 8;
-    for (int q = threadIdx.x; q < FQ; q += THREADS) {
-        float4 acc[4][SQ];
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-            for (int uq = 0; uq < SQ; ++uq) acc[m][uq] = zero4();
-        float4 a[CHUNK], next[CHUNK];
-#pragma unroll
-        for (int n = 0; n < CHUNK; ++n) a[n] = n < rows ? x_rows(n)[q] : zero4();
-        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
-#pragma unroll
-            for (int n = 0; n < CHUNK; ++n)  // the next chunk in flight while this one's products run
-                next[n] = r0 + CHUNK + n < rows ? x_rows(r0 + CHUNK + n)[q] : zero4();
-#pragma unroll
-            for (int n = 0; n < CHUNK; ++n) {
-                if (r0 + n >= rows) break;
-#pragma unroll
-                for (int uq = 0; uq < SQ; ++uq) {
-                    const float4 d = dh[uq * batch + r0 + n];
-                    acc[0][uq] = fma4(a[n].x, d, acc[0][uq]); acc[1][uq] = fma4(a[n].y, d, acc[1][uq]);
-                    acc[2][uq] = fma4(a[n].z, d, acc[2][uq]); acc[3][uq] = fma4(a[n].w, d, acc[3][uq]);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < CHUNK; ++n) a[n] = next[n];
-        }
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-            for (int uq = 0; uq < SQ; ++uq) {
-                float4* wv = reinterpret_cast<float4*>(wt + (4 * q + m) * S) + uq;
-                *wv = fma4(-lr, acc[m][uq], *wv);
-            }
-    }
-}
-
-// dh_{l}[:, U_c] = Σ_o inbox[o] (in order) ⊙ [h_l[:, U_c] > 0].
-__device__ void gather_input_grad(const float* inbox, const float4* h_own, float4* dh, int rows, int batch) {
-    const float4* in = reinterpret_cast<const float4*>(inbox);
-    for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
-        const int uq = i / rows, r = i - uq * rows;
-        float4 v = in[uq * batch + r];
-#pragma unroll
-        for (int o = 1; o < CLUSTER; ++o) v = add4(v, in[(o * SQ + uq) * batch + r]);
-        dh[uq * batch + r] = relu_mask(v, h_own[uq * batch + r]);
+        dh[i] = v;
     }
 }
 
 // With PHASE_CYCLES=1 (scripts/persistent_mlp_phases.py), thread 0 of block 0 adds up the SM
-// cycles of each phase of a step (each ending at a block or cluster barrier, so the slowest
-// thread's and block's time) and prints them per step at the end of the launch. Off, it is nothing.
-enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_BARRIER, SOFTMAX, HEAD_GRADIENT, SEND_GRADIENT,
-             UPDATE, BACKWARD_BARRIER, GATHER_GRADIENT, PHASES };
+// cycles of each phase of a step (each ending at a block barrier or at an exchange's wait, so the
+// slowest thread's time, and the slowest sender's) and prints them per step at the end of the
+// launch. Off, it is nothing.
+enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX, HEAD_GRADIENT, BACKWARD_PRODUCTS,
+             BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, PHASES };
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
         phase_cycles[phase][layer] += now - phase_mark; phase_mark = now; } } while (0)
@@ -389,9 +499,9 @@ enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_BARRIER, SOFTMAX, HE
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 mlp_epoch(const float* images, const int* labels, const int* order, const unsigned long long* params, int bias,
-          int num_samples, int batch, int num_steps, float lr, double* metrics, int measure) {
+          int num_samples, int num_steps, float lr, double* metrics, int measure) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const Smem s = carve(smem_raw, batch);
+    const Smem s = carve(smem_raw);
     const unsigned rank = cluster_rank();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int u0 = rank * S;  // this block's first unit
@@ -404,9 +514,9 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN, stride = l == 1 ? FEATURE_STRIDE : HIDDEN;
         float* wt = layer_weights(s, l);
-        for (int i = tid; i < stride * S; i += THREADS) {
-            const int k = i / S, u = i - k * S;
-            wt[i] = k < fan_in ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
+        for (int i = tid; i < stride * WST; i += THREADS) {
+            const int k = i / WST, u = i - k * WST;
+            wt[i] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
         }
         if (tid < S) s.b[(l - 1) * S + tid] = bias ? b_global[l - 1][u0 + tid] : 0.0f;
     }
@@ -416,98 +526,136 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     }
     if (tid < CS) s.bh[tid] = bias && tid < CLASSES ? b_global[LAYERS][tid] : 0.0f;
     for (int step = 0; step < 2 && step < num_steps; ++step)
-        for (int r = tid; r < step_rows(step, batch, num_samples); r += THREADS)
-            s.order[step * batch + r] = order[(long long)step * batch + r];
-    cluster_sync();  // every block of the cluster has started before any writes to another's memory
+        for (int r = tid; r < step_rows(step, BATCH, num_samples); r += THREADS)
+            s.order[step * BATCH + r] = order[(long long)step * BATCH + r];
+    if (tid == 0) {
+        for (int i = 0; i < NBARS; ++i) mbarrier_init(s.bars + i);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
     if (num_steps > 0)
-        for (int r = tid; r < step_rows(0, batch, num_samples); r += THREADS) {
+        for (int r = tid; r < step_rows(0, BATCH, num_samples); r += THREADS) {
             copy4_async(s.labels + r, labels + s.order[r]);
             if (r % CLUSTER == rank) prefetch_l2(images + (long long)s.order[r] * FEATURE_STRIDE, FEATURE_STRIDE * 4);
         }
     async_commit();
+    // No block may write into another's shared memory (nor count on its barriers) before every
+    // block of the cluster runs and has set up its barriers.
+    cluster_sync();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp of block 0
 #if PHASE_CYCLES
     long long phase_cycles[PHASES][LAYERS + 1] = {}, phase_mark = clock64();
 #endif
 
     for (int step = 0; step < num_steps; ++step) {
-        const int rows = step_rows(step, batch, num_samples);
-        const int* step_order = s.order + (step % 3) * batch;
-        const int* step_labels = s.labels + (step & 1) * batch;
-        float* logits = s.logits + (LAYERS == 1 ? (step & 1) : 0) * CLUSTER * batch * CS;
+        const int rows = step_rows(step, BATCH, num_samples);
+        const unsigned parity = step & 1;
+        const int* step_order = s.order + (step % 3) * BATCH;
+        const int* step_labels = s.labels + (step & 1) * BATCH;
+        const int logit_buffer = LAYERS == 1 ? (step & 1) : 0;
+        const unsigned logit_parity = LAYERS == 1 ? (step >> 1) & 1 : parity;
+        float* logits = s.logits + logit_buffer * CLUSTER * BATCH * CS;
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
-        __syncthreads();  // this step's labels, the next step's indices have landed
+        __syncthreads();  // this step's labels, the next step's indices have landed; the last step's reads are done
+        if (tid == 0) {  // what this step's exchanges will bring
+            for (int l = 1; l < LAYERS; ++l) {
+                mbarrier_expect(gather_bar(s, l), rows * HIDDEN * 4);
+                mbarrier_expect(inbox_bar(s, l), CLUSTER * rows * S * 4);
+            }
+            mbarrier_expect(logits_bar(s, logit_buffer), CLUSTER * rows * CS * 4);
+        }
+        if (X_STRIDE) {  // this warp's columns of the batch's images (its k-steps of layer 1's forward)
+            constexpr int KPW = (F_KSTEPS + WARPS - 1) / WARPS, CHUNKS = 2 * KPW;
+            for (int i = lane; i < rows * CHUNKS; i += 32) {
+                const int r = i / CHUNKS, c = i - r * CHUNKS, ks = warp + WARPS * (c >> 1), col = 8 * ks + 4 * (c & 1);
+                if (ks < F_KSTEPS) copy16_async(s.x + r * X_STRIDE + col, x_rows(r) + col);
+            }
+            async_commit();
+        }
         if (step + 1 < num_steps) {
-            const int next_rows = step_rows(step + 1, batch, num_samples);
-            const int* next_order = s.order + ((step + 1) % 3) * batch;
+            const int next_rows = step_rows(step + 1, BATCH, num_samples);
+            const int* next_order = s.order + ((step + 1) % 3) * BATCH;
             for (int r = tid; r < next_rows; r += THREADS)
-                copy4_async(s.labels + ((step + 1) & 1) * batch + r, labels + next_order[r]);
+                copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
             for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
                 prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * 4);
         }
         if (step + 2 < num_steps)
-            for (int r = tid; r < step_rows(step + 2, batch, num_samples); r += THREADS)
-                copy4_async(s.order + ((step + 2) % 3) * batch + r, order + (long long)(step + 2) * batch + r);
+            for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
+                copy4_async(s.order + ((step + 2) % 3) * BATCH + r, order + (long long)(step + 2) * BATCH + r);
         async_commit();
         PHASE_END(START, 0);
 
         // ---- forward ---------------------------------------------------------------------------
-        float4* partial = reinterpret_cast<float4*>(s.region + (LAYERS - 1) * batch * HS);
         for (int l = 1; l <= LAYERS; ++l) {
-            if (l == 1) forward_partials<FQ>(x_rows, s.w1, partial, rows, batch, X_STRIDE ? s.x : nullptr);
-            else forward_partials<HQ>(ActivationRows{s.region + (l - 2) * batch * HS}, layer_weights(s, l), partial, rows, batch);
+            if (l == 1) {
+                if (X_STRIDE) {
+                    async_wait_all_but_one();  // this warp's columns of the images (not the labels)
+                    __syncwarp();
+                    forward_products<F_KSTEPS>(StagedRows{s.x}, s.w1, s.last, rows);
+                } else {
+                    forward_products<F_KSTEPS>(x_rows, s.w1, s.last, rows);
+                }
+            } else {
+                forward_products<H_KSTEPS>(ActivationRows{s.h_full + (l - 2) * BATCH * HS}, layer_weights(s, l), s.last, rows);
+            }
             __syncthreads();
             PHASE_END(PRODUCTS, l);
-            forward_finish(partial, s.b + (l - 1) * S, true, s.h_own + (l - 1) * SQ * batch,
-                           l < LAYERS ? s.region + (l - 1) * batch * HS : nullptr, rows, batch, rank);
-            if (l < LAYERS) cluster_sync();  // h_full[l] is whole in every block
-            else __syncthreads();
+            const bool gather = l < LAYERS;
+            forward_finish(s.last, s.b + (l - 1) * S, s.h_own + (l - 1) * BATCH * S,
+                           gather ? s.h_full + (l - 1) * BATCH * HS : nullptr, gather_bar(s, l), rows, rank);
+            __syncthreads();  // the partial sums are read before the next product writes them
+            if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_END(EXCHANGE, l);
         }
 
         // ---- head: partial logits of this block's units, to every block ------------------------
         {
-            const float4* h_last = s.h_own + (LAYERS - 1) * SQ * batch;
-            const int items = rows * (CS / 4);
-            for (int i = tid; i < 2 * items; i += THREADS) {
-                const int half = i / items, j = i - half * items, jq = j / rows, r = j - jq * rows;
+            const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
+            constexpr int GROUPS = send_groups(BATCH * (CS / 4)) < CLUSTER ? send_groups(BATCH * (CS / 4)) : CLUSTER;
+            constexpr int PER = CLUSTER / GROUPS;
+            for (int i = tid; i < rows * (CS / 4) * GROUPS; i += THREADS) {
+                const int grp = i % GROUPS, j = i / GROUPS, jq = j % (CS / 4), r = j / (CS / 4);
                 float zq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int uq = 0; uq < SQ; ++uq) {
-                    const float4 h = h_last[uq * batch + r];
+                    const float4 h = *reinterpret_cast<const float4*>(h_last + r * S + 4 * uq);
 #pragma unroll
                     for (int m = 0; m < 4; ++m) {
                         const float4 wv = reinterpret_cast<const float4*>(s.wh + (4 * jq + m) * S)[uq];
                         zq[m] = fmaf(h.w, wv.w, fmaf(h.z, wv.z, fmaf(h.y, wv.y, fmaf(h.x, wv.x, zq[m]))));
                     }
                 }
-                const float* dst = logits + (rank * batch + r) * CS + 4 * jq;
+                const float* dst = logits + (rank * BATCH + r) * CS + 4 * jq;
                 const float4 v = make_float4(zq[0], zq[1], zq[2], zq[3]);
 #pragma unroll
-                for (int o = 0; o < CLUSTER / 2; ++o) store_remote4(remote(dst, half * (CLUSTER / 2) + o), v);
+                for (int m = 0; m < PER; ++m) {
+                    const unsigned o = grp * PER + m;
+                    send4(remote(dst, o), v, remote(logits_bar(s, logit_buffer), o));
+                }
             }
         }
         PHASE_SYNC();
         PHASE_END(HEAD_PARTIALS, 0);
-        cluster_sync();  // every block has every block's partial logits
-        PHASE_END(HEAD_BARRIER, 0);
+        mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
+        PHASE_END(HEAD_WAIT, 0);
 
         // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
         // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
         constexpr int ROWS_AT_ONCE = 4;
         for (int r0 = warp; r0 < rows; r0 += WARPS * ROWS_AT_ONCE) {
-            float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], total[ROWS_AT_ONCE];
+            float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], sum[ROWS_AT_ONCE];
 #pragma unroll
             for (int i = 0; i < ROWS_AT_ONCE; ++i) {
                 const int r = r0 + i * WARPS;
                 z[i] = -__int_as_float(0x7f800000);  // −∞ on the lanes past the classes
                 if (r < rows && lane < CLASSES) {
-                    float sum = 0.0f;
+                    float acc = 0.0f;
 #pragma unroll
-                    for (int c = 0; c < CLUSTER; ++c) sum += logits[(c * batch + r) * CS + lane];
-                    z[i] = sum + s.bh[lane];
+                    for (int c = 0; c < CLUSTER; ++c) acc += logits[(c * BATCH + r) * CS + lane];
+                    z[i] = acc + s.bh[lane];
                 }
                 m[i] = z[i];
             }
@@ -516,23 +664,23 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
 #pragma unroll
                 for (int i = 0; i < ROWS_AT_ONCE; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
 #pragma unroll
-            for (int i = 0; i < ROWS_AT_ONCE; ++i) total[i] = e[i] = lane < CLASSES && r0 + i * WARPS < rows ? expf(z[i] - m[i]) : 0.0f;
+            for (int i = 0; i < ROWS_AT_ONCE; ++i) sum[i] = e[i] = lane < CLASSES && r0 + i * WARPS < rows ? expf(z[i] - m[i]) : 0.0f;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-                for (int i = 0; i < ROWS_AT_ONCE; ++i) total[i] += __shfl_xor_sync(0xffffffffu, total[i], o);
+                for (int i = 0; i < ROWS_AT_ONCE; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
 #pragma unroll
             for (int i = 0; i < ROWS_AT_ONCE; ++i) {
                 const int r = r0 + i * WARPS;
                 if (r >= rows) break;  // the same for the whole warp
                 const int label = step_labels[r];
-                if (lane < CS) s.dl[r * CS + lane] = (e[i] / total[i] - (lane == label ? 1.0f : 0.0f)) / (float)rows;
+                if (lane < CS) s.dl[r * CS + lane] = (e[i] / sum[i] - (lane == label ? 1.0f : 0.0f)) / (float)rows;
                 if (measure && rank == 0) {
                     const float z_label = __shfl_sync(0xffffffffu, z[i], label);
                     // The first index of the largest logit: the lowest lane holding m.
                     const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z[i] == m[i]);
                     if (lane == 0) {
-                        loss_sum += (double)(logf(total[i]) + m[i] - z_label);
+                        loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
                         correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
                     }
                 }
@@ -540,25 +688,26 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         }
         __syncthreads();
         PHASE_END(SOFTMAX, 0);
-        {   // dh_L[:, U_c] (with W_h before its update), and the head's gradient
-            const float4* h_last = s.h_own + (LAYERS - 1) * SQ * batch;
-            const float4* wh4 = reinterpret_cast<const float4*>(s.wh);
-            for (int i = tid; i < rows * SQ; i += THREADS) {
-                const int uq = i / rows, r = i - uq * rows;
-                float4 v = zero4();
+        {   // dh_L[:, U_c] (with W_h before its update), zero past the rows and S; the head's gradient
+            const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
+            for (int i = tid; i < ROWS16 * WST; i += THREADS) {
+                const int r = i / WST, u = i - r * WST;
+                float v = 0.0f;
+                if (r < rows && u < S) {
 #pragma unroll
-                for (int j = 0; j < CLASSES; ++j) v = fma4(s.dl[r * CS + j], wh4[j * SQ + uq], v);
-                s.dh[uq * batch + r] = relu_mask(v, h_last[uq * batch + r]);
+                    for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CS + j], s.wh[j * S + u], v);
+                    if (!(h_last[r * S + u] > 0.0f)) v = 0.0f;
+                }
+                s.dh[i] = v;
             }
             // The head's gradient by the last threads, the first ones being busy with dh_L above.
-            for (int i = THREADS - 1 - tid; i < CLASSES * SQ + CLASSES; i += THREADS) {
-                if (i < CLASSES * SQ) {
-                    const int j = i / SQ, uq = i - j * SQ;
-                    reinterpret_cast<float4*>(s.gwh)[j * SQ + uq] = sum_rows(rows, zero4(), [&](int r, float4 acc) {
-                        return fma4(s.dl[r * CS + j], h_last[uq * batch + r], acc); });
+            for (int i = THREADS - 1 - tid; i < CLASSES * S + CLASSES; i += THREADS) {
+                if (i < CLASSES * S) {
+                    const int j = i / S, u = i - j * S;
+                    s.gwh[i] = sum_rows(rows, [&](int r, float acc) { return fmaf(s.dl[r * CS + j], h_last[r * S + u], acc); });
                 } else if (bias) {
-                    const int j = i - CLASSES * SQ;
-                    s.gwh[CS * S + j] = sum_rows(rows, 0.0f, [&](int r, float acc) { return acc + s.dl[r * CS + j]; });
+                    const int j = i - CLASSES * S;
+                    s.gwh[CS * S + j] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + j]; });
                 }
             }
             __syncthreads();
@@ -569,48 +718,41 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         PHASE_END(HEAD_GRADIENT, 0);
 
         // ---- backward ---------------------------------------------------------------------------
-        for (int l = LAYERS; l >= 1; --l) {
-            float* wt = layer_weights(s, l);
-            float* b = s.b + (l - 1) * S;
-            if (l >= 2) {
-                float* inbox = s.region + (l - 1) * batch * HS;  // dh_{l−1}'s inbox: region[l−1]
-                send_input_grad(wt, s.dh, inbox, rows, batch, rank);
-                __syncthreads();  // W_l is read by the products above before its update below
-                PHASE_END(SEND_GRADIENT, l);
-                update_layer(ActivationRows{s.region + (l - 2) * batch * HS}, wt, s.dh, lr, rows, batch);
-                if (bias) update_bias(b, s.dh, lr, rows, batch);
-                PHASE_SYNC();
-                PHASE_END(UPDATE, l);
-                cluster_sync();  // dh_{l−1}'s inbox is full in every block; s.dh is read
-                PHASE_END(BACKWARD_BARRIER, l);
-                gather_input_grad(inbox, s.h_own + (l - 2) * SQ * batch, s.dh, rows, batch);
-                __syncthreads();
-                PHASE_END(GATHER_GRADIENT, l - 1);
-            } else {
-                if (X_STRIDE) update_first_layer(StagedRows{s.x}, wt, s.dh, lr, rows, batch);
-                else update_first_layer(x_rows, wt, s.dh, lr, rows, batch);
-                if (bias) update_bias(b, s.dh, lr, rows, batch);
-                PHASE_SYNC();
-                PHASE_END(UPDATE, 1);
-            }
+        for (int l = LAYERS; l >= 2; --l) {
+            float* inbox = inbox_of(s, l - 1);
+            backward_layer(s.h_full + (l - 2) * BATCH * HS, layer_weights(s, l), s.dh, inbox, inbox_bar(s, l - 1), lr,
+                           rows, rank);
+            if (bias) update_bias(s.b + (l - 1) * S, s.dh, lr, rows);
+            __syncthreads();  // dh_l is read before dh_{l−1} replaces it
+            PHASE_END(BACKWARD_PRODUCTS, l);
+            mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
+            PHASE_END(BACKWARD_WAIT, l);
+            gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, s.dh, rows);
+            __syncthreads();
+            PHASE_END(GATHER_GRADIENT, l - 1);
         }
+        if (X_STRIDE) update_first_layer(StagedRows{s.x}, s.w1, s.dh, lr, rows);
+        else update_first_layer(x_rows, s.w1, s.dh, lr, rows);
+        if (bias) update_bias(s.b, s.dh, lr, rows);
+        PHASE_SYNC();
+        PHASE_END(UPDATE, 1);
         // The next step's first __syncthreads orders these updates before its forward reads them.
     }
 
 #if PHASE_CYCLES
     if (rank == 0 && tid == 0 && num_steps > 0) {
-        const char* names[PHASES] = {"step start", "forward products", "forward sums, sends, barrier",
-                                     "head partial logits, sends", "head barrier", "softmax", "head gradient",
-                                     "backward products, sends", "weight update", "backward barrier",
-                                     "input gradient sums"};
-        long long total = 0;
+        const char* names[PHASES] = {"step start", "forward products", "forward sums, sends, wait",
+                                     "head partial logits, sends", "head wait", "softmax", "head gradient",
+                                     "backward products, update, sends", "backward wait", "input gradient sums",
+                                     "update of W_1"};
+        long long all = 0;
         for (int p = 0; p < PHASES; ++p)
-            for (int l = 0; l <= LAYERS; ++l) total += phase_cycles[p][l];
-        printf("phase cycles per step (block 0, %d steps of %d rows): %lld in all\n", num_steps, batch,
-               total / num_steps);
+            for (int l = 0; l <= LAYERS; ++l) all += phase_cycles[p][l];
+        printf("phase cycles per step (block 0, %d steps of %d rows): %lld in all\n", num_steps, BATCH,
+               all / num_steps);
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l)
-                if (phase_cycles[p][l]) printf("  %-30s layer %d  %8lld\n", names[p], l, phase_cycles[p][l] / num_steps);
+                if (phase_cycles[p][l]) printf("  %-34s layer %d  %8lld\n", names[p], l, phase_cycles[p][l] / num_steps);
     }
 #endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------
@@ -620,7 +762,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         const float* wt = layer_weights(s, l);
         for (int i = tid; i < fan_in * S; i += THREADS) {
             const int u = i / fan_in, k = i - u * fan_in;
-            w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[k * S + u];
+            w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[k * WST + u];
         }
         if (bias && tid < S) b_global[l - 1][u0 + tid] = s.b[(l - 1) * S + tid];
     }

@@ -17,7 +17,7 @@ UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every
 
 @dataclass(frozen=True)
 class MlpShape:
-    """The sizes a kernel is compiled for, and the batch its shared memory is carved for."""
+    """The sizes a kernel is compiled for, the batch's included."""
 
     features: int
     hidden: tuple[int, ...]
@@ -26,8 +26,8 @@ class MlpShape:
 
     @property
     def padded_features(self) -> int:
-        """Floats per image row as the kernel reads them: whole 16-byte quads."""
-        return ceil_div(self.features, 4) * 4
+        """Floats per image row as the kernel reads them: whole tiles of 16 (its mma tiles of inputs)."""
+        return ceil_div(self.features, 16) * 16
 
     @property
     def layers(self) -> int:
@@ -40,9 +40,9 @@ class MlpShape:
 
     @property
     def x_stride(self) -> int:
-        """Floats per row of the batch's images kept in shared memory (4 more than a row, so the
-        rows start on different banks), or 0 where they do not fit (they are read from global
-        memory twice a step instead)."""
+        """Floats per row of the batch's images kept in shared memory (4 more than a row, so an mma
+        fragment's rows start on different banks), or 0 where they do not fit (they are read from
+        global memory twice a step instead)."""
         staged = self.padded_features + 4
         return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
 
@@ -51,14 +51,25 @@ class MlpShape:
         return self.bytes_with(self.x_stride)
 
     def bytes_with(self, x_stride: int) -> int:
-        """persistent_mlp.cu's `carve`, in bytes: totals (double), then floats, then ints."""
+        """persistent_mlp.cu's `carve`, in bytes: mbarriers, totals (double), floats, then ints."""
         h, s, b, layers = self.hidden[0], self.units, self.batch, self.layers
         cs = ceil_div(self.classes, 4) * 4
+        n_tiles = ceil_div(s, 8)
+        w_stride, rows16 = 8 * n_tiles, ceil_div(b, 16) * 16
         logit_buffers = 2 if layers == 1 else 1
-        floats = (self.padded_features * s + (layers - 1) * h * s + cs * s + layers * s + cs
-                  + layers * b * (h + 4) + logit_buffers * CLUSTER * b * cs
-                  + layers * b * s + b * s + b * cs + cs * s + cs + b * x_stride)
-        return 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * (3 * b + 2 * b)
+        barriers = 2 * (layers - 1) + logit_buffers
+        inbox, partial, logits = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, logit_buffers * CLUSTER * b * cs
+        floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
+                  + (layers - 1) * b * (h + 4) + max(logits, inbox if layers >= 3 else 0)
+                  + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
+                  + layers * b * s + rows16 * w_stride + b * cs + cs * s + cs + b * x_stride)
+        return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
+
+    @property
+    def defines(self) -> dict[str, int]:
+        """The -D defines persistent_mlp.cu is compiled with for this shape."""
+        return {"FEATURES": self.features, "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.hidden[0],
+                "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "X_STRIDE": self.x_stride}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -73,8 +84,6 @@ class MlpShape:
         if self.hidden[0] % UNIT_QUAD:
             return (f"the {dims} MLP: a hidden size must be a multiple of {UNIT_QUAD} ({CLUSTER} blocks, "
                     f"each owning whole quads of 4 units)")
-        if self.hidden[0] > 4 * THREADS:
-            return f"the {dims} MLP: a hidden size of at most {4 * THREADS} ({THREADS} threads of 4 inputs)"
         return None
 
 
@@ -84,16 +93,13 @@ class PersistentMlp(KernelFile):
     headers = ("cluster.cuh",)
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FEATURES": 784, "FEATURE_STRIDE": 784, "HIDDEN": 256,
-               "LAYERS": 3, "CLASSES": 10, "X_STRIDE": 0, "PHASE_CYCLES": 0}
-    _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, I32, F32, PTR, I32,
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32).defines, "PHASE_CYCLES": 0}
+    _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
     def __init__(self, device, shape: MlpShape):
         self.shape = shape
-        super().__init__(device, {"FEATURES": shape.features, "FEATURE_STRIDE": shape.padded_features,
-                                  "HIDDEN": shape.hidden[0], "LAYERS": shape.layers, "CLASSES": shape.classes,
-                                  "X_STRIDE": shape.x_stride})
+        super().__init__(device, shape.defines)
 
     def train_epoch(self, stream, images: int, labels: int, order: int, params: int, bias: bool,
                     num_samples: int, num_steps: int, lr: float, metrics: int, measure: bool) -> None:
@@ -103,4 +109,4 @@ class PersistentMlp(KernelFile):
         bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
         num_samples × padded_features floats."""
         self._mlp_epoch(stream, CLUSTER, THREADS, images, labels, order, params, int(bias), num_samples,
-                        self.shape.batch, num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
+                        num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
