@@ -66,12 +66,14 @@
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), and the next
 // step's images are prefetched into L2 (cp.async.bulk.prefetch), so no dependent global load sits
 // on a step's path apart from the images themselves. Where the batch's images fit in shared memory
-// (X_STRIDE > 0) each warp copies in the columns its forward product reads (cp.async), and the
-// update of W_1 reads them there rather than from global memory again.
+// (X_STRIDE > 0) the block copies them in at the step's start (cp.async, whole 16-byte pieces of
+// consecutive rows), and both products of layer 1 read them there; else both read global memory.
+// Layer 1's operands come in 16-byte (forward) and 8-byte (update) pieces, not 4-byte ones.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 16; images are rows of FEATURE_STRIDE floats, zero past FEATURES), HIDDEN (a multiple
-// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, X_STRIDE (0, or FEATURE_STRIDE + 4). Without a
+// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, X_STRIDE (0, or FEATURE_STRIDE or FEATURE_STRIDE + 16,
+// whichever is ≡ 16 mod 32: a 16-byte load phase's two rows on different banks). Without a
 // bias (bias = 0) every bias stays zero.
 
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
@@ -84,7 +86,6 @@
 #define MT ((BATCH + 15) / 16)        // the batch in mma rows of 16
 #define ROWS16 (MT * 16)
 #define KB ((BATCH + 7) / 8)          // the batch in k-steps of 8 (the updates sum over rows)
-#define F_KSTEPS (FEATURE_STRIDE / 8)
 #define H_KSTEPS (HIDDEN / 8)
 #define F_MTILES (FEATURE_STRIDE / 16)
 #define H_MTILES (HIDDEN / 16)
@@ -92,7 +93,7 @@
 #define GATHER_BARS (LAYERS - 1)
 #define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)
 
-#if (X_STRIDE != 0 && X_STRIDE != FEATURE_STRIDE + 4) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
+#if (X_STRIDE != 0 && X_STRIDE % 32 != 16) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
@@ -243,16 +244,86 @@ struct ImageRows {
     const float* images; const int* order;
     __device__ const float* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
     __device__ static float load(const float* p) { return __ldg(p); }
+    __device__ static float2 load2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
+    __device__ static float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 };
 template <int STRIDE> struct SharedRows {
     const float* base;
     __device__ const float* operator()(int r) const { return base + r * STRIDE; }
     __device__ static float load(const float* p) { return *p; }
+    __device__ static float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+    __device__ static float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 };
 using ActivationRows = SharedRows<HS>;  // h_full
-using StagedRows = SharedRows<X_STRIDE == 0 ? 4 : X_STRIDE>;  // the batch's images in shared memory
+using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
 
-// ---- forward: partial[w] = A · W_l[U_c, :]ᵀ over warp w's k-steps ------------------------------
+// A warp's partial sums of a forward product, rows × units: partial[warp][r][u].
+__device__ __forceinline__ void store_partial(const Sums3 (&sums)[MT][NT], float* partial) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float* p = partial + warp * ROWS16 * WST;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(p + (16 * mt + 8 * h + g) * WST + 8 * n + 2 * t) =
+                    make_float2(total(sums[mt][n], 2 * h), total(sums[mt][n], 2 * h + 1));
+}
+
+// W_1 in quads of 4 inputs: W_1[k][u] at ((k/4)·WST + (u ^ 2·(k/4 mod 4)))·4 + k mod 4. A lane's
+// four inputs 4t..4t+3 of unit g are one 16-byte load, and the XOR spreads the 8 lanes of a load
+// phase (units g, g + 1 of quads t = 0..3) over all 32 banks.
+__device__ __forceinline__ int w1_at(int k, int u) { return (((k >> 2) * WST + (u ^ (((k >> 2) & 3) << 1))) << 2) + (k & 3); }
+__device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? w1_at(k, u) : k * WST + u; }
+
+// ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
+// Warp w takes the input tiles w, w + WARPS, ... (zero past the last: no branch around the mma).
+// Within a tile a lane holds inputs 4t..4t+3 of its rows (one 16-byte load) and of its unit: the
+// first k-step takes inputs 4t, 4t + 1 as its k = t, t + 4, the second 4t + 2, 4t + 3 (a
+// permutation of k, the same for both operands, leaves the product as it is).
+template <class Rows>
+__device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
+    constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const float* row[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
+    Sums3 sums[MT][NT];
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+        const int j = warp + WARPS * i;
+        const bool valid = TILES % WARPS == 0 || j < TILES;
+        const int c = valid ? j : 0;
+        unsigned b_hi[NT][2][2], b_lo[NT][2][2];  // [unit tile][k-step][fragment register]
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float4 b = *reinterpret_cast<const float4*>(w1 + (((4 * c + t) * WST + ((8 * n + g) ^ (t << 1))) << 2));
+            const float b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
+            split_tf32(b0, b_hi[n][0], b_lo[n][0]);
+            split_tf32(b1, b_hi[n][1], b_lo[n][1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float4 v0 = Rows::load4(row[mt][0] + 16 * c), v1 = Rows::load4(row[mt][1] + 16 * c);
+            if (!valid) v0 = v1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float a0[4] = {v0.x, v1.x, v0.y, v1.y}, a1[4] = {v0.z, v1.z, v0.w, v1.w};
+            unsigned a0_hi[4], a0_lo[4], a1_hi[4], a1_lo[4];
+            split_tf32(a0, a0_hi, a0_lo);
+            split_tf32(a1, a1_hi, a1_lo);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                mma_3xtf32(sums[mt][n], a0_hi, a0_lo, b_hi[n][0], b_lo[n][0]);
+                mma_3xtf32(sums[mt][n], a1_hi, a1_lo, b_hi[n][1], b_lo[n][1]);
+            }
+        }
+    }
+    store_partial(sums, partial);
+}
+
+// ---- forward of layer l ≥ 2: partial[w] = h_{l−1} · W_l[U_c, :]ᵀ over warp w's k-steps -------
 // Warp w takes the k-steps w, w + WARPS, ... of K = 8·KSTEPS inputs for every row tile and unit
 // tile; past KSTEPS its A operand is zero (no branch around the mma). Rows past the step's are
 // the last row again (finite; their sums are never read).
@@ -286,15 +357,7 @@ __device__ __forceinline__ void forward_products(Rows a_rows, const float* wt, f
             for (int n = 0; n < NT; ++n) mma_split(sums[mt][n], a, b[n]);
         }
     }
-    float* p = partial + warp * ROWS16 * WST;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<float2*>(p + (16 * mt + 8 * h + g) * WST + 8 * n + 2 * t) =
-                    make_float2(total(sums[mt][n], 2 * h), total(sums[mt][n], 2 * h + 1));
+    store_partial(sums, partial);
 }
 
 // Destination groups of a sending item: enough threads for the sends, each taking CLUSTER/GROUPS
@@ -404,10 +467,11 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
 }
 
 // W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x in global memory or staged in shared: m = inputs (tiles of 16,
-// warp w taking w, w + WARPS, ...), k = rows, n = units. Rows past the step's read the last row
-// again, against zeros of dh.
+// warp w taking w, w + WARPS, ...), k = rows, n = units. A lane's rows m = g, g + 8 of a tile are
+// the inputs 2g, 2g + 1 (one 8-byte load). Rows past the step's read the last row again, against
+// zeros of dh.
 template <class Rows>
-__device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, float lr, int rows) {
+__device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, float lr, int rows) {
     constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned b_hi[KB][NT][2], b_lo[KB][NT][2];
@@ -422,7 +486,7 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, floa
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + g;
+        for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + 2 * g;
 #pragma unroll
     for (int i = 0; i < MPW; ++i) {
         const int mt = warp + WARPS * i;
@@ -431,8 +495,8 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, floa
         Sums3 d[NT];
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
-            const float a[4] = {Rows::load(x_row[ks][0] + f0), Rows::load(x_row[ks][0] + f0 + 8),
-                                Rows::load(x_row[ks][1] + f0), Rows::load(x_row[ks][1] + f0 + 8)};
+            const float2 p = Rows::load2(x_row[ks][0] + f0), q = Rows::load2(x_row[ks][1] + f0);
+            const float a[4] = {p.x, p.y, q.x, q.y};
             unsigned a_hi[4], a_lo[4];
             split_tf32(a, a_hi, a_lo);
 #pragma unroll
@@ -443,9 +507,9 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, floa
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float* wv = wt + (f0 + 8 * h + g) * WST + 8 * n + 2 * t;
-                    wv[0] = fmaf(-lr, total(d[n], 2 * h), wv[0]);
-                    wv[1] = fmaf(-lr, total(d[n], 2 * h + 1), wv[1]);
+                    const int f = f0 + 2 * g + h, u = 8 * n + 2 * t;
+                    w1[w1_at(f, u)] = fmaf(-lr, total(d[n], 2 * h), w1[w1_at(f, u)]);
+                    w1[w1_at(f, u + 1)] = fmaf(-lr, total(d[n], 2 * h + 1), w1[w1_at(f, u + 1)]);
                 }
     }
 }
@@ -455,7 +519,8 @@ __device__ void update_first_layer(Rows x_rows, float* wt, const float* dh, floa
 template <class Term>
 __device__ __forceinline__ float sum_rows(int rows, Term term) {
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int r = 0; r < rows; r += 4)
+#pragma unroll
+    for (int r = 0; r < BATCH; r += 4)
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             if (r + k < rows) part[k] = term(r + k, part[k]);
@@ -516,7 +581,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         float* wt = layer_weights(s, l);
         for (int i = tid; i < stride * WST; i += THREADS) {
             const int k = i / WST, u = i - k * WST;
-            wt[i] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
+            wt[weight_at(l, k, u)] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
         }
         if (tid < S) s.b[(l - 1) * S + tid] = bias ? b_global[l - 1][u0 + tid] : 0.0f;
     }
@@ -566,11 +631,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             }
             mbarrier_expect(logits_bar(s, logit_buffer), CLUSTER * rows * CS * 4);
         }
-        if (X_STRIDE) {  // this warp's columns of the batch's images (its k-steps of layer 1's forward)
-            constexpr int KPW = (F_KSTEPS + WARPS - 1) / WARPS, CHUNKS = 2 * KPW;
-            for (int i = lane; i < rows * CHUNKS; i += 32) {
-                const int r = i / CHUNKS, c = i - r * CHUNKS, ks = warp + WARPS * (c >> 1), col = 8 * ks + 4 * (c & 1);
-                if (ks < F_KSTEPS) copy16_async(s.x + r * X_STRIDE + col, x_rows(r) + col);
+        if (X_STRIDE) {  // the batch's images into shared memory (waited for before layer 1's forward)
+            constexpr int QUADS = FEATURE_STRIDE / 4;
+            for (int i = tid; i < rows * QUADS; i += THREADS) {
+                const int r = i / QUADS, q = i - r * QUADS;
+                copy16_async(s.x + r * X_STRIDE + 4 * q, x_rows(r) + 4 * q);
             }
             async_commit();
         }
@@ -592,11 +657,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         for (int l = 1; l <= LAYERS; ++l) {
             if (l == 1) {
                 if (X_STRIDE) {
-                    async_wait_all_but_one();  // this warp's columns of the images (not the labels)
-                    __syncwarp();
-                    forward_products<F_KSTEPS>(StagedRows{s.x}, s.w1, s.last, rows);
+                    async_wait_all_but_one();  // the images (not the labels, nor the next indices)
+                    __syncthreads();
+                    forward_first(StagedRows{s.x}, s.w1, s.last, rows);
                 } else {
-                    forward_products<F_KSTEPS>(x_rows, s.w1, s.last, rows);
+                    forward_first(x_rows, s.w1, s.last, rows);
                 }
             } else {
                 forward_products<H_KSTEPS>(ActivationRows{s.h_full + (l - 2) * BATCH * HS}, layer_weights(s, l), s.last, rows);
@@ -608,6 +673,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                            gather ? s.h_full + (l - 1) * BATCH * HS : nullptr, gather_bar(s, l), rows, rank);
             __syncthreads();  // the partial sums are read before the next product writes them
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
+            PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
         }
 
@@ -640,11 +706,12 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         PHASE_SYNC();
         PHASE_END(HEAD_PARTIALS, 0);
         mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
+        PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
 
         // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
         // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
-        constexpr int ROWS_AT_ONCE = 4;
+        constexpr int ROWS_AT_ONCE = 2;
         for (int r0 = warp; r0 < rows; r0 += WARPS * ROWS_AT_ONCE) {
             float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], sum[ROWS_AT_ONCE];
 #pragma unroll
@@ -726,6 +793,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             __syncthreads();  // dh_l is read before dh_{l−1} replaces it
             PHASE_END(BACKWARD_PRODUCTS, l);
             mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
+            PHASE_SYNC();
             PHASE_END(BACKWARD_WAIT, l);
             gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, s.dh, rows);
             __syncthreads();
@@ -762,7 +830,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         const float* wt = layer_weights(s, l);
         for (int i = tid; i < fan_in * S; i += THREADS) {
             const int u = i / fan_in, k = i - u * fan_in;
-            w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[k * WST + u];
+            w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[weight_at(l, k, u)];
         }
         if (bias && tid < S) b_global[l - 1][u0 + tid] = s.b[(l - 1) * S + tid];
     }

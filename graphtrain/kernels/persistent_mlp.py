@@ -40,10 +40,10 @@ class MlpShape:
 
     @property
     def x_stride(self) -> int:
-        """Floats per row of the batch's images kept in shared memory (4 more than a row, so an mma
-        fragment's rows start on different banks), or 0 where they do not fit (they are read from
-        global memory twice a step instead)."""
-        staged = self.padded_features + 4
+        """Floats per row of the batch's images kept in shared memory (a row, or 16 more: ≡ 16 mod
+        32, so that two rows' 16-byte pieces lie on different banks), or 0 where they do not fit
+        (they are read from global memory twice a step instead)."""
+        staged = self.padded_features + (0 if self.padded_features % 32 == 16 else 16)
         return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
 
     @property
