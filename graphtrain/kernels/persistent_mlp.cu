@@ -79,7 +79,7 @@
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
-#define HS (HIDDEN + 4)               // row stride of h_full: ≡ 4 (mod 8), A fragments hit 32 banks
+#define HS (HIDDEN + 8)               // row stride of h_full: ≡ 8 (mod 32), A fragments hit 32 banks
 #define WARPS (THREADS / 32)
 #define NT ((S + 7) / 8)              // a block's units in mma columns of 8
 #define WST (NT * 8)                  // floats per row of wt[k][u] and of dh: S, zero past it
@@ -91,7 +91,7 @@
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)
+#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS + 1)  // the exchanges', then the images' copy
 
 #if (X_STRIDE != 0 && X_STRIDE % 32 != 16) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
@@ -107,8 +107,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
-// Wait for every cp.async group but the newest one.
-__device__ __forceinline__ void async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // Stores into cluster block `rank`'s shared memory that count their bytes on that block's
@@ -120,6 +118,12 @@ __device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigne
 __device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
                  :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+}
+// A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
+// into this block's shared memory, counted on its barrier `bar`.
+__device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
@@ -182,7 +186,7 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 #define LOGIT_FLOATS (LOGIT_BUFFERS * CLUSTER * BATCH * CS)
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 struct Smem {
-    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L
+    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L; images
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
     float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :], k-major, zero past S
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
@@ -238,6 +242,7 @@ __device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
 __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) { return s.bars + (l - 1); }
 __device__ __forceinline__ unsigned long long* logits_bar(const Smem& s, int buffer) { return s.bars + GATHER_BARS + buffer; }
 __device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + LOGIT_BUFFERS + (l - 1); }
+__device__ __forceinline__ unsigned long long* images_bar(const Smem& s) { return s.bars + NBARS - 1; }
 
 // The rows of a product's left operand: a batch of images in global memory, or rows in shared.
 struct ImageRows {
@@ -291,12 +296,25 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
-    Sums3 sums[MT][NT];
-#pragma unroll
-    for (int i = 0; i < TPW; ++i) {
+    // A tile's inputs, loaded one tile ahead of its products (zero past the last tile).
+    const auto load_tile = [&](int i, float4 (&v)[MT][2]) {
         const int j = warp + WARPS * i;
         const bool valid = TILES % WARPS == 0 || j < TILES;
-        const int c = valid ? j : 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    };
+    Sums3 sums[MT][NT];
+    float4 v[MT][2], v_next[MT][2];
+    load_tile(0, v_next);
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
+        if (i + 1 < TPW) load_tile(i + 1, v_next);
+        const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
         unsigned b_hi[NT][2][2], b_lo[NT][2][2];  // [unit tile][k-step][fragment register]
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -307,8 +325,7 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            float4 v0 = Rows::load4(row[mt][0] + 16 * c), v1 = Rows::load4(row[mt][1] + 16 * c);
-            if (!valid) v0 = v1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 v0 = v[mt][0], v1 = v[mt][1];
             const float a0[4] = {v0.x, v1.x, v0.y, v1.y}, a1[4] = {v0.z, v1.z, v0.w, v1.w};
             unsigned a0_hi[4], a0_lo[4], a1_hi[4], a1_lo[4];
             split_tf32(a0, a0_hi, a0_lo);
@@ -487,29 +504,39 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + 2 * g;
+    // A tile's inputs, loaded one tile ahead of its products.
+    const auto load_tile = [&](int i, float2 (&a)[KB][2]) {
+        const int mt = warp + WARPS * i, f0 = F_MTILES % WARPS == 0 || mt < F_MTILES ? 16 * mt : 0;
+#pragma unroll
+        for (int ks = 0; ks < KB; ++ks)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) a[ks][h] = Rows::load2(x_row[ks][h] + f0);
+    };
+    float2 a_cur[KB][2], a_next[KB][2];
+    load_tile(0, a_next);
 #pragma unroll
     for (int i = 0; i < MPW; ++i) {
+#pragma unroll
+        for (int ks = 0; ks < KB; ++ks) { a_cur[ks][0] = a_next[ks][0]; a_cur[ks][1] = a_next[ks][1]; }
+        if (i + 1 < MPW) load_tile(i + 1, a_next);
         const int mt = warp + WARPS * i;
-        const bool valid = F_MTILES % WARPS == 0 || mt < F_MTILES;
-        const int f0 = valid ? 16 * mt : 0;
         Sums3 d[NT];
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
-            const float2 p = Rows::load2(x_row[ks][0] + f0), q = Rows::load2(x_row[ks][1] + f0);
-            const float a[4] = {p.x, p.y, q.x, q.y};
+            const float a[4] = {a_cur[ks][0].x, a_cur[ks][0].y, a_cur[ks][1].x, a_cur[ks][1].y};
             unsigned a_hi[4], a_lo[4];
             split_tf32(a, a_hi, a_lo);
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_3xtf32(d[n], a_hi, a_lo, b_hi[ks][n], b_lo[ks][n]);
         }
-        if (valid)
+        if (F_MTILES % WARPS == 0 || mt < F_MTILES)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int f = f0 + 2 * g + h, u = 8 * n + 2 * t;
-                    w1[w1_at(f, u)] = fmaf(-lr, total(d[n], 2 * h), w1[w1_at(f, u)]);
-                    w1[w1_at(f, u + 1)] = fmaf(-lr, total(d[n], 2 * h + 1), w1[w1_at(f, u + 1)]);
+                for (int e = 0; e < 2; ++e) {  // unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's quads
+                    float2* wv = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
+                    const float2 old = *wv;
+                    *wv = make_float2(fmaf(-lr, total(d[n], e), old.x), fmaf(-lr, total(d[n], 2 + e), old.y));
                 }
     }
 }
@@ -551,8 +578,8 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // cycles of each phase of a step (each ending at a block barrier or at an exchange's wait, so the
 // slowest thread's time, and the slowest sender's) and prints them per step at the end of the
 // launch. Off, it is nothing.
-enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX, HEAD_GRADIENT, BACKWARD_PRODUCTS,
-             BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, PHASES };
+enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
+             HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, PHASES };
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
         phase_cycles[phase][layer] += now - phase_mark; phase_mark = now; } } while (0)
@@ -623,22 +650,21 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
+        // The images' copy below (the async proxy) overwrites what the last step's update of W_1
+        // read (the generic proxy).
+        if (X_STRIDE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();  // this step's labels, the next step's indices have landed; the last step's reads are done
-        if (tid == 0) {  // what this step's exchanges will bring
+        if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
                 mbarrier_expect(gather_bar(s, l), rows * HIDDEN * 4);
                 mbarrier_expect(inbox_bar(s, l), CLUSTER * rows * S * 4);
             }
             mbarrier_expect(logits_bar(s, logit_buffer), CLUSTER * rows * CS * 4);
+            if (X_STRIDE) mbarrier_expect(images_bar(s), rows * FEATURE_STRIDE * 4);
         }
-        if (X_STRIDE) {  // the batch's images into shared memory (waited for before layer 1's forward)
-            constexpr int QUADS = FEATURE_STRIDE / 4;
-            for (int i = tid; i < rows * QUADS; i += THREADS) {
-                const int r = i / QUADS, q = i - r * QUADS;
-                copy16_async(s.x + r * X_STRIDE + 4 * q, x_rows(r) + 4 * q);
-            }
-            async_commit();
-        }
+        if (X_STRIDE)  // the batch's images into shared memory, a bulk copy per row
+            for (int r = tid; r < rows; r += THREADS)
+                copy_bulk(s.x + r * X_STRIDE, x_rows(r), FEATURE_STRIDE * 4, images_bar(s));
         if (step + 1 < num_steps) {
             const int next_rows = step_rows(step + 1, BATCH, num_samples);
             const int* next_order = s.order + ((step + 1) % 3) * BATCH;
@@ -657,8 +683,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         for (int l = 1; l <= LAYERS; ++l) {
             if (l == 1) {
                 if (X_STRIDE) {
-                    async_wait_all_but_one();  // the images (not the labels, nor the next indices)
-                    __syncthreads();
+                    mbarrier_wait(images_bar(s), parity);  // the images have landed
                     forward_first(StagedRows{s.x}, s.w1, s.last, rows);
                 } else {
                     forward_first(x_rows, s.w1, s.last, rows);
@@ -726,6 +751,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 }
                 m[i] = z[i];
             }
+            PHASE_END(SOFTMAX_SUMS, 0);
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
@@ -736,6 +762,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
                 for (int i = 0; i < ROWS_AT_ONCE; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+            PHASE_END(SOFTMAX_EXP, 0);
 #pragma unroll
             for (int i = 0; i < ROWS_AT_ONCE; ++i) {
                 const int r = r0 + i * WARPS;
@@ -752,6 +779,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                     }
                 }
             }
+            PHASE_END(SOFTMAX_ROWS, 0);
         }
         __syncthreads();
         PHASE_END(SOFTMAX, 0);
@@ -810,7 +838,9 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
 #if PHASE_CYCLES
     if (rank == 0 && tid == 0 && num_steps > 0) {
         const char* names[PHASES] = {"step start", "forward products", "forward sums, sends, wait",
-                                     "head partial logits, sends", "head wait", "softmax", "head gradient",
+                                     "head partial logits, sends", "head wait", "softmax: logits (warp 0)",
+                                     "softmax: exp, sums (warp 0)", "softmax: dlogits (warp 0)",
+                                     "softmax: the block's other warps", "head gradient",
                                      "backward products, update, sends", "backward wait", "input gradient sums",
                                      "update of W_1"};
         long long all = 0;
