@@ -431,7 +431,11 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) h_row[ks][h] = h_prev + min(8 * ks + 4 * h + t, rows - 1) * HS + g;
-    for (int i = warp; i < H_MTILES; i += WARPS) {
+    constexpr int TPW = (H_MTILES + WARPS - 1) / WARPS;  // input tiles per warp, unrolled: their chains interleave
+#pragma unroll
+    for (int ii = 0; ii < TPW; ++ii) {
+        const int i = warp + WARPS * ii;
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
         const int k0 = 16 * i;
         Sums3 q[MT][2];
 #pragma unroll
@@ -636,7 +640,13 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     cluster_sync();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp of block 0
 #if PHASE_CYCLES
-    long long phase_cycles[PHASES][LAYERS + 1] = {}, phase_mark = clock64();
+    // In shared memory, not local: a local array misses L1 behind the images' loads, and each
+    // update of a count would then cost an L2 round trip of its own.
+    __shared__ long long phase_cycles[PHASES][LAYERS + 1];
+    if (tid == 0)
+        for (int p = 0; p < PHASES; ++p)
+            for (int l = 0; l <= LAYERS; ++l) phase_cycles[p][l] = 0;
+    long long phase_mark = clock64();
 #endif
 
     for (int step = 0; step < num_steps; ++step) {
@@ -737,6 +747,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
         // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
         constexpr int ROWS_AT_ONCE = 2;
+        const float inv_rows = 1.0f / (float)rows;
         for (int r0 = warp; r0 < rows; r0 += WARPS * ROWS_AT_ONCE) {
             float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], sum[ROWS_AT_ONCE];
 #pragma unroll
@@ -768,7 +779,8 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                 const int r = r0 + i * WARPS;
                 if (r >= rows) break;  // the same for the whole warp
                 const int label = step_labels[r];
-                if (lane < CS) s.dl[r * CS + lane] = (e[i] / sum[i] - (lane == label ? 1.0f : 0.0f)) / (float)rows;
+                const float inv_sum = 1.0f / sum[i];  // the same on every lane: one division a row
+                if (lane < CS) s.dl[r * CS + lane] = (e[i] * inv_sum - (lane == label ? 1.0f : 0.0f)) * inv_rows;
                 if (measure && rank == 0) {
                     const float z_label = __shfl_sync(0xffffffffu, z[i], label);
                     // The first index of the largest logit: the lowest lane holding m.
