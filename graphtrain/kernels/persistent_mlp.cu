@@ -30,9 +30,13 @@
 // the product. A forward product splits its k (the inputs) over the warps, whose partial sums then
 // add up in warp order; the updates and Q split their outputs over the warps.
 //
-// The exchanges G_l, Z, D_l are st.async stores into the receiver's shared memory that count their
-// bytes on the receiver's mbarrier for that exchange (a phase a step); the receiver waits on its
-// own barrier only, so there is no cluster barrier and no memory fence in the loop. Why one buffer
+// The exchanges write the receiver's shared memory and count their bytes on the receiver's mbarrier
+// for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
+// cluster barrier and no memory fence in the loop. G_l and Z send one contiguous piece to each
+// block (this block's h_l[:, U_c], rows × S, into h_full[l] kept block-major; its partial logits,
+// rows × CS, into logits[c]): a bulk copy each (cp.async.bulk, the copy engine), 15 a block, and
+// its own piece by plain stores. D_l's
+// pieces are mma fragments in registers: st.async stores of 8 bytes. Why one buffer
 // per exchange is safe to reuse step after step: the exchanges run in one order, G_1 .. G_{L−1}, Z,
 // D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E has received every
 // block's E, each sent after its sender had waited for the exchange before E. So when block B
@@ -55,6 +59,12 @@
 // after A has sent the exchange before E of step t + 1, so after A waited for E of step t; and A
 // sets a barrier's expected bytes for a step at the step's start, after that wait.
 //
+// A bulk copy reads its source asynchronously, so a source is rewritten only once every block has
+// received it: h_own[l] (G_l's source) in the next step's forward, after this block waited for
+// D_2 (every block's D_2 comes after its wait for G_l); this block's partial logits (Z's source)
+// in the next step's head, after its wait for G_{L−1} of that step, or with one hidden layer two
+// steps on (two buffers), after its wait for Z of the step between.
+//
 // Two buffers share memory where their lives do not overlap, by the same argument:
 //   inbox[L−1] and the forward's partial sums (this block's only): D_L of step t comes after every
 //     block's Z of step t, sent after the forward's last partial sums; the next forward writes them
@@ -66,8 +76,8 @@
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), and the next
 // step's images are prefetched into L2 (cp.async.bulk.prefetch), so no dependent global load sits
 // on a step's path apart from the images themselves. Where the batch's images fit in shared memory
-// (X_STRIDE > 0) the block copies them in at the step's start (cp.async, whole 16-byte pieces of
-// consecutive rows), and both products of layer 1 read them there; else both read global memory.
+// (X_STRIDE > 0) the block copies them in at the step's start (a bulk copy a row, on an mbarrier of
+// its own), and both products of layer 1 read them there; else both read global memory.
 // Layer 1's operands come in 16-byte (forward) and 8-byte (update) pieces, not 4-byte ones.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
@@ -79,7 +89,6 @@
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
-#define HS (HIDDEN + 8)               // row stride of h_full: ≡ 8 (mod 32), A fragments hit 32 banks
 #define WARPS (THREADS / 32)
 #define NT ((S + 7) / 8)              // a block's units in mma columns of 8
 #define WST (NT * 8)                  // floats per row of wt[k][u] and of dh: S, zero past it
@@ -115,10 +124,15 @@ __device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigne
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                  :: "r"(addr), "f"(v0), "f"(v1), "r"(bar) : "memory");
 }
-__device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-                 :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+// A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) of this
+// block's shared memory into cluster block `rank`'s (`dst`, `bar` from remote()), counted on its
+// barrier `bar`. The source must have been made visible to the copy engine: written, then
+// fence.proxy.async by the writers, then a block barrier.
+__device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
 }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
 // into this block's shared memory, counted on its barrier `bar`.
 __device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
@@ -193,13 +207,14 @@ struct Smem {
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
     float* bh;        // [CS]                 the head's bias (every block's copy)
-    float* h_full;    // [LAYERS−1][BATCH][HS]  h_l of the whole batch, l < LAYERS
+    float* h_full;    // [LAYERS−1][CLUSTER][BATCH][S]  h_l of the whole batch, l < LAYERS, by owning block
     float* logits;    // [LOGIT_BUFFERS][CLUSTER][BATCH][CS]  partial logits, per sending block
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
     float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
     float* dh;        // [ROWS16][WST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
     float* dl;        // [BATCH][CS]          dlogits
+    float* zsend;     // [LOGIT_BUFFERS][BATCH][CS]  this block's partial logits, as sent
     float* gwh;       // [CS][S], then [CS]   the head's gradient
     float* x;         // [BATCH][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][BATCH]           sample indices of this step and the next two
@@ -217,13 +232,14 @@ __device__ Smem carve(unsigned char* base) {
     s.wh = f; f += CS * S;
     s.b = f; f += LAYERS * S;
     s.bh = f; f += CS;
-    s.h_full = f; f += (LAYERS - 1) * BATCH * HS;
+    s.h_full = f; f += (LAYERS - 1) * BATCH * HIDDEN;
     s.logits = f; f += MAX2(LOGIT_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
     s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
     s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
     s.h_own = f; f += LAYERS * BATCH * S;
     s.dh = f; f += ROWS16 * WST;
     s.dl = f; f += BATCH * CS;
+    s.zsend = f; f += LOGIT_BUFFERS * BATCH * CS;
     s.gwh = f; f += CS * S + CS;
     s.x = f; f += BATCH * X_STRIDE;
     int* i = reinterpret_cast<int*>(f);
@@ -259,7 +275,8 @@ template <int STRIDE> struct SharedRows {
     __device__ static float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
     __device__ static float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 };
-using ActivationRows = SharedRows<HS>;  // h_full
+// Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k).
+__device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
 
 // A warp's partial sums of a forward product, rows × units: partial[warp][r][u].
@@ -341,24 +358,23 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
 }
 
 // ---- forward of layer l ≥ 2: partial[w] = h_{l−1} · W_l[U_c, :]ᵀ over warp w's k-steps -------
-// Warp w takes the k-steps w, w + WARPS, ... of K = 8·KSTEPS inputs for every row tile and unit
-// tile; past KSTEPS its A operand is zero (no branch around the mma). Rows past the step's are
-// the last row again (finite; their sums are never read).
-template <int KSTEPS, class Rows>
-__device__ __forceinline__ void forward_products(Rows a_rows, const float* wt, float* partial, int rows) {
-    constexpr int KPW = (KSTEPS + WARPS - 1) / WARPS;
+// Warp w takes the k-steps w, w + WARPS, ... of the HIDDEN inputs for every row tile and unit
+// tile; past them its A operand is zero (no branch around the mma). Rows past the step's are the
+// last row again (finite; their sums are never read). h: h_full[l − 1], block-major.
+__device__ __forceinline__ void forward_hidden(const float* h, const float* wt, float* partial, int rows) {
+    constexpr int KPW = (H_KSTEPS + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const float* row[MT][2];
+    int row[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) row[mt][h] = a_rows(min(16 * mt + 8 * h + g, rows - 1)) + t;
+        for (int hh = 0; hh < 2; ++hh) row[mt][hh] = min(16 * mt + 8 * hh + g, rows - 1) * S;
     Sums3 sums[MT][NT];
 #pragma unroll
     for (int i = 0; i < KPW; ++i) {
         const int ks = warp + WARPS * i;
-        const bool valid = KSTEPS % WARPS == 0 || ks < KSTEPS;
-        const int k = valid ? 8 * ks : 0;
+        const bool valid = H_KSTEPS % WARPS == 0 || ks < H_KSTEPS;
+        const int k = valid ? 8 * ks : 0, c0 = hcol(k + t), c1 = hcol(k + t + 4);
         float b[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -367,8 +383,7 @@ __device__ __forceinline__ void forward_products(Rows a_rows, const float* wt, f
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            float a[4] = {Rows::load(row[mt][0] + k), Rows::load(row[mt][1] + k), Rows::load(row[mt][0] + k + 4),
-                          Rows::load(row[mt][1] + k + 4)};
+            float a[4] = {h[row[mt][0] + c0], h[row[mt][1] + c0], h[row[mt][0] + c1], h[row[mt][1] + c1]};
             if (!valid) a[0] = a[1] = a[2] = a[3] = 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_split(sums[mt][n], a, b[n]);
@@ -377,33 +392,17 @@ __device__ __forceinline__ void forward_products(Rows a_rows, const float* wt, f
     store_partial(sums, partial);
 }
 
-// Destination groups of a sending item: enough threads for the sends, each taking CLUSTER/GROUPS
-// destinations.
-__host__ __device__ constexpr int send_groups(int items) {
-    return items * 16 <= THREADS ? 16 : items * 8 <= THREADS ? 8 : items * 4 <= THREADS ? 4 : items * 2 <= THREADS ? 2 : 1;
-}
-
-// h_l[:, U_c] = relu(Σ_w partial[w] + b) (warp order), kept in h_own and, when `h_full` is given,
-// sent to every block's h_full[:, U_c], counted on its barrier `bar`.
-__device__ void forward_finish(const float* partial, const float* bias, float* h_own, float* h_full,
-                               unsigned long long* bar, int rows, unsigned rank) {
-    constexpr int GROUPS = send_groups(BATCH * SQ) < CLUSTER ? send_groups(BATCH * SQ) : CLUSTER;
-    constexpr int PER = CLUSTER / GROUPS;
-    for (int i = threadIdx.x; i < rows * SQ * GROUPS; i += THREADS) {
-        const int grp = i % GROUPS, j = i / GROUPS, uq = j % SQ, r = j / SQ;
+// h_l[:, U_c] = relu(Σ_w partial[w] + b) (warp order), into h_own and, when given, this block's
+// slice of h_full[l] (the other blocks' copies of it go by bulk copy).
+__device__ void forward_finish(const float* partial, const float* bias, float* h_own, float* own_slice, int rows) {
+    for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
+        const int uq = i % SQ, r = i / SQ;
         float4 v = reinterpret_cast<const float4*>(bias)[uq];
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
         v = relu4(v);
-        if (grp == 0) *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
-        if (h_full) {
-            const float* dst = h_full + r * HS + rank * S + 4 * uq;
-#pragma unroll
-            for (int m = 0; m < PER; ++m) {
-                const unsigned o = grp * PER + m;
-                send4(remote(dst, o), v, remote(bar, o));
-            }
-        }
+        *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
+        if (own_slice) *reinterpret_cast<float4*>(own_slice + r * S + 4 * uq) = v;
     }
 }
 
@@ -426,17 +425,17 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
             const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
             split_tf32(b, bu_hi[ks][n], bu_lo[ks][n]);
         }
-    const float* h_row[KB][2];  // rows 8ks + t and 8ks + t + 4 of h_{l−1}, the last row past the step's
+    int h_row[KB][2];  // rows 8ks + t and 8ks + t + 4 of h_{l−1}, the last row past the step's
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) h_row[ks][h] = h_prev + min(8 * ks + 4 * h + t, rows - 1) * HS + g;
+        for (int h = 0; h < 2; ++h) h_row[ks][h] = min(8 * ks + 4 * h + t, rows - 1) * S;
     constexpr int TPW = (H_MTILES + WARPS - 1) / WARPS;  // input tiles per warp, unrolled: their chains interleave
 #pragma unroll
     for (int ii = 0; ii < TPW; ++ii) {
         const int i = warp + WARPS * ii;
         if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
-        const int k0 = 16 * i;
+        const int k0 = 16 * i, c_lo = hcol(k0 + g), c_hi = hcol(k0 + g + 8);
         Sums3 q[MT][2];
 #pragma unroll
         for (int kk = 0; kk < NT; ++kk) {
@@ -457,7 +456,8 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
         Sums3 du[NT];
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
-            const float a[4] = {h_row[ks][0][k0], h_row[ks][0][k0 + 8], h_row[ks][1][k0], h_row[ks][1][k0 + 8]};
+            const float a[4] = {h_prev[h_row[ks][0] + c_lo], h_prev[h_row[ks][0] + c_hi], h_prev[h_row[ks][1] + c_lo],
+                                h_prev[h_row[ks][1] + c_hi]};
             unsigned a_hi[4], a_lo[4];
             split_tf32(a, a_hi, a_lo);
 #pragma unroll
@@ -666,10 +666,10 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         __syncthreads();  // this step's labels, the next step's indices have landed; the last step's reads are done
         if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
-                mbarrier_expect(gather_bar(s, l), rows * HIDDEN * 4);
+                mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
                 mbarrier_expect(inbox_bar(s, l), CLUSTER * rows * S * 4);
             }
-            mbarrier_expect(logits_bar(s, logit_buffer), CLUSTER * rows * CS * 4);
+            mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
             if (X_STRIDE) mbarrier_expect(images_bar(s), rows * FEATURE_STRIDE * 4);
         }
         if (X_STRIDE)  // the batch's images into shared memory, a bulk copy per row
@@ -699,14 +699,18 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                     forward_first(x_rows, s.w1, s.last, rows);
                 }
             } else {
-                forward_products<H_KSTEPS>(ActivationRows{s.h_full + (l - 2) * BATCH * HS}, layer_weights(s, l), s.last, rows);
+                forward_hidden(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.last, rows);
             }
             __syncthreads();
             PHASE_END(PRODUCTS, l);
             const bool gather = l < LAYERS;
-            forward_finish(s.last, s.b + (l - 1) * S, s.h_own + (l - 1) * BATCH * S,
-                           gather ? s.h_full + (l - 1) * BATCH * HS : nullptr, gather_bar(s, l), rows, rank);
-            __syncthreads();  // the partial sums are read before the next product writes them
+            float* h_own = s.h_own + (l - 1) * BATCH * S;
+            float* slice = s.h_full + ((l - 1) * CLUSTER + rank) * BATCH * S;  // this block's in h_full[l]
+            forward_finish(s.last, s.b + (l - 1) * S, h_own, gather ? slice : nullptr, rows);
+            if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
+            __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
+            if (gather && tid < CLUSTER && tid != rank)  // this block's h_l[:, U_c] to block tid's h_full[l]
+                send_bulk(remote(slice, tid), h_own, rows * S * 4, remote(gather_bar(s, l), tid));
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
@@ -715,10 +719,9 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         // ---- head: partial logits of this block's units, to every block ------------------------
         {
             const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
-            constexpr int GROUPS = send_groups(BATCH * (CS / 4)) < CLUSTER ? send_groups(BATCH * (CS / 4)) : CLUSTER;
-            constexpr int PER = CLUSTER / GROUPS;
-            for (int i = tid; i < rows * (CS / 4) * GROUPS; i += THREADS) {
-                const int grp = i % GROUPS, j = i / GROUPS, jq = j % (CS / 4), r = j / (CS / 4);
+            float* zsend = s.zsend + logit_buffer * BATCH * CS;
+            for (int i = tid; i < rows * (CS / 4); i += THREADS) {
+                const int jq = i % (CS / 4), r = i / (CS / 4);
                 float zq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int uq = 0; uq < SQ; ++uq) {
@@ -729,14 +732,14 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                         zq[m] = fmaf(h.w, wv.w, fmaf(h.z, wv.z, fmaf(h.y, wv.y, fmaf(h.x, wv.x, zq[m]))));
                     }
                 }
-                const float* dst = logits + (rank * BATCH + r) * CS + 4 * jq;
                 const float4 v = make_float4(zq[0], zq[1], zq[2], zq[3]);
-#pragma unroll
-                for (int m = 0; m < PER; ++m) {
-                    const unsigned o = grp * PER + m;
-                    send4(remote(dst, o), v, remote(logits_bar(s, logit_buffer), o));
-                }
+                *reinterpret_cast<float4*>(zsend + r * CS + 4 * jq) = v;
+                *reinterpret_cast<float4*>(logits + (rank * BATCH + r) * CS + 4 * jq) = v;  // this block's own
             }
+            fence_proxy_async();
+            __syncthreads();
+            if (tid < CLUSTER && tid != rank)  // to block tid's logits[rank]
+                send_bulk(remote(logits + rank * BATCH * CS, tid), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), tid));
         }
         PHASE_SYNC();
         PHASE_END(HEAD_PARTIALS, 0);
@@ -827,7 +830,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         // ---- backward ---------------------------------------------------------------------------
         for (int l = LAYERS; l >= 2; --l) {
             float* inbox = inbox_of(s, l - 1);
-            backward_layer(s.h_full + (l - 2) * BATCH * HS, layer_weights(s, l), s.dh, inbox, inbox_bar(s, l - 1), lr,
+            backward_layer(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.dh, inbox, inbox_bar(s, l - 1), lr,
                            rows, rank);
             if (bias) update_bias(s.b + (l - 1) * S, s.dh, lr, rows);
             __syncthreads();  // dh_l is read before dh_{l−1} replaces it

@@ -60,9 +60,9 @@ class MlpShape:
         barriers = 2 * (layers - 1) + logit_buffers + 1  # the exchanges', the images' copy
         inbox, partial, logits = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, logit_buffers * CLUSTER * b * cs
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
-                  + (layers - 1) * b * (h + 8) + max(logits, inbox if layers >= 3 else 0)
+                  + (layers - 1) * b * h + max(logits, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
-                  + layers * b * s + rows16 * w_stride + b * cs + cs * s + cs + b * x_stride)
+                  + layers * b * s + rows16 * w_stride + b * cs + logit_buffers * b * cs + cs * s + cs + b * x_stride)
         return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
     @property
