@@ -8,8 +8,9 @@ thread 0 of block 0 reads the SM clock at the end of each phase of every step (e
 a block barrier or at the wait for an exchange, so the count is the slowest thread's, and for a
 wait the slowest sender's) and each launch
 prints the cycles per step of every phase and layer when it ends. The instrumented build adds a
-few block barriers of its own (to split phases that end without one); its total is within a few
-per cent of the plain build's time per step (ms/epoch ÷ steps per epoch × the SM clock).
+few block barriers of its own (to split phases that end without one) and keeps the counts in
+shared memory; compare its total with the plain build's time per step (ms/epoch ÷ steps per epoch
+× the SM clock) before reading much into a phase of a few hundred cycles.
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
 #define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS + 1)  // the exchanges', then the images' copy
+#define PHASE_SLOTS 16                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
 #if (X_STRIDE != 0 && X_STRIDE % 32 != 16) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
@@ -219,6 +220,7 @@ struct Smem {
     float* x;         // [BATCH][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][BATCH]           sample indices of this step and the next two
     int* labels;      // [2][BATCH]           labels of this step and the next
+    long long* phase_cycles;  // [PHASE_SLOTS][LAYERS + 1]  PHASE_CYCLES builds only (8-byte aligned)
 };
 
 __device__ Smem carve(unsigned char* base) {
@@ -244,7 +246,8 @@ __device__ Smem carve(unsigned char* base) {
     s.x = f; f += BATCH * X_STRIDE;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += 3 * BATCH;
-    s.labels = i;
+    s.labels = i; i += 2 * BATCH;
+    s.phase_cycles = reinterpret_cast<long long*>((reinterpret_cast<unsigned long long>(i) + 7) & ~7ull);
     return s;
 }
 
@@ -584,9 +587,10 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // launch. Off, it is nothing.
 enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
              HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, PHASES };
+static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
-        phase_cycles[phase][layer] += now - phase_mark; phase_mark = now; } } while (0)
+        s.phase_cycles[(phase) * (LAYERS + 1) + (layer)] += now - phase_mark; phase_mark = now; } } while (0)
 #define PHASE_SYNC() __syncthreads()  // splits a phase that ends without a barrier of its own
 #else
 #define PHASE_END(phase, layer) do {} while (0)
@@ -640,12 +644,10 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     cluster_sync();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp of block 0
 #if PHASE_CYCLES
-    // In shared memory, not local: a local array misses L1 behind the images' loads, and each
-    // update of a count would then cost an L2 round trip of its own.
-    __shared__ long long phase_cycles[PHASES][LAYERS + 1];
+    // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
+    // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
     if (tid == 0)
-        for (int p = 0; p < PHASES; ++p)
-            for (int l = 0; l <= LAYERS; ++l) phase_cycles[p][l] = 0;
+        for (int i = 0; i < PHASE_SLOTS * (LAYERS + 1); ++i) s.phase_cycles[i] = 0;
     long long phase_mark = clock64();
 #endif
 
@@ -860,12 +862,13 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                                      "update of W_1"};
         long long all = 0;
         for (int p = 0; p < PHASES; ++p)
-            for (int l = 0; l <= LAYERS; ++l) all += phase_cycles[p][l];
+            for (int l = 0; l <= LAYERS; ++l) all += s.phase_cycles[p * (LAYERS + 1) + l];
         printf("phase cycles per step (block 0, %d steps of %d rows): %lld in all\n", num_steps, BATCH,
                all / num_steps);
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l)
-                if (phase_cycles[p][l]) printf("  %-34s layer %d  %8lld\n", names[p], l, phase_cycles[p][l] / num_steps);
+                if (s.phase_cycles[p * (LAYERS + 1) + l])
+                    printf("  %-34s layer %d  %8lld\n", names[p], l, s.phase_cycles[p * (LAYERS + 1) + l] / num_steps);
     }
 #endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------

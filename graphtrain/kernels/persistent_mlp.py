@@ -13,6 +13,7 @@ from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
 
 THREADS = 256  # per block
 UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
+PHASE_SLOTS = 16  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
 
 
 @dataclass(frozen=True)
@@ -108,5 +109,8 @@ class PersistentMlp(KernelFile):
         (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
         bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
         num_samples × padded_features floats."""
+        shared_bytes = self.shape.shared_bytes
+        if self.defines["PHASE_CYCLES"]:  # the phase counts (scripts/persistent_mlp_phases.py), 8-byte aligned
+            shared_bytes += 8 + 8 * PHASE_SLOTS * (self.shape.layers + 1)
         self._mlp_epoch(stream, CLUSTER, THREADS, images, labels, order, params, int(bias), num_samples,
-                        num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
+                        num_steps, lr, metrics, measure, shared_bytes=shared_bytes)
