@@ -2,9 +2,9 @@
 // one thread-block cluster; one launch runs an epoch.
 //
 // Block c of the CLUSTER blocks owns S = HIDDEN / CLUSTER units U_c of every hidden layer: the rows
-// W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]), its bias b_l[U_c], and the
-// head's columns W_h[:, U_c]. Every block keeps a copy of the head's bias. A step of `rows` samples
-// x (read through the sample order), h_0 = x:
+// W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]; W_1 in quads of inputs, see
+// w1_at), its bias b_l[U_c], and the head's columns W_h[:, U_c]. Every block keeps a copy of the
+// head's bias. A step of `rows` samples x (read through the sample order), h_0 = x:
 //
 //   forward, l = 1..LAYERS      h_l[:, U_c] = relu(h_{l-1} · W_l[U_c, :]ᵀ + b_l[U_c])
 //       l < LAYERS: G_l         each block sends its columns to every block's h_full[l]
@@ -32,17 +32,18 @@
 //
 // The exchanges write the receiver's shared memory and count their bytes on the receiver's mbarrier
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
-// cluster barrier and no memory fence in the loop. G_l and Z send one contiguous piece to each
-// block (this block's h_l[:, U_c], rows × S, into h_full[l] kept block-major; its partial logits,
-// rows × CS, into logits[c]): a bulk copy each (cp.async.bulk, the copy engine), 15 a block, and
-// its own piece by plain stores. D_l's
-// pieces are mma fragments in registers: st.async stores of 8 bytes. Why one buffer
-// per exchange is safe to reuse step after step: the exchanges run in one order, G_1 .. G_{L−1}, Z,
-// D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E has received every
-// block's E, each sent after its sender had waited for the exchange before E. So when block B
-// writes block A's buffer for E in step t + 1, A has already sent its part of the exchange before
-// E (of step t + 1, or D_2 of step t where E = G_1), and it suffices that A reads its buffer of E
-// for step t only before making that send:
+// cluster barrier and no memory fence in the loop. In G_l and Z block c sends one contiguous piece
+// to each other block (its h_l[:, U_c], rows × S, into h_full[l], kept block-major; its partial
+// logits, rows × CS, into logits[c]): a bulk copy each (cp.async.bulk, the copy engine), and its
+// own piece by plain stores. D_l's pieces are mma fragments in registers: st.async stores of 8
+// bytes.
+//
+// Why one buffer per exchange is safe to reuse step after step: the exchanges run in one order,
+// G_1 .. G_{L−1}, Z, D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E
+// has received every block's E, each sent after its sender had waited for the exchange before E.
+// So when block B writes block A's buffer for E in step t + 1, A has already sent its part of the
+// exchange before E (of step t + 1, or D_2 of step t where E = G_1), and it suffices that A reads
+// its buffer of E for step t only before making that send:
 //
 //   h_full[l], l ≥ 2    read by the forward of layer l + 1 and the update of W_{l+1}, in step t;
 //                       the exchange before G_l is G_{l−1} of step t + 1.
@@ -113,9 +114,6 @@
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -203,7 +201,7 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 struct Smem {
     unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L; images
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
-    float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :], k-major, zero past S
+    float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
@@ -267,14 +265,12 @@ __device__ __forceinline__ unsigned long long* images_bar(const Smem& s) { retur
 struct ImageRows {
     const float* images; const int* order;
     __device__ const float* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
-    __device__ static float load(const float* p) { return __ldg(p); }
     __device__ static float2 load2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
     __device__ static float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 };
 template <int STRIDE> struct SharedRows {
     const float* base;
     __device__ const float* operator()(int r) const { return base + r * STRIDE; }
-    __device__ static float load(const float* p) { return *p; }
     __device__ static float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
     __device__ static float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 };
