@@ -406,6 +406,18 @@ __device__ void forward_finish(const float* partial, const float* bias, float* h
 }
 
 // ---- backward ----------------------------------------------------------------------------------
+// An update's B operand, split: dh (k = rows, n = units) for every k-step of the batch.
+__device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB][NT][2], unsigned (&b_lo)[KB][NT][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < KB; ++ks)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
+            split_tf32(b, b_hi[ks][n], b_lo[ks][n]);
+        }
+}
+
 // Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
 //   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
@@ -415,15 +427,8 @@ __device__ void forward_finish(const float* partial, const float* bias, float* h
 __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
                                float lr, int rows, unsigned rank) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    // The update's B operand (dh: k = rows, n = units), the same for every input tile.
-    unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];
-#pragma unroll
-    for (int ks = 0; ks < KB; ++ks)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
-            split_tf32(b, bu_hi[ks][n], bu_lo[ks][n]);
-        }
+    unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];  // the update's B operand, the same for every input tile
+    dh_operand(dh, bu_hi, bu_lo);
     int h_row[KB][2];  // rows 8ks + t and 8ks + t + 4 of h_{l−1}, the last row past the step's
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
@@ -495,13 +500,7 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
     constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned b_hi[KB][NT][2], b_lo[KB][NT][2];
-#pragma unroll
-    for (int ks = 0; ks < KB; ++ks)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
-            split_tf32(b, b_hi[ks][n], b_lo[ks][n]);
-        }
+    dh_operand(dh, b_hi, b_lo);
     const float* x_row[KB][2];
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
