@@ -1,7 +1,8 @@
 """Launcher for persistent_mlp.cu: an MLP trained by one thread-block cluster, one launch an epoch.
 
-The kernel is compiled for the model's sizes (its loops unroll over the units a block owns), so a
-`PersistentMlp` is made per workload, and `MlpShape.refusal` says beforehand why one cannot be.
+The kernel is compiled for the model's sizes and the batch (its loops unroll over the units a block
+owns, the batch's rows and the inputs' tiles), so a `PersistentMlp` is made per workload, and
+`MlpShape.refusal` says beforehand why one cannot be.
 """
 
 from __future__ import annotations
