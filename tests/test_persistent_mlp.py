@@ -1,12 +1,23 @@
-"""The persistent MLP kernel without a GPU: which shapes it takes, and that it compiles for each
-kind of shape (one, two and three hidden layers; images padded to whole quads; a few classes)."""
+"""The persistent MLP kernel: without a GPU, which shapes it takes and that it compiles for each kind
+of shape (one, two and three hidden layers; images padded to whole tiles; a few classes); with one,
+an epoch of each kind of layout against the float64 reference."""
 
 from __future__ import annotations
 
-import pytest
+import os
 
+import numpy as np
+import pytest
+from helpers import rel_err
+
+from graphtrain import reference
+from graphtrain.config import TrainConfig
+from graphtrain.data import Dataset
+from graphtrain.errors import GpuUnavailableError
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
-from graphtrain.libs import nvrtc
+from graphtrain.libs import cuda, nvrtc
+from graphtrain.plan import RunPlan
+from graphtrain.stages import get_stage
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -64,19 +75,6 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features):
     global memory), one hidden layer with the images in shared memory (the logits' two buffers),
     four layers (an inbox of its own between the first and the last), and images padded from 50
     features to 64. 1000 samples at batch 32: 31 steps and one of 8."""
-    import os
-
-    import numpy as np
-    from helpers import rel_err
-
-    from graphtrain import reference
-    from graphtrain.config import TrainConfig
-    from graphtrain.data import Dataset
-    from graphtrain.errors import GpuUnavailableError
-    from graphtrain.libs import cuda
-    from graphtrain.plan import RunPlan
-    from graphtrain.stages import get_stage
-
     try:
         cuda.open_device()
     except GpuUnavailableError as error:
