@@ -1,4 +1,4 @@
-// Thread-block cluster and asynchronous-copy primitives shared by the persistent kernels
+// Thread-block cluster, mbarrier and asynchronous-copy primitives shared by the persistent kernels
 // (persistent.cu, persistent_mlp.cu). Not a kernel file: a launcher lists it in `headers`, and
 // its text goes before the kernel's source (so the compile cache sees it).
 
@@ -20,6 +20,39 @@ __device__ __forceinline__ void copy4_async(void* dst, const void* src) {
 }
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Stores into cluster block `rank`'s shared memory that count their bytes on that block's
+// mbarrier `bar` (addresses from remote()): the receiver waits on its own barrier, and no fence
+// or cluster barrier stands between the two blocks.
+__device__ __forceinline__ void send(unsigned addr, float v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                 :: "r"(addr), "f"(v), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :: "r"(addr), "f"(v0), "f"(v1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
+}
+// This block's one arrival of a phase, with the bytes the phase will receive.
+__device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bar)) : "memory");
+}
+// Wait for the phase of parity `parity` to complete: its arrivals made and its bytes received.
+// CTA scope: what it orders is this block's shared memory (a cluster-scope acquire would also
+// invalidate the L1 cache after every wait).
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "wait_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
 
 // Rows of step `step` over `num_samples` samples in batches of `batch`: the last one may be short.
 __device__ __forceinline__ int step_rows(int step, int batch, int num_samples) {

@@ -86,8 +86,9 @@
 #error "persistent.cu: unsupported SLICE / CLASSES"
 #endif
 
-// From cluster.cuh and warp_softmax.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, copy4_async, async_wait_all, step_rows.
+// From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
+// cluster_sync, remote, copy4_async, async_wait_all, smem_addr, send, send2, send4,
+// mbarrier_expect, mbarrier_arrive, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total.
 
 __device__ __forceinline__ double load_remote_f64(unsigned addr) {
     double v; asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory"); return v;
@@ -95,29 +96,6 @@ __device__ __forceinline__ double load_remote_f64(unsigned addr) {
 __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
-// D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
-// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
-// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// v = hi + lo exactly: hi is v with its low 13 mantissa bits cleared (a TF32 value), lo the
-// rest. The mma reads only a TF32 operand's top 19 bits, so lo loses ~2⁻¹⁰ of itself, ~2⁻²⁰ of
-// v. (Two integer/float instructions; cvt.rna.tf32 takes about five.)
-template <int N>
-__device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N], unsigned (&lo)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        hi[i] = __float_as_uint(v[i]) & 0xffffe000u;
-        lo[i] = __float_as_uint(v[i] - __uint_as_float(hi[i]));
-    }
-}
-// The passes of a tile's product, each into a sum of its own so that the chains of dependent
-// mma stay one per k-step: hi·hi, lo_a·hi_b, hi_a·lo_b. The caller adds them last, small terms
-// first.
-struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
 // x·v for x from a tile (the A operand) and v = hi + lo: with 8-bit inputs x is exact in TF32
 // and two passes suffice (hi·x, lo·x), else x too is split and lo_x·hi_v is the third.
 __device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsigned (&v_hi)[2], const unsigned (&v_lo)[2]) {
@@ -133,41 +111,8 @@ __device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsig
     mma_tf32(d.hl, x_hi, v_lo);
     mma_tf32(d.hh, x_hi, v_hi);
 }
-__device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
-// Stores into cluster block `rank`'s shared memory that count their bytes on that block's
-// mbarrier `bar` (addresses from remote()): the receiver waits on its own barrier, and no fence
-// or cluster barrier stands between the two blocks.
-__device__ __forceinline__ void send(unsigned addr, float v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
-                 :: "r"(addr), "f"(v), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 :: "r"(addr), "f"(v0), "f"(v1), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-                 :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
-}
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// This block's one arrival of a phase, with the bytes the phase will receive.
-__device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
-    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bar)) : "memory");
-}
-// Wait for the phase of parity `parity` to complete: its arrivals made and its bytes received.
-// CTA scope: what it orders is this block's shared memory (a cluster-scope acquire would also
-// invalidate the L1 cache after every wait).
-__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred done;\n"
-                 "wait_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 // The compute warps' own barrier (the fetch warps never wait at it).
 __device__ __forceinline__ void compute_sync() {

@@ -108,21 +108,15 @@
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
-// From cluster.cuh (put before this file by the launcher): cluster_rank, cluster_sync, remote,
-// copy4_async, async_commit, async_wait_all, step_rows.
+// From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
+// cluster_sync, remote, copy4_async, async_commit, async_wait_all, smem_addr, send2,
+// mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total.
 
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// Stores into cluster block `rank`'s shared memory that count their bytes on that block's
-// mbarrier `bar` (addresses from remote()).
-__device__ __forceinline__ void send2(unsigned addr, float v0, float v1, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 :: "r"(addr), "f"(v0), "f"(v1), "r"(bar) : "memory");
-}
 // A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) of this
 // block's shared memory into cluster block `rank`'s (`dst`, `bar` from remote()), counted on its
 // barrier `bar`. The source must have been made visible to the copy engine: written, then
@@ -141,45 +135,14 @@ __device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
 }
-// This block's one arrival of a phase, with the bytes the phase will receive.
-__device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-// Wait for the phase of parity `parity` to complete: its arrival made and its bytes received. The
-// default (CTA-scope) acquire: the cluster-scope one invalidates L1 after every wait.
-__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred done;\n"
-                 "wait_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
 
-// D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
-// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
-// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// v = hi + lo exactly: hi is v with its low 13 mantissa bits cleared (a TF32 value), lo the rest.
-template <int N>
-__device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N], unsigned (&lo)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        hi[i] = __float_as_uint(v[i]) & 0xffffe000u;
-        lo[i] = __float_as_uint(v[i] - __uint_as_float(hi[i]));
-    }
-}
-// The three passes of a tile's product, each into a sum of its own (three independent chains).
-struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
+// The three passes of a tile's product, each into its own sum of a Sums3 (three independent chains).
 __device__ __forceinline__ void mma_3xtf32(Sums3& d, const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
                                            const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
     mma_tf32(d.lh, a_lo, b_hi);
     mma_tf32(d.hl, a_hi, b_lo);
     mma_tf32(d.hh, a_hi, b_hi);
 }
-__device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
 __device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const float (&b)[2]) {
     unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
     split_tf32(a, a_hi, a_lo);

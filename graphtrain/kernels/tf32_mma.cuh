@@ -1,0 +1,28 @@
+// Tensor-core products at near-fp32 accuracy from TF32 operands, shared by the persistent kernels
+// (persistent.cu, persistent_mlp.cu). Not a kernel file: a launcher lists it in `headers`, and
+// its text goes before the kernel's source.
+
+// D += A·B for one m16n8k8 tile, TF32 inputs, fp32 D. Fragments (g = lane / 4, t = lane % 4):
+// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// v = hi + lo exactly: hi is v with its low 13 mantissa bits cleared (a TF32 value), lo the
+// rest. The mma reads only a TF32 operand's top 19 bits, so lo loses ~2⁻¹⁰ of itself, ~2⁻²⁰ of
+// v. (Two integer/float instructions; cvt.rna.tf32 takes about five.)
+template <int N>
+__device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N], unsigned (&lo)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        hi[i] = __float_as_uint(v[i]) & 0xffffe000u;
+        lo[i] = __float_as_uint(v[i] - __uint_as_float(hi[i]));
+    }
+}
+// The passes of a tile's product, each into a sum of its own so that the chains of dependent
+// mma stay one per k-step: hi·hi, lo_a·hi_b, hi_a·lo_b. The caller adds them last, small terms
+// first.
+struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
+__device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
