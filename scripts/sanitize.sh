@@ -22,7 +22,8 @@ for stage in fused bf16 device-loop; do
   check memcheck "$stage-jhu" --stage "$stage"
 done
 check memcheck persistent --stage persistent
-# The persistent MLP kernel: three hidden layers (five cluster barriers a step) and one (the
+check memcheck persistent-b100 --stage persistent --batch 100  # a batch of whole tiles plus a part
+# The persistent MLP kernel: three hidden layers (five exchanges a step) and one (the
 # logits' two alternating buffers), the cuda-mnist preset's batch; at H = 256 the batch's images
 # do not fit in shared memory and are read from global memory twice a step. racecheck takes the
 # three layers at H = 64 (at 128 it needs minutes).
