@@ -24,3 +24,27 @@ def gpu_device():
         return cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
+
+
+@pytest.fixture(scope="session")
+def nvrtc_available() -> str:
+    """NVRTC's version; a skip saying why where it cannot be imported or loaded."""
+    from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs import nvrtc
+
+    try:
+        import cuda.bindings.nvrtc  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"cuda.bindings.nvrtc cannot be imported: {exc}")
+    try:
+        return nvrtc.version()
+    except GpuUnavailableError as exc:
+        pytest.skip(f"libnvrtc cannot be loaded: {exc}")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """A fresh kernel cache folder for the test ($GRAPHTRAIN_CACHE)."""
+    folder = tmp_path / "kernel-cache"
+    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(folder))
+    return folder

@@ -38,23 +38,6 @@ extern "C" __global__ void saxpy(float a, const float* __restrict__ x, float* y,
 SAXPY_SPEC = kernel("saxpy", F32, PTR, PTR, I32)
 
 
-@pytest.fixture(scope="module")
-def nvrtc_available() -> str:
-    try:
-        import cuda.bindings.nvrtc  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"cuda.bindings.nvrtc cannot be imported: {exc}")
-    try:
-        return nvrtc.version()
-    except GpuUnavailableError as exc:
-        pytest.skip(f"libnvrtc cannot be loaded: {exc}")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "kernel-cache"
-    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(folder))
-    return folder
 
 
 def launcher_class(stem: str) -> type[KernelFile]:

@@ -12,20 +12,10 @@ import pytest
 
 from graphtrain.data import images as images_mod
 from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
-from graphtrain.libs import nvrtc
 
 ELF_MAGIC = b"\x7fELF"
 
 
-@pytest.fixture(scope="module")
-def nvrtc_available() -> str:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda.bindings.nvrtc cannot be imported")
-    return nvrtc.version()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(tmp_path / "kernel-cache"))
 
 
 def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():

@@ -15,22 +15,13 @@ from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
-from graphtrain.libs import cuda, nvrtc
+from graphtrain.libs import cuda
 from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage
 
 ELF_MAGIC = b"\x7fELF"
 
 
-@pytest.fixture(scope="module")
-def nvrtc_available() -> str:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda.bindings.nvrtc cannot be imported")
-    return nvrtc.version()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(tmp_path / "kernel-cache"))
 
 
 @pytest.mark.parametrize("shape", [
