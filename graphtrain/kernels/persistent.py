@@ -40,7 +40,7 @@ class Shape:
 
     @property
     def shared_bytes(self) -> int:
-        """persistent.cu's `carve`, in bytes: six mbarriers, totals (double), floats, then ints."""
+        """persistent.cu's `carve`, in bytes: five mbarriers and a pad, totals (double), floats, then ints."""
         n_tiles = ceil_div(self.classes, 8)
         pair_stride = (n_tiles * 8 + 11) // 16 * 16 + 4
         dl_stride = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
