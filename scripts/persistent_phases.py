@@ -15,12 +15,16 @@ A line the script looks for that the kernel no longer has is an error: edit MARK
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 import numpy as np
 
 from graphtrain import data as data_mod
+from graphtrain import environment
 from graphtrain.config import preset
 from graphtrain.kernels.persistent import Persistent
+from graphtrain.libs import nvrtc
 from graphtrain.libs.memory import Arena
 from graphtrain.plan import RunPlan
 from graphtrain.stages.persistent import PersistentStage
@@ -70,7 +74,8 @@ def main() -> None:
         stage.setup()
         stamps = arena.reserve("stamps", (MAX_STEPS * len(MARKS),), np.int64)
         arena.allocate()
-        kernel = PhaseCycles(stage.device, stage.shape.defines)
+        device, products = stage.device, "two-pass (8-bit inputs)" if stage.shape.pixel_levels else "three-pass"
+        kernel = PhaseCycles(device, stage.shape)
         try:
             stamps.zero(stage.stream)
             kernel.train_epoch(stage.stream, stage.images.ptr, stage.train_labels.ptr, stage.order.ptr, stage.w[0].ptr,
@@ -80,10 +85,15 @@ def main() -> None:
             kernel.close()
     # Each phase: from the stamp before to its own; the first, from the previous step's last stamp.
     per_phase = np.diff(np.concatenate([at[:-1, -1:], at[1:]], axis=1), axis=1)[7:]
-    print(f"{args.preset}, {steps} steps: SM cycles per step, median over steps 8 to {steps - 1}")
+    env = {**environment.gpu(device), "nvrtc": nvrtc.version(), "persistent_products": products}
+    print(f"# persistent softmax regression, {args.preset}: SM cycles per step\n")
+    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
+    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
+    print(f"Block 0, thread 0; median over steps 8 to {steps - 1}.\n")
+    print("| phase (ends at the stamp) | cycles |\n|---|---:|")
     for (name, _), cycles in zip(MARKS, np.median(per_phase, axis=0)):
-        print(f"  {name:20s} {cycles:8.0f}")
-    print(f"  {'step':20s} {np.median(np.diff(at[:, 0])[7:]):8.0f}")
+        print(f"| {name} | {cycles:.0f} |")
+    print(f"| **step** | **{np.median(np.diff(at[:, 0])[7:]):.0f}** |")
 
 
 if __name__ == "__main__":

@@ -50,10 +50,20 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
-def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
-    """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
-    path = Path(__file__).parents[1] / "scripts" / "persistent_phases.py"
-    spec = importlib.util.spec_from_file_location("persistent_phases", path)
+def load_script(name: str):
+    path = Path(__file__).parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
+    """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
+    module = load_script("persistent_phases")
     assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255).defines).startswith(ELF_MAGIC)
+
+
+def test_the_dsmem_exchange_benchmark_compiles(nvrtc_available, cache):
+    """scripts/dsmem_exchange.py's kernel (its .cu beside it, kernels/cluster.cuh before it)."""
+    assert load_script("dsmem_exchange").Exchange.cubin("sm_90").startswith(ELF_MAGIC)

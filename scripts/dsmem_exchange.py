@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""How fast a 16-block cluster exchanges data through distributed shared memory (DSMEM).
+
+    python3 scripts/dsmem_exchange.py [--rounds 50] > results/dsmem-exchange-h100.md
+
+The persistent kernels' steps are two all-to-all exchanges (partial sums to their owners, then
+the owners' results to every block), made of st.async stores that count their bytes on the
+receiver's mbarrier. This measures that traffic alone: each of the 16 blocks sends 8 KiB a round,
+512 bytes to every block of the cluster, and waits until its own 8 KiB have arrived; the table
+gives block 0's median over the rounds after the first five, for the ways of packing the stores
+(dsmem_exchange.cu says each) and 4 or 16 sending warps. "issue" is the cycles block 0's warp 0
+took to issue its stores, "arrived" the cycles until every byte for block 0 had landed, and B/clk
+is 8 KiB over "arrived": the rate at which each SM sends and receives at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from graphtrain import environment
+from graphtrain.kernels import I32, KERNELS_DIR, PTR, KernelFile, kernel
+from graphtrain.libs import cuda, nvrtc
+from graphtrain.libs.memory import Arena
+
+CLUSTER, PER_BLOCK, THREADS = 16, 8192, 512
+SHARED_BYTES = 16 + PER_BLOCK + CLUSTER * PER_BLOCK
+PATTERNS = ["scatter: lane l to block l % 16, 16 B a lane", "one block an instruction, 16 B a lane",
+            "one block an instruction, 8 B a lane", "one bulk copy a block (512 B)"]
+
+
+class Exchange(KernelFile):
+    stem = "dsmem_exchange"
+    min_arch = 90
+    headers = ("cluster.cuh",)
+    _exchange = kernel("exchange", I32, I32, I32, PTR, cluster=(CLUSTER, 1, 1), max_shared_bytes=SHARED_BYTES)
+
+    @classmethod
+    def source(cls) -> str:
+        """kernels/cluster.cuh, then dsmem_exchange.cu from beside this script."""
+        header = (KERNELS_DIR / "cluster.cuh").read_text(encoding="utf-8")
+        return header + "\n" + Path(__file__).with_suffix(".cu").read_text(encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    args = parser.parse_args()
+    if args.rounds < 10:
+        raise SystemExit("dsmem_exchange.py: --rounds must be at least 10 (the first five are a warm-up)")
+    device = cuda.open_device()
+    if device.compute_capability < (9, 0):
+        raise SystemExit(f"dsmem_exchange.py: {device.name} has no thread-block clusters (compute capability 9.0+)")
+    stream = cuda.Stream()
+    bench = Exchange(device)
+    with Arena() as arena:
+        cycles = arena.reserve("cycles", (2 * args.rounds,), np.int64)
+        arena.allocate()
+        rows = []
+        for pattern, name in enumerate(PATTERNS):
+            for warps in (4, 16):
+                bench._exchange(stream, CLUSTER, THREADS, pattern, warps, args.rounds, cycles.ptr,
+                                shared_bytes=SHARED_BYTES)
+                per_round = cycles.download(stream).reshape(args.rounds, 2)[5:]
+                issued, arrived = (statistics.median(per_round[:, k].tolist()) for k in (0, 1))
+                rows.append((name, warps, issued, arrived))
+    bench.close()
+    stream.close()
+    env = {**environment.gpu(device), "nvrtc": nvrtc.version()}
+    print(f"# DSMEM all-to-all exchange: a {CLUSTER}-block cluster, {PER_BLOCK} bytes a block a round\n")
+    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
+    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
+    print("| stores | sending warps | issue (cycles) | arrived (cycles) | B/clk per SM |\n|---|---:|---:|---:|---:|")
+    for name, warps, issued, arrived in rows:
+        print(f"| {name} | {warps} | {issued:.0f} | {arrived:.0f} | {PER_BLOCK / arrived:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
