@@ -494,15 +494,25 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_3xtf32(d[n], a_hi, a_lo, b_hi[ks][n], b_lo[ks][n]);
         }
-        if (F_MTILES % WARPS == 0 || mt < F_MTILES)
+        if (F_MTILES % WARPS == 0 || mt < F_MTILES) {
+            // Unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's quads. Every load before
+            // any store: stores through these pointers would otherwise hold each load back until
+            // the store before it.
+            float2* wv[NT][2];
+            float2 old[NT][2];
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {  // unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's quads
-                    float2* wv = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
-                    const float2 old = *wv;
-                    *wv = make_float2(fmaf(-lr, total(d[n], e), old.x), fmaf(-lr, total(d[n], 2 + e), old.y));
+                for (int e = 0; e < 2; ++e) {
+                    wv[n][e] = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
+                    old[n][e] = *wv[n][e];
                 }
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    *wv[n][e] = make_float2(fmaf(-lr, total(d[n], e), old[n][e].x), fmaf(-lr, total(d[n], 2 + e), old[n][e].y));
+        }
     }
 }
 
