@@ -34,7 +34,7 @@ MAX_STEPS = 64
 MARKS = [
     ("C: second barrier", "    mbarrier_wait(s.tile_full + cur"),  # (of the step before)
     ("tile wait", "    if (me.tid == 0) {  // what this step will receive"),
-    ("A: products", "        for (int mi = 0; mi < 2; ++mi) {"),
+    ("A: products", "        for (int half = 0; half < 2; ++half) {  // rows g and g + 8"),
     ("A: sends", "    mbarrier_arrive(s.sent);"),
     ("inbox wait", "    // ---- B: the owned rows"),
     ("B", "    mbarrier_wait(s.dl_full, step & 1);"),

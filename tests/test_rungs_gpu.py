@@ -107,6 +107,24 @@ def check_one_step(name: str, model: dict, data: Dataset, seed: int):
     return stage
 
 
+def kink_margin(cfg: TrainConfig, data: Dataset, num_batches: int) -> float:
+    """The float64 run's closest approach to ReLU's kink: the least |pre-activation| of any hidden
+    unit, row and step, relative to the size of its terms (Σ|input|·|weight| + |bias|)."""
+    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    order = reference.epoch_order(cfg.seed, 0, len(data.train_images))
+    closest = np.inf
+    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch)[:num_batches]:
+        x = data.train_images[order[lo:hi]].astype(np.float64)
+        a = x
+        for layer in layers[:-1]:
+            b = layer.b if layer.b is not None else 0.0
+            z = a @ layer.w.T + b
+            closest = min(closest, float(np.min(np.abs(z) / (np.abs(a) @ np.abs(layer.w.T) + np.abs(b) + 1e-300))))
+            a = np.maximum(z, 0.0)
+        reference.train_step(layers, x, data.train_labels[order[lo:hi]], cfg.lr)
+    return closest
+
+
 @pytest.mark.parametrize("name,hidden,batch", [
     *((name, (32,), 300) for name in NEW_RUNGS if name != "persistent"),
     ("persistent", (), 240), ("persistent", (64, 64, 64), 96), ("persistent", (128, 128, 128), 32),
@@ -114,13 +132,23 @@ def check_one_step(name: str, model: dict, data: Dataset, seed: int):
 def test_a_whole_epoch_with_its_tail_batch(name, hidden, batch):
     """1000 samples at batch 300: three full steps and a real one of 100 rows. A batch of 300 does
     not fit the persistent kernels' shared memory: softmax regression at batch 240, four steps and
-    one of 40; the MLP kernel at batch 96, ten steps and one of 40 (the
-    images read from global memory twice a step); at 32, 31 steps and one of 8 (the images kept in
-    shared memory)."""
-    seed = int.from_bytes(os.urandom(2), "little")
-    data = Dataset.synthetic(1000, 300, seed=seed)
-    cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed)
-    num_batches = -(-1000 // batch)
+    one of 40. The persistent MLP kernel takes 300 samples: at batch 96 three steps and one of 12
+    (the images read from global memory twice a step), at 32 nine steps and one of 12 (the images
+    kept in shared memory). Its products are ~2⁻²⁰ off (three TF32 passes), and a pre-activation
+    that close to zero may fall on the other side of ReLU's kink than in float64 and send the
+    epoch down another path (errors of 1e-3 to 4e-2 at 1000 samples, on about 6% of random seeds):
+    so its seeds are drawn until the float64 run stays 3e-6 (relative) from the kink."""
+    persistent_mlp = name == "persistent" and bool(hidden)
+    samples = 300 if persistent_mlp else 1000
+    num_batches = -(-samples // batch)
+    for _ in range(200):
+        seed = int.from_bytes(os.urandom(2), "little")
+        data = Dataset.synthetic(samples, 300, seed=seed)
+        cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed)
+        if not persistent_mlp or kink_margin(cfg, data, num_batches) > 3e-6:
+            break
+    else:
+        pytest.fail("no seed of 200 keeps the float64 run 3e-6 from ReLU's kink")
     with stage_for(name, cfg, data) as stage:
         stage.setup()
         stage.train_epoch(0, num_batches, measure=True)

@@ -36,11 +36,11 @@
 // top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
 // truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
 // products with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
-// inputs) x are split in the loop. What bounds both products is shared memory's
-// bandwidth, not the tensor cores: so a warp takes two 16-row tiles of all classes (A), or two
-// 16-feature tiles of all classes over a part of the k range (C), and loads each operand
-// fragment once for all the tiles it serves. Every sum runs in a fixed order, without atomics:
-// the same seed gives the same weights bit for bit.
+// inputs) x are split in the loop. Issuing instructions and shared memory bound both products
+// more than the tensor cores do (the mma are about half of each): a warp takes a 16-row tile of
+// all classes (A), or two 16-feature tiles of all classes over a part of the k range (C, loading
+// each operand fragment once for both). Every sum runs in a fixed order, without atomics: the
+// same seed gives the same weights bit for bit.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
@@ -247,49 +247,41 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         for (int i = rows * DL_STRIDE + me.tid; i < ROWS16 * DL_STRIDE; i += COMPUTE_THREADS) s.dl[i] = 0.0f;
 
     // ---- A: partial logits of this block's features, pushed to each row's owner ----------------
-    // P = x·W_sliceᵀ, a warp two 16-row tiles (m0, m1) of all classes, k over the slice's features:
-    // shared memory's bandwidth bounds this phase, and a warp loads W's fragments once for both
-    // tiles. Within a k-step of 8 features, mma slot t takes feature 2t and slot t + 4 feature
-    // 2t + 1 (any order of k gives the same sum), so each operand pair is one 8-byte load.
+    // P = x·W_sliceᵀ, a warp a 16-row tile of all classes, k over the slice's features. Within a
+    // k-step of 8 features, mma slot t takes feature 2t and slot t + 4 feature 2t + 1 (any order
+    // of k gives the same sum), so each operand pair is one 8-byte load. (Two tiles a warp load
+    // W's fragments half as often, but leave each warp twice the sends to issue, which costs more.)
     const int m_tiles = (rows + 15) / 16;
-    for (int pair = warp; 2 * pair < m_tiles; pair += COMPUTE_WARPS) {
-        const int m0 = 2 * pair, m1 = min(m0 + 1, m_tiles - 1);  // m1 = m0: one tile, done twice
-        const float* xa0 = x + (16 * m0 + g) * X_STRIDE + 2 * t;
-        const float* xa1 = x + (16 * m1 + g) * X_STRIDE + 2 * t;
+    for (int m = warp; m < m_tiles; m += COMPUTE_WARPS) {
+        const float* xa = x + (16 * m + g) * X_STRIDE + 2 * t;
         const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
         const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
-        Sums3 sums[2][N_TILES];
+        Sums3 sums[N_TILES];
 #pragma unroll
         for (int k = 0; k < SLICE; k += 8) {
-            const float2 top0 = *reinterpret_cast<const float2*>(xa0 + k), bottom0 = *reinterpret_cast<const float2*>(xa0 + 8 * X_STRIDE + k);
-            const float2 top1 = *reinterpret_cast<const float2*>(xa1 + k), bottom1 = *reinterpret_cast<const float2*>(xa1 + 8 * X_STRIDE + k);
-            const float a0[4] = {top0.x, bottom0.x, top0.y, bottom0.y}, a1[4] = {top1.x, bottom1.x, top1.y, bottom1.y};
+            const float2 top = *reinterpret_cast<const float2*>(xa + k), bottom = *reinterpret_cast<const float2*>(xa + 8 * X_STRIDE + k);
+            const float a[4] = {top.x, bottom.x, top.y, bottom.y};
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n) {
                 const float2 hi = wb_hi[k / 2 * PAIR_STRIDE + 8 * n], lo = wb_lo[k / 2 * PAIR_STRIDE + 8 * n];
                 const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
                 const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
-                mma_x(sums[0][n], a0, b_hi, b_lo);
-                mma_x(sums[1][n], a1, b_hi, b_lo);
+                mma_x(sums[n], a, b_hi, b_lo);
             }
         }
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-            if (mi == 1 && m1 == m0) break;
+        for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
+            const int r = 16 * m + g + 8 * half;
+            if (r >= rows) continue;
+            const int owner = r / r_own, rr = r - owner * r_own;
+            const unsigned bar = remote(s.inbox_full, owner);
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
-                const int r = 16 * (mi ? m1 : m0) + g + 8 * half;
-                if (r >= rows) continue;
-                const int owner = r / r_own, rr = r - owner * r_own;
-                const unsigned bar = remote(s.inbox_full, owner);
-#pragma unroll
-                for (int n = 0; n < N_TILES; ++n) {  // classes j, j + 1: one 8-byte store
-                    const int j = 8 * n + 2 * t;
-                    const unsigned dst = remote(s.inbox + (me.rank * R_MAX + rr) * INBOX_STRIDE + j, owner);
-                    const float v0 = total(sums[mi][n], 2 * half), v1 = total(sums[mi][n], 2 * half + 1);
-                    if (j + 1 < CLASSES) send2(dst, v0, v1, bar);
-                    else if (j < CLASSES) send(dst, v0, bar);
-                }
+            for (int n = 0; n < N_TILES; ++n) {  // classes j, j + 1: one 8-byte store
+                const int j = 8 * n + 2 * t;
+                const unsigned dst = remote(s.inbox + (me.rank * R_MAX + rr) * INBOX_STRIDE + j, owner);
+                const float v0 = total(sums[n], 2 * half), v1 = total(sums[n], 2 * half + 1);
+                if (j + 1 < CLASSES) send2(dst, v0, v1, bar);
+                else if (j < CLASSES) send(dst, v0, bar);
             }
         }
     }
