@@ -42,9 +42,9 @@ class Exchange(KernelFile):
 
     @classmethod
     def source(cls) -> str:
-        """kernels/cluster.cuh, then dsmem_exchange.cu from beside this script."""
-        header = (KERNELS_DIR / "cluster.cuh").read_text(encoding="utf-8")
-        return header + "\n" + Path(__file__).with_suffix(".cu").read_text(encoding="utf-8")
+        """The headers from kernels/, then dsmem_exchange.cu from beside this script."""
+        headers = "".join((KERNELS_DIR / name).read_text(encoding="utf-8") + "\n" for name in cls.headers)
+        return headers + Path(__file__).with_suffix(".cu").read_text(encoding="utf-8")
 
 
 def main() -> None:
