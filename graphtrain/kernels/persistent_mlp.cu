@@ -97,12 +97,15 @@
 #define ROWS16 (MT * 16)
 #define KB ((BATCH + 7) / 8)          // the batch in k-steps of 8 (the updates sum over rows)
 #define H_KSTEPS (HIDDEN / 8)
+#define UNIT_KSTEPS NT                // a block's units in k-steps of 8
+#define CLASS_TILES ((CLASSES + 7) / 8)  // the classes in mma columns of 8
+#define CLASS_KSTEPS ((CLASSES + 7) / 8) // ... and in k-steps of 8
 #define F_MTILES (FEATURE_STRIDE / 16)
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
 #define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS + 1)  // the exchanges', then the images' copy
-#define PHASE_SLOTS 16                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
+#define PHASE_SLOTS 20                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
 #if (X_STRIDE != 0 && X_STRIDE % 32 != 16) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
@@ -148,6 +151,22 @@ __device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const f
     split_tf32(a, a_hi, a_lo);
     split_tf32(b, b_hi, b_lo);
     mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
+}
+
+__device__ __forceinline__ int g_of(int lane) { return lane >> 2; }  // an mma fragment's row group
+__device__ __forceinline__ int t_of(int lane) { return lane & 3; }   // ... and its column pair
+// D += A·B over K_STEPS k-steps of 8 for one m16n8 tile, three passes; a(m, k) and b(k, n) give the
+// operands relative to the tile (zero where they run past the data).
+template <int K_STEPS, class A, class B>
+__device__ __forceinline__ void tile_product(Sums3& d, A a, B b) {
+    const int lane = threadIdx.x & 31, g = g_of(lane), t = t_of(lane);
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ++ks) {
+        const int k = 8 * ks;
+        const float av[4] = {a(g, k + t), a(g + 8, k + t), a(g, k + t + 4), a(g + 8, k + t + 4)};
+        const float bv[2] = {b(k + t, g), b(k + t + 4, g)};
+        mma_split(d, av, bv);
+    }
 }
 
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
@@ -554,7 +573,7 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // slowest thread's time, and the slowest sender's) and prints them per step at the end of the
 // launch. Off, it is nothing.
 enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
-             HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, PHASES };
+             HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, START_PARTS, FINISH, FENCE_SYNC, SENDS, HEAD_PARTS, PHASES };
 static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
@@ -610,7 +629,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
-    double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp of block 0
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0, block 0
 #if PHASE_CYCLES
     // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
     // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
@@ -630,9 +649,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
+        PHASE_END(START_PARTS, 0);
         // The images' copy below (the async proxy) overwrites what the last step's update of W_1
         // read (the generic proxy).
         if (X_STRIDE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        PHASE_END(START_PARTS, 1);
         __syncthreads();  // this step's labels, the next step's indices have landed; the last step's reads are done
         if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
@@ -642,9 +663,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
             if (X_STRIDE) mbarrier_expect(images_bar(s), rows * FEATURE_STRIDE * 4);
         }
+        PHASE_END(START_PARTS, 2);
         if (X_STRIDE)  // the batch's images into shared memory, a bulk copy per row
             for (int r = tid; r < rows; r += THREADS)
                 copy_bulk(s.x + r * X_STRIDE, x_rows(r), FEATURE_STRIDE * 4, images_bar(s));
+        PHASE_END(START_PARTS, 3);
         if (step + 1 < num_steps) {
             const int next_rows = step_rows(step + 1, BATCH, num_samples);
             const int* next_order = s.order + ((step + 1) % 3) * BATCH;
@@ -677,37 +700,39 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             float* h_own = s.h_own + (l - 1) * BATCH * S;
             float* slice = s.h_full + ((l - 1) * CLUSTER + rank) * BATCH * S;  // this block's in h_full[l]
             forward_finish(s.last, s.b + (l - 1) * S, h_own, gather ? slice : nullptr, rows);
+            PHASE_END(FINISH, l);
             if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
             __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
+            PHASE_END(FENCE_SYNC, l);
             if (gather && tid < CLUSTER && tid != rank)  // this block's h_l[:, U_c] to block tid's h_full[l]
                 send_bulk(remote(slice, tid), h_own, rows * S * 4, remote(gather_bar(s, l), tid));
+            PHASE_SYNC();
+            PHASE_END(SENDS, l);
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
         }
 
         // ---- head: partial logits of this block's units, to every block ------------------------
+        // P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ: a warp a tile of 16 rows × 8 classes, k over the units.
         {
             const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
             float* zsend = s.zsend + logit_buffer * BATCH * CS;
-            for (int i = tid; i < rows * (CS / 4); i += THREADS) {
-                const int jq = i % (CS / 4), r = i / (CS / 4);
-                float zq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int task = warp; task < MT * CLASS_TILES; task += WARPS) {
+                const int mt = task / CLASS_TILES, r0 = 16 * mt, j0 = 8 * (task - mt * CLASS_TILES);
+                Sums3 d;
+                tile_product<UNIT_KSTEPS>(d, [&](int m, int k) { return r0 + m < rows && k < S ? h_last[(r0 + m) * S + k] : 0.0f; },
+                                          [&](int k, int n) { return k < S && j0 + n < CS ? s.wh[(j0 + n) * S + k] : 0.0f; });
 #pragma unroll
-                for (int uq = 0; uq < SQ; ++uq) {
-                    const float4 h = *reinterpret_cast<const float4*>(h_last + r * S + 4 * uq);
-#pragma unroll
-                    for (int m = 0; m < 4; ++m) {
-                        const float4 wv = reinterpret_cast<const float4*>(s.wh + (4 * jq + m) * S)[uq];
-                        zq[m] = fmaf(h.w, wv.w, fmaf(h.z, wv.z, fmaf(h.y, wv.y, fmaf(h.x, wv.x, zq[m]))));
-                    }
+                for (int i = 0; i < 4; ++i) {
+                    const int r = r0 + g_of(lane) + (i < 2 ? 0 : 8), j = j0 + 2 * t_of(lane) + (i & 1);
+                    if (r < rows && j < CS) zsend[r * CS + j] = logits[(rank * BATCH + r) * CS + j] = total(d, i);
                 }
-                const float4 v = make_float4(zq[0], zq[1], zq[2], zq[3]);
-                *reinterpret_cast<float4*>(zsend + r * CS + 4 * jq) = v;
-                *reinterpret_cast<float4*>(logits + (rank * BATCH + r) * CS + 4 * jq) = v;  // this block's own
             }
+            PHASE_END(FINISH, 0);
             fence_proxy_async();
             __syncthreads();
+            PHASE_END(FENCE_SYNC, 0);
             if (tid < CLUSTER && tid != rank)  // to block tid's logits[rank]
                 send_bulk(remote(logits + rank * BATCH * CS, tid), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), tid));
         }
@@ -718,79 +743,96 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         PHASE_END(HEAD_WAIT, 0);
 
         // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
-        // A warp per row, each warp ROWS_AT_ONCE rows at once (their shuffles interleave).
-        constexpr int ROWS_AT_ONCE = 2;
-        const float inv_rows = 1.0f / (float)rows;
-        for (int r0 = warp; r0 < rows; r0 += WARPS * ROWS_AT_ONCE) {
-            float z[ROWS_AT_ONCE], m[ROWS_AT_ONCE], e[ROWS_AT_ONCE], sum[ROWS_AT_ONCE];
+        // ROW_LANES lanes a row (lane j its class j), each thread two rows at once (their chains
+        // interleave): with 16 lanes a row, eight warps take 32 rows in one pass. z = Σ_c P_c + b_h,
+        // the partials added as a fixed tree (four levels for 16 blocks, not a chain of 16 adds).
+        {
+            constexpr int ROW_LANES = CLASSES <= 16 ? 16 : 32, ROWS_PER_PASS = WARPS * (32 / ROW_LANES);
+            const int j = lane % ROW_LANES, group = lane & ~(ROW_LANES - 1);
+            const float inv_rows = 1.0f / (float)rows;
+            for (int base = warp * (32 / ROW_LANES) + lane / ROW_LANES; base - lane / ROW_LANES < rows; base += 2 * ROWS_PER_PASS) {
+                float z[2], m[2], e[2], sum[2];
+                int label[2];
 #pragma unroll
-            for (int i = 0; i < ROWS_AT_ONCE; ++i) {
-                const int r = r0 + i * WARPS;
-                z[i] = -__int_as_float(0x7f800000);  // −∞ on the lanes past the classes
-                if (r < rows && lane < CLASSES) {
-                    float acc = 0.0f;
+                for (int i = 0; i < 2; ++i) {
+                    const int r = base + i * ROWS_PER_PASS;
+                    const bool valid = r < rows && j < CLASSES;
+                    label[i] = r < rows ? step_labels[r] : 0;
+                    float p[CLUSTER];
 #pragma unroll
-                    for (int c = 0; c < CLUSTER; ++c) acc += logits[(c * BATCH + r) * CS + lane];
-                    z[i] = acc + s.bh[lane];
+                    for (int c = 0; c < CLUSTER; ++c) p[c] = valid ? logits[(c * BATCH + r) * CS + j] : 0.0f;
+#pragma unroll
+                    for (int w = 1; w < CLUSTER; w *= 2)
+#pragma unroll
+                        for (int c = 0; c + w < CLUSTER; c += 2 * w) p[c] += p[c + w];
+                    z[i] = valid ? p[0] + s.bh[j] : -__int_as_float(0x7f800000);  // −∞ past the classes
+                    m[i] = z[i];
                 }
-                m[i] = z[i];
-            }
-            PHASE_END(SOFTMAX_SUMS, 0);
+                PHASE_END(SOFTMAX_SUMS, 0);
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
+                for (int o = ROW_LANES / 2; o > 0; o >>= 1)
 #pragma unroll
-                for (int i = 0; i < ROWS_AT_ONCE; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+                    for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
 #pragma unroll
-            for (int i = 0; i < ROWS_AT_ONCE; ++i) sum[i] = e[i] = lane < CLASSES && r0 + i * WARPS < rows ? expf(z[i] - m[i]) : 0.0f;
+                for (int i = 0; i < 2; ++i) sum[i] = e[i] = j < CLASSES && base + i * ROWS_PER_PASS < rows ? expf(z[i] - m[i]) : 0.0f;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
+                for (int o = ROW_LANES / 2; o > 0; o >>= 1)
 #pragma unroll
-                for (int i = 0; i < ROWS_AT_ONCE; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
-            PHASE_END(SOFTMAX_EXP, 0);
+                    for (int i = 0; i < 2; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+                PHASE_END(SOFTMAX_EXP, 0);
 #pragma unroll
-            for (int i = 0; i < ROWS_AT_ONCE; ++i) {
-                const int r = r0 + i * WARPS;
-                if (r >= rows) break;  // the same for the whole warp
-                const int label = step_labels[r];
-                const float inv_sum = 1.0f / sum[i];  // the same on every lane: one division a row
-                if (lane < CS) s.dl[r * CS + lane] = (e[i] * inv_sum - (lane == label ? 1.0f : 0.0f)) * inv_rows;
-                if (measure && rank == 0) {
-                    const float z_label = __shfl_sync(0xffffffffu, z[i], label);
-                    // The first index of the largest logit: the lowest lane holding m.
-                    const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z[i] == m[i]);
-                    if (lane == 0) {
-                        loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
-                        correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+                for (int i = 0; i < 2; ++i) {
+                    const int r = base + i * ROWS_PER_PASS;
+                    const float inv_sum = 1.0f / sum[i];  // one division a row
+                    if (r < rows && j < CS) s.dl[r * CS + j] = (e[i] * inv_sum - (j == label[i] ? 1.0f : 0.0f)) * inv_rows;
+                    if (measure && rank == 0) {
+                        const float z_label = __shfl_sync(0xffffffffu, z[i], group + label[i]);
+                        // The first index of the largest logit: the lowest of the row's lanes holding m.
+                        const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z[i] == m[i]) >> group;
+                        if (r < rows && j == 0) {
+                            loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
+                            correct_sum += (__ffs(at_max) - 1) == label[i] ? 1.0 : 0.0;
+                        }
                     }
                 }
+                PHASE_END(SOFTMAX_ROWS, 0);
             }
-            PHASE_END(SOFTMAX_ROWS, 0);
         }
         __syncthreads();
         PHASE_END(SOFTMAX, 0);
-        {   // dh_L[:, U_c] (with W_h before its update), zero past the rows and S; the head's gradient
+        // dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L > 0] (W_h before its update; zero past the rows and
+        // S) and the head's gradient dW_h[:, U_c] = dzᵀ h_L[:, U_c], a warp a tile of either; the
+        // bias's Σ_r dz by the last warp.
+        {
             const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
-            for (int i = tid; i < ROWS16 * WST; i += THREADS) {
-                const int r = i / WST, u = i - r * WST;
-                float v = 0.0f;
-                if (r < rows && u < S) {
+            constexpr int DH_TILES = MT * NT, GW_TILES = (CLASSES + 15) / 16 * NT;
+            for (int task = warp; task < DH_TILES + GW_TILES; task += WARPS) {
+                Sums3 d;
+                if (task < DH_TILES) {  // m = rows, k = classes, n = units
+                    const int mt = task / NT, r0 = 16 * mt, u0 = 8 * (task - mt * NT);
+                    tile_product<CLASS_KSTEPS>(d, [&](int m, int k) { return r0 + m < rows && k < CLASSES ? s.dl[(r0 + m) * CS + k] : 0.0f; },
+                                               [&](int k, int n) { return k < CLASSES && u0 + n < S ? s.wh[k * S + u0 + n] : 0.0f; });
 #pragma unroll
-                    for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CS + j], s.wh[j * S + u], v);
-                    if (!(h_last[r * S + u] > 0.0f)) v = 0.0f;
+                    for (int i = 0; i < 4; ++i) {
+                        const int r = r0 + g_of(lane) + (i < 2 ? 0 : 8), u = u0 + 2 * t_of(lane) + (i & 1);
+                        s.dh[r * WST + u] = r < rows && u < S && h_last[r * S + u] > 0.0f ? total(d, i) : 0.0f;
+                    }
+                } else {  // m = classes, k = rows, n = units
+                    const int tile = task - DH_TILES, mc = tile / NT, j0 = 16 * mc, u0 = 8 * (tile - mc * NT);
+                    tile_product<KB>(d, [&](int m, int k) { return k < rows && j0 + m < CLASSES ? s.dl[k * CS + j0 + m] : 0.0f; },
+                                     [&](int k, int n) { return k < rows && u0 + n < S ? h_last[k * S + u0 + n] : 0.0f; });
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int jj = j0 + g_of(lane) + (i < 2 ? 0 : 8), u = u0 + 2 * t_of(lane) + (i & 1);
+                        if (jj < CLASSES && u < S) s.gwh[jj * S + u] = total(d, i);
+                    }
                 }
-                s.dh[i] = v;
             }
-            // The head's gradient by the last threads, the first ones being busy with dh_L above.
-            for (int i = THREADS - 1 - tid; i < CLASSES * S + CLASSES; i += THREADS) {
-                if (i < CLASSES * S) {
-                    const int j = i / S, u = i - j * S;
-                    s.gwh[i] = sum_rows(rows, [&](int r, float acc) { return fmaf(s.dl[r * CS + j], h_last[r * S + u], acc); });
-                } else if (bias) {
-                    const int j = i - CLASSES * S;
-                    s.gwh[CS * S + j] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + j]; });
-                }
-            }
+            if (bias && warp == WARPS - 1 && lane < CLASSES)
+                s.gwh[CS * S + lane] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + lane]; });
+            PHASE_END(HEAD_PARTS, 0);
             __syncthreads();
+            PHASE_END(HEAD_PARTS, 1);
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
             if (bias && tid < CLASSES) s.bh[tid] = fmaf(-lr, s.gwh[CS * S + tid], s.bh[tid]);
         }
@@ -827,7 +869,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
                                      "softmax: exp, sums (warp 0)", "softmax: dlogits (warp 0)",
                                      "softmax: the block's other warps", "head gradient",
                                      "backward products, update, sends", "backward wait", "input gradient sums",
-                                     "update of W_1"};
+                                     "update of W_1", "start parts", "finish", "fence+sync", "sends", "head parts"};
         long long all = 0;
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l) all += s.phase_cycles[p * (LAYERS + 1) + l];
@@ -857,7 +899,13 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     if (bias && rank == 0 && tid < CLASSES) b_global[LAYERS][tid] = s.bh[tid];
     if (measure && rank == 0) {
         double* per_warp = s.totals + 2;
-        if (lane == 0) { per_warp[2 * warp] = loss_sum; per_warp[2 * warp + 1] = correct_sum; }
+        double loss = loss_sum, correct = correct_sum;  // the warp's sums, in butterfly order
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            loss += __shfl_xor_sync(0xffffffffu, loss, o);
+            correct += __shfl_xor_sync(0xffffffffu, correct, o);
+        }
+        if (lane == 0) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
         __syncthreads();
         if (tid == 0) {
             double l = 0.0, c = 0.0;

@@ -14,7 +14,7 @@ from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
 
 THREADS = 256  # per block
 UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
-PHASE_SLOTS = 16  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
+PHASE_SLOTS = 20  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
 
 
 @dataclass(frozen=True)
