@@ -4,6 +4,7 @@ an epoch of each kind of layout against the float64 reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -26,7 +27,7 @@ ELF_MAGIC = b"\x7fELF"
 
 @pytest.mark.parametrize("shape", [
     MlpShape(784, (64,), 10, 100), MlpShape(784, (64, 64), 10, 100), MlpShape(784, (128,) * 3, 10, 32),
-    MlpShape(30, (128, 128), 3, 16),
+    MlpShape(30, (128, 128), 3, 16), MlpShape(784, (128,) * 3, 10, 32, 255), MlpShape(784, (256,) * 3, 10, 32, 255),
 ])
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
@@ -40,9 +41,13 @@ def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     for h, staged in ((128, True), (256, False)):  # the batch's images in shared memory at H = 128 only
-        shape = MlpShape(784, (h,) * 3, 10, 32)
-        assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
-        assert shape.x_stride == (784 if staged else 0)
+        for levels, stride in ((0, 784), (255, 784)):  # floats ≡ 64 bytes mod 128 (784·4), bytes ≡ 16 (784)
+            shape = MlpShape(784, (h,) * 3, 10, 32, levels)
+            assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
+            assert shape.x_stride == (stride if staged else 0)
+    # 8-bit pixels as bytes: two buffers of a quarter the size, so 50 KB less than one of floats
+    assert MlpShape(784, (128,) * 3, 10, 32).shared_bytes - MlpShape(784, (128,) * 3, 10, 32, 255).shared_bytes == 32 * 784 * (4 - 2)
+    assert MlpShape(30, (64,), 3, 8, 255).x_stride == 144  # 32 bytes a row, padded to ≡ 16 mod 128
     assert MlpShape(30, (64,), 3, 8).padded_features == 32
     assert MlpShape(40, (64,), 3, 8).padded_features == 48  # whole mma tiles of 16 inputs
 
@@ -60,22 +65,30 @@ def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needle):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hidden,features", [((256,) * 3, 784), ((128,), 784), ((64,) * 4, 784), ((64, 64), 50)])
-def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features):
+@pytest.mark.parametrize("hidden,features,eight_bit", [
+    ((256,) * 3, 784, False), ((128,), 784, False), ((64,) * 4, 784, False), ((64, 64), 50, False),
+    ((128,) * 3, 784, True), ((256,) * 3, 784, True), ((64, 64), 50, True),
+])
+def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit):
     """Shapes the rung tests leave out: H = 256 (two unit tiles per block, the images read from
     global memory), one hidden layer with the images in shared memory (the logits' two buffers),
     four layers (an inbox of its own between the first and the last), and images padded from 50
-    features to 64. 1000 samples at batch 32: 31 steps and one of 8."""
+    features to 64. Then 8-bit pixels k/255, which the kernel reads as bytes k (two TF32 passes
+    with them): two buffers of staged images at H = 128, bytes from global memory at H = 256, and
+    rows of 50 bytes padded to 64. 1000 samples at batch 32: 31 steps and one of 8."""
     try:
         cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
     seed = int.from_bytes(os.urandom(2), "little")
     data = Dataset.synthetic(1000, 300, seed=seed, num_features=features)
+    if eight_bit:
+        data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
     cfg = TrainConfig(hidden=hidden, batch=32, epochs=1, lr=0.1, seed=seed, in_features=features)
     num_batches = -(-1000 // cfg.batch)
     with get_stage("persistent")(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
+        assert stage.shape.pixel_levels == (255 if eight_bit else 0), f"seed {seed}"
         stage.train_epoch(0, num_batches, measure=True)
         weights = stage.weights()
     layers = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)

@@ -87,29 +87,11 @@
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, copy4_async, async_wait_all, smem_addr, send, send2, send4,
-// mbarrier_expect, mbarrier_arrive, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total.
+// cluster_sync, remote, copy4_async, copy16_async, async_wait_all, smem_addr, send, send2, send4,
+// mbarrier_expect, mbarrier_arrive, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
 __device__ __forceinline__ double load_remote_f64(unsigned addr) {
     double v; asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory"); return v;
-}
-__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
-}
-// x·v for x from a tile (the A operand) and v = hi + lo: with 8-bit inputs x is exact in TF32
-// and two passes suffice (hi·x, lo·x), else x too is split and lo_x·hi_v is the third.
-__device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsigned (&v_hi)[2], const unsigned (&v_lo)[2]) {
-    unsigned x_hi[4];
-#if PIXEL_LEVELS
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x_hi[i] = __float_as_uint(x[i]);
-#else
-    unsigned x_lo[4];
-    split_tf32(x, x_hi, x_lo);
-    mma_tf32(d.lh, x_lo, v_hi);
-#endif
-    mma_tf32(d.hl, x_hi, v_lo);
-    mma_tf32(d.hh, x_hi, v_hi);
 }
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");

@@ -77,15 +77,21 @@
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), and the next
 // step's images are prefetched into L2 (cp.async.bulk.prefetch), so no dependent global load sits
 // on a step's path apart from the images themselves. Where the batch's images fit in shared memory
-// (X_STRIDE > 0) the block copies them in at the step's start (a bulk copy a row, on an mbarrier of
-// its own), and both products of layer 1 read them there; else both read global memory.
+// (X_STRIDE > 0) they are copied in by 16-byte cp.async copies spread over the block, and both
+// products of layer 1 read them there; else both read global memory. 8-bit pixels (PIXEL_LEVELS,
+// below) take a quarter of the bytes: two buffers then, the next step's images copied in while
+// this step trains; float images one, copied at the step's start.
 // Layer 1's operands come in 16-byte (forward) and 8-byte (update) pieces, not 4-byte ones.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
-// multiple of 16; images are rows of FEATURE_STRIDE floats, zero past FEATURES), HIDDEN (a multiple
-// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, X_STRIDE (0, or FEATURE_STRIDE or FEATURE_STRIDE + 16,
-// whichever is ≡ 16 mod 32: a 16-byte load phase's two rows on different banks). Without a
-// bias (bias = 0) every bias stays zero.
+// multiple of 16; images are rows of FEATURE_STRIDE pixels, zero past FEATURES), HIDDEN (a multiple
+// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, PIXEL_LEVELS, X_STRIDE (pixels per staged row: 0, or
+// FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 16 for bytes, so that a load phase's
+// rows fall on different banks). Without a bias (bias = 0) every bias stays zero.
+//
+// PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the images
+// are then bytes k, exact in TF32, so layer 1's products take two passes, not three, and x's
+// unit 1/255 goes into h_1 and W_1's step. 0: float images, three passes.
 
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
@@ -104,16 +110,26 @@
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS + 1)  // the exchanges', then the images' copy
+#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // the exchanges' 
+#if PIXEL_LEVELS
+typedef unsigned char Pixel;
+#define X_UNIT (1.0f / PIXEL_LEVELS)
+#define X_BUFFERS (X_STRIDE ? 2 : 1)
+#else
+typedef float Pixel;
+#define X_UNIT 1.0f
+#define X_BUFFERS 1
+#endif
+#define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
 #define PHASE_SLOTS 20                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
-#if (X_STRIDE != 0 && X_STRIDE % 32 != 16) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
+#if (X_STRIDE != 0 && X_STRIDE * (PIXEL_LEVELS ? 1 : 4) % 128 != (PIXEL_LEVELS ? 16 : 64)) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, copy4_async, async_commit, async_wait_all, smem_addr, send2,
-// mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total.
+// cluster_sync, remote, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
+// mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
@@ -129,12 +145,6 @@ __device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigne
                  :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
-// into this block's shared memory, counted on its barrier `bar`.
-__device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
 }
@@ -152,6 +162,17 @@ __device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const f
     split_tf32(b, b_hi, b_lo);
     mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
 }
+
+#if PIXEL_LEVELS
+// Byte i of v as a float, exactly: 2²³ + byte as a float's bits, less 2²³ (two instructions).
+__device__ __forceinline__ float byte_value(unsigned v, int i) {
+    return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440 + i)) - 8388608.0f;
+}
+__device__ __forceinline__ float2 pixels2(unsigned v) { return make_float2(byte_value(v, 0), byte_value(v, 1)); }
+__device__ __forceinline__ float4 pixels4(unsigned v) {
+    return make_float4(byte_value(v, 0), byte_value(v, 1), byte_value(v, 2), byte_value(v, 3));
+}
+#endif
 
 __device__ __forceinline__ int g_of(int lane) { return lane >> 2; }  // an mma fragment's row group
 __device__ __forceinline__ int t_of(int lane) { return lane & 3; }   // ... and its column pair
@@ -197,7 +218,7 @@ struct Smem {
     float* dl;        // [BATCH][CS]          dlogits
     float* zsend;     // [LOGIT_BUFFERS][BATCH][CS]  this block's partial logits, as sent
     float* gwh;       // [CS][S], then [CS]   the head's gradient
-    float* x;         // [BATCH][X_STRIDE]    the batch's images, where they fit (X_STRIDE > 0)
+    Pixel* x;         // [X_BUFFERS][BATCH][X_STRIDE]  a step's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][BATCH]           sample indices of this step and the next two
     int* labels;      // [2][BATCH]           labels of this step and the next
     long long* phase_cycles;  // [PHASE_SLOTS][LAYERS + 1]  PHASE_CYCLES builds only (8-byte aligned)
@@ -223,7 +244,7 @@ __device__ Smem carve(unsigned char* base) {
     s.dl = f; f += BATCH * CS;
     s.zsend = f; f += LOGIT_BUFFERS * BATCH * CS;
     s.gwh = f; f += CS * S + CS;
-    s.x = f; f += BATCH * X_STRIDE;
+    s.x = reinterpret_cast<Pixel*>(f); f += (X_BUFFERS * BATCH * X_STRIDE * sizeof(Pixel) + 15) / 16 * 4;
     int* i = reinterpret_cast<int*>(f);
     s.order = i; i += 3 * BATCH;
     s.labels = i; i += 2 * BATCH;
@@ -241,21 +262,50 @@ __device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
 __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) { return s.bars + (l - 1); }
 __device__ __forceinline__ unsigned long long* logits_bar(const Smem& s, int buffer) { return s.bars + GATHER_BARS + buffer; }
 __device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + LOGIT_BUFFERS + (l - 1); }
-__device__ __forceinline__ unsigned long long* images_bar(const Smem& s) { return s.bars + NBARS - 1; }
+__device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { return s.x + buffer * BATCH * X_STRIDE; }
+// Step `step`'s images into image buffer step % X_BUFFERS (the sample indices `step_order` in shared
+// memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
+// (async_wait_all) and met at a block barrier. (A bulk copy a row costs the SM's copy engine ~60
+// cycles to issue, one after another: ~2,000 cycles for a batch of 32.)
+__device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows) {
+    constexpr int CHUNKS = FEATURE_STRIDE * sizeof(Pixel) / 16;  // 16-byte pieces a row
+    unsigned char* staged = reinterpret_cast<unsigned char*>(staged_images(s, step % X_BUFFERS));
+    for (int i = threadIdx.x; i < rows * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i - r * CHUNKS;
+        const unsigned char* row = reinterpret_cast<const unsigned char*>(images + (long long)step_order[r] * FEATURE_STRIDE);
+        copy16_async(staged + r * X_STRIDE * sizeof(Pixel) + 16 * c, row + 16 * c);
+    }
+}
 
 // The rows of a product's left operand: a batch of images in global memory, or rows in shared.
+// load2 and load4 give two and four consecutive inputs as floats (k for 8-bit pixels).
+#if PIXEL_LEVELS
 struct ImageRows {
-    const float* images; const int* order;
-    __device__ const float* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
-    __device__ static float2 load2(const float* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
-    __device__ static float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+    const Pixel* images; const int* order;
+    __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
+    __device__ static float2 load2(const Pixel* p) { return pixels2(__ldg(reinterpret_cast<const unsigned short*>(p))); }
+    __device__ static float4 load4(const Pixel* p) { return pixels4(__ldg(reinterpret_cast<const unsigned*>(p))); }
 };
 template <int STRIDE> struct SharedRows {
-    const float* base;
-    __device__ const float* operator()(int r) const { return base + r * STRIDE; }
-    __device__ static float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-    __device__ static float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+    const Pixel* base;
+    __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
+    __device__ static float2 load2(const Pixel* p) { return pixels2(*reinterpret_cast<const unsigned short*>(p)); }
+    __device__ static float4 load4(const Pixel* p) { return pixels4(*reinterpret_cast<const unsigned*>(p)); }
 };
+#else
+struct ImageRows {
+    const Pixel* images; const int* order;
+    __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
+    __device__ static float2 load2(const Pixel* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
+    __device__ static float4 load4(const Pixel* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+};
+template <int STRIDE> struct SharedRows {
+    const Pixel* base;
+    __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
+    __device__ static float2 load2(const Pixel* p) { return *reinterpret_cast<const float2*>(p); }
+    __device__ static float4 load4(const Pixel* p) { return *reinterpret_cast<const float4*>(p); }
+};
+#endif
 // Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k).
 __device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
@@ -289,7 +339,7 @@ template <class Rows>
 __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
     constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const float* row[MT][2];
+    const Pixel* row[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -325,13 +375,10 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
         for (int mt = 0; mt < MT; ++mt) {
             const float4 v0 = v[mt][0], v1 = v[mt][1];
             const float a0[4] = {v0.x, v1.x, v0.y, v1.y}, a1[4] = {v0.z, v1.z, v0.w, v1.w};
-            unsigned a0_hi[4], a0_lo[4], a1_hi[4], a1_lo[4];
-            split_tf32(a0, a0_hi, a0_lo);
-            split_tf32(a1, a1_hi, a1_lo);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                mma_3xtf32(sums[mt][n], a0_hi, a0_lo, b_hi[n][0], b_lo[n][0]);
-                mma_3xtf32(sums[mt][n], a1_hi, a1_lo, b_hi[n][1], b_lo[n][1]);
+                mma_x(sums[mt][n], a0, b_hi[n][0], b_lo[n][0]);
+                mma_x(sums[mt][n], a1, b_hi[n][1], b_lo[n][1]);
             }
         }
     }
@@ -373,15 +420,17 @@ __device__ __forceinline__ void forward_hidden(const float* h, const float* wt, 
     store_partial(sums, partial);
 }
 
-// h_l[:, U_c] = relu(Σ_w partial[w] + b) (warp order), into h_own and, when given, this block's
-// slice of h_full[l] (the other blocks' copies of it go by bulk copy).
-__device__ void forward_finish(const float* partial, const float* bias, float* h_own, float* own_slice, int rows) {
+// h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
+// layer 1), into h_own and, when given, this block's slice of h_full[l] (the other blocks' copies of
+// it go by bulk copy).
+__device__ void forward_finish(const float* partial, const float* bias, float unit, float* h_own, float* own_slice, int rows) {
     for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
         const int uq = i % SQ, r = i / SQ;
-        float4 v = reinterpret_cast<const float4*>(bias)[uq];
+        float4 v = *reinterpret_cast<const float4*>(partial + r * WST + 4 * uq);
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
-        v = relu4(v);
+        for (int w = 1; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
+        const float4 b = reinterpret_cast<const float4*>(bias)[uq];
+        v = relu4(make_float4(fmaf(unit, v.x, b.x), fmaf(unit, v.y, b.y), fmaf(unit, v.z, b.z), fmaf(unit, v.w, b.w)));
         *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
         if (own_slice) *reinterpret_cast<float4*>(own_slice + r * S + 4 * uq) = v;
     }
@@ -483,7 +532,7 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned b_hi[KB][NT][2], b_lo[KB][NT][2];
     dh_operand(dh, b_hi, b_lo);
-    const float* x_row[KB][2];
+    const Pixel* x_row[KB][2];
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
@@ -508,10 +557,8 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
             const float a[4] = {a_cur[ks][0].x, a_cur[ks][0].y, a_cur[ks][1].x, a_cur[ks][1].y};
-            unsigned a_hi[4], a_lo[4];
-            split_tf32(a, a_hi, a_lo);
 #pragma unroll
-            for (int n = 0; n < NT; ++n) mma_3xtf32(d[n], a_hi, a_lo, b_hi[ks][n], b_lo[ks][n]);
+            for (int n = 0; n < NT; ++n) mma_x(d[n], a, b_hi[ks][n], b_lo[ks][n]);
         }
         if (F_MTILES % WARPS == 0 || mt < F_MTILES) {
             // Unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's quads. Every load before
@@ -585,7 +632,7 @@ static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows o
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-mlp_epoch(const float* images, const int* labels, const int* order, const unsigned long long* params, int bias,
+mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsigned long long* params, int bias,
           int num_samples, int num_steps, float lr, double* metrics, int measure) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
@@ -623,8 +670,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
     if (num_steps > 0)
         for (int r = tid; r < step_rows(0, BATCH, num_samples); r += THREADS) {
             copy4_async(s.labels + r, labels + s.order[r]);
-            if (r % CLUSTER == rank) prefetch_l2(images + (long long)s.order[r] * FEATURE_STRIDE, FEATURE_STRIDE * 4);
+            if (r % CLUSTER == rank) prefetch_l2(images + (long long)s.order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
         }
+    if (X_STRIDE)  // the images of the steps before the first that a step copies in
+        for (int step = 0; step < X_LEAD && step < num_steps; ++step)
+            copy_images_in(s, images, s.order + step * BATCH, step, step_rows(step, BATCH, num_samples));
     async_commit();
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
@@ -650,31 +700,30 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
 
         async_wait_all();
         PHASE_END(START_PARTS, 0);
-        // The images' copy below (the async proxy) overwrites what the last step's update of W_1
-        // read (the generic proxy).
-        if (X_STRIDE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        PHASE_END(START_PARTS, 1);
-        __syncthreads();  // this step's labels, the next step's indices have landed; the last step's reads are done
+        // This step's labels, the next step's indices (and, copied a step ahead, this step's images)
+        // have landed; the last step's reads are done (among them those of the image buffer that
+        // is refilled next).
+        __syncthreads();
         if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
                 mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
                 mbarrier_expect(inbox_bar(s, l), CLUSTER * rows * S * 4);
             }
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
-            if (X_STRIDE) mbarrier_expect(images_bar(s), rows * FEATURE_STRIDE * 4);
         }
         PHASE_END(START_PARTS, 2);
-        if (X_STRIDE)  // the batch's images into shared memory, a bulk copy per row
-            for (int r = tid; r < rows; r += THREADS)
-                copy_bulk(s.x + r * X_STRIDE, x_rows(r), FEATURE_STRIDE * 4, images_bar(s));
+        if (X_STRIDE && step + X_LEAD < num_steps)  // (the sample indices of step + X_LEAD have landed)
+            copy_images_in(s, images, s.order + ((step + X_LEAD) % 3) * BATCH, step + X_LEAD,
+                           step_rows(step + X_LEAD, BATCH, num_samples));
         PHASE_END(START_PARTS, 3);
         if (step + 1 < num_steps) {
             const int next_rows = step_rows(step + 1, BATCH, num_samples);
             const int* next_order = s.order + ((step + 1) % 3) * BATCH;
             for (int r = tid; r < next_rows; r += THREADS)
                 copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
-            for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
-                prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * 4);
+            if (X_LEAD == 0)  // (images copied a step ahead need no hint)
+                for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
+                    prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
         }
         if (step + 2 < num_steps)
             for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
@@ -686,8 +735,11 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
         for (int l = 1; l <= LAYERS; ++l) {
             if (l == 1) {
                 if (X_STRIDE) {
-                    mbarrier_wait(images_bar(s), parity);  // the images have landed
-                    forward_first(StagedRows{s.x}, s.w1, s.last, rows);
+                    if (X_LEAD == 0) {  // the images, copied at this step's start, have landed
+                        async_wait_all();
+                        __syncthreads();
+                    }
+                    forward_first(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.last, rows);
                 } else {
                     forward_first(x_rows, s.w1, s.last, rows);
                 }
@@ -699,7 +751,7 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             const bool gather = l < LAYERS;
             float* h_own = s.h_own + (l - 1) * BATCH * S;
             float* slice = s.h_full + ((l - 1) * CLUSTER + rank) * BATCH * S;  // this block's in h_full[l]
-            forward_finish(s.last, s.b + (l - 1) * S, h_own, gather ? slice : nullptr, rows);
+            forward_finish(s.last, s.b + (l - 1) * S, l == 1 ? X_UNIT : 1.0f, h_own, gather ? slice : nullptr, rows);
             PHASE_END(FINISH, l);
             if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
             __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
@@ -854,8 +906,8 @@ mlp_epoch(const float* images, const int* labels, const int* order, const unsign
             __syncthreads();
             PHASE_END(GATHER_GRADIENT, l - 1);
         }
-        if (X_STRIDE) update_first_layer(StagedRows{s.x}, s.w1, s.dh, lr, rows);
-        else update_first_layer(x_rows, s.w1, s.dh, lr, rows);
+        if (X_STRIDE) update_first_layer(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.dh, lr * X_UNIT, rows);
+        else update_first_layer(x_rows, s.w1, s.dh, lr * X_UNIT, rows);
         if (bias) update_bias(s.b, s.dh, lr, rows);
         PHASE_SYNC();
         PHASE_END(UPDATE, 1);

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
 
@@ -25,6 +27,7 @@ class MlpShape:
     hidden: tuple[int, ...]
     classes: int
     batch: int
+    pixel_levels: int = 0  # 255: 8-bit pixels k/255, which the kernel reads as bytes k (persistent.pixel_levels)
 
     @property
     def padded_features(self) -> int:
@@ -41,11 +44,24 @@ class MlpShape:
         return ceil_div(self.hidden[0], CLUSTER)
 
     @property
+    def pixel_bytes(self) -> int:
+        """Bytes per input as the kernel reads the images: a byte for 8-bit pixels, else a float."""
+        return 1 if self.pixel_levels else 4
+
+    @property
+    def x_buffers(self) -> int:
+        """Buffers of staged images: two for bytes (the next step's copied in while this one
+        trains), one for floats (copied at the step's start)."""
+        return 2 if self.pixel_levels else 1
+
+    @property
     def x_stride(self) -> int:
-        """Floats per row of the batch's images kept in shared memory (a row, or 16 more: ≡ 16 mod
-        32, so that two rows' 16-byte pieces lie on different banks), or 0 where they do not fit
-        (they are read from global memory twice a step instead)."""
-        staged = self.padded_features + (0 if self.padded_features % 32 == 16 else 16)
+        """Inputs per row of the images kept in shared memory (a row padded to ≡ 64 bytes mod 128
+        for floats, ≡ 16 for bytes, so that a load phase's rows lie on different banks), or 0
+        where they do not fit (they are read from global memory twice a step instead)."""
+        want = 16 if self.pixel_levels else 64
+        row = self.padded_features * self.pixel_bytes
+        staged = (row + (want - row) % 128) // self.pixel_bytes
         return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
 
     @property
@@ -53,25 +69,29 @@ class MlpShape:
         return self.bytes_with(self.x_stride)
 
     def bytes_with(self, x_stride: int) -> int:
-        """persistent_mlp.cu's `carve`, in bytes: mbarriers, totals (double), floats, then ints."""
+        """persistent_mlp.cu's `carve`, in bytes: mbarriers, totals (double), floats (the staged
+        images among them), then ints."""
         h, s, b, layers = self.hidden[0], self.units, self.batch, self.layers
         cs = ceil_div(self.classes, 4) * 4
         n_tiles = ceil_div(s, 8)
         w_stride, rows16 = 8 * n_tiles, ceil_div(b, 16) * 16
         logit_buffers = 2 if layers == 1 else 1
-        barriers = 2 * (layers - 1) + logit_buffers + 1  # the exchanges', the images' copy
+        x_buffers = self.x_buffers if x_stride else 1
+        barriers = 2 * (layers - 1) + logit_buffers  # the exchanges'
         inbox, partial, logits = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, logit_buffers * CLUSTER * b * cs
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
                   + (layers - 1) * b * h + max(logits, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
-                  + layers * b * s + rows16 * w_stride + b * cs + logit_buffers * b * cs + cs * s + cs + b * x_stride)
+                  + layers * b * s + rows16 * w_stride + b * cs + logit_buffers * b * cs + cs * s + cs
+                  + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
         return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
     @property
     def defines(self) -> dict[str, int]:
         """The -D defines persistent_mlp.cu is compiled with for this shape."""
         return {"FEATURES": self.features, "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.hidden[0],
-                "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "X_STRIDE": self.x_stride}
+                "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "X_STRIDE": self.x_stride,
+                "PIXEL_LEVELS": self.pixel_levels}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -89,13 +109,22 @@ class MlpShape:
         return None
 
 
+def mlp_images(images: np.ndarray, shape: MlpShape) -> np.ndarray:
+    """The training images as the kernel reads them: rows of `shape.padded_features` (zero past
+    the features), bytes k for 8-bit pixels k/255, else floats."""
+    rows = np.zeros((len(images), shape.padded_features), np.uint8 if shape.pixel_levels else np.float32)
+    rows[:, :shape.features] = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
+    return rows
+
+
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
     headers = ("cluster.cuh", "tf32_mma.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32).defines, "PHASE_CYCLES": 0}
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255).defines,
+               "PHASE_CYCLES": 0}
     _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
@@ -109,7 +138,7 @@ class PersistentMlp(KernelFile):
         batch may be shorter). `params`: a device array of 2·(layers + 1) addresses, the weights
         (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
         bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
-        num_samples × padded_features floats."""
+        num_samples × padded_features, bytes k for 8-bit pixels (mlp_images), else floats."""
         shared_bytes = self.shape.shared_bytes
         if self.defines["PHASE_CYCLES"]:  # the phase counts (scripts/persistent_mlp_phases.py), 8-byte aligned
             shared_bytes += 8 + 8 * PHASE_SLOTS * (self.shape.layers + 1)

@@ -26,3 +26,19 @@ __device__ __forceinline__ void split_tf32(const float (&v)[N], unsigned (&hi)[N
 // first.
 struct Sums3 { float hh[4] = {}, lh[4] = {}, hl[4] = {}; };
 __device__ __forceinline__ float total(const Sums3& d, int i) { return d.hh[i] + (d.lh[i] + d.hl[i]); }
+// x·v for x from the images (the A operand) and v = hi + lo: where the images are 8-bit pixels
+// held as k (PIXEL_LEVELS, defined by the kernel file), x is exact in TF32 and two passes suffice
+// (x·hi, x·lo); else x too is split and lo_x·hi_v is the third.
+__device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsigned (&v_hi)[2], const unsigned (&v_lo)[2]) {
+    unsigned x_hi[4];
+#if PIXEL_LEVELS
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x_hi[i] = __float_as_uint(x[i]);
+#else
+    unsigned x_lo[4];
+    split_tf32(x, x_hi, x_lo);
+    mma_tf32(d.lh, x_lo, v_hi);
+#endif
+    mma_tf32(d.hl, x_hi, v_lo);
+    mma_tf32(d.hh, x_hi, v_hi);
+}

@@ -19,7 +19,8 @@ activations from every block, all-gathers the head's partial logits, and sends e
 share of the input gradients on the way back, so no block ever needs another's weights; each
 exchange counts its bytes on the receiver's mbarrier (activations and logits as one bulk copy a
 block, input gradients as stores from the mma registers), with no cluster barrier in the loop,
-and the products run on tensor cores in three TF32 passes. It trains equal hidden sizes that are
+and the products run on tensor cores in three TF32 passes (two with 8-bit pixels, which it reads
+as bytes k, copying the next step's into shared memory while a step trains). It trains equal hidden sizes that are
 multiples of 64 whose parameters and step buffers fit a block's 227 KB of shared memory (the
 cuda-mnist preset at H = 128 and 256, batch 32); anything else is refused before training, with
 the size it needs. A step is a chain of short phases, bound by their latency more than by
@@ -33,7 +34,7 @@ import numpy as np
 
 from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
-from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
+from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp, mlp_images
 from graphtrain.libs import cuda
 from graphtrain.stages.device_loop import DeviceLoopStage
 
@@ -47,7 +48,7 @@ class PersistentStage(DeviceLoopStage):
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
         if cfg.hidden:
-            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch)
+            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
         else:
             self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
         refusal = self.shape.refusal()
@@ -62,11 +63,12 @@ class PersistentStage(DeviceLoopStage):
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
         # The training images again where the kernel reads them otherwise: rows padded to whole
-        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k.
+        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k (bytes
+        # for an MLP, a quarter of the floats' traffic).
         self.padded_images = None
-        eight_bit = not self.config.hidden and self.shape.pixel_levels
-        if self.shape.padded_features != self.config.in_features or eight_bit:
-            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features))
+        if self.shape.padded_features != self.config.in_features or self.shape.pixel_levels:
+            dtype = np.uint8 if self.config.hidden and self.shape.pixel_levels else np.float32
+            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features), dtype)
         if self.config.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
 
@@ -81,8 +83,7 @@ class PersistentStage(DeviceLoopStage):
         self.images = self.train_images
         if self.padded_images is not None:
             if self.config.hidden:
-                padded = np.zeros((self.num_train, self.shape.padded_features), np.float32)
-                padded[:, :self.config.in_features] = self.data.train_images
+                padded = mlp_images(self.data.train_images, self.shape)
             else:
                 padded = kernel_images(self.data.train_images, self.shape)
             self.padded_images.upload(padded, self.stream)
@@ -111,9 +112,8 @@ class PersistentStage(DeviceLoopStage):
     def environment(self) -> dict:
         env = super().environment()
         env.pop("device_loop")  # no graph here: one kernel per epoch
-        if not self.config.hidden:
-            env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
-                                          if self.shape.pixel_levels else "3xTF32 mma: three passes")
+        env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
+                                      if self.shape.pixel_levels else "3xTF32 mma: three passes")
         return env
 
     def close(self) -> None:
