@@ -1,6 +1,9 @@
-"""Shared by the tests: the float64 error measure and a scratch arena for GPU tests."""
+"""Shared by the tests: the float64 error measure, the float64 run's distance from ReLU's kink,
+and a scratch arena for GPU tests."""
 
 import numpy as np
+
+from graphtrain import reference
 
 
 def rel_err(out, ref) -> float:
@@ -36,3 +39,21 @@ class Scratch:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def kink_margin(cfg, data, num_batches: int) -> float:
+    """The float64 run's closest approach to ReLU's kink: the least |pre-activation| of any hidden
+    unit, row and step, relative to the size of its terms (Σ|input|·|weight| + |bias|)."""
+    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    order = reference.epoch_order(cfg.seed, 0, len(data.train_images))
+    closest = np.inf
+    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch)[:num_batches]:
+        x = data.train_images[order[lo:hi]].astype(np.float64)
+        a = x
+        for layer in layers[:-1]:
+            b = layer.b if layer.b is not None else 0.0
+            z = a @ layer.w.T + b
+            closest = min(closest, float(np.min(np.abs(z) / (np.abs(a) @ np.abs(layer.w.T) + np.abs(b) + 1e-300))))
+            a = np.maximum(z, 0.0)
+        reference.train_step(layers, x, data.train_labels[order[lo:hi]], cfg.lr)
+    return closest

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import rel_err
+from helpers import kink_margin, rel_err
 
 from graphtrain import reference
 from graphtrain.config import TrainConfig
@@ -75,17 +75,26 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
     four layers (an inbox of its own between the first and the last), and images padded from 50
     features to 64. Then 8-bit pixels k/255, which the kernel reads as bytes k (two TF32 passes
     with them): two buffers of staged images at H = 128, bytes from global memory at H = 256, and
-    rows of 50 bytes padded to 64. 1000 samples at batch 32: 31 steps and one of 8."""
+    rows of 50 bytes padded to 64. 300 samples at batch 32: 9 steps and one of 12. As in the rung
+    tests' epoch, a pre-activation within the kernel's ~2⁻²⁰ of ReLU's kink may take the other side
+    and send the epoch down another path (at H = 256 and 1000 samples, 2 seeds of 6 erred by 1e-2),
+    so seeds are drawn until the float64 run stays 3e-6 (relative) from the kink."""
     try:
         cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
-    seed = int.from_bytes(os.urandom(2), "little")
-    data = Dataset.synthetic(1000, 300, seed=seed, num_features=features)
-    if eight_bit:
-        data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
-    cfg = TrainConfig(hidden=hidden, batch=32, epochs=1, lr=0.1, seed=seed, in_features=features)
-    num_batches = -(-1000 // cfg.batch)
+    samples, batch = 300, 32
+    num_batches = -(-samples // batch)
+    for _ in range(200):
+        seed = int.from_bytes(os.urandom(2), "little")
+        data = Dataset.synthetic(samples, 300, seed=seed, num_features=features)
+        if eight_bit:
+            data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
+        cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, in_features=features)
+        if kink_margin(cfg, data, num_batches) > 3e-6:
+            break
+    else:
+        pytest.fail("no seed of 200 keeps the float64 run 3e-6 from ReLU's kink")
     with get_stage("persistent")(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         assert stage.shape.pixel_levels == (255 if eight_bit else 0), f"seed {seed}"

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import rel_err
+from helpers import kink_margin, rel_err
 
 from graphtrain import reference
 from graphtrain.config import TrainConfig
@@ -105,24 +105,6 @@ def check_one_step(name: str, model: dict, data: Dataset, seed: int):
         if cfg.bias:
             assert rel_err(got.b.astype(np.float64) - old.b, ref.b - old.b) < tol, f"seed {seed}"
     return stage
-
-
-def kink_margin(cfg: TrainConfig, data: Dataset, num_batches: int) -> float:
-    """The float64 run's closest approach to ReLU's kink: the least |pre-activation| of any hidden
-    unit, row and step, relative to the size of its terms (Σ|input|·|weight| + |bias|)."""
-    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
-    order = reference.epoch_order(cfg.seed, 0, len(data.train_images))
-    closest = np.inf
-    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch)[:num_batches]:
-        x = data.train_images[order[lo:hi]].astype(np.float64)
-        a = x
-        for layer in layers[:-1]:
-            b = layer.b if layer.b is not None else 0.0
-            z = a @ layer.w.T + b
-            closest = min(closest, float(np.min(np.abs(z) / (np.abs(a) @ np.abs(layer.w.T) + np.abs(b) + 1e-300))))
-            a = np.maximum(z, 0.0)
-        reference.train_step(layers, x, data.train_labels[order[lo:hi]], cfg.lr)
-    return closest
 
 
 @pytest.mark.parametrize("name,hidden,batch", [

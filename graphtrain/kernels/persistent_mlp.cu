@@ -32,11 +32,11 @@
 //
 // The exchanges write the receiver's shared memory and count their bytes on the receiver's mbarrier
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
-// cluster barrier and no memory fence in the loop. In G_l and Z block c sends one contiguous piece
-// to each other block (its h_l[:, U_c], rows × S, into h_full[l], kept block-major; its partial
-// logits, rows × CS, into logits[c]): a bulk copy each (cp.async.bulk, the copy engine), and its
-// own piece by plain stores. D_l's pieces are mma fragments in registers: st.async stores of 8
-// bytes.
+// cluster barrier and no memory fence in the loop. Block c sends one contiguous piece to each
+// other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; Z: its partial
+// logits, rows × CS, into logits[c]; D_l: Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]): a
+// bulk copy each (cp.async.bulk, the copy engine; ~60 cycles a copy, so few large pieces beat many
+// st.async stores, which move 5-7 bytes a cycle), and its own piece by plain stores.
 //
 // Why one buffer per exchange is safe to reuse step after step: the exchanges run in one order,
 // G_1 .. G_{L−1}, Z, D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E
@@ -48,8 +48,7 @@
 //   h_full[l], l ≥ 2    read by the forward of layer l + 1 and the update of W_{l+1}, in step t;
 //                       the exchange before G_l is G_{l−1} of step t + 1.
 //   h_full[1]           read by the forward of layer 2 and the update of W_2; the exchange before
-//                       G_1 is D_2 of step t, so a warp sends its part of D_2 only after its update
-//                       of W_2 (which reads h_full[1]) has read what it needs.
+//                       G_1 is D_2 of step t, which a block sends after its update of W_2 (below).
 //   logits              read by the softmax, before D_L of step t (the exchange before Z is G_{L−1}
 //                       of step t + 1). With one hidden layer, Z is the exchange before itself:
 //                       two buffers alternate by step, and the one before Z of step t + 2 is Z of
@@ -64,7 +63,10 @@
 // received it: h_own[l] (G_l's source) in the next step's forward, after this block waited for
 // D_2 (every block's D_2 comes after its wait for G_l); this block's partial logits (Z's source)
 // in the next step's head, after its wait for G_{L−1} of that step, or with one hidden layer two
-// steps on (two buffers), after its wait for Z of the step between.
+// steps on (two buffers), after its wait for Z of the step between. D_l's source is h_full[l−1]
+// itself, once the block's update of W_l (its last reader in the step) is done: the piece for
+// block o is staged in o's slot, which only o's G_{l−1} of step t + 1 overwrites, sent after o
+// has received that piece.
 //
 // Two buffers share memory where their lives do not overlap, by the same argument:
 //   inbox[L−1] and the forward's partial sums (this block's only): D_L of step t comes after every
@@ -173,6 +175,10 @@ __device__ __forceinline__ float4 pixels4(unsigned v) {
     return make_float4(byte_value(v, 0), byte_value(v, 1), byte_value(v, 2), byte_value(v, 3));
 }
 #endif
+
+// The block this thread sends its bulk copy to in an all-to-all exchange, or −1. (The SM's copy
+// engine takes ~60 cycles a copy, one after another, whichever warps issue them.)
+__device__ __forceinline__ int send_dest() { return threadIdx.x < CLUSTER ? threadIdx.x : -1; }
 
 __device__ __forceinline__ int g_of(int lane) { return lane >> 2; }  // an mma fragment's row group
 __device__ __forceinline__ int t_of(int lane) { return lane & 3; }   // ... and its column pair
@@ -452,10 +458,11 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB]
 // Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
 //   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
-// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`.
-// A warp reads and writes only its own inputs' weights, and sends only after its update has read
-// h_{l−1} (see the header: h_full[1]'s reuse).
-__device__ void backward_layer(const float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
+// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
+// once every warp's update has read h_{l−1}, Q is staged in its place (h_prev, h_full[l − 1], the
+// same size: owner o's columns at o's slot, see the header) and goes by a bulk copy an owner; this
+// block's own columns go straight into its inbox. A warp reads and writes only its own inputs' weights.
+__device__ void backward_layer(float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
                                float lr, int rows, unsigned rank) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];  // the update's B operand, the same for every input tile
@@ -466,6 +473,7 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
 #pragma unroll
         for (int h = 0; h < 2; ++h) h_row[ks][h] = min(8 * ks + 4 * h + t, rows - 1) * S;
     constexpr int TPW = (H_MTILES + WARPS - 1) / WARPS;  // input tiles per warp, unrolled: their chains interleave
+    float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
 #pragma unroll
     for (int ii = 0; ii < TPW; ++ii) {
         const int i = warp + WARPS * ii;
@@ -508,18 +516,35 @@ __device__ void backward_layer(const float* h_prev, float* wt, const float* dh, 
                 wv[1] = fmaf(-lr, total(du[n], 2 * h + 1), wv[1]);
             }
 #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = total(q[mt][j], e);
+    }
+    __syncthreads();  // every warp's update has read h_{l−1}
+#pragma unroll
+    for (int ii = 0; ii < TPW; ++ii) {
+        const int i = warp + WARPS * ii;
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;
+#pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const int col = k0 + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
-            const unsigned dst = remote(inbox + rank * BATCH * S + u, owner), dst_bar = remote(bar, owner);
+            const int col = 16 * i + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
+            float* piece = (owner == (int)rank ? inbox + rank * BATCH * S : h_prev + owner * BATCH * S) + u;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int r = 16 * mt + 8 * h + g;
-                    if (r < rows) send2(dst + 4 * r * S, total(q[mt][j], 2 * h), total(q[mt][j], 2 * h + 1), dst_bar);
+                    if (r < rows) *reinterpret_cast<float2*>(piece + r * S) = make_float2(q_out[ii][mt][j][2 * h], q_out[ii][mt][j][2 * h + 1]);
                 }
         }
     }
+    fence_proxy_async();  // the staged pieces are the copies' sources
+    __syncthreads();
+    const int dest = send_dest();
+    if (dest >= 0 && dest != (int)rank)
+        send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
 }
 
 // W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x in global memory or staged in shared: m = inputs (tiles of 16,
@@ -707,7 +732,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
                 mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
-                mbarrier_expect(inbox_bar(s, l), CLUSTER * rows * S * 4);
+                mbarrier_expect(inbox_bar(s, l), (CLUSTER - 1) * rows * S * 4);
             }
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
         }
@@ -756,8 +781,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
             __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
             PHASE_END(FENCE_SYNC, l);
-            if (gather && tid < CLUSTER && tid != rank)  // this block's h_l[:, U_c] to block tid's h_full[l]
-                send_bulk(remote(slice, tid), h_own, rows * S * 4, remote(gather_bar(s, l), tid));
+            const int dest = send_dest();
+            if (gather && dest >= 0 && dest != rank)  // this block's h_l[:, U_c] to block dest's h_full[l]
+                send_bulk(remote(slice, dest), h_own, rows * S * 4, remote(gather_bar(s, l), dest));
             PHASE_SYNC();
             PHASE_END(SENDS, l);
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
@@ -785,8 +811,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             fence_proxy_async();
             __syncthreads();
             PHASE_END(FENCE_SYNC, 0);
-            if (tid < CLUSTER && tid != rank)  // to block tid's logits[rank]
-                send_bulk(remote(logits + rank * BATCH * CS, tid), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), tid));
+            const int dest = send_dest();
+            if (dest >= 0 && dest != rank)  // to block dest's logits[rank]
+                send_bulk(remote(logits + rank * BATCH * CS, dest), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), dest));
         }
         PHASE_SYNC();
         PHASE_END(HEAD_PARTIALS, 0);
