@@ -65,25 +65,27 @@ def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needle):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hidden,features,eight_bit", [
-    ((256,) * 3, 784, False), ((128,), 784, False), ((64,) * 4, 784, False), ((64, 64), 50, False),
-    ((128,) * 3, 784, True), ((256,) * 3, 784, True), ((64, 64), 50, True),
+@pytest.mark.parametrize("hidden,features,eight_bit,samples", [
+    ((256,) * 3, 784, False, 80), ((128,), 784, False, 300), ((64,) * 4, 784, False, 300), ((64, 64), 50, False, 300),
+    ((128,) * 3, 784, True, 300), ((256,) * 3, 784, True, 80), ((64, 64), 50, True, 300),
 ])
-def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit):
+def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit, samples):
     """Shapes the rung tests leave out: H = 256 (two unit tiles per block, the images read from
     global memory), one hidden layer with the images in shared memory (the logits' two buffers),
     four layers (an inbox of its own between the first and the last), and images padded from 50
     features to 64. Then 8-bit pixels k/255, which the kernel reads as bytes k (two TF32 passes
     with them): two buffers of staged images at H = 128, bytes from global memory at H = 256, and
-    rows of 50 bytes padded to 64. 300 samples at batch 32: 9 steps and one of 12. As in the rung
+    rows of 50 bytes padded to 64. Batch 32: 300 samples are 9 steps and one of 12. As in the rung
     tests' epoch, a pre-activation within the kernel's ~2⁻²⁰ of ReLU's kink may take the other side
     and send the epoch down another path (at H = 256 and 1000 samples, 2 seeds of 6 erred by 1e-2),
-    so seeds are drawn until the float64 run stays 3e-6 (relative) from the kink."""
+    so seeds are drawn until the float64 run stays 3e-6 (relative) from the kink; at H = 256 the
+    closest approach of 300 samples' pre-activations is rarely that far, so there 80 (two steps and
+    one of 16)."""
     try:
         cuda.open_device()
     except GpuUnavailableError as error:
         pytest.skip(f"no usable GPU: {error}")
-    samples, batch = 300, 32
+    batch = 32
     num_batches = -(-samples // batch)
     for _ in range(200):
         seed = int.from_bytes(os.urandom(2), "little")

@@ -15,6 +15,10 @@ __device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
     return out;
 }
+// A double from cluster block memory (an address from remote()).
+__device__ __forceinline__ double load_remote_f64(unsigned addr) {
+    double v; asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory"); return v;
+}
 __device__ __forceinline__ void copy4_async(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }

@@ -87,12 +87,9 @@
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, copy4_async, copy16_async, async_wait_all, smem_addr, send, send2, send4,
+// cluster_sync, remote, load_remote_f64, copy4_async, copy16_async, async_wait_all, smem_addr, send, send2, send4,
 // mbarrier_expect, mbarrier_arrive, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
-__device__ __forceinline__ double load_remote_f64(unsigned addr) {
-    double v; asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(addr) : "memory"); return v;
-}
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
 }

@@ -35,8 +35,9 @@
 // cluster barrier and no memory fence in the loop. Block c sends one contiguous piece to each
 // other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; Z: its partial
 // logits, rows × CS, into logits[c]; D_l: Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]): a
-// bulk copy each (cp.async.bulk, the copy engine; ~60 cycles a copy, so few large pieces beat many
-// st.async stores, which move 5-7 bytes a cycle), and its own piece by plain stores.
+// bulk copy each (cp.async.bulk, the copy engine, ~60 cycles a copy whichever warps issue them; for
+// D_l this beat st.async stores straight from the mma registers by 4% of a step on an H100 at
+// H = 128, and came within 1% at H = 256), and its own piece by plain stores.
 //
 // Why one buffer per exchange is safe to reuse step after step: the exchanges run in one order,
 // G_1 .. G_{L−1}, Z, D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E
@@ -130,7 +131,7 @@ typedef float Pixel;
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
+// cluster_sync, remote, load_remote_f64, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
 // mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
@@ -704,7 +705,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
-    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0, block 0
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0: rows r ≡ rank (mod CLUSTER)
 #if PHASE_CYCLES
     // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
     // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
@@ -737,7 +738,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
         }
         PHASE_END(START_PARTS, 2);
-        if (X_STRIDE && step + X_LEAD < num_steps)  // (the sample indices of step + X_LEAD have landed)
+        // The images of step + X_LEAD (their sample indices have landed). (Issued later in the step,
+        // during the wait for D_L, they slowed the update of W_1 that then read beside them.)
+        if (X_STRIDE && step + X_LEAD < num_steps)
             copy_images_in(s, images, s.order + ((step + X_LEAD) % 3) * BATCH, step + X_LEAD,
                            step_rows(step + X_LEAD, BATCH, num_samples));
         PHASE_END(START_PARTS, 3);
@@ -864,11 +867,11 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                     const int r = base + i * ROWS_PER_PASS;
                     const float inv_sum = 1.0f / sum[i];  // one division a row
                     if (r < rows && j < CS) s.dl[r * CS + j] = (e[i] * inv_sum - (j == label[i] ? 1.0f : 0.0f)) * inv_rows;
-                    if (measure && rank == 0) {
+                    if (measure) {  // (each block measures its share of the rows)
                         const float z_label = __shfl_sync(0xffffffffu, z[i], group + label[i]);
                         // The first index of the largest logit: the lowest of the row's lanes holding m.
                         const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z[i] == m[i]) >> group;
-                        if (r < rows && j == 0) {
+                        if (r < rows && j == 0 && r % CLUSTER == (int)rank) {
                             loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
                             correct_sum += (__ffs(at_max) - 1) == label[i] ? 1.0 : 0.0;
                         }
@@ -976,7 +979,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         w_global[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
     if (bias && rank == 0 && tid < CLASSES) b_global[LAYERS][tid] = s.bh[tid];
-    if (measure && rank == 0) {
+    if (measure) {  // the block's totals, then the cluster's (block 0 adds them in rank order)
         double* per_warp = s.totals + 2;
         double loss = loss_sum, correct = correct_sum;  // the warp's sums, in butterfly order
 #pragma unroll
@@ -989,8 +992,17 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         if (tid == 0) {
             double l = 0.0, c = 0.0;
             for (int i = 0; i < WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
-            metrics[0] += l; metrics[1] += c;
+            s.totals[0] = l; s.totals[1] = c;
         }
     }
-    cluster_sync();  // no block leaves while another may still write to its shared memory
+    cluster_sync();  // every block's totals are in; no block has left while another may write to its shared memory
+    if (measure && rank == 0 && tid == 0) {
+        double l = 0.0, c = 0.0;
+        for (int k = 0; k < CLUSTER; ++k) {
+            l += load_remote_f64(remote(s.totals, k));
+            c += load_remote_f64(remote(s.totals + 1, k));
+        }
+        metrics[0] += l; metrics[1] += c;
+    }
+    cluster_sync();  // no block leaves while block 0 may still read its totals
 }
