@@ -4,22 +4,26 @@
     python3 scripts/persistent_mlp_phases.py [--preset cuda-mnist] [--hidden 128,128,128] [--steps 3750]
 
 Trains the workload with the persistent rung built with PHASE_CYCLES=1 (kernels/persistent_mlp.cu):
-thread 0 of block 0 reads the SM clock at the end of each phase of every step (each phase ends at
-a block barrier or at the wait for an exchange, so the count is the slowest thread's, and for a
-wait the slowest sender's) and each launch
-prints the cycles per step of every phase and layer when it ends. The instrumented build adds a
-few block barriers of its own (to split phases that end without one) and keeps the counts in
-shared memory; compare its total with the plain build's time per step (ms/epoch ÷ steps per epoch
-× the SM clock) before reading much into a phase of a few hundred cycles.
+thread 0 of block 0 reads the SM clock at the end of each phase of every step (a phase that ends at
+a block barrier or at the wait for an exchange takes the slowest thread's time, and for a wait the
+slowest sender's) and each launch of an epoch prints the cycles per step of every phase and layer,
+a markdown table, when it ends. The instrumented build adds block barriers of its own (to split
+phases that end without one) and keeps the counts in shared memory: its total runs a few per cent
+above the plain build's time per step (ms/epoch ÷ steps per epoch × the SM clock), so read a phase
+of a few hundred cycles as a rough figure. The output is markdown (results/persistent-mlp-phases-*).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from graphtrain import data as data_mod
+from graphtrain import environment
 from graphtrain.config import preset
 from graphtrain.kernels.persistent_mlp import PersistentMlp
+from graphtrain.libs import cuda, nvrtc
 from graphtrain.plan import RunPlan
 from graphtrain.stages.persistent import PersistentStage
 from graphtrain.training import run_stage
@@ -42,9 +46,15 @@ def main() -> None:
     config = preset(args.preset).replace(hidden=tuple(int(h) for h in args.hidden.split(",")), epochs=None,
                                          steps=args.steps)
     data = data_mod.load(config.dataset)
+    env = {**environment.gpu(cuda.open_device()), "nvrtc": nvrtc.version()}
+    print(f"# persistent MLP, {args.preset} {'-'.join(map(str, config.dims))}: SM cycles per step\n")
+    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
+    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)))
+    print("\nOne table per epoch's launch, counted by thread 0 of block 0 (the warm-up's single step prints none).",
+          flush=True)  # the kernel's tables follow, printed by the device
     record = run_stage(PhaseCyclesStage, RunPlan.for_data(config, data), data)
-    print(f"{args.preset} {'-'.join(map(str, config.dims))}: {record.epoch_ms:.2f} ms/epoch (median), "
-          f"test accuracy {100 * record.test_accuracy:.2f}%; {record.environment.get('gpu', '')}")
+    print(f"\nThis instrumented build: {record.epoch_ms:.2f} ms/epoch (median), test accuracy "
+          f"{100 * record.test_accuracy:.2f}%; products: {record.environment.get('persistent_products', '')}.")
 
 
 if __name__ == "__main__":

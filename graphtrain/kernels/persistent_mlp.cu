@@ -101,7 +101,16 @@
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
 #define WARPS (THREADS / 32)
 #define NT ((S + 7) / 8)              // a block's units in mma columns of 8
-#define WST (NT * 8)                  // floats per row of wt[k][u] and of dh: S, zero past it
+#define WST (NT * 8)                  // floats per row of wt[k][u]: S, zero past it
+// Floats per row of dh: WST, or 4 more where WST ≡ 16 (mod 32), so that a fragment's loads (row g,
+// column t) fall on 32 banks, not 8.
+#define DST (WST % 32 == 16 ? WST + 4 : WST)
+// wt[k][u] lies at k·WST + (u ^ WT_SWIZZLE(k)). Where WST ≡ 16 (mod 32) the XOR (of whole quads,
+// so pairs and quads stay together) spreads a fragment's loads of rows k0 + g, columns t (the
+// backward's Q and update) over all 32 banks, which rows g, g + 2, g + 4, g + 6 would otherwise
+// share. (With rows of 8 floats the same loads share banks only two ways, and the XOR's address
+// arithmetic cost more than it saved: 2 ms an epoch on an H100 at H = 128.)
+#define WT_SWIZZLE(k) (WST % 32 == 16 ? 4 * (((k) >> 1) & 3) : 0)
 #define MT ((BATCH + 15) / 16)        // the batch in mma rows of 16
 #define ROWS16 (MT * 16)
 #define KB ((BATCH + 7) / 8)          // the batch in k-steps of 8 (the updates sum over rows)
@@ -124,14 +133,14 @@ typedef float Pixel;
 #define X_BUFFERS 1
 #endif
 #define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
-#define PHASE_SLOTS 20                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
+#define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
 #if (X_STRIDE != 0 && X_STRIDE * (PIXEL_LEVELS ? 1 : 4) % 128 != (PIXEL_LEVELS ? 16 : 64)) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, load_remote_f64, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
+// cluster_sync, remote, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
 // mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
 // A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
@@ -221,7 +230,7 @@ struct Smem {
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
     float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
-    float* dh;        // [ROWS16][WST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
+    float* dh;        // [ROWS16][DST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
     float* dl;        // [BATCH][CS]          dlogits
     float* zsend;     // [LOGIT_BUFFERS][BATCH][CS]  this block's partial logits, as sent
     float* gwh;       // [CS][S], then [CS]   the head's gradient
@@ -247,7 +256,7 @@ __device__ Smem carve(unsigned char* base) {
     s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
     s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
     s.h_own = f; f += LAYERS * BATCH * S;
-    s.dh = f; f += ROWS16 * WST;
+    s.dh = f; f += ROWS16 * DST;
     s.dl = f; f += BATCH * CS;
     s.zsend = f; f += LOGIT_BUFFERS * BATCH * CS;
     s.gwh = f; f += CS * S + CS;
@@ -335,7 +344,8 @@ __device__ __forceinline__ void store_partial(const Sums3 (&sums)[MT][NT], float
 // four inputs 4t..4t+3 of unit g are one 16-byte load, and the XOR spreads the 8 lanes of a load
 // phase (units g, g + 1 of quads t = 0..3) over all 32 banks.
 __device__ __forceinline__ int w1_at(int k, int u) { return (((k >> 2) * WST + (u ^ (((k >> 2) & 3) << 1))) << 2) + (k & 3); }
-__device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? w1_at(k, u) : k * WST + u; }
+__device__ __forceinline__ int wt_at(int k, int u) { return k * WST + (u ^ WT_SWIZZLE(k)); }  // layers ≥ 2
+__device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? w1_at(k, u) : wt_at(k, u); }
 
 // ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
 // Warp w takes the input tiles w, w + WARPS, ... (zero past the last: no branch around the mma).
@@ -413,8 +423,8 @@ __device__ __forceinline__ void forward_hidden(const float* h, const float* wt, 
         float b[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            b[n][0] = wt[(k + t) * WST + 8 * n + g];
-            b[n][1] = wt[(k + t + 4) * WST + 8 * n + g];
+            b[n][0] = wt[wt_at(k + t, 8 * n + g)];
+            b[n][1] = wt[wt_at(k + t + 4, 8 * n + g)];
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -451,7 +461,7 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB]
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float b[2] = {dh[(8 * ks + t) * WST + 8 * n + g], dh[(8 * ks + t + 4) * WST + 8 * n + g]};
+            const float b[2] = {dh[(8 * ks + t) * DST + 8 * n + g], dh[(8 * ks + t + 4) * DST + 8 * n + g]};
             split_tf32(b, b_hi[ks][n], b_lo[ks][n]);
         }
 }
@@ -486,13 +496,13 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
             float b[2][2];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                b[j][0] = wt[(k0 + 8 * j + g) * WST + 8 * kk + t];
-                b[j][1] = wt[(k0 + 8 * j + g) * WST + 8 * kk + t + 4];
+                b[j][0] = wt[wt_at(k0 + 8 * j + g, 8 * kk + t)];
+                b[j][1] = wt[wt_at(k0 + 8 * j + g, 8 * kk + t + 4)];
             }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                const float* d0 = dh + (16 * mt + g) * WST + 8 * kk + t;
-                const float a[4] = {d0[0], d0[8 * WST], d0[4], d0[8 * WST + 4]};
+                const float* d0 = dh + (16 * mt + g) * DST + 8 * kk + t;
+                const float a[4] = {d0[0], d0[8 * DST], d0[4], d0[8 * DST + 4]};
 #pragma unroll
                 for (int j = 0; j < 2; ++j) mma_split(q[mt][j], a, b[j]);
             }
@@ -512,7 +522,7 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
         for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float* wv = wt + (k0 + 8 * h + g) * WST + 8 * n + 2 * t;
+                float* wv = wt + wt_at(k0 + 8 * h + g, 8 * n + 2 * t);  // and the unit after it
                 wv[0] = fmaf(-lr, total(du[n], 2 * h), wv[0]);
                 wv[1] = fmaf(-lr, total(du[n], 2 * h + 1), wv[1]);
             }
@@ -623,13 +633,13 @@ __device__ __forceinline__ float sum_rows(int rows, Term term) {
 // b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest elsewhere).
 __device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
     const int u = THREADS - 1 - threadIdx.x;
-    if (u < S) bias[u] = fmaf(-lr, sum_rows(rows, [&](int r, float acc) { return acc + dh[r * WST + u]; }), bias[u]);
+    if (u < S) bias[u] = fmaf(-lr, sum_rows(rows, [&](int r, float acc) { return acc + dh[r * DST + u]; }), bias[u]);
 }
 
 // dh_{l}[:, U_c] = Σ_o inbox[o] (in order) ⊙ [h_l[:, U_c] > 0], zero past the step's rows and S.
 __device__ void gather_input_grad(const float* inbox, const float* h_own, float* dh, int rows) {
-    for (int i = threadIdx.x; i < ROWS16 * WST; i += THREADS) {
-        const int r = i / WST, u = i - r * WST;
+    for (int i = threadIdx.x; i < ROWS16 * DST; i += THREADS) {
+        const int r = i / DST, u = i - r * DST;
         float v = 0.0f;
         if (r < rows && u < S) {
             v = inbox[r * S + u];
@@ -642,11 +652,14 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 }
 
 // With PHASE_CYCLES=1 (scripts/persistent_mlp_phases.py), thread 0 of block 0 adds up the SM
-// cycles of each phase of a step (each ending at a block barrier or at an exchange's wait, so the
-// slowest thread's time, and the slowest sender's) and prints them per step at the end of the
-// launch. Off, it is nothing.
-enum Phase { START, PRODUCTS, EXCHANGE, HEAD_PARTIALS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
-             HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE, START_PARTS, FINISH, FENCE_SYNC, SENDS, HEAD_PARTS, PHASES };
+// cycles of each phase of a step (a phase ending at a block barrier or at an exchange's wait takes
+// the slowest thread's time, or the slowest sender's; the others are thread 0's own) and prints
+// them per step, as a markdown table, at the end of a launch of two steps or more. Off, it is
+// nothing. The phases in step order (a forward phase once per layer):
+enum Phase { START_WAIT, START_EXPECT, START_IMAGES, START, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
+             HEAD_PRODUCT, HEAD_FENCE_SYNC, HEAD_SENDS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
+             HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE,
+             PHASES };
 static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
@@ -705,7 +718,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
-    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0: rows r ≡ rank (mod CLUSTER)
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0, block 0
 #if PHASE_CYCLES
     // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
     // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
@@ -725,7 +738,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
-        PHASE_END(START_PARTS, 0);
+        PHASE_END(START_WAIT, 0);
         // This step's labels, the next step's indices (and, copied a step ahead, this step's images)
         // have landed; the last step's reads are done (among them those of the image buffer that
         // is refilled next).
@@ -737,13 +750,13 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             }
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
         }
-        PHASE_END(START_PARTS, 2);
+        PHASE_END(START_EXPECT, 0);
         // The images of step + X_LEAD (their sample indices have landed). (Issued later in the step,
         // during the wait for D_L, they slowed the update of W_1 that then read beside them.)
         if (X_STRIDE && step + X_LEAD < num_steps)
             copy_images_in(s, images, s.order + ((step + X_LEAD) % 3) * BATCH, step + X_LEAD,
                            step_rows(step + X_LEAD, BATCH, num_samples));
-        PHASE_END(START_PARTS, 3);
+        PHASE_END(START_IMAGES, 0);
         if (step + 1 < num_steps) {
             const int next_rows = step_rows(step + 1, BATCH, num_samples);
             const int* next_order = s.order + ((step + 1) % 3) * BATCH;
@@ -810,16 +823,16 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                     if (r < rows && j < CS) zsend[r * CS + j] = logits[(rank * BATCH + r) * CS + j] = total(d, i);
                 }
             }
-            PHASE_END(FINISH, 0);
+            PHASE_END(HEAD_PRODUCT, 0);
             fence_proxy_async();
             __syncthreads();
-            PHASE_END(FENCE_SYNC, 0);
+            PHASE_END(HEAD_FENCE_SYNC, 0);
             const int dest = send_dest();
             if (dest >= 0 && dest != rank)  // to block dest's logits[rank]
                 send_bulk(remote(logits + rank * BATCH * CS, dest), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), dest));
         }
         PHASE_SYNC();
-        PHASE_END(HEAD_PARTIALS, 0);
+        PHASE_END(HEAD_SENDS, 0);
         mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
         PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
@@ -867,11 +880,11 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                     const int r = base + i * ROWS_PER_PASS;
                     const float inv_sum = 1.0f / sum[i];  // one division a row
                     if (r < rows && j < CS) s.dl[r * CS + j] = (e[i] * inv_sum - (j == label[i] ? 1.0f : 0.0f)) * inv_rows;
-                    if (measure) {  // (each block measures its share of the rows)
+                    if (measure && rank == 0) {  // (block 0 alone: spread over the blocks, it measured slower)
                         const float z_label = __shfl_sync(0xffffffffu, z[i], group + label[i]);
                         // The first index of the largest logit: the lowest of the row's lanes holding m.
                         const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z[i] == m[i]) >> group;
-                        if (r < rows && j == 0 && r % CLUSTER == (int)rank) {
+                        if (r < rows && j == 0) {
                             loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
                             correct_sum += (__ffs(at_max) - 1) == label[i] ? 1.0 : 0.0;
                         }
@@ -897,7 +910,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         const int r = r0 + g_of(lane) + (i < 2 ? 0 : 8), u = u0 + 2 * t_of(lane) + (i & 1);
-                        s.dh[r * WST + u] = r < rows && u < S && h_last[r * S + u] > 0.0f ? total(d, i) : 0.0f;
+                        s.dh[r * DST + u] = r < rows && u < S && h_last[r * S + u] > 0.0f ? total(d, i) : 0.0f;
                     }
                 } else {  // m = classes, k = rows, n = units
                     const int tile = task - DH_TILES, mc = tile / NT, j0 = 16 * mc, u0 = 8 * (tile - mc * NT);
@@ -912,9 +925,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             }
             if (bias && warp == WARPS - 1 && lane < CLASSES)
                 s.gwh[CS * S + lane] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + lane]; });
-            PHASE_END(HEAD_PARTS, 0);
+            PHASE_END(HEAD_TILES, 0);
             __syncthreads();
-            PHASE_END(HEAD_PARTS, 1);
+            PHASE_END(HEAD_TILES_SYNC, 0);
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
             if (bias && tid < CLASSES) s.bh[tid] = fmaf(-lr, s.gwh[CS * S + tid], s.bh[tid]);
         }
@@ -945,22 +958,25 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     }
 
 #if PHASE_CYCLES
-    if (rank == 0 && tid == 0 && num_steps > 0) {
-        const char* names[PHASES] = {"step start", "forward products", "forward sums, sends, wait",
-                                     "head partial logits, sends", "head wait", "softmax: logits (warp 0)",
-                                     "softmax: exp, sums (warp 0)", "softmax: dlogits (warp 0)",
-                                     "softmax: the block's other warps", "head gradient",
-                                     "backward products, update, sends", "backward wait", "input gradient sums",
-                                     "update of W_1", "start parts", "finish", "fence+sync", "sends", "head parts"};
+    if (rank == 0 && tid == 0 && num_steps > 1) {
+        const char* names[PHASES] = {
+            "start: the last step's copies landed", "start: barrier, expected bytes", "start: next images' copies issued",
+            "start: labels, indices issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
+            "forward: bulk sends issued", "forward: wait for the gather", "head: partial logits",
+            "head: proxy fence, barrier", "head: bulk sends issued", "head: wait for the partial logits",
+            "softmax: logits (thread 0)", "softmax: exp, sums (thread 0)", "softmax: dlogits, loss (thread 0)",
+            "softmax: the block's other warps", "head gradient: tiles (thread 0)", "head gradient: the other warps",
+            "head gradient: update of W_h", "backward: products, update, sends", "backward: wait for the inbox",
+            "backward: input gradient sums", "update of W_1"};
         long long all = 0;
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l) all += s.phase_cycles[p * (LAYERS + 1) + l];
-        printf("phase cycles per step (block 0, %d steps of %d rows): %lld in all\n", num_steps, BATCH,
-               all / num_steps);
+        printf("\n%d steps of %d rows:\n\n| phase (block 0) | layer | cycles a step |\n|---|---:|---:|\n", num_steps, BATCH);
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l)
                 if (s.phase_cycles[p * (LAYERS + 1) + l])
-                    printf("  %-34s layer %d  %8lld\n", names[p], l, s.phase_cycles[p * (LAYERS + 1) + l] / num_steps);
+                    printf("| %s | %d | %lld |\n", names[p], l, s.phase_cycles[p * (LAYERS + 1) + l] / num_steps);
+        printf("| **step** | | **%lld** |\n", all / num_steps);
     }
 #endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------
@@ -979,7 +995,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         w_global[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
     if (bias && rank == 0 && tid < CLASSES) b_global[LAYERS][tid] = s.bh[tid];
-    if (measure) {  // the block's totals, then the cluster's (block 0 adds them in rank order)
+    if (measure && rank == 0) {
         double* per_warp = s.totals + 2;
         double loss = loss_sum, correct = correct_sum;  // the warp's sums, in butterfly order
 #pragma unroll
@@ -992,17 +1008,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         if (tid == 0) {
             double l = 0.0, c = 0.0;
             for (int i = 0; i < WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
-            s.totals[0] = l; s.totals[1] = c;
+            metrics[0] += l; metrics[1] += c;
         }
     }
-    cluster_sync();  // every block's totals are in; no block has left while another may write to its shared memory
-    if (measure && rank == 0 && tid == 0) {
-        double l = 0.0, c = 0.0;
-        for (int k = 0; k < CLUSTER; ++k) {
-            l += load_remote_f64(remote(s.totals, k));
-            c += load_remote_f64(remote(s.totals + 1, k));
-        }
-        metrics[0] += l; metrics[1] += c;
-    }
-    cluster_sync();  // no block leaves while block 0 may still read its totals
+    cluster_sync();  // no block leaves while another may still write to its shared memory
 }

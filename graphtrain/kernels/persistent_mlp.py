@@ -16,7 +16,7 @@ from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
 
 THREADS = 256  # per block
 UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
-PHASE_SLOTS = 20  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
+PHASE_SLOTS = 24  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ class MlpShape:
         cs = ceil_div(self.classes, 4) * 4
         n_tiles = ceil_div(s, 8)
         w_stride, rows16 = 8 * n_tiles, ceil_div(b, 16) * 16
+        dh_stride = w_stride + 4 if w_stride % 32 == 16 else w_stride
         logit_buffers = 2 if layers == 1 else 1
         x_buffers = self.x_buffers if x_stride else 1
         barriers = 2 * (layers - 1) + logit_buffers  # the exchanges'
@@ -82,7 +83,7 @@ class MlpShape:
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
                   + (layers - 1) * b * h + max(logits, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
-                  + layers * b * s + rows16 * w_stride + b * cs + logit_buffers * b * cs + cs * s + cs
+                  + layers * b * s + rows16 * dh_stride + b * cs + logit_buffers * b * cs + cs * s + cs
                   + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
         return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
