@@ -16,16 +16,16 @@ bit.
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
 activations from every block, all-gathers the head's partial logits, and sends each block its
-share of the input gradients on the way back, so no block ever needs another's weights; each
-exchange counts its bytes on the receiver's mbarrier (activations and logits as one bulk copy a
-block, input gradients as stores from the mma registers), with no cluster barrier in the loop,
-and the products run on tensor cores in three TF32 passes (two with 8-bit pixels, which it reads
-as bytes k, copying the next step's into shared memory while a step trains). It trains equal hidden sizes that are
-multiples of 64 whose parameters and step buffers fit a block's 227 KB of shared memory (the
-cuda-mnist preset at H = 128 and 256, batch 32); anything else is refused before training, with
-the size it needs. A step is a chain of short phases, bound by their latency more than by
-arithmetic (scripts/persistent_mlp_phases.py counts the cycles of each). A GPU with thread-block clusters
-(compute capability 9.0: Hopper and later).
+share of the input gradients on the way back, so no block ever needs another's weights. Each
+exchange is a bulk copy from every block to every other, counted on the receiver's mbarrier, with
+no cluster barrier in the loop. The products run on tensor cores in three TF32 passes (two for
+the first layer's with 8-bit pixels, which the kernel reads as bytes k, copying the next step's
+into shared memory while a step trains). It trains equal hidden sizes that are multiples of 64
+whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset at
+H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A
+step is a chain of five exchanges and the short products between them, bound by latency and
+instruction issue more than by arithmetic (scripts/persistent_mlp_phases.py counts the cycles of
+each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
 """
 
 from __future__ import annotations
