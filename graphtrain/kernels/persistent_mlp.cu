@@ -175,15 +175,23 @@ __device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const f
     mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
 }
 
+// Two and four consecutive inputs as one load (Pixels2, Pixels4), and as floats (as_floats).
 #if PIXEL_LEVELS
+typedef unsigned short Pixels2;
+typedef unsigned Pixels4;
 // Byte i of v as a float, exactly: 2²³ + byte as a float's bits, less 2²³ (two instructions).
 __device__ __forceinline__ float byte_value(unsigned v, int i) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440 + i)) - 8388608.0f;
 }
-__device__ __forceinline__ float2 pixels2(unsigned v) { return make_float2(byte_value(v, 0), byte_value(v, 1)); }
-__device__ __forceinline__ float4 pixels4(unsigned v) {
+__device__ __forceinline__ float2 as_floats(Pixels2 v) { return make_float2(byte_value(v, 0), byte_value(v, 1)); }
+__device__ __forceinline__ float4 as_floats(Pixels4 v) {
     return make_float4(byte_value(v, 0), byte_value(v, 1), byte_value(v, 2), byte_value(v, 3));
 }
+#else
+typedef float2 Pixels2;
+typedef float4 Pixels4;
+__device__ __forceinline__ float2 as_floats(float2 v) { return v; }
+__device__ __forceinline__ float4 as_floats(float4 v) { return v; }
 #endif
 
 // The block this thread sends its bulk copy to in an all-to-all exchange, or −1. (The SM's copy
@@ -295,33 +303,18 @@ __device__ void copy_images_in(const Smem& s, const Pixel* images, const int* st
 
 // The rows of a product's left operand: a batch of images in global memory, or rows in shared.
 // load2 and load4 give two and four consecutive inputs as floats (k for 8-bit pixels).
-#if PIXEL_LEVELS
 struct ImageRows {
     const Pixel* images; const int* order;
     __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return pixels2(__ldg(reinterpret_cast<const unsigned short*>(p))); }
-    __device__ static float4 load4(const Pixel* p) { return pixels4(__ldg(reinterpret_cast<const unsigned*>(p))); }
+    __device__ static float2 load2(const Pixel* p) { return as_floats(__ldg(reinterpret_cast<const Pixels2*>(p))); }
+    __device__ static float4 load4(const Pixel* p) { return as_floats(__ldg(reinterpret_cast<const Pixels4*>(p))); }
 };
 template <int STRIDE> struct SharedRows {
     const Pixel* base;
     __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return pixels2(*reinterpret_cast<const unsigned short*>(p)); }
-    __device__ static float4 load4(const Pixel* p) { return pixels4(*reinterpret_cast<const unsigned*>(p)); }
+    __device__ static float2 load2(const Pixel* p) { return as_floats(*reinterpret_cast<const Pixels2*>(p)); }
+    __device__ static float4 load4(const Pixel* p) { return as_floats(*reinterpret_cast<const Pixels4*>(p)); }
 };
-#else
-struct ImageRows {
-    const Pixel* images; const int* order;
-    __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return __ldg(reinterpret_cast<const float2*>(p)); }
-    __device__ static float4 load4(const Pixel* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
-};
-template <int STRIDE> struct SharedRows {
-    const Pixel* base;
-    __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return *reinterpret_cast<const float2*>(p); }
-    __device__ static float4 load4(const Pixel* p) { return *reinterpret_cast<const float4*>(p); }
-};
-#endif
 // Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k).
 __device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
