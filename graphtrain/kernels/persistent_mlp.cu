@@ -649,7 +649,7 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // the slowest thread's time, or the slowest sender's; the others are thread 0's own) and prints
 // them per step, as a markdown table, at the end of a launch of two steps or more. Off, it is
 // nothing. The phases in step order (a forward phase once per layer):
-enum Phase { START_WAIT, START_EXPECT, START_IMAGES, START, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
+enum Phase { START_WAIT, START_EXPECT, START_IMAGES, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
              HEAD_PRODUCT, HEAD_FENCE_SYNC, HEAD_SENDS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
              HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE,
              PHASES };
@@ -744,26 +744,33 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
         }
         PHASE_END(START_EXPECT, 0);
-        // The images of step + X_LEAD (their sample indices have landed). (Issued later in the step,
-        // during the wait for D_L, they slowed the update of W_1 that then read beside them.)
-        if (X_STRIDE && step + X_LEAD < num_steps)
-            copy_images_in(s, images, s.order + ((step + X_LEAD) % 3) * BATCH, step + X_LEAD,
-                           step_rows(step + X_LEAD, BATCH, num_samples));
-        PHASE_END(START_IMAGES, 0);
-        if (step + 1 < num_steps) {
-            const int next_rows = step_rows(step + 1, BATCH, num_samples);
-            const int* next_order = s.order + ((step + 1) % 3) * BATCH;
-            for (int r = tid; r < next_rows; r += THREADS)
-                copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
-            if (X_LEAD == 0)  // (images copied a step ahead need no hint)
-                for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
-                    prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
-        }
-        if (step + 2 < num_steps)
-            for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
-                copy4_async(s.order + ((step + 2) % 3) * BATCH + r, order + (long long)(step + 2) * BATCH + r);
+        if (X_STRIDE && X_LEAD == 0) copy_images_in(s, images, step_order, step, rows);  // float images: this step's
         async_commit();
-        PHASE_END(START, 0);
+        PHASE_END(START_IMAGES, 0);
+        // The copies for the steps ahead: the next step's labels (and images, copied a step ahead),
+        // the indices of the one after. Issued at the step's first wait for an exchange (the
+        // gather of h_1, or with one hidden layer the partial logits), where they cost the step
+        // least: issued at its start they held up layer 1's products by ~3% of a step (H100, H =
+        // 128 and 256), issued at the wait for D_L they slowed the update of W_1 beside them. They
+        // land before the next step's start (async_wait_all): the buffers they fill were last read
+        // the step before this one.
+        const auto copy_ahead = [&]() {
+            if (step + 1 < num_steps) {
+                const int next_rows = step_rows(step + 1, BATCH, num_samples);
+                const int* next_order = s.order + ((step + 1) % 3) * BATCH;
+                for (int r = tid; r < next_rows; r += THREADS)
+                    copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
+                if (X_STRIDE && X_LEAD == 1)
+                    copy_images_in(s, images, next_order, step + 1, next_rows);
+                if (X_LEAD == 0)  // (images copied a step ahead need no hint)
+                    for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
+                        prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
+            }
+            if (step + 2 < num_steps)
+                for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
+                    copy4_async(s.order + ((step + 2) % 3) * BATCH + r, order + (long long)(step + 2) * BATCH + r);
+            async_commit();
+        };
 
         // ---- forward ---------------------------------------------------------------------------
         for (int l = 1; l <= LAYERS; ++l) {
@@ -795,6 +802,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 send_bulk(remote(slice, dest), h_own, rows * S * 4, remote(gather_bar(s, l), dest));
             PHASE_SYNC();
             PHASE_END(SENDS, l);
+            if (l == 1 && gather) copy_ahead();
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
@@ -826,6 +834,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         }
         PHASE_SYNC();
         PHASE_END(HEAD_SENDS, 0);
+        if (LAYERS == 1) copy_ahead();
         mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
         PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
@@ -953,9 +962,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
 #if PHASE_CYCLES
     if (rank == 0 && tid == 0 && num_steps > 1) {
         const char* names[PHASES] = {
-            "start: the last step's copies landed", "start: barrier, expected bytes", "start: next images' copies issued",
-            "start: labels, indices issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
-            "forward: bulk sends issued", "forward: wait for the gather", "head: partial logits",
+            "start: the last step's copies landed", "start: barrier, expected bytes",
+            "start: float images' copies issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
+            "forward: bulk sends issued", "forward: wait for the gather (layer 1: and the copies ahead)", "head: partial logits",
             "head: proxy fence, barrier", "head: bulk sends issued", "head: wait for the partial logits",
             "softmax: logits (thread 0)", "softmax: exp, sums (thread 0)", "softmax: dlogits, loss (thread 0)",
             "softmax: the block's other warps", "head gradient: tiles (thread 0)", "head gradient: the other warps",
