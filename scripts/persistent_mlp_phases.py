@@ -8,9 +8,10 @@ thread 0 of block 0 reads the SM clock at the end of each phase of every step (a
 a block barrier or at the wait for an exchange takes the slowest thread's time, and for a wait the
 slowest sender's) and each launch of an epoch prints the cycles per step of every phase and layer,
 a markdown table, when it ends. The instrumented build adds block barriers of its own (to split
-phases that end without one) and keeps the counts in shared memory: its total runs a few per cent
-above the plain build's time per step (ms/epoch ÷ steps per epoch × the SM clock), so read a phase
-of a few hundred cycles as a rough figure. The output is markdown (results/persistent-mlp-phases-*).
+phases that end without one) and keeps the counts in shared memory: its total runs 5 to 20% above
+the plain build's time per step (ms/epoch ÷ steps per epoch × the SM clock; its barriers make every
+warp wait where the plain build lets them run ahead), so read a phase of a few hundred cycles as a
+rough figure, and time a change with the plain build. The output is markdown (results/persistent-mlp-phases-*).
 """
 
 from __future__ import annotations
