@@ -77,14 +77,15 @@
 //     softmax; Z of step t + 1 after every block's G_{L−1} of step t + 1, sent after it read
 //     inbox[1] in step t.
 //
-// The sample indices come two steps ahead and the labels one step ahead (cp.async), and the next
-// step's images are prefetched into L2 (cp.async.bulk.prefetch), so no dependent global load sits
-// on a step's path apart from the images themselves. Where the batch's images fit in shared memory
-// (X_STRIDE > 0) they are copied in by 16-byte cp.async copies spread over the block, and both
-// products of layer 1 read them there; else both read global memory. 8-bit pixels (PIXEL_LEVELS,
-// below) take a quarter of the bytes: two buffers then, the next step's images copied in while
-// this step trains; float images one, copied at the step's start.
-// Layer 1's operands come in 16-byte (forward) and 8-byte (update) pieces, not 4-byte ones.
+// The sample indices come two steps ahead and the labels one step ahead (cp.async), so no dependent
+// global load sits on a step's path apart from the images themselves. Where the batch's images fit
+// in shared memory (X_STRIDE > 0) 16-byte cp.async copies spread over the block bring them in, and
+// both products of layer 1 read them there; else both read global memory, the next step's rows
+// prefetched into L2 (cp.async.bulk.prefetch). 8-bit pixels (PIXEL_LEVELS, below) take a quarter of
+// the bytes: two buffers then, the next step's images copied in while this step trains; float
+// images one, copied at the step's start. The copies for the steps ahead go out at the step's
+// first wait for an exchange (copy_ahead). Layer 1's operands come in 16-byte (forward) and 8-byte
+// (update) pieces, not 4-byte ones.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 16; images are rows of FEATURE_STRIDE pixels, zero past FEATURES), HIDDEN (a multiple
@@ -122,7 +123,7 @@
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // the exchanges' 
+#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // an mbarrier per exchange (and logits buffer)
 #if PIXEL_LEVELS
 typedef unsigned char Pixel;
 #define X_UNIT (1.0f / PIXEL_LEVELS)
