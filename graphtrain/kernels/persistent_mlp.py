@@ -31,7 +31,7 @@ class MlpShape:
 
     @property
     def padded_features(self) -> int:
-        """Floats per image row as the kernel reads them: whole tiles of 16 (its mma tiles of inputs)."""
+        """Inputs per image row as the kernel reads them: whole tiles of 16 (its mma tiles of inputs)."""
         return ceil_div(self.features, 16) * 16
 
     @property
