@@ -15,6 +15,7 @@ from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError
+from graphtrain.kernels.persistent import kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.plan import RunPlan
@@ -50,6 +51,16 @@ def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     assert MlpShape(30, (64,), 3, 8, 255).x_stride == 144  # 32 bytes a row, padded to ≡ 16 mod 128
     assert MlpShape(30, (64,), 3, 8).padded_features == 32
     assert MlpShape(40, (64,), 3, 8).padded_features == 48  # whole mma tiles of 16 inputs
+
+
+def test_8bit_images_go_to_the_kernel_as_bytes_k_in_padded_rows():
+    pixels = np.random.default_rng(3).integers(0, 256, size=(5, 30), dtype=np.uint8)
+    images = pixels.astype(np.float32) / np.float32(255)
+    rows = kernel_images(images, MlpShape(30, (64,), 3, 8, pixel_levels(images)))
+    assert rows.dtype == np.uint8 and rows.shape == (5, 32)
+    assert np.array_equal(rows[:, :30], pixels) and not rows[:, 30:].any()
+    floats = kernel_images(images, MlpShape(30, (64,), 3, 8))  # without pixel levels: the floats as they are
+    assert floats.dtype == np.float32 and np.array_equal(floats[:, :30], images) and not floats[:, 30:].any()
 
 
 @pytest.mark.parametrize("shape,needle", [

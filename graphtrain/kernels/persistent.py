@@ -39,6 +39,11 @@ class Shape:
         return CLUSTER * self.slice
 
     @property
+    def image_dtype(self) -> type:
+        """The images as the kernel reads them: floats (8-bit pixels as k, exact in TF32)."""
+        return np.float32
+
+    @property
     def shared_bytes(self) -> int:
         """persistent.cu's `carve`, in bytes: five mbarriers and a pad, totals (double), floats, then ints."""
         n_tiles = ceil_div(self.classes, 8)
@@ -77,10 +82,11 @@ def pixel_levels(images: np.ndarray) -> int:
     return 255 if np.array_equal(levels / np.float32(255), images) else 0
 
 
-def kernel_images(images: np.ndarray, shape: Shape) -> np.ndarray:
-    """The training images as the kernel reads them: rows of `shape.padded_features` (zero past
-    the features), in units of 1/pixel_levels where the shape has them."""
-    rows = np.zeros((len(images), shape.padded_features), np.float32)
+def kernel_images(images: np.ndarray, shape) -> np.ndarray:
+    """The training images as a persistent kernel reads them (`shape`: a Shape or an MlpShape):
+    rows of `shape.padded_features` (zero past the features) of `shape.image_dtype`, in units of
+    1/pixel_levels where the shape has them."""
+    rows = np.zeros((len(images), shape.padded_features), shape.image_dtype)
     rows[:, :shape.features] = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
     return rows
 

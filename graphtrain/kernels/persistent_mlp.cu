@@ -118,7 +118,7 @@
 #define H_KSTEPS (HIDDEN / 8)
 #define UNIT_KSTEPS NT                // a block's units in k-steps of 8
 #define CLASS_TILES ((CLASSES + 7) / 8)  // the classes in mma columns of 8
-#define CLASS_KSTEPS ((CLASSES + 7) / 8) // ... and in k-steps of 8
+#define CLASS_KSTEPS CLASS_TILES       // ... and in k-steps of 8
 #define F_MTILES (FEATURE_STRIDE / 16)
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)

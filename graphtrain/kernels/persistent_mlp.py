@@ -44,9 +44,13 @@ class MlpShape:
         return ceil_div(self.hidden[0], CLUSTER)
 
     @property
+    def image_dtype(self) -> type:
+        """The images as the kernel reads them: bytes k for 8-bit pixels, else floats."""
+        return np.uint8 if self.pixel_levels else np.float32
+
+    @property
     def pixel_bytes(self) -> int:
-        """Bytes per input as the kernel reads the images: a byte for 8-bit pixels, else a float."""
-        return 1 if self.pixel_levels else 4
+        return np.dtype(self.image_dtype).itemsize
 
     @property
     def x_buffers(self) -> int:
@@ -110,14 +114,6 @@ class MlpShape:
         return None
 
 
-def mlp_images(images: np.ndarray, shape: MlpShape) -> np.ndarray:
-    """The training images as the kernel reads them: rows of `shape.padded_features` (zero past
-    the features), bytes k for 8-bit pixels k/255, else floats."""
-    rows = np.zeros((len(images), shape.padded_features), np.uint8 if shape.pixel_levels else np.float32)
-    rows[:, :shape.features] = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
-    return rows
-
-
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
@@ -139,7 +135,7 @@ class PersistentMlp(KernelFile):
         batch may be shorter). `params`: a device array of 2·(layers + 1) addresses, the weights
         (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
         bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
-        num_samples × padded_features, bytes k for 8-bit pixels (mlp_images), else floats."""
+        num_samples × padded_features, bytes k for 8-bit pixels (persistent.kernel_images), else floats."""
         shared_bytes = self.shape.shared_bytes
         if self.defines["PHASE_CYCLES"]:  # the phase counts (scripts/persistent_mlp_phases.py), 8-byte aligned
             shared_bytes += 8 + 8 * PHASE_SLOTS * (self.shape.layers + 1)

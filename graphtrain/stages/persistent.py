@@ -34,7 +34,7 @@ import numpy as np
 
 from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
-from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp, mlp_images
+from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.stages.device_loop import DeviceLoopStage
 
@@ -67,8 +67,8 @@ class PersistentStage(DeviceLoopStage):
         # for an MLP, a quarter of the floats' traffic).
         self.padded_images = None
         if self.shape.padded_features != self.config.in_features or self.shape.pixel_levels:
-            dtype = np.uint8 if self.config.hidden and self.shape.pixel_levels else np.float32
-            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features), dtype)
+            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features),
+                                               self.shape.image_dtype)
         if self.config.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
 
@@ -82,11 +82,7 @@ class PersistentStage(DeviceLoopStage):
             self.persistent_cu = Persistent(self.device, self.shape)
         self.images = self.train_images
         if self.padded_images is not None:
-            if self.config.hidden:
-                padded = mlp_images(self.data.train_images, self.shape)
-            else:
-                padded = kernel_images(self.data.train_images, self.shape)
-            self.padded_images.upload(padded, self.stream)
+            self.padded_images.upload(kernel_images(self.data.train_images, self.shape), self.stream)
             self.images = self.padded_images
 
     def warm_up(self) -> None:
