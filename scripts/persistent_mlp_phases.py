@@ -2,6 +2,7 @@
 """Where a step of the persistent MLP kernel spends its time: SM cycles per phase, per step.
 
     python3 scripts/persistent_mlp_phases.py [--preset cuda-mnist] [--hidden 128,128,128] [--steps 3750]
+                                             [--precision bf16|fp32]
 
 Trains the workload with the persistent rung built with PHASE_CYCLES=1 (kernels/persistent_mlp.cu):
 thread 0 of block 0 reads the SM clock at the end of each phase of every step (a phase that ends at
@@ -43,9 +44,11 @@ def main() -> None:
     parser.add_argument("--preset", default="cuda-mnist")
     parser.add_argument("--hidden", default="128,128,128", help="comma-separated hidden sizes")
     parser.add_argument("--steps", type=int, default=3750, help="SGD steps (the preset's batch)")
+    parser.add_argument("--precision", choices=PersistentStage.precisions, default=PersistentStage.precisions[0],
+                        help="the products' operands: bf16 (one pass) or fp32 (TF32 passes)")
     args = parser.parse_args()
     config = preset(args.preset).replace(hidden=tuple(int(h) for h in args.hidden.split(",")), epochs=None,
-                                         steps=args.steps)
+                                         steps=args.steps, precision=args.precision)
     data = data_mod.load(config.dataset)
     env = {**environment.gpu(cuda.open_device()), "nvrtc": nvrtc.version()}
     print(f"# persistent MLP, {args.preset} {'-'.join(map(str, config.dims))}: SM cycles per step\n")

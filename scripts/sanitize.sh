@@ -26,7 +26,8 @@ check memcheck persistent-b100 --stage persistent --batch 100  # a batch of whol
 # The persistent MLP kernel: three hidden layers (five exchanges a step) and one (the
 # logits' two alternating buffers), the cuda-mnist preset's batch; at H = 256 the batch's images
 # do not fit in shared memory and are read from global memory twice a step. racecheck takes the
-# three layers at H = 64 (at 128 it needs minutes).
+# three layers at H = 64 (at 128 it needs minutes). Its own build (bf16 products), then the fp32
+# one (TF32 passes, the images as bytes).
 persistent_mlp=(--stage persistent --preset cuda-mnist)
 for tool in memcheck synccheck; do
   check "$tool" persistent-mlp "${persistent_mlp[@]}" --hidden 128,128,128
@@ -36,6 +37,10 @@ for tool in memcheck racecheck synccheck; do
 done
 check racecheck persistent-mlp64 "${persistent_mlp[@]}" --hidden 64,64,64
 check memcheck persistent-mlp256 "${persistent_mlp[@]}" --hidden 256,256,256
+for h in 128 256; do
+  check memcheck "persistent-mlp$h-fp32" "${persistent_mlp[@]}" --hidden $h,$h,$h --precision fp32
+done
+check racecheck persistent-mlp64-fp32 "${persistent_mlp[@]}" --hidden 64,64,64 --precision fp32
 for tool in racecheck synccheck; do
   check "$tool" fused-mlp --stage fused --hidden 256,128
   check "$tool" persistent --stage persistent

@@ -14,7 +14,7 @@ from helpers import kink_margin, rel_err
 from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
-from graphtrain.errors import GpuUnavailableError
+from graphtrain.errors import GpuUnavailableError, UsageError
 from graphtrain.kernels.persistent import kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
@@ -29,6 +29,8 @@ ELF_MAGIC = b"\x7fELF"
 @pytest.mark.parametrize("shape", [
     MlpShape(784, (64,), 10, 100), MlpShape(784, (64, 64), 10, 100), MlpShape(784, (128,) * 3, 10, 32),
     MlpShape(30, (128, 128), 3, 16), MlpShape(784, (128,) * 3, 10, 32, 255), MlpShape(784, (256,) * 3, 10, 32, 255),
+    MlpShape(784, (64,), 10, 100, bf16=True), MlpShape(30, (128, 128), 3, 16, bf16=True),
+    MlpShape(784, (128,) * 3, 10, 32, 255, bf16=True), MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True),
 ])
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
@@ -42,10 +44,14 @@ def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     for h, staged in ((128, True), (256, False)):  # the batch's images in shared memory at H = 128 only
-        for levels, stride in ((0, 784), (255, 784)):  # floats ≡ 64 bytes mod 128 (784·4), bytes ≡ 16 (784)
-            shape = MlpShape(784, (h,) * 3, 10, 32, levels)
+        # floats ≡ 64 bytes mod 128 (784·4), bytes ≡ 16 (784), bf16 ≡ 32 (784·2)
+        for levels, bf16 in ((0, False), (255, False), (0, True), (255, True)):
+            shape = MlpShape(784, (h,) * 3, 10, 32, levels, bf16)
             assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
-            assert shape.x_stride == (stride if staged else 0)
+            assert shape.x_stride == (784 if staged else 0)
+    # bf16 images: two buffers of half a float buffer's size, so as much memory as one of floats
+    assert MlpShape(784, (128,) * 3, 10, 32, bf16=True).shared_bytes == MlpShape(784, (128,) * 3, 10, 32).shared_bytes
+    assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 80  # 64 bytes a row, padded to ≡ 32 mod 128
     # 8-bit pixels as bytes: two buffers of a quarter the size, so 50 KB less than one of floats
     assert MlpShape(784, (128,) * 3, 10, 32).shared_bytes - MlpShape(784, (128,) * 3, 10, 32, 255).shared_bytes == 32 * 784 * (4 - 2)
     assert MlpShape(30, (64,), 3, 8, 255).x_stride == 144  # 32 bytes a row, padded to ≡ 16 mod 128
@@ -63,6 +69,22 @@ def test_8bit_images_go_to_the_kernel_as_bytes_k_in_padded_rows():
     assert floats.dtype == np.float32 and np.array_equal(floats[:, :30], images) and not floats[:, 30:].any()
 
 
+def test_images_go_to_the_bf16_kernel_as_bf16_bits():
+    """8-bit pixels as k (exact in bf16's 8 significant bits); other floats rounded to the nearest
+    bf16, ties to even."""
+    pixels = np.random.default_rng(4).integers(0, 256, size=(5, 30), dtype=np.uint8)
+    images = pixels.astype(np.float32) / np.float32(255)
+    rows = kernel_images(images, MlpShape(30, (64,), 3, 8, pixel_levels(images), bf16=True))
+    assert rows.dtype == np.uint16 and rows.shape == (5, 32) and not rows[:, 30:].any()
+    widened = (rows.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(widened[:, :30], pixels.astype(np.float32))
+    # 1 + 2⁻⁸ lies halfway between 1 and 1 + 2⁻⁷ (to even: 1); 1 + 3·2⁻⁸ between 1 + 2⁻⁷ and
+    # 1 + 2⁻⁶ (to even: 1 + 2⁻⁶); −1.00390625·2⁻³ likewise; 0.1 rounds up to 0x3dcd.
+    floats = np.array([[1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8) / 8, 0.1]], np.float32)
+    bits = kernel_images(floats, MlpShape(4, (64,), 3, 8, bf16=True))[0, :4]
+    assert [int(b) for b in bits] == [0x3F80, 0x3F82, 0xBE00, 0x3DCD]
+
+
 @pytest.mark.parametrize("shape,needle", [
     (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 963532 bytes of shared "
                                         "memory (at most 232448)"),
@@ -76,22 +98,24 @@ def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needle):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("hidden,features,eight_bit,samples", [
     ((256,) * 3, 784, False, 80), ((128,), 784, False, 300), ((64,) * 4, 784, False, 300), ((64, 64), 50, False, 300),
     ((128,) * 3, 784, True, 300), ((256,) * 3, 784, True, 80), ((64, 64), 50, True, 300),
 ])
-def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit, samples):
-    """Shapes the rung tests leave out: H = 256 (two unit tiles per block, the images read from
-    global memory), one hidden layer with the images in shared memory (the logits' two buffers),
-    four layers (an inbox of its own between the first and the last), and images padded from 50
-    features to 64. Then 8-bit pixels k/255, which the kernel reads as bytes k (two TF32 passes
-    with them): two buffers of staged images at H = 128, bytes from global memory at H = 256, and
-    rows of 50 bytes padded to 64. Batch 32: 300 samples are 9 steps and one of 12. As in the rung
-    tests' epoch, a pre-activation within the kernel's ~2⁻²⁰ of ReLU's kink may take the other side
-    and send the epoch down another path (at H = 256 and 1000 samples, 2 seeds of 6 erred by 1e-2),
-    so seeds are drawn until the float64 run stays 3e-6 (relative) from the kink; at H = 256 the
-    closest approach of 300 samples' pre-activations is rarely that far, so there 80 (two steps and
-    one of 16)."""
+def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit, samples, precision):
+    """Shapes the rung tests leave out, in both precisions: H = 256 (two unit tiles per block, the
+    images read from global memory), one hidden layer with the images in shared memory (the
+    logits' two buffers), four layers (an inbox of its own between the first and the last), and
+    images padded from 50 features to 64. Then 8-bit pixels k/255, which the kernel reads as k
+    (bf16, or bytes in fp32, where they take two TF32 passes): two buffers of staged images at H =
+    128, read from global memory at H = 256, and rows of 50 pixels padded to 64. Batch 32: 300
+    samples are 9 steps and one of 12. As in the rung tests' epoch, in fp32 a pre-activation
+    within the kernel's ~2⁻²⁰ of ReLU's kink may take the other side and send the epoch down
+    another path (at H = 256 and 1000 samples, 2 seeds of 6 erred by 1e-2), so seeds are drawn
+    until the float64 run stays 3e-6 (relative) from the kink; at H = 256 the closest approach of
+    300 samples' pre-activations is rarely that far, so there 80 (two steps and one of 16). bf16
+    is held to the bf16 rungs' epoch tolerance."""
     try:
         cuda.open_device()
     except GpuUnavailableError as error:
@@ -103,14 +127,16 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
         data = Dataset.synthetic(samples, 300, seed=seed, num_features=features)
         if eight_bit:
             data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
-        cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, in_features=features)
-        if kink_margin(cfg, data, num_batches) > 3e-6:
+        cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, in_features=features,
+                          precision=precision)
+        if precision == "bf16" or kink_margin(cfg, data, num_batches) > 3e-6:
             break
     else:
         pytest.fail("no seed of 200 keeps the float64 run 3e-6 from ReLU's kink")
     with get_stage("persistent")(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         assert stage.shape.pixel_levels == (255 if eight_bit else 0), f"seed {seed}"
+        assert stage.shape.bf16 == (precision == "bf16") and stage.precision == precision, f"seed {seed}"
         stage.train_epoch(0, num_batches, measure=True)
         weights = stage.weights()
     layers = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
@@ -120,4 +146,21 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
         reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
                              data.train_labels[order[lo:hi]], cfg.lr)
     for got, old, ref in zip(weights, start, layers):
-        assert rel_err(got.w.astype(np.float64) - old, ref.w - old) < 1e-4, f"seed {seed}"
+        assert rel_err(got.w.astype(np.float64) - old, ref.w - old) < (0.15 if precision == "bf16" else 1e-4), f"seed {seed}"
+
+
+def test_the_rung_trains_an_mlp_in_bf16_and_softmax_regression_in_fp32():
+    """The precision a run records (what the ladder pairs it with peers by): an MLP's own is bf16,
+    with fp32 (TF32 passes) on request; softmax regression has only fp32, and a request for bf16
+    is a usage error."""
+    data = Dataset.synthetic(200, 50, seed=1)
+    stage = get_stage("persistent")
+
+    def precision_of(**config):
+        cfg = TrainConfig(batch=32, epochs=1, **config)
+        return stage(RunPlan.for_data(cfg, data), data).precision
+
+    assert precision_of(hidden=(64,)) == "bf16" and precision_of(hidden=(64,), precision="fp32") == "fp32"
+    assert precision_of() == "fp32" and precision_of(precision="fp32") == "fp32"
+    with pytest.raises(UsageError, match="softmax regression in fp32"):
+        precision_of(precision="bf16")

@@ -47,7 +47,7 @@ def test_record_has_the_stable_keys(small):
 
 @pytest.mark.parametrize("row, precision", [
     ("numpy", "fp32"), ("graphs", "fp32"), ("fused", "fp32"), ("bf16", "bf16"), ("device-loop", "bf16"),
-    ("persistent", "fp32"), ("torch-eager", "fp32"), ("torch-graph", "fp32"), ("torch-compile", "bf16"),
+    ("persistent", "bf16"), ("torch-eager", "fp32"), ("torch-graph", "fp32"), ("torch-compile", "bf16"),
     ("jax-scan", "fp32"), ("torch-graph-bf16", "bf16"), ("jax-scan-bf16", "bf16"),
 ])
 def test_every_row_says_its_own_precision(row, precision):

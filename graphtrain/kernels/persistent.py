@@ -82,12 +82,19 @@ def pixel_levels(images: np.ndarray) -> int:
     return 255 if np.array_equal(levels / np.float32(255), images) else 0
 
 
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 (to nearest, ties to even), as their 16 bits."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def kernel_images(images: np.ndarray, shape) -> np.ndarray:
     """The training images as a persistent kernel reads them (`shape`: a Shape or an MlpShape):
-    rows of `shape.padded_features` (zero past the features) of `shape.image_dtype`, in units of
-    1/pixel_levels where the shape has them."""
+    rows of `shape.padded_features` (zero past the features) of `shape.image_dtype` (uint16: bf16
+    bits), in units of 1/pixel_levels where the shape has them (k, exact in bf16 as in TF32)."""
     rows = np.zeros((len(images), shape.padded_features), shape.image_dtype)
-    rows[:, :shape.features] = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
+    values = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
+    rows[:, :shape.features] = bf16_bits(values) if shape.image_dtype == np.uint16 else values
     return rows
 
 

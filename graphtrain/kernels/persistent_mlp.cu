@@ -124,19 +124,22 @@
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
 #define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // an mbarrier per exchange (and logits buffer)
-#if PIXEL_LEVELS
+#if BF16
+typedef unsigned short Pixel;  // bf16 bits
+#define PIXEL_ROW_ALIGN 32     // staged rows' bytes ≡ 32 (mod 128): see MlpShape.x_stride
+#elif PIXEL_LEVELS
 typedef unsigned char Pixel;
-#define X_UNIT (1.0f / PIXEL_LEVELS)
-#define X_BUFFERS (X_STRIDE ? 2 : 1)
+#define PIXEL_ROW_ALIGN 16
 #else
 typedef float Pixel;
-#define X_UNIT 1.0f
-#define X_BUFFERS 1
+#define PIXEL_ROW_ALIGN 64
 #endif
+#define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
+#define X_BUFFERS (X_STRIDE && sizeof(Pixel) < 4 ? 2 : 1)
 #define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
 #define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
-#if (X_STRIDE != 0 && X_STRIDE * (PIXEL_LEVELS ? 1 : 4) % 128 != (PIXEL_LEVELS ? 16 : 64)) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
+#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
@@ -176,23 +179,29 @@ __device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const f
     mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
 }
 
-// Two and four consecutive inputs as one load (Pixels2, Pixels4), and as floats (as_floats).
-#if PIXEL_LEVELS
+// Two and four consecutive inputs as one load (Pixels2, Pixels4), and as a product reads them
+// (as_operand): floats for the TF32 products, the bf16 pairs themselves for the BF16 ones.
+#if BF16
+typedef unsigned Pixels2;
+typedef uint2 Pixels4;
+__device__ __forceinline__ unsigned as_operand(unsigned v) { return v; }
+__device__ __forceinline__ uint2 as_operand(uint2 v) { return v; }
+#elif PIXEL_LEVELS
 typedef unsigned short Pixels2;
 typedef unsigned Pixels4;
 // Byte i of v as a float, exactly: 2²³ + byte as a float's bits, less 2²³ (two instructions).
 __device__ __forceinline__ float byte_value(unsigned v, int i) {
     return __uint_as_float(__byte_perm(v, 0x4b000000u, 0x7440 + i)) - 8388608.0f;
 }
-__device__ __forceinline__ float2 as_floats(Pixels2 v) { return make_float2(byte_value(v, 0), byte_value(v, 1)); }
-__device__ __forceinline__ float4 as_floats(Pixels4 v) {
+__device__ __forceinline__ float2 as_operand(Pixels2 v) { return make_float2(byte_value(v, 0), byte_value(v, 1)); }
+__device__ __forceinline__ float4 as_operand(Pixels4 v) {
     return make_float4(byte_value(v, 0), byte_value(v, 1), byte_value(v, 2), byte_value(v, 3));
 }
 #else
 typedef float2 Pixels2;
 typedef float4 Pixels4;
-__device__ __forceinline__ float2 as_floats(float2 v) { return v; }
-__device__ __forceinline__ float4 as_floats(float4 v) { return v; }
+__device__ __forceinline__ float2 as_operand(float2 v) { return v; }
+__device__ __forceinline__ float4 as_operand(float4 v) { return v; }
 #endif
 
 // The block this thread sends its bulk copy to in an all-to-all exchange, or −1. (The SM's copy
@@ -303,25 +312,26 @@ __device__ void copy_images_in(const Smem& s, const Pixel* images, const int* st
 }
 
 // The rows of a product's left operand: a batch of images in global memory, or rows in shared.
-// load2 and load4 give two and four consecutive inputs as floats (k for 8-bit pixels).
+// load2 and load4 give two and four consecutive inputs as the products read them (as_operand).
 struct ImageRows {
     const Pixel* images; const int* order;
     __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return as_floats(__ldg(reinterpret_cast<const Pixels2*>(p))); }
-    __device__ static float4 load4(const Pixel* p) { return as_floats(__ldg(reinterpret_cast<const Pixels4*>(p))); }
+    __device__ static auto load2(const Pixel* p) { return as_operand(__ldg(reinterpret_cast<const Pixels2*>(p))); }
+    __device__ static auto load4(const Pixel* p) { return as_operand(__ldg(reinterpret_cast<const Pixels4*>(p))); }
 };
 template <int STRIDE> struct SharedRows {
     const Pixel* base;
     __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
-    __device__ static float2 load2(const Pixel* p) { return as_floats(*reinterpret_cast<const Pixels2*>(p)); }
-    __device__ static float4 load4(const Pixel* p) { return as_floats(*reinterpret_cast<const Pixels4*>(p)); }
+    __device__ static auto load2(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels2*>(p)); }
+    __device__ static auto load4(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels4*>(p)); }
 };
 // Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k).
 __device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
 
 // A warp's partial sums of a forward product, rows × units: partial[warp][r][u].
-__device__ __forceinline__ void store_partial(const Sums3 (&sums)[MT][NT], float* partial) {
+template <class Sums>
+__device__ __forceinline__ void store_partial(const Sums (&sums)[MT][NT], float* partial) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float* p = partial + warp * ROWS16 * WST;
 #pragma unroll
@@ -341,6 +351,33 @@ __device__ __forceinline__ int w1_at(int k, int u) { return (((k >> 2) * WST + (
 __device__ __forceinline__ int wt_at(int k, int u) { return k * WST + (u ^ WT_SWIZZLE(k)); }  // layers ≥ 2
 __device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? w1_at(k, u) : wt_at(k, u); }
 
+#define BACKWARD_TILES ((H_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 in the backward
+
+// W_1[U_c, 16mt..16mt+15] −= lr · d, d an update's tile (m = inputs, n = units; its rows g and g + 8
+// are the inputs 2g and 2g + 1). Unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's
+// quads. Every load before any store: stores through these pointers would otherwise hold each load
+// back until the store before it.
+template <class Sums>
+__device__ __forceinline__ void update_w1_tile(float* w1, int mt, const Sums (&d)[NT], float lr) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float2* wv[NT][2];
+    float2 old[NT][2];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            wv[n][e] = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
+            old[n][e] = *wv[n][e];
+        }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            *wv[n][e] = make_float2(fmaf(-lr, total(d[n], e), old[n][e].x), fmaf(-lr, total(d[n], 2 + e), old[n][e].y));
+}
+
+// ==== The products: TF32 passes (BF16 = 0) ======================================================
+#if !BF16
 // ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
 // Warp w takes the input tiles w, w + WARPS, ... (zero past the last: no branch around the mma).
 // Within a tile a lane holds inputs 4t..4t+3 of its rows (one 16-byte load) and of its unit: the
@@ -431,22 +468,6 @@ __device__ __forceinline__ void forward_hidden(const float* h, const float* wt, 
     store_partial(sums, partial);
 }
 
-// h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
-// layer 1), into h_own and, when given, this block's slice of h_full[l] (the other blocks' copies of
-// it go by bulk copy).
-__device__ void forward_finish(const float* partial, const float* bias, float unit, float* h_own, float* own_slice, int rows) {
-    for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
-        const int uq = i % SQ, r = i / SQ;
-        float4 v = *reinterpret_cast<const float4*>(partial + r * WST + 4 * uq);
-#pragma unroll
-        for (int w = 1; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
-        const float4 b = reinterpret_cast<const float4*>(bias)[uq];
-        v = relu4(make_float4(fmaf(unit, v.x, b.x), fmaf(unit, v.y, b.y), fmaf(unit, v.z, b.z), fmaf(unit, v.w, b.w)));
-        *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
-        if (own_slice) *reinterpret_cast<float4*>(own_slice + r * S + 4 * uq) = v;
-    }
-}
-
 // ---- backward ----------------------------------------------------------------------------------
 // An update's B operand, split: dh (k = rows, n = units) for every k-step of the batch.
 __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB][NT][2], unsigned (&b_lo)[KB][NT][2]) {
@@ -460,15 +481,11 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB]
         }
 }
 
-// Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
-//   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
-//   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
-// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
-// once every warp's update has read h_{l−1}, Q is staged in its place (h_prev, h_full[l − 1], the
-// same size: owner o's columns at o's slot, see the header) and goes by a bulk copy an owner; this
-// block's own columns go straight into its inbox. A warp reads and writes only its own inputs' weights.
-__device__ void backward_layer(float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
-                               float lr, int rows, unsigned rank) {
+// Layer l ≥ 2's products for warp w's input tiles k0 = 16i (i = w, w + WARPS, ...; backward_layer,
+// below): Q[:, k0..] into q_out, and the update of W_l[U_c, k0..] (the tile's rows g and g + 8 are
+// the inputs k0 + g and k0 + g + 8).
+__device__ __forceinline__ void backward_products(const float* h_prev, float* wt, const float* dh, float lr, int rows,
+                                                  float (&q_out)[BACKWARD_TILES][MT][2][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];  // the update's B operand, the same for every input tile
     dh_operand(dh, bu_hi, bu_lo);
@@ -477,10 +494,8 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) h_row[ks][h] = min(8 * ks + 4 * h + t, rows - 1) * S;
-    constexpr int TPW = (H_MTILES + WARPS - 1) / WARPS;  // input tiles per warp, unrolled: their chains interleave
-    float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
 #pragma unroll
-    for (int ii = 0; ii < TPW; ++ii) {
+    for (int ii = 0; ii < BACKWARD_TILES; ++ii) {
         const int i = warp + WARPS * ii;
         if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
         const int k0 = 16 * i, c_lo = hcol(k0 + g), c_hi = hcol(k0 + g + 8);
@@ -527,29 +542,6 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
 #pragma unroll
                 for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = total(q[mt][j], e);
     }
-    __syncthreads();  // every warp's update has read h_{l−1}
-#pragma unroll
-    for (int ii = 0; ii < TPW; ++ii) {
-        const int i = warp + WARPS * ii;
-        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int col = 16 * i + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
-            float* piece = (owner == (int)rank ? inbox + rank * BATCH * S : h_prev + owner * BATCH * S) + u;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = 16 * mt + 8 * h + g;
-                    if (r < rows) *reinterpret_cast<float2*>(piece + r * S) = make_float2(q_out[ii][mt][j][2 * h], q_out[ii][mt][j][2 * h + 1]);
-                }
-        }
-    }
-    fence_proxy_async();  // the staged pieces are the copies' sources
-    __syncthreads();
-    const int dest = send_dest();
-    if (dest >= 0 && dest != (int)rank)
-        send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
 }
 
 // W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x in global memory or staged in shared: m = inputs (tiles of 16,
@@ -590,26 +582,289 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_x(d[n], a, b_hi[ks][n], b_lo[ks][n]);
         }
-        if (F_MTILES % WARPS == 0 || mt < F_MTILES) {
-            // Unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's quads. Every load before
-            // any store: stores through these pointers would otherwise hold each load back until
-            // the store before it.
-            float2* wv[NT][2];
-            float2 old[NT][2];
+        if (F_MTILES % WARPS == 0 || mt < F_MTILES) update_w1_tile(w1, mt, d, lr);
+    }
+}
+
+#else
+// ==== The products: bf16 operands, one pass (BF16 = 1) ==========================================
+// The same products as above, each operand rounded to bf16 as it is loaded (cvt.rn.bf16x2: one
+// instruction a pair) and multiplied in one m16n8k16 pass, sums in fp32. The images come as bf16
+// already (8-bit pixels as k, exact). A lane's k-slots 2t, 2t + 1, 2t + 8, 2t + 9 (mma_bf16) take
+// four consecutive inputs 4t..4t + 3 where k runs over inputs or units (one 16- or 8-byte load), and
+// the rows t, t + 4, t + 8, t + 12 where k runs over the batch (an update): a permutation of k, the
+// same for both operands, leaves a product as it is.
+
+// ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
+// Warp w takes the input tiles w, w + WARPS, ... (zero past the last: no branch around the mma);
+// a lane's inputs 4t..4t + 3 of a row are one 8-byte load, of its unit one 16-byte load (w1_at).
+template <class Rows>
+__device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
+    constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const Pixel* row[MT][2];
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    wv[n][e] = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
-                    old[n][e] = *wv[n][e];
-                }
+        for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
+    // A tile's inputs, loaded one tile ahead of its products (zero past the last tile).
+    const auto load_tile = [&](int i, uint2 (&v)[MT][2]) {
+        const int j = warp + WARPS * i;
+        const bool valid = TILES % WARPS == 0 || j < TILES;
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    *wv[n][e] = make_float2(fmaf(-lr, total(d[n], e), old[n][e].x), fmaf(-lr, total(d[n], 2 + e), old[n][e].y));
+            for (int h = 0; h < 2; ++h) v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : make_uint2(0u, 0u);
+    };
+    Sums1 sums[MT][NT];
+    uint2 v[MT][2], v_next[MT][2];
+    load_tile(0, v_next);
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
+        if (i + 1 < TPW) load_tile(i + 1, v_next);
+        const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
+        unsigned b[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float4 w = *reinterpret_cast<const float4*>(w1 + (((4 * c + t) * WST + ((8 * n + g) ^ (t << 1))) << 2));
+            b[n][0] = bf16x2(w.x, w.y);
+            b[n][1] = bf16x2(w.z, w.w);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const unsigned a[4] = {v[mt][0].x, v[mt][1].x, v[mt][0].y, v[mt][1].y};
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_bf16(sums[mt][n].d, a, b[n]);
         }
     }
+    store_partial(sums, partial);
+}
+
+// ---- forward of layer l ≥ 2: partial[w] = h_{l−1} · W_l[U_c, :]ᵀ over warp w's k-steps of 16 --
+// As the TF32 one: warp w takes the k-steps w, w + WARPS, ..., its A operand zero past them; a
+// lane's inputs 4t..4t + 3 of a row are one 16-byte load of h_full (they lie in one block's slice).
+__device__ __forceinline__ void forward_hidden(const float* h, const float* wt, float* partial, int rows) {
+    constexpr int K16 = HIDDEN / 16, KPW = (K16 + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int row[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) row[mt][hh] = min(16 * mt + 8 * hh + g, rows - 1) * S;
+    Sums1 sums[MT][NT];
+#pragma unroll
+    for (int i = 0; i < KPW; ++i) {
+        const int ks = warp + WARPS * i;
+        const bool valid = K16 % WARPS == 0 || ks < K16;
+        const int k = (valid ? 16 * ks : 0) + 4 * t, c = hcol(k);
+        unsigned b[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int u = 8 * n + g;
+            b[n][0] = bf16x2(wt[wt_at(k, u)], wt[wt_at(k + 1, u)]);
+            b[n][1] = bf16x2(wt[wt_at(k + 2, u)], wt[wt_at(k + 3, u)]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float4 v0 = *reinterpret_cast<const float4*>(h + row[mt][0] + c);
+            const float4 v1 = *reinterpret_cast<const float4*>(h + row[mt][1] + c);
+            unsigned a[4] = {bf16x2(v0.x, v0.y), bf16x2(v1.x, v1.y), bf16x2(v0.z, v0.w), bf16x2(v1.z, v1.w)};
+            if (!valid) a[0] = a[1] = a[2] = a[3] = 0u;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_bf16(sums[mt][n].d, a, b[n]);
+        }
+    }
+    store_partial(sums, partial);
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+// An update's B operand: dh (k = rows, n = units) for every k-step of 16 rows, lane (g, t) holding
+// rows t, t + 4 and t + 8, t + 12 of unit g.
+__device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b)[MT][NT][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float* d = dh + (16 * ks + t) * DST + 8 * n + g;
+            b[ks][n][0] = bf16x2(d[0], d[4 * DST]);
+            b[ks][n][1] = bf16x2(d[8 * DST], d[12 * DST]);
+        }
+}
+
+// Layer l ≥ 2's products for warp w's input tiles k0 = 16i (i = w, w + WARPS, ...), as the TF32
+// ones: Q[:, k0..] = dh_l · W_l[U_c, k0..] (m = rows, k = units in steps of 16, zero past S,
+// n = inputs) into q_out, and W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, the
+// tile's rows g and g + 8 being inputs 2g and 2g + 1, one 8-byte load of h_full; k = rows).
+__device__ __forceinline__ void backward_products(const float* h_prev, float* wt, const float* dh, float lr, int rows,
+                                                  float (&q_out)[BACKWARD_TILES][MT][2][4]) {
+    constexpr int UNIT_K16 = (S + 15) / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    unsigned bu[MT][NT][2];  // the update's B operand, the same for every input tile
+    dh_operand(dh, bu);
+    int h_row[MT][4];  // rows 16ks + t + 4j of h_{l−1}, the last row past the step's
+#pragma unroll
+    for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h_row[ks][j] = min(16 * ks + t + 4 * j, rows - 1) * S;
+#pragma unroll
+    for (int ii = 0; ii < BACKWARD_TILES; ++ii) {
+        const int i = warp + WARPS * ii;
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
+        const int k0 = 16 * i;
+        Sums1 q[MT][2];
+#pragma unroll
+        for (int kk = 0; kk < UNIT_K16; ++kk) {
+            const int u = 16 * kk + 4 * t;
+            const bool valid = S % 16 == 0 || u < S;  // units u..u + 3 (S is whole quads)
+            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            unsigned b[2][2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float4 w = valid ? *reinterpret_cast<const float4*>(wt + wt_at(k0 + 8 * j + g, u)) : zero;
+                b[j][0] = bf16x2(w.x, w.y);
+                b[j][1] = bf16x2(w.z, w.w);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const float* d = dh + (16 * mt + g) * DST + u;
+                const float4 d0 = valid ? *reinterpret_cast<const float4*>(d) : zero;
+                const float4 d1 = valid ? *reinterpret_cast<const float4*>(d + 8 * DST) : zero;
+                const unsigned a[4] = {bf16x2(d0.x, d0.y), bf16x2(d1.x, d1.y), bf16x2(d0.z, d0.w), bf16x2(d1.z, d1.w)};
+#pragma unroll
+                for (int j = 0; j < 2; ++j) mma_bf16(q[mt][j].d, a, b[j]);
+            }
+        }
+        Sums1 du[NT];
+        const int c = hcol(k0 + 2 * g);
+#pragma unroll
+        for (int ks = 0; ks < MT; ++ks) {
+            float2 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = *reinterpret_cast<const float2*>(h_prev + h_row[ks][j] + c);
+            const unsigned a[4] = {bf16x2(v[0].x, v[1].x), bf16x2(v[0].y, v[1].y), bf16x2(v[2].x, v[3].x), bf16x2(v[2].y, v[3].y)};
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_bf16(du[n].d, a, bu[ks][n]);
+        }
+        __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float* wv = wt + wt_at(k0 + 2 * g + h, 8 * n + 2 * t);  // and the unit after it
+                wv[0] = fmaf(-lr, du[n].d[2 * h], wv[0]);
+                wv[1] = fmaf(-lr, du[n].d[2 * h + 1], wv[1]);
+            }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = q[mt][j].d[e];
+    }
+}
+
+// W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x (bf16) in global memory or staged in shared: m = inputs (tiles
+// of 16, warp w taking w, w + WARPS, ...; a tile's rows g and g + 8 are the inputs 2g and 2g + 1),
+// k = rows, n = units. A lane's inputs 2g, 2g + 1 of one row are one 4-byte load; two rows' loads
+// make two A registers (their low halves, their high halves). Rows past the step's read the last
+// row again, against zeros of dh.
+template <class Rows>
+__device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, float lr, int rows) {
+    constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    unsigned b[MT][NT][2];
+    dh_operand(dh, b);
+    const Pixel* x_row[MT][4];
+#pragma unroll
+    for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x_row[ks][j] = x_rows(min(16 * ks + t + 4 * j, rows - 1)) + 2 * g;
+    // A tile's inputs, loaded one tile ahead of its products.
+    const auto load_tile = [&](int i, unsigned (&v)[MT][4]) {
+        const int mt = warp + WARPS * i, f0 = F_MTILES % WARPS == 0 || mt < F_MTILES ? 16 * mt : 0;
+#pragma unroll
+        for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[ks][j] = Rows::load2(x_row[ks][j] + f0);
+    };
+    unsigned v[MT][4], v_next[MT][4];
+    load_tile(0, v_next);
+#pragma unroll
+    for (int i = 0; i < MPW; ++i) {
+#pragma unroll
+        for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[ks][j] = v_next[ks][j];
+        if (i + 1 < MPW) load_tile(i + 1, v_next);
+        const int mt = warp + WARPS * i;
+        Sums1 d[NT];
+#pragma unroll
+        for (int ks = 0; ks < MT; ++ks) {
+            const unsigned a[4] = {low_halves(v[ks][0], v[ks][1]), high_halves(v[ks][0], v[ks][1]),
+                                   low_halves(v[ks][2], v[ks][3]), high_halves(v[ks][2], v[ks][3])};
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_bf16(d[n].d, a, b[ks][n]);
+        }
+        if (F_MTILES % WARPS == 0 || mt < F_MTILES) update_w1_tile(w1, mt, d, lr);
+    }
+}
+#endif
+
+// h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
+// layer 1), into h_own and, when given, this block's slice of h_full[l] (the other blocks' copies of
+// it go by bulk copy).
+__device__ void forward_finish(const float* partial, const float* bias, float unit, float* h_own, float* own_slice, int rows) {
+    for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
+        const int uq = i % SQ, r = i / SQ;
+        float4 v = *reinterpret_cast<const float4*>(partial + r * WST + 4 * uq);
+#pragma unroll
+        for (int w = 1; w < WARPS; ++w) v = add4(v, *reinterpret_cast<const float4*>(partial + (w * ROWS16 + r) * WST + 4 * uq));
+        const float4 b = reinterpret_cast<const float4*>(bias)[uq];
+        v = relu4(make_float4(fmaf(unit, v.x, b.x), fmaf(unit, v.y, b.y), fmaf(unit, v.z, b.z), fmaf(unit, v.w, b.w)));
+        *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
+        if (own_slice) *reinterpret_cast<float4*>(own_slice + r * S + 4 * uq) = v;
+    }
+}
+
+// Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
+//   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
+//   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
+// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
+// once every warp's update has read h_{l−1}, Q is staged in its place (h_prev, h_full[l − 1], the
+// same size: owner o's columns at o's slot, see the header) and goes by a bulk copy an owner; this
+// block's own columns go straight into its inbox. A warp reads and writes only its own inputs' weights.
+__device__ void backward_layer(float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
+                               float lr, int rows, unsigned rank) {
+    constexpr int TPW = BACKWARD_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
+    backward_products(h_prev, wt, dh, lr, rows, q_out);
+    __syncthreads();  // every warp's update has read h_{l−1}
+#pragma unroll
+    for (int ii = 0; ii < TPW; ++ii) {
+        const int i = warp + WARPS * ii;
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int col = 16 * i + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
+            float* piece = (owner == (int)rank ? inbox + rank * BATCH * S : h_prev + owner * BATCH * S) + u;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * mt + 8 * h + g;
+                    if (r < rows) *reinterpret_cast<float2*>(piece + r * S) = make_float2(q_out[ii][mt][j][2 * h], q_out[ii][mt][j][2 * h + 1]);
+                }
+        }
+    }
+    fence_proxy_async();  // the staged pieces are the copies' sources
+    __syncthreads();
+    const int dest = send_dest();
+    if (dest >= 0 && dest != (int)rank)
+        send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
 }
 
 // Sums over the rows of a step, in a fixed order that is not a chain of `rows` dependent adds:

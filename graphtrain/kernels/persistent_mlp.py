@@ -27,7 +27,8 @@ class MlpShape:
     hidden: tuple[int, ...]
     classes: int
     batch: int
-    pixel_levels: int = 0  # 255: 8-bit pixels k/255, which the kernel reads as bytes k (persistent.pixel_levels)
+    pixel_levels: int = 0  # 255: 8-bit pixels k/255, which the kernel reads as k (persistent.pixel_levels)
+    bf16: bool = False  # the hidden layers' products from bf16 operands in one pass, else three TF32 passes
 
     @property
     def padded_features(self) -> int:
@@ -45,8 +46,9 @@ class MlpShape:
 
     @property
     def image_dtype(self) -> type:
-        """The images as the kernel reads them: bytes k for 8-bit pixels, else floats."""
-        return np.uint8 if self.pixel_levels else np.float32
+        """The images as the kernel reads them: bf16 (its 16 bits) for the bf16 products, else bytes
+        k for 8-bit pixels, else floats."""
+        return np.uint16 if self.bf16 else np.uint8 if self.pixel_levels else np.float32
 
     @property
     def pixel_bytes(self) -> int:
@@ -54,16 +56,16 @@ class MlpShape:
 
     @property
     def x_buffers(self) -> int:
-        """Buffers of staged images: two for bytes (the next step's copied in while this one
-        trains), one for floats (copied at the step's start)."""
-        return 2 if self.pixel_levels else 1
+        """Buffers of staged images: two for bf16 or bytes (the next step's copied in while this
+        one trains), one for floats (copied at the step's start)."""
+        return 2 if self.pixel_bytes < 4 else 1
 
     @property
     def x_stride(self) -> int:
         """Inputs per row of the images kept in shared memory (a row padded to ≡ 64 bytes mod 128
-        for floats, ≡ 16 for bytes, so that a load phase's rows lie on different banks), or 0
-        where they do not fit (they are read from global memory twice a step instead)."""
-        want = 16 if self.pixel_levels else 64
+        for floats, ≡ 32 for bf16, ≡ 16 for bytes, so that a load phase's rows lie on different
+        banks), or 0 where they do not fit (they are read from global memory twice a step instead)."""
+        want = {4: 64, 2: 32, 1: 16}[self.pixel_bytes]
         row = self.padded_features * self.pixel_bytes
         staged = (row + (want - row) % 128) // self.pixel_bytes
         return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
@@ -96,7 +98,7 @@ class MlpShape:
         """The -D defines persistent_mlp.cu is compiled with for this shape."""
         return {"FEATURES": self.features, "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.hidden[0],
                 "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "X_STRIDE": self.x_stride,
-                "PIXEL_LEVELS": self.pixel_levels}
+                "PIXEL_LEVELS": self.pixel_levels, "BF16": int(self.bf16)}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -117,10 +119,10 @@ class MlpShape:
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "tf32_mma.cuh")
+    headers = ("cluster.cuh", "tf32_mma.cuh", "bf16_mma.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255).defines,
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).defines,
                "PHASE_CYCLES": 0}
     _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
@@ -135,7 +137,7 @@ class PersistentMlp(KernelFile):
         batch may be shorter). `params`: a device array of 2·(layers + 1) addresses, the weights
         (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
         bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
-        num_samples × padded_features, bytes k for 8-bit pixels (persistent.kernel_images), else floats."""
+        num_samples × padded_features as `shape.image_dtype` (persistent.kernel_images)."""
         shared_bytes = self.shape.shared_bytes
         if self.defines["PHASE_CYCLES"]:  # the phase counts (scripts/persistent_mlp_phases.py), 8-byte aligned
             shared_bytes += 8 + 8 * PHASE_SLOTS * (self.shape.layers + 1)

@@ -18,9 +18,12 @@ units of every hidden layer (their rows of W, their columns of the head), gather
 activations from every block, all-gathers the head's partial logits, and sends each block its
 share of the input gradients on the way back, so no block ever needs another's weights. Each
 exchange is a bulk copy from every block to every other, counted on the receiver's mbarrier, with
-no cluster barrier in the loop. The products run on tensor cores in three TF32 passes (two for
-the first layer's with 8-bit pixels, which the kernel reads as bytes k, copying the next step's
-into shared memory while a step trains). It trains equal hidden sizes that are multiples of 64
+no cluster barrier in the loop. Like `device-loop` it trains an MLP in bf16: each hidden layer's
+products read bf16 operands (rounded as they are loaded, the images uploaded as bf16) in one
+tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head; the next step's images are
+copied into shared memory while a step trains. `--precision fp32` trains it in three TF32 passes
+instead (two for the first layer's with 8-bit pixels, which the kernel then reads as bytes k),
+near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset at
 H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A
 step is a chain of five exchanges and the short products between them, bound by latency and
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain.errors import ModelUnsupported
+from graphtrain.errors import ModelUnsupported, UsageError
 from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
@@ -42,13 +45,21 @@ from graphtrain.stages.device_loop import DeviceLoopStage
 class PersistentStage(DeviceLoopStage):
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
-    precisions = ("fp32",)
+    precisions = ("bf16", "fp32")  # an MLP's; softmax regression trains in fp32 (TF32 passes) only
     mlp_kernel = PersistentMlp  # scripts/persistent_mlp_phases.py swaps in its instrumented build
+
+    def __init__(self, plan, data):
+        super().__init__(plan, data)
+        if not self.config.hidden:
+            if self.config.precision == "bf16":
+                raise UsageError("persistent trains softmax regression in fp32 (TF32 passes), not --precision bf16")
+            self.precision = "fp32"
 
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
         if cfg.hidden:
-            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
+            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels(self.data.train_images),
+                                  bf16=self.precision == "bf16")
         else:
             self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
         refusal = self.shape.refusal()
@@ -63,10 +74,11 @@ class PersistentStage(DeviceLoopStage):
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
         # The training images again where the kernel reads them otherwise: rows padded to whole
-        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k (bytes
-        # for an MLP, a quarter of the floats' traffic).
+        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k (for
+        # an MLP bf16, or bytes with --precision fp32: a half or a quarter of the floats' traffic).
         self.padded_images = None
-        if self.shape.padded_features != self.config.in_features or self.shape.pixel_levels:
+        if (self.shape.padded_features != self.config.in_features or self.shape.pixel_levels
+                or self.shape.image_dtype != np.float32):
             self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features),
                                                self.shape.image_dtype)
         if self.config.hidden:  # the addresses of every layer's weights, then of its biases
@@ -108,8 +120,11 @@ class PersistentStage(DeviceLoopStage):
     def environment(self) -> dict:
         env = super().environment()
         env.pop("device_loop")  # no graph here: one kernel per epoch
-        env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
-                                      if self.shape.pixel_levels else "3xTF32 mma: three passes")
+        if self.config.hidden and self.shape.bf16:
+            env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
+        else:
+            env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
+                                          if self.shape.pixel_levels else "3xTF32 mma: three passes")
         return env
 
     def close(self) -> None:
