@@ -24,11 +24,16 @@
 // (gathered), partial logits (all-gathered) and partial input gradients (reduce-scattered). Every
 // sum runs in a fixed order without atomics: the same seed gives the same weights bit for bit.
 //
-// The products run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in three passes,
-// which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its top 19 bits), and
-// a·b ≈ hi_a·hi_b + (hi_a·lo_b + lo_a·hi_b), the dropped lo·lo term and the truncations ~2⁻²⁰ of
-// the product. A forward product splits its k (the inputs) over the warps, whose partial sums then
-// add up in warp order; the updates and Q split their outputs over the warps.
+// The hidden layers' products run on tensor cores with fp32 sums, in one of two builds:
+//   BF16 = 1   bf16 operands (mma.sync m16n8k16), one pass: each operand rounded to bf16 (8 bits of
+//              mantissa) as it is loaded, the weights kept in fp32 and updated in fp32 (the bf16
+//              rung's precision); the images come as bf16 (8-bit pixels k, exact).
+//   BF16 = 0   TF32 operands (m16n8k8) in three passes, which keeps near-fp32 accuracy: each operand
+//              is split as v = hi + lo (hi its top 19 bits), and a·b ≈ hi_a·hi_b + (hi_a·lo_b +
+//              lo_a·hi_b), the dropped lo·lo term and the truncations ~2⁻²⁰ of the product.
+// The head (partial logits, dh_L, dW_h) takes the three TF32 passes in both. A forward product
+// splits its k (the inputs) over the warps, whose partial sums then add up in warp order; the
+// updates and Q split their outputs over the warps.
 //
 // The exchanges write the receiver's shared memory and count their bytes on the receiver's mbarrier
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
@@ -81,21 +86,22 @@
 // global load sits on a step's path apart from the images themselves. Where the batch's images fit
 // in shared memory (X_STRIDE > 0) 16-byte cp.async copies spread over the block bring them in, and
 // both products of layer 1 read them there; else both read global memory, the next step's rows
-// prefetched into L2 (cp.async.bulk.prefetch). 8-bit pixels (PIXEL_LEVELS, below) take a quarter of
-// the bytes: two buffers then, the next step's images copied in while this step trains; float
-// images one, copied at the step's start. The copies for the steps ahead go out at the step's
-// first wait for an exchange (copy_ahead). Layer 1's operands come in 16-byte (forward) and 8-byte
-// (update) pieces, not 4-byte ones.
+// prefetched into L2 (cp.async.bulk.prefetch). bf16 images take half the floats' bytes, and bytes
+// (8-bit pixels in the TF32 build, PIXEL_LEVELS below) a quarter: two buffers then, the next
+// step's images copied in while this step trains; float images one, copied at the step's start.
+// The copies for the steps ahead go out at the step's first wait for an exchange (copy_ahead).
+// Layer 1's operands come in pieces of 8 or 16 bytes (forward) and 4 or 8 (update), not 2 or 4.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 16; images are rows of FEATURE_STRIDE pixels, zero past FEATURES), HIDDEN (a multiple
-// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, PIXEL_LEVELS, X_STRIDE (pixels per staged row: 0, or
-// FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 16 for bytes, so that a load phase's
-// rows fall on different banks). Without a bias (bias = 0) every bias stays zero.
+// of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, PIXEL_LEVELS, BF16, X_STRIDE (pixels per staged row:
+// 0, or FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 32 for bf16, ≡ 16 for bytes, so
+// that a load phase's rows fall on different banks). Without a bias (bias = 0) every bias stays zero.
 //
 // PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the images
-// are then bytes k, exact in TF32, so layer 1's products take two passes, not three, and x's
-// unit 1/255 goes into h_1 and W_1's step. 0: float images, three passes.
+// are then k (bf16 in the BF16 build, else bytes), exact in bf16 and in TF32, so layer 1's TF32
+// products take two passes, not three; x's unit 1/255 goes into h_1 and W_1's step. 0: float
+// images (bf16-rounded in the BF16 build; three TF32 passes in the other).
 
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
