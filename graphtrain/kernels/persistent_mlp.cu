@@ -382,6 +382,31 @@ __device__ __forceinline__ void update_w1_tile(float* w1, int mt, const Sums (&d
             *wv[n][e] = make_float2(fmaf(-lr, total(d[n], e), old[n][e].x), fmaf(-lr, total(d[n], 2 + e), old[n][e].y));
 }
 
+// The forward of layer 1's image operand, for either build: warp w's rows 16mt + 8h + g (the last
+// row again past the step's) at the lane's inputs 4t, and load(i, v) the four inputs there of the
+// warp's i-th input tile w + WARPS·i (Rows::load4; zero past the last tile).
+template <class Rows>
+struct FirstLayerTiles {
+    static constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;  // tiles, a warp's
+    const Pixel* row[MT][2];
+    __device__ FirstLayerTiles(Rows x_rows, int rows) {
+        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
+    }
+    template <class V>
+    __device__ __forceinline__ void load(int i, V (&v)[MT][2], V zero) const {
+        const int j = (threadIdx.x >> 5) + WARPS * i;
+        const bool valid = TILES % WARPS == 0 || j < TILES;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : zero;
+    }
+};
+
 // ==== The products: TF32 passes (BF16 = 0) ======================================================
 #if !BF16
 // ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
@@ -391,31 +416,19 @@ __device__ __forceinline__ void update_w1_tile(float* w1, int mt, const Sums (&d
 // permutation of k, the same for both operands, leaves the product as it is).
 template <class Rows>
 __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
-    constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;
+    using Tiles = FirstLayerTiles<Rows>;
+    constexpr int TILES = Tiles::TILES, TPW = Tiles::TPW;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const Pixel* row[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
-    // A tile's inputs, loaded one tile ahead of its products (zero past the last tile).
-    const auto load_tile = [&](int i, float4 (&v)[MT][2]) {
-        const int j = warp + WARPS * i;
-        const bool valid = TILES % WARPS == 0 || j < TILES;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    };
+    const Tiles tiles(x_rows, rows);  // a tile's inputs, loaded one tile ahead of its products
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     Sums3 sums[MT][NT];
     float4 v[MT][2], v_next[MT][2];
-    load_tile(0, v_next);
+    tiles.load(0, v_next, zero);
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
-        if (i + 1 < TPW) load_tile(i + 1, v_next);
+        if (i + 1 < TPW) tiles.load(i + 1, v_next, zero);
         const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
         unsigned b_hi[NT][2][2], b_lo[NT][2][2];  // [unit tile][k-step][fragment register]
 #pragma unroll
@@ -606,30 +619,19 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 // a lane's inputs 4t..4t + 3 of a row are one 8-byte load, of its unit one 16-byte load (w1_at).
 template <class Rows>
 __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
-    constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;
+    using Tiles = FirstLayerTiles<Rows>;
+    constexpr int TILES = Tiles::TILES, TPW = Tiles::TPW;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const Pixel* row[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
-    // A tile's inputs, loaded one tile ahead of its products (zero past the last tile).
-    const auto load_tile = [&](int i, uint2 (&v)[MT][2]) {
-        const int j = warp + WARPS * i;
-        const bool valid = TILES % WARPS == 0 || j < TILES;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : make_uint2(0u, 0u);
-    };
+    const Tiles tiles(x_rows, rows);  // a tile's inputs, loaded one tile ahead of its products
+    const uint2 zero = make_uint2(0u, 0u);
     Sums1 sums[MT][NT];
     uint2 v[MT][2], v_next[MT][2];
-    load_tile(0, v_next);
+    tiles.load(0, v_next, zero);
 #pragma unroll
     for (int i = 0; i < TPW; ++i) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
-        if (i + 1 < TPW) load_tile(i + 1, v_next);
+        if (i + 1 < TPW) tiles.load(i + 1, v_next, zero);
         const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
         unsigned b[NT][2];
 #pragma unroll
