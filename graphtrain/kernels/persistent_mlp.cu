@@ -359,27 +359,69 @@ __device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? 
 
 #define BACKWARD_TILES ((H_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 in the backward
 
-// W_1[U_c, 16mt..16mt+15] −= lr · d, d an update's tile (m = inputs, n = units; its rows g and g + 8
-// are the inputs 2g and 2g + 1). Unit 8n + 2t + e of inputs 2g and 2g + 1: adjacent in W_1's
-// quads. Every load before any store: stores through these pointers would otherwise hold each load
-// back until the store before it.
-template <class Sums>
-__device__ __forceinline__ void update_w1_tile(float* w1, int mt, const Sums (&d)[NT], float lr) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    float2* wv[NT][2];
-    float2 old[NT][2];
+// W_1[U_c, 16mt..16mt+15] −= lr · grad[i] for N of warp w's tiles of the update, mt = w + WARPS·(i0 +
+// i) (m = inputs, n = units, as an mma's D fragment: its rows g and g + 8 are the inputs 2g and 2g +
+// 1, so unit 8n + 2t + e of both is one float2 of W_1's quads). Every load goes before any store: a
+// store through these pointers holds back each load after it. The bf16 build updates all its tiles
+// at once (tile by tile took ~10% of a step more, H100, H = 128), the TF32 build, short of
+// registers, one at a time (all at once took 1 to 2% more).
+#define W1_TILES_PER_WARP ((F_MTILES + WARPS - 1) / WARPS)
+template <int N>
+__device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)[N][NT][4], float lr) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float2 old[N][NT][2];
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int i = 0; i < N; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            wv[n][e] = reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
-            old[n][e] = *wv[n][e];
-        }
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 2; ++e) {
+                const int mt = min(warp + WARPS * (i0 + i), F_MTILES - 1);  // (a tile past the last is loaded, not stored)
+                old[i][n][e] = *reinterpret_cast<const float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
+            }
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-            *wv[n][e] = make_float2(fmaf(-lr, total(d[n], e), old[n][e].x), fmaf(-lr, total(d[n], 2 + e), old[n][e].y));
+    for (int i = 0; i < N; ++i) {
+        const int mt = warp + WARPS * (i0 + i);
+        if (F_MTILES % WARPS != 0 && mt >= F_MTILES) break;  // the same for the whole warp
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                *reinterpret_cast<float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e)) =
+                    make_float2(fmaf(-lr, grad[i][n][e], old[i][n][e].x), fmaf(-lr, grad[i][n][2 + e], old[i][n][e].y));
+    }
+}
+
+// W_l[U_c, :] −= lr · grad[ii] for N of warp w's input tiles of the backward (l ≥ 2), k0 = 16i, i =
+// w + WARPS·(i0 + ii): grad[ii][n] an mma D fragment whose rows g and g + 8 are the inputs k0 +
+// in[0] and k0 + in[1] and whose columns 2t, 2t + 1 are the units 8n + 2t, 8n + 2t + 1 (one float2
+// of wt). As in update_w1, every load goes before any store, and the bf16 build updates all its
+// tiles at once, the TF32 build one at a time.
+template <int N>
+__device__ __forceinline__ void update_hidden(float* wt, int i0, const float (&grad)[N][NT][4], const int (&in)[2],
+                                              float lr) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+    float2 old[N][NT][2];
+#pragma unroll
+    for (int ii = 0; ii < N; ++ii)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = min(warp + WARPS * (i0 + ii), H_MTILES - 1);  // (a tile past the last is loaded, not stored)
+                old[ii][n][h] = *reinterpret_cast<const float2*>(wt + wt_at(16 * i + in[h], 8 * n + 2 * t));
+            }
+#pragma unroll
+    for (int ii = 0; ii < N; ++ii) {
+        const int i = warp + WARPS * (i0 + ii);
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(wt + wt_at(16 * i + in[h], 8 * n + 2 * t)) =
+                    make_float2(fmaf(-lr, grad[ii][n][2 * h], old[ii][n][h].x), fmaf(-lr, grad[ii][n][2 * h + 1], old[ii][n][h].y));
+    }
 }
 
 // The forward of layer 1's image operand, for either build: warp w's rows 16mt + 8h + g (the last
@@ -513,6 +555,7 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) h_row[ks][h] = min(8 * ks + 4 * h + t, rows - 1) * S;
+    const int in[2] = {g, g + 8};  // the inputs of a tile's update rows g and g + 8
 #pragma unroll
     for (int ii = 0; ii < BACKWARD_TILES; ++ii) {
         const int i = warp + WARPS * ii;
@@ -545,15 +588,13 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_3xtf32(du[n], a_hi, a_lo, bu_hi[ks][n], bu_lo[ks][n]);
         }
-        __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
+        float grad[1][NT][4];
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float* wv = wt + wt_at(k0 + 8 * h + g, 8 * n + 2 * t);  // and the unit after it
-                wv[0] = fmaf(-lr, total(du[n], 2 * h), wv[0]);
-                wv[1] = fmaf(-lr, total(du[n], 2 * h + 1), wv[1]);
-            }
+            for (int e = 0; e < 4; ++e) grad[0][n][e] = total(du[n], e);
+        __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
+        update_hidden(wt, ii, grad, in, lr);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -569,7 +610,7 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
 // zeros of dh.
 template <class Rows>
 __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, float lr, int rows) {
-    constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
+    constexpr int MPW = W1_TILES_PER_WARP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned b_hi[KB][NT][2], b_lo[KB][NT][2];
     dh_operand(dh, b_hi, b_lo);
@@ -593,7 +634,6 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) { a_cur[ks][0] = a_next[ks][0]; a_cur[ks][1] = a_next[ks][1]; }
         if (i + 1 < MPW) load_tile(i + 1, a_next);
-        const int mt = warp + WARPS * i;
         Sums3 d[NT];
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
@@ -601,7 +641,12 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_x(d[n], a, b_hi[ks][n], b_lo[ks][n]);
         }
-        if (F_MTILES % WARPS == 0 || mt < F_MTILES) update_w1_tile(w1, mt, d, lr);
+        float grad[1][NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) grad[0][n][e] = total(d[n], e);
+        update_w1(w1, i, grad, lr);
     }
 }
 
@@ -717,6 +762,7 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
     for (int ks = 0; ks < MT; ++ks)
 #pragma unroll
         for (int j = 0; j < 4; ++j) h_row[ks][j] = min(16 * ks + t + 4 * j, rows - 1) * S;
+    float grad[BACKWARD_TILES][NT][4] = {};  // the update of W_l, every tile's before any is stored
 #pragma unroll
     for (int ii = 0; ii < BACKWARD_TILES; ++ii) {
         const int i = warp + WARPS * ii;
@@ -756,22 +802,20 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_bf16(du[n].d, a, bu[ks][n]);
         }
-        __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float* wv = wt + wt_at(k0 + 2 * g + h, 8 * n + 2 * t);  // and the unit after it
-                wv[0] = fmaf(-lr, du[n].d[2 * h], wv[0]);
-                wv[1] = fmaf(-lr, du[n].d[2 * h + 1], wv[1]);
-            }
+            for (int e = 0; e < 4; ++e) grad[ii][n][e] = total(du[n], e);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = q[mt][j].d[e];
+                for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = total(q[mt][j], e);
     }
+    __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
+    const int in[2] = {2 * g, 2 * g + 1};
+    update_hidden(wt, 0, grad, in, lr);
 }
 
 // W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x (bf16) in global memory or staged in shared: m = inputs (tiles
@@ -781,7 +825,7 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
 // row again, against zeros of dh.
 template <class Rows>
 __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, float lr, int rows) {
-    constexpr int MPW = (F_MTILES + WARPS - 1) / WARPS;
+    constexpr int MPW = W1_TILES_PER_WARP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned b[MT][NT][2];
     dh_operand(dh, b);
@@ -790,24 +834,16 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
     for (int ks = 0; ks < MT; ++ks)
 #pragma unroll
         for (int j = 0; j < 4; ++j) x_row[ks][j] = x_rows(min(16 * ks + t + 4 * j, rows - 1)) + 2 * g;
-    // A tile's inputs, loaded one tile ahead of its products.
-    const auto load_tile = [&](int i, unsigned (&v)[MT][4]) {
+    // Every tile's products first (no store stands between their loads), then the update.
+    float grad[MPW][NT][4];
+#pragma unroll
+    for (int i = 0; i < MPW; ++i) {
         const int mt = warp + WARPS * i, f0 = F_MTILES % WARPS == 0 || mt < F_MTILES ? 16 * mt : 0;
+        unsigned v[MT][4];
 #pragma unroll
         for (int ks = 0; ks < MT; ++ks)
 #pragma unroll
             for (int j = 0; j < 4; ++j) v[ks][j] = Rows::load2(x_row[ks][j] + f0);
-    };
-    unsigned v[MT][4], v_next[MT][4];
-    load_tile(0, v_next);
-#pragma unroll
-    for (int i = 0; i < MPW; ++i) {
-#pragma unroll
-        for (int ks = 0; ks < MT; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[ks][j] = v_next[ks][j];
-        if (i + 1 < MPW) load_tile(i + 1, v_next);
-        const int mt = warp + WARPS * i;
         Sums1 d[NT];
 #pragma unroll
         for (int ks = 0; ks < MT; ++ks) {
@@ -816,8 +852,12 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_bf16(d[n].d, a, b[ks][n]);
         }
-        if (F_MTILES % WARPS == 0 || mt < F_MTILES) update_w1_tile(w1, mt, d, lr);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) grad[i][n][e] = total(d[n], e);
     }
+    update_w1(w1, 0, grad, lr);
 }
 #endif
 
