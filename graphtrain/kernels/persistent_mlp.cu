@@ -82,19 +82,17 @@
 //     softmax; Z of step t + 1 after every block's G_{L−1} of step t + 1, sent after it read
 //     inbox[1] in step t.
 //
-// Warps have two roles: the THREADS compute threads train, and FETCH_WARPS more (fetch_epoch) only
-// bring each step's sample indices and labels in a step ahead (cp.async), so no dependent global
-// load sits on a step's path apart from the images themselves. Where the batch's images fit in
-// shared memory (X_STRIDE > 0), both products of layer 1 read them there, else both read global
-// memory, the fetch warps prefetching a step's rows into L2 (cp.async.bulk.prefetch) a step ahead.
-// bf16 images take half the floats' bytes, and bytes (8-bit pixels in the TF32 build, PIXEL_LEVELS
-// below) a quarter: two buffers then, the fetch warps copying a step's images in while the step
-// before trains (issued by the compute warps, at their wait for h_1, the copies held up the step
-// by ~6%: H100, H = 128); float images one, copied by the compute threads at the step's start. The
-// compute threads meet at their own barrier (compute_sync), which the fetch warps never wait at.
+// The sample indices come two steps ahead and the labels one step ahead (cp.async), so no dependent
+// global load sits on a step's path apart from the images themselves. Where the batch's images fit
+// in shared memory (X_STRIDE > 0) 16-byte cp.async copies spread over the block bring them in, and
+// both products of layer 1 read them there; else both read global memory, the next step's rows
+// prefetched into L2 (cp.async.bulk.prefetch). bf16 images take half the floats' bytes, and bytes
+// (8-bit pixels in the TF32 build, PIXEL_LEVELS below) a quarter: two buffers then, the next
+// step's images copied in while this step trains; float images one, copied at the step's start.
+// The copies for the steps ahead go out at the step's first wait for an exchange (copy_ahead).
 // Layer 1's operands come in pieces of 8 or 16 bytes (forward) and 4 or 8 (update), not 2 or 4.
 //
-// Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FETCH_WARPS, FEATURES, FEATURE_STRIDE (a
+// Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 16; images are rows of FEATURE_STRIDE pixels, zero past FEATURES), HIDDEN (a multiple
 // of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, PIXEL_LEVELS, BF16, X_STRIDE (pixels per staged row:
 // 0, or FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 32 for bf16, ≡ 16 for bytes, so
@@ -108,9 +106,7 @@
 #define S (HIDDEN / CLUSTER)          // units a block owns per hidden layer
 #define SQ (S / 4)                    // ... as float4 quads
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
-#define WARPS (THREADS / 32)          // the compute warps
-#define FETCH_THREADS (32 * FETCH_WARPS)
-#define BLOCK_THREADS (THREADS + FETCH_THREADS)
+#define WARPS (THREADS / 32)
 #define NT ((S + 7) / 8)              // a block's units in mma columns of 8
 #define WST (NT * 8)                  // floats per row of wt[k][u]: S, zero past it
 // Floats per row of dh: WST, or 4 more where WST ≡ 16 (mod 32), so that a fragment's loads (row g,
@@ -133,7 +129,7 @@
 #define H_MTILES (HIDDEN / 16)
 #define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS + 3)  // an mbarrier per exchange (and logits buffer); the fetch warps' three
+#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // an mbarrier per exchange (and logits buffer)
 #if BF16
 typedef unsigned short Pixel;  // bf16 bits
 #define PIXEL_ROW_ALIGN 32     // staged rows' bytes ≡ 32 (mod 128): see MlpShape.x_stride
@@ -149,8 +145,8 @@ typedef float Pixel;
 #define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
 #define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
-#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || FETCH_WARPS < 1
-#error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS / FETCH_WARPS"
+#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
+#error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
 // From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
@@ -171,8 +167,8 @@ __device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigne
                  :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count = 1) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
 }
 
 // The three passes of a tile's product, each into its own sum of a Sums3 (three independent chains).
@@ -218,11 +214,6 @@ __device__ __forceinline__ float4 as_operand(float4 v) { return v; }
 // engine takes ~60 cycles a copy, one after another, whichever warps issue them.)
 __device__ __forceinline__ int send_dest() { return threadIdx.x < CLUSTER ? threadIdx.x : -1; }
 
-// The compute threads' barrier (named barrier 1; the fetch warps never wait at it), and the fetch
-// warps' own (2).
-__device__ __forceinline__ void compute_sync() { asm volatile("bar.sync 1, %0;" :: "n"(THREADS) : "memory"); }
-__device__ __forceinline__ void fetch_sync() { asm volatile("bar.sync 2, %0;" :: "n"(FETCH_THREADS) : "memory"); }
-
 __device__ __forceinline__ int g_of(int lane) { return lane >> 2; }  // an mma fragment's row group
 __device__ __forceinline__ int t_of(int lane) { return lane & 3; }   // ... and its column pair
 // D += A·B over K_STEPS k-steps of 8 for one m16n8 tile, three passes; a(m, k) and b(k, n) give the
@@ -251,7 +242,7 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 #define LOGIT_FLOATS (LOGIT_BUFFERS * CLUSTER * BATCH * CS)
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 struct Smem {
-    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L; fetched [2]; started
+    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L; images
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
     float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
@@ -268,7 +259,7 @@ struct Smem {
     float* zsend;     // [LOGIT_BUFFERS][BATCH][CS]  this block's partial logits, as sent
     float* gwh;       // [CS][S], then [CS]   the head's gradient
     Pixel* x;         // [X_BUFFERS][BATCH][X_STRIDE]  a step's images, where they fit (X_STRIDE > 0)
-    int* order;       // [2][BATCH]           sample indices of this step and the next
+    int* order;       // [3][BATCH]           sample indices of this step and the next two
     int* labels;      // [2][BATCH]           labels of this step and the next
     long long* phase_cycles;  // [PHASE_SLOTS][LAYERS + 1]  PHASE_CYCLES builds only (8-byte aligned)
 };
@@ -295,7 +286,7 @@ __device__ Smem carve(unsigned char* base) {
     s.gwh = f; f += CS * S + CS;
     s.x = reinterpret_cast<Pixel*>(f); f += (X_BUFFERS * BATCH * X_STRIDE * sizeof(Pixel) + 15) / 16 * 4;
     int* i = reinterpret_cast<int*>(f);
-    s.order = i; i += 2 * BATCH;
+    s.order = i; i += 3 * BATCH;
     s.labels = i; i += 2 * BATCH;
     s.phase_cycles = reinterpret_cast<long long*>((reinterpret_cast<unsigned long long>(i) + 7) & ~7ull);
     return s;
@@ -311,22 +302,15 @@ __device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
 __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) { return s.bars + (l - 1); }
 __device__ __forceinline__ unsigned long long* logits_bar(const Smem& s, int buffer) { return s.bars + GATHER_BARS + buffer; }
 __device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + LOGIT_BUFFERS + (l - 1); }
-// A step's fetched data (its sample indices, labels and, copied a step ahead, images) have landed:
-// fetched_bar(step & 1), a phase every other step. The compute threads have started a step (so
-// finished the one before): started_bar, a phase a step.
-__device__ __forceinline__ unsigned long long* fetched_bar(const Smem& s, int buffer) { return s.bars + NBARS - 3 + buffer; }
-__device__ __forceinline__ unsigned long long* started_bar(const Smem& s) { return s.bars + NBARS - 1; }
 __device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { return s.x + buffer * BATCH * X_STRIDE; }
 // Step `step`'s images into image buffer step % X_BUFFERS (the sample indices `step_order` in shared
-// memory): 16-byte cp.async copies spread over `count` threads (this one the `first`-th), landed once
-// their threads have waited (async_wait_all). (A bulk copy a row costs the SM's copy engine ~60
-// cycles to issue, one after another: ~2,000 cycles for a batch of 32, and it delays the exchanges'
-// bulk copies.)
-__device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows,
-                               int first, int count) {
+// memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
+// (async_wait_all) and met at a block barrier. (A bulk copy a row costs the SM's copy engine ~60
+// cycles to issue, one after another: ~2,000 cycles for a batch of 32.)
+__device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows) {
     constexpr int CHUNKS = FEATURE_STRIDE * sizeof(Pixel) / 16;  // 16-byte pieces a row
     unsigned char* staged = reinterpret_cast<unsigned char*>(staged_images(s, step % X_BUFFERS));
-    for (int i = first; i < rows * CHUNKS; i += count) {
+    for (int i = threadIdx.x; i < rows * CHUNKS; i += THREADS) {
         const int r = i / CHUNKS, c = i - r * CHUNKS;
         const unsigned char* row = reinterpret_cast<const unsigned char*>(images + (long long)step_order[r] * FEATURE_STRIDE);
         copy16_async(staged + r * X_STRIDE * sizeof(Pixel) + 16 * c, row + 16 * c);
@@ -906,7 +890,7 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
     backward_products(h_prev, wt, dh, lr, rows, q_out);
-    compute_sync();  // every warp's update has read h_{l−1}
+    __syncthreads();  // every warp's update has read h_{l−1}
 #pragma unroll
     for (int ii = 0; ii < TPW; ++ii) {
         const int i = warp + WARPS * ii;
@@ -925,7 +909,7 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
         }
     }
     fence_proxy_async();  // the staged pieces are the copies' sources
-    compute_sync();
+    __syncthreads();
     const int dest = send_dest();
     if (dest >= 0 && dest != (int)rank)
         send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
@@ -977,42 +961,13 @@ static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows o
 #if PHASE_CYCLES
 #define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
         s.phase_cycles[(phase) * (LAYERS + 1) + (layer)] += now - phase_mark; phase_mark = now; } } while (0)
-#define PHASE_SYNC() compute_sync()  // splits a phase that ends without a barrier of its own
+#define PHASE_SYNC() __syncthreads()  // splits a phase that ends without a barrier of its own
 #else
 #define PHASE_END(phase, layer) do {} while (0)
 #define PHASE_SYNC() do {} while (0)
 #endif
 
-// The fetch warps' loop: for each step, its sample indices (into s.order), its labels and, where
-// the images are staged a step ahead (X_LEAD = 1), its images; then every fetch thread arrives on
-// the step's fetched_bar once its copies have landed. A step's copies go out once the step before
-// it has started: its buffers were last read two steps before.
-__device__ void fetch_epoch(const Smem& s, const Pixel* images, const int* labels, const int* order, int num_samples,
-                            int num_steps, unsigned rank) {
-    const int f = threadIdx.x - THREADS;  // this thread among the fetch threads
-    for (int step = 0; step < num_steps; ++step) {
-        // (A parity wait tells apart only the phase it waits for and the one after: the compute
-        // threads start step + 1 only once this loop has fetched it, so they are never two ahead.)
-        if (step >= 1) mbarrier_wait(started_bar(s), (step - 1) & 1);
-        const int rows = step_rows(step, BATCH, num_samples);
-        int* step_order = s.order + (step & 1) * BATCH;
-        for (int r = f; r < rows; r += FETCH_THREADS) {
-            const int index = order[(long long)step * BATCH + r];
-            step_order[r] = index;
-            copy4_async(s.labels + (step & 1) * BATCH + r, labels + index);
-            if (X_LEAD == 0 && r % CLUSTER == rank)  // (staged a step ahead, images need no hint; the blocks share the rows)
-                prefetch_l2(images + (long long)index * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
-        }
-        if (X_STRIDE && X_LEAD == 1) {
-            fetch_sync();  // every fetch thread's indices are in s.order
-            copy_images_in(s, images, step_order, step, rows, f, FETCH_THREADS);
-        }
-        async_wait_all();
-        mbarrier_arrive(fetched_bar(s, step & 1));
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsigned long long* params, int bias,
           int num_samples, int num_steps, float lr, double* metrics, int measure) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1029,29 +984,37 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN, stride = l == 1 ? FEATURE_STRIDE : HIDDEN;
         float* wt = layer_weights(s, l);
-        for (int i = tid; i < stride * WST; i += BLOCK_THREADS) {
+        for (int i = tid; i < stride * WST; i += THREADS) {
             const int k = i / WST, u = i - k * WST;
             wt[weight_at(l, k, u)] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
         }
         if (tid < S) s.b[(l - 1) * S + tid] = bias ? b_global[l - 1][u0 + tid] : 0.0f;
     }
-    for (int i = tid; i < CS * S; i += BLOCK_THREADS) {
+    for (int i = tid; i < CS * S; i += THREADS) {
         const int j = i / S, u = i - j * S;
         s.wh[i] = j < CLASSES ? w_global[LAYERS][j * HIDDEN + u0 + u] : 0.0f;
     }
     if (tid < CS) s.bh[tid] = bias && tid < CLASSES ? b_global[LAYERS][tid] : 0.0f;
+    for (int step = 0; step < 2 && step < num_steps; ++step)
+        for (int r = tid; r < step_rows(step, BATCH, num_samples); r += THREADS)
+            s.order[step * BATCH + r] = order[(long long)step * BATCH + r];
     if (tid == 0) {
-        for (int i = 0; i < NBARS - 3; ++i) mbarrier_init(s.bars + i);  // the exchanges'
-        for (int i = 0; i < 2; ++i) mbarrier_init(fetched_bar(s, i), FETCH_THREADS);
-        mbarrier_init(started_bar(s));
+        for (int i = 0; i < NBARS; ++i) mbarrier_init(s.bars + i);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    if (num_steps > 0)
+        for (int r = tid; r < step_rows(0, BATCH, num_samples); r += THREADS) {
+            copy4_async(s.labels + r, labels + s.order[r]);
+            if (r % CLUSTER == rank) prefetch_l2(images + (long long)s.order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
+        }
+    if (X_STRIDE)  // the images of the steps before the first that a step copies in
+        for (int step = 0; step < X_LEAD && step < num_steps; ++step)
+            copy_images_in(s, images, s.order + step * BATCH, step, step_rows(step, BATCH, num_samples));
+    async_commit();
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
-    if (warp >= WARPS) fetch_epoch(s, images, labels, order, num_samples, num_steps, rank);
-    const int compute_steps = warp < WARPS ? num_steps : 0;  // (the fetch warps go on to the end)
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0, block 0
 #if PHASE_CYCLES
     // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
@@ -1061,21 +1024,23 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     long long phase_mark = clock64();
 #endif
 
-    for (int step = 0; step < compute_steps; ++step) {
+    for (int step = 0; step < num_steps; ++step) {
         const int rows = step_rows(step, BATCH, num_samples);
         const unsigned parity = step & 1;
-        const int* step_order = s.order + (step & 1) * BATCH;
+        const int* step_order = s.order + (step % 3) * BATCH;
         const int* step_labels = s.labels + (step & 1) * BATCH;
         const int logit_buffer = LAYERS == 1 ? (step & 1) : 0;
         const unsigned logit_parity = LAYERS == 1 ? (step >> 1) & 1 : parity;
         float* logits = s.logits + logit_buffer * CLUSTER * BATCH * CS;
         const ImageRows x_rows{images, step_order};
 
-        mbarrier_wait(fetched_bar(s, step & 1), (step >> 1) & 1);  // its indices, labels (and images) have landed
+        async_wait_all();
         PHASE_END(START_WAIT, 0);
-        compute_sync();  // the last step's reads are done
-        if (tid == 0) {  // the fetch warps may refill the last step's buffers; what this step's exchanges will bring
-            mbarrier_arrive(started_bar(s));
+        // This step's labels, the next step's indices (and, copied a step ahead, this step's images)
+        // have landed; the last step's reads are done (among them those of the image buffer that
+        // is refilled next).
+        __syncthreads();
+        if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
                 mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
                 mbarrier_expect(inbox_bar(s, l), (CLUSTER - 1) * rows * S * 4);
@@ -1083,15 +1048,41 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
         }
         PHASE_END(START_EXPECT, 0);
-        if (X_STRIDE && X_LEAD == 0) copy_images_in(s, images, step_order, step, rows, tid, THREADS);  // float images: this step's
+        if (X_STRIDE && X_LEAD == 0) copy_images_in(s, images, step_order, step, rows);  // float images: this step's
+        async_commit();
         PHASE_END(START_IMAGES, 0);
+        // The copies for the steps ahead: the next step's labels (and images, copied a step ahead),
+        // the indices of the one after. Issued at the step's first wait for an exchange (the
+        // gather of h_1, or with one hidden layer the partial logits), where they cost the step
+        // least: issued at its start they held up layer 1's products by ~3% of a step (H100, H =
+        // 128 and 256), issued at the wait for D_L they slowed the update of W_1 beside them. They
+        // land before the next step's start (async_wait_all): the buffers they fill were last read
+        // the step before this one.
+        const auto copy_ahead = [&]() {
+            if (step + 1 < num_steps) {
+                const int next_rows = step_rows(step + 1, BATCH, num_samples);
+                const int* next_order = s.order + ((step + 1) % 3) * BATCH;
+                for (int r = tid; r < next_rows; r += THREADS)
+                    copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
+                if (X_STRIDE && X_LEAD == 1)
+                    copy_images_in(s, images, next_order, step + 1, next_rows);
+                if (X_LEAD == 0)  // (images copied a step ahead need no hint)
+                    for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
+                        prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
+            }
+            if (step + 2 < num_steps)
+                for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
+                    copy4_async(s.order + ((step + 2) % 3) * BATCH + r, order + (long long)(step + 2) * BATCH + r);
+            async_commit();
+        };
+
         // ---- forward ---------------------------------------------------------------------------
         for (int l = 1; l <= LAYERS; ++l) {
             if (l == 1) {
                 if (X_STRIDE) {
                     if (X_LEAD == 0) {  // the images, copied at this step's start, have landed
                         async_wait_all();
-                        compute_sync();
+                        __syncthreads();
                     }
                     forward_first(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.last, rows);
                 } else {
@@ -1100,7 +1091,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             } else {
                 forward_hidden(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.last, rows);
             }
-            compute_sync();
+            __syncthreads();
             PHASE_END(PRODUCTS, l);
             const bool gather = l < LAYERS;
             float* h_own = s.h_own + (l - 1) * BATCH * S;
@@ -1108,13 +1099,14 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             forward_finish(s.last, s.b + (l - 1) * S, l == 1 ? X_UNIT : 1.0f, h_own, gather ? slice : nullptr, rows);
             PHASE_END(FINISH, l);
             if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
-            compute_sync();  // h_own is whole; the partial sums are read before the next product writes them
+            __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
             PHASE_END(FENCE_SYNC, l);
             const int dest = send_dest();
             if (gather && dest >= 0 && dest != rank)  // this block's h_l[:, U_c] to block dest's h_full[l]
                 send_bulk(remote(slice, dest), h_own, rows * S * 4, remote(gather_bar(s, l), dest));
             PHASE_SYNC();
             PHASE_END(SENDS, l);
+            if (l == 1 && gather) copy_ahead();
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
@@ -1138,7 +1130,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             }
             PHASE_END(HEAD_PRODUCT, 0);
             fence_proxy_async();
-            compute_sync();
+            __syncthreads();
             PHASE_END(HEAD_FENCE_SYNC, 0);
             const int dest = send_dest();
             if (dest >= 0 && dest != rank)  // to block dest's logits[rank]
@@ -1146,6 +1138,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         }
         PHASE_SYNC();
         PHASE_END(HEAD_SENDS, 0);
+        if (LAYERS == 1) copy_ahead();
         mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
         PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
@@ -1206,7 +1199,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 PHASE_END(SOFTMAX_ROWS, 0);
             }
         }
-        compute_sync();
+        __syncthreads();
         PHASE_END(SOFTMAX, 0);
         // dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L > 0] (W_h before its update; zero past the rows and
         // S) and the head's gradient dW_h[:, U_c] = dzᵀ h_L[:, U_c], a warp a tile of either; the
@@ -1239,7 +1232,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             if (bias && warp == WARPS - 1 && lane < CLASSES)
                 s.gwh[CS * S + lane] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + lane]; });
             PHASE_END(HEAD_TILES, 0);
-            compute_sync();
+            __syncthreads();
             PHASE_END(HEAD_TILES_SYNC, 0);
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
             if (bias && tid < CLASSES) s.bh[tid] = fmaf(-lr, s.gwh[CS * S + tid], s.bh[tid]);
@@ -1253,13 +1246,13 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             backward_layer(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.dh, inbox, inbox_bar(s, l - 1), lr,
                            rows, rank);
             if (bias) update_bias(s.b + (l - 1) * S, s.dh, lr, rows);
-            compute_sync();  // dh_l is read before dh_{l−1} replaces it
+            __syncthreads();  // dh_l is read before dh_{l−1} replaces it
             PHASE_END(BACKWARD_PRODUCTS, l);
             mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
             PHASE_SYNC();
             PHASE_END(BACKWARD_WAIT, l);
             gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, s.dh, rows);
-            compute_sync();
+            __syncthreads();
             PHASE_END(GATHER_GRADIENT, l - 1);
         }
         if (X_STRIDE) update_first_layer(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.dh, lr * X_UNIT, rows);
@@ -1267,15 +1260,15 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         if (bias) update_bias(s.b, s.dh, lr, rows);
         PHASE_SYNC();
         PHASE_END(UPDATE, 1);
-        // The next step's first compute_sync orders these updates before its forward reads them.
+        // The next step's first __syncthreads orders these updates before its forward reads them.
     }
 
 #if PHASE_CYCLES
     if (rank == 0 && tid == 0 && num_steps > 1) {
         const char* names[PHASES] = {
-            "start: the step's fetched data landed", "start: barrier, expected bytes",
+            "start: the last step's copies landed", "start: barrier, expected bytes",
             "start: float images' copies issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
-            "forward: bulk sends issued", "forward: wait for the gather", "head: partial logits",
+            "forward: bulk sends issued", "forward: wait for the gather (layer 1: and the copies ahead)", "head: partial logits",
             "head: proxy fence, barrier", "head: bulk sends issued", "head: wait for the partial logits",
             "softmax: logits (thread 0)", "softmax: exp, sums (thread 0)", "softmax: dlogits, loss (thread 0)",
             "softmax: the block's other warps", "head gradient: tiles (thread 0)", "head gradient: the other warps",
@@ -1297,13 +1290,13 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN;
         const float* wt = layer_weights(s, l);
-        for (int i = tid; i < fan_in * S; i += BLOCK_THREADS) {
+        for (int i = tid; i < fan_in * S; i += THREADS) {
             const int u = i / fan_in, k = i - u * fan_in;
             w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[weight_at(l, k, u)];
         }
         if (bias && tid < S) b_global[l - 1][u0 + tid] = s.b[(l - 1) * S + tid];
     }
-    for (int i = tid; i < CLASSES * S; i += BLOCK_THREADS) {
+    for (int i = tid; i < CLASSES * S; i += THREADS) {
         const int j = i / S, u = i - j * S;
         w_global[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
@@ -1316,7 +1309,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             loss += __shfl_xor_sync(0xffffffffu, loss, o);
             correct += __shfl_xor_sync(0xffffffffu, correct, o);
         }
-        if (lane == 0 && warp < WARPS) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
+        if (lane == 0) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
         __syncthreads();
         if (tid == 0) {
             double l = 0.0, c = 0.0;

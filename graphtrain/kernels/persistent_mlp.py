@@ -14,8 +14,7 @@ import numpy as np
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
 from graphtrain.kernels.persistent import CLUSTER, MAX_CLASSES, MAX_SHARED_BYTES
 
-THREADS = 256  # a block's compute threads
-FETCH_WARPS = 1  # and its warps that only bring the next step's indices, labels and images in
+THREADS = 256  # per block
 UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
 PHASE_SLOTS = 24  # persistent_mlp.cu's rows of phase counts, carved after the rest in PHASE_CYCLES builds
 
@@ -85,14 +84,14 @@ class MlpShape:
         dh_stride = w_stride + 4 if w_stride % 32 == 16 else w_stride
         logit_buffers = 2 if layers == 1 else 1
         x_buffers = self.x_buffers if x_stride else 1
-        barriers = 2 * (layers - 1) + logit_buffers + 3  # the exchanges', the fetch warps' three
+        barriers = 2 * (layers - 1) + logit_buffers  # the exchanges'
         inbox, partial, logits = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, logit_buffers * CLUSTER * b * cs
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
                   + (layers - 1) * b * h + max(logits, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
                   + layers * b * s + rows16 * dh_stride + b * cs + logit_buffers * b * cs + cs * s + cs
                   + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
-        return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 4 * b
+        return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
     @property
     def defines(self) -> dict[str, int]:
@@ -123,7 +122,7 @@ class PersistentMlp(KernelFile):
     headers = ("cluster.cuh", "tf32_mma.cuh", "bf16_mma.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
-    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, "FETCH_WARPS": FETCH_WARPS, **MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).defines,
+    defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).defines,
                "PHASE_CYCLES": 0}
     _mlp_epoch = kernel("mlp_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32,
                         cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
@@ -142,5 +141,5 @@ class PersistentMlp(KernelFile):
         shared_bytes = self.shape.shared_bytes
         if self.defines["PHASE_CYCLES"]:  # the phase counts (scripts/persistent_mlp_phases.py), 8-byte aligned
             shared_bytes += 8 + 8 * PHASE_SLOTS * (self.shape.layers + 1)
-        self._mlp_epoch(stream, CLUSTER, THREADS + 32 * FETCH_WARPS, images, labels, order, params, int(bias), num_samples,
+        self._mlp_epoch(stream, CLUSTER, THREADS, images, labels, order, params, int(bias), num_samples,
                         num_steps, lr, metrics, measure, shared_bytes=shared_bytes)
