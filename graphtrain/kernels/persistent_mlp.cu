@@ -371,14 +371,14 @@ __device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float2 old[N][NT][2];
 #pragma unroll
-    for (int i = 0; i < N; ++i)
+    for (int i = 0; i < N; ++i) {
+        const int mt = warp + WARPS * (i0 + i);
+        if (F_MTILES % WARPS != 0 && mt >= F_MTILES) break;  // the same for the whole warp
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int mt = min(warp + WARPS * (i0 + i), F_MTILES - 1);  // (a tile past the last is loaded, not stored)
-                old[i][n][e] = *reinterpret_cast<const float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
-            }
+            for (int e = 0; e < 2; ++e) old[i][n][e] = *reinterpret_cast<const float2*>(w1 + w1_at(16 * mt + 2 * g, 8 * n + 2 * t + e));
+    }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         const int mt = warp + WARPS * (i0 + i);
@@ -403,14 +403,14 @@ __device__ __forceinline__ void update_hidden(float* wt, int i0, const float (&g
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
     float2 old[N][NT][2];
 #pragma unroll
-    for (int ii = 0; ii < N; ++ii)
+    for (int ii = 0; ii < N; ++ii) {
+        const int i = warp + WARPS * (i0 + ii);
+        if (H_MTILES % WARPS != 0 && i >= H_MTILES) break;  // the same for the whole warp
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = min(warp + WARPS * (i0 + ii), H_MTILES - 1);  // (a tile past the last is loaded, not stored)
-                old[ii][n][h] = *reinterpret_cast<const float2*>(wt + wt_at(16 * i + in[h], 8 * n + 2 * t));
-            }
+            for (int h = 0; h < 2; ++h) old[ii][n][h] = *reinterpret_cast<const float2*>(wt + wt_at(16 * i + in[h], 8 * n + 2 * t));
+    }
 #pragma unroll
     for (int ii = 0; ii < N; ++ii) {
         const int i = warp + WARPS * (i0 + ii);
