@@ -2,7 +2,8 @@
 // way the persistent kernels do: every block sends PER_BLOCK bytes, an equal share to every block
 // of the cluster (itself included), with stores that count their bytes on the receiver's
 // mbarrier, and waits until its own share from every block has arrived. Launched by
-// dsmem_exchange.py, which puts kernels/cluster.cuh before this text.
+// dsmem_exchange.py, which puts kernels/cluster.cuh before this text and defines SHARE, the bytes
+// from one block to one block (a multiple of 512).
 //
 // Patterns (one warp instruction = 32 lanes):
 //   0  scatter, 16 B a lane: lane l stores to block l % 16 (two lanes a block an instruction)
@@ -13,8 +14,7 @@
 // warp took to issue its part and the cycles until all its block's bytes had arrived.
 
 #define CLUSTER 16
-#define PER_BLOCK 8192                   // bytes every block sends (and receives) a round
-#define SHARE (PER_BLOCK / CLUSTER)      // bytes from one block to one block
+#define PER_BLOCK (SHARE * CLUSTER)      // bytes every block sends (and receives) a round
 
 __device__ __forceinline__ void bulk_send(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
     asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -26,7 +26,7 @@ exchange(int pattern, int warps, int rounds, long long* cycles) {
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
     unsigned char* source = smem + 16;                // PER_BLOCK bytes to send
-    unsigned char* inbox = source + PER_BLOCK;        // [CLUSTER][PER_BLOCK]: block c's stores land in row c
+    unsigned char* inbox = source + PER_BLOCK;        // [CLUSTER][SHARE]: block c's stores land in row c
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned rank = cluster_rank();
     for (int i = tid; i < PER_BLOCK / 4; i += blockDim.x) reinterpret_cast<float*>(source)[i] = (float)i;
@@ -36,7 +36,7 @@ exchange(int pattern, int warps, int rounds, long long* cycles) {
     }
     __syncthreads();
     cluster_sync();
-    unsigned char* row = inbox + rank * PER_BLOCK;   // where this block's stores land in every block
+    unsigned char* row = inbox + rank * SHARE;       // where this block's stores land in every block
     const float4 v = make_float4(lane, warp, 1.0f, 2.0f);
     for (int round = 0; round < rounds; ++round) {
         if (tid == 0) mbarrier_expect(bar, PER_BLOCK);

@@ -3,14 +3,16 @@
 
     python3 scripts/dsmem_exchange.py [--rounds 50] > results/dsmem-exchange-h100.md
 
-The persistent kernels' steps are two all-to-all exchanges (partial sums to their owners, then
-the owners' results to every block), made of st.async stores that count their bytes on the
-receiver's mbarrier. This measures that traffic alone: each of the 16 blocks sends 8 KiB a round,
-512 bytes to every block of the cluster, and waits until its own 8 KiB have arrived; the table
-gives block 0's median over the rounds after the first five, for the ways of packing the stores
+The persistent kernels' steps are all-to-all exchanges (softmax regression: partial sums to their
+owners, then the owners' results to every block, ~5 KiB a block; the MLP: five a step of 15 to
+30 KiB a block), made of stores or bulk copies that count their bytes on the receiver's mbarrier.
+This measures that traffic alone: each of the 16 blocks sends a share of 512 bytes, 1 KiB or
+2 KiB to every block of the cluster a round (the MLP's pieces at H = 64, 128 and 256: 32 rows of
+4, 8 or 16 float units), and waits until its own shares have arrived; the table gives block 0's
+median over the rounds after the first five, for the ways of packing the stores
 (dsmem_exchange.cu says each) and 4 or 16 sending warps. "issue" is the cycles block 0's warp 0
 took to issue its stores, "arrived" the cycles until every byte for block 0 had landed, and B/clk
-is 8 KiB over "arrived": the rate at which each SM sends and receives at the same time.
+is the bytes a block over "arrived": the rate at which each SM sends and receives at the same time.
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ from graphtrain.kernels import I32, KERNELS_DIR, PTR, KernelFile, kernel
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
 
-CLUSTER, PER_BLOCK, THREADS = 16, 8192, 512
-SHARED_BYTES = 16 + PER_BLOCK + CLUSTER * PER_BLOCK
+CLUSTER, THREADS = 16, 512
+SHARES = (512, 1024, 2048)  # bytes from one block to one block
+MAX_SHARED_BYTES = 16 + 2 * CLUSTER * max(SHARES)
 PATTERNS = ["scatter: lane l to block l % 16, 16 B a lane", "one block an instruction, 16 B a lane",
-            "one block an instruction, 8 B a lane", "one bulk copy a block (512 B)"]
+            "one block an instruction, 8 B a lane", "one bulk copy a block"]
 
 
 class Exchange(KernelFile):
     stem = "dsmem_exchange"
     min_arch = 90
     headers = ("cluster.cuh",)
-    _exchange = kernel("exchange", I32, I32, I32, PTR, cluster=(CLUSTER, 1, 1), max_shared_bytes=SHARED_BYTES)
+    defines = {"SHARE": SHARES[0]}  # main() compiles it for each share
+    _exchange = kernel("exchange", I32, I32, I32, PTR, cluster=(CLUSTER, 1, 1), max_shared_bytes=MAX_SHARED_BYTES)
 
     @classmethod
     def source(cls) -> str:
@@ -57,27 +61,31 @@ def main() -> None:
     if device.compute_capability < (9, 0):
         raise SystemExit(f"dsmem_exchange.py: {device.name} has no thread-block clusters (compute capability 9.0+)")
     stream = cuda.Stream()
-    bench = Exchange(device)
+    rows = []
     with Arena() as arena:
         cycles = arena.reserve("cycles", (2 * args.rounds,), np.int64)
         arena.allocate()
-        rows = []
-        for pattern, name in enumerate(PATTERNS):
-            for warps in (4, 16):
-                bench._exchange(stream, CLUSTER, THREADS, pattern, warps, args.rounds, cycles.ptr,
-                                shared_bytes=SHARED_BYTES)
-                per_round = cycles.download(stream).reshape(args.rounds, 2)[5:]
-                issued, arrived = (statistics.median(per_round[:, k].tolist()) for k in (0, 1))
-                rows.append((name, warps, issued, arrived))
-    bench.close()
+        for share in SHARES:
+            bench = Exchange(device, {"SHARE": share})
+            per_block = CLUSTER * share
+            for pattern, name in enumerate(PATTERNS):
+                for warps in (4, 16):
+                    bench._exchange(stream, CLUSTER, THREADS, pattern, warps, args.rounds, cycles.ptr,
+                                    shared_bytes=16 + 2 * per_block)
+                    per_round = cycles.download(stream).reshape(args.rounds, 2)[5:]
+                    issued, arrived = (statistics.median(per_round[:, k].tolist()) for k in (0, 1))
+                    rows.append((share, name, warps, issued, arrived))
+            bench.close()
     stream.close()
     env = {**environment.gpu(device), "nvrtc": nvrtc.version()}
-    print(f"# DSMEM all-to-all exchange: a {CLUSTER}-block cluster, {PER_BLOCK} bytes a block a round\n")
+    print(f"# DSMEM all-to-all exchange: a {CLUSTER}-block cluster\n")
     print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
     print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
-    print("| stores | sending warps | issue (cycles) | arrived (cycles) | B/clk per SM |\n|---|---:|---:|---:|---:|")
-    for name, warps, issued, arrived in rows:
-        print(f"| {name} | {warps} | {issued:.0f} | {arrived:.0f} | {PER_BLOCK / arrived:.1f} |")
+    print("| share (B) | bytes a block | stores | sending warps | issue (cycles) | arrived (cycles) | B/clk per SM |\n"
+          "|---:|---:|---|---:|---:|---:|---:|")
+    for share, name, warps, issued, arrived in rows:
+        print(f"| {share} | {CLUSTER * share} | {name} | {warps} | {issued:.0f} | {arrived:.0f} | "
+              f"{CLUSTER * share / arrived:.1f} |")
 
 
 if __name__ == "__main__":
