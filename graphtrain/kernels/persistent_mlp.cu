@@ -4,14 +4,15 @@
 // Block c of the CLUSTER blocks owns S = HIDDEN / CLUSTER units U_c of every hidden layer: the rows
 // W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]; W_1 in quads of inputs, see
 // w1_at), its bias b_l[U_c], and the head's columns W_h[:, U_c]. Every block keeps a copy of the
-// head's bias. A step of `rows` samples x (read through the sample order), h_0 = x:
+// head's bias. Block c also owns R = ⌈rows / CLUSTER⌉ of a step's rows for the softmax. A step of
+// `rows` samples x (read through the sample order), h_0 = x:
 //
 //   forward, l = 1..LAYERS      h_l[:, U_c] = relu(h_{l-1} · W_l[U_c, :]ᵀ + b_l[U_c])
 //       l < LAYERS: G_l         each block sends its columns to every block's h_full[l]
-//   head, partial: Z            P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ, sent to every block
-//   head, in every block        z = Σ_{c = 0..CLUSTER-1} P_c + b_h (in that order: every block
-//                               gets the same bits), dz = (softmax(z) − onehot(y)) / rows,
-//                               dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L[:, U_c] > 0],
+//   head, partial: Z            P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ, row r sent to r's owner
+//   softmax, owned rows: Y      z = Σ_{c = 0..CLUSTER-1} P_c + b_h (in that order), dz = (softmax(z)
+//                               − onehot(y)) / rows, sent to every block's dl
+//   head, in every block        dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L[:, U_c] > 0],
 //                               W_h[:, U_c] −= lr · dzᵀ h_L[:, U_c],  b_h −= lr · Σ_r dz[r]
 //   backward, l = LAYERS..2     Q_c = dh_l[:, U_c] · W_l[U_c, :] (this block's part of dh_{l-1}),
 //       D_l                     W_l[U_c, :] −= lr · dh_l[:, U_c]ᵀ h_{l-1},  b_l[U_c] −= lr · Σ_r dh_l,
@@ -21,8 +22,9 @@
 //   l = 1                       W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x,  b_1[U_c] −= lr · Σ_r dh_1
 //
 // So no block needs another's weights, nor its weight gradients: the exchanges are activations
-// (gathered), partial logits (all-gathered) and partial input gradients (reduce-scattered). Every
-// sum runs in a fixed order without atomics: the same seed gives the same weights bit for bit.
+// (gathered), partial logits (reduce-scattered to the rows' owners), dlogits (gathered) and
+// partial input gradients (reduce-scattered). Every sum runs in a fixed order without atomics: the
+// same seed gives the same weights bit for bit.
 //
 // The hidden layers' products run on tensor cores with fp32 sums, in one of two builds:
 //   BF16 = 1   bf16 operands (mma.sync m16n8k16), one pass: each operand rounded to bf16 (8 bits of
@@ -37,39 +39,44 @@
 //
 // The exchanges write the receiver's shared memory and count their bytes on the receiver's mbarrier
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
-// cluster barrier and no memory fence in the loop. Block c sends one contiguous piece to each
-// other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; Z: its partial
-// logits, rows × CS, into logits[c]; D_l: Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]): a
-// bulk copy each (cp.async.bulk, the copy engine, ~60 cycles a copy whichever warps issue them; for
-// D_l this beat st.async stores straight from the mma registers by 4% of a step on an H100 at
-// H = 128, and came within 1% at H = 256), and its own piece by plain stores.
+// cluster barrier and no memory fence in the loop. For G_l and D_l block c sends one contiguous piece
+// to each other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; D_l:
+// Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]): a bulk copy each (cp.async.bulk, the copy
+// engine, ~60 cycles a copy whichever warps issue them; for D_l this beat st.async stores straight
+// from the mma registers by 4% of a step on an H100 at H = 128, and came within 1% at H = 256), and
+// its own piece by plain stores. Z and Y are small (R rows of the classes a block): st.async stores,
+// Z's straight from the mma registers into the owner's zin[c], Y's from the owner's dl into every
+// other block's. (Z all-gathered instead, as 15 bulk copies a block, and every block computing
+// every row's softmax, the step took 1.5% longer at H = 128 and 0.6% at H = 256 on an H100: the
+// bytes saved are few, and two exchanges wait where one did.)
 //
 // Why one buffer per exchange is safe to reuse step after step: the exchanges run in one order,
-// G_1 .. G_{L−1}, Z, D_L .. D_2, and each is all-to-all, so a block that has waited for exchange E
-// has received every block's E, each sent after its sender had waited for the exchange before E.
+// G_1 .. G_{L−1}, Z, Y, D_L .. D_2, and each is all-to-all (every block sends to every block: Z
+// to each owner, Y from each owner), so a block that has waited for exchange E has received every
+// block's E, each sent after its sender had waited for the exchange before E.
 // So when block B writes block A's buffer for E in step t + 1, A has already sent its part of the
-// exchange before E (of step t + 1, or D_2 of step t where E = G_1), and it suffices that A reads
-// its buffer of E for step t only before making that send:
+// exchange before E (of step t + 1, or D_2 of step t where E = G_1, or Y of step t where E = Z
+// with one hidden layer), and it suffices that A reads its buffer of E for step t only before
+// making that send:
 //
 //   h_full[l], l ≥ 2    read by the forward of layer l + 1 and the update of W_{l+1}, in step t;
 //                       the exchange before G_l is G_{l−1} of step t + 1.
 //   h_full[1]           read by the forward of layer 2 and the update of W_2; the exchange before
 //                       G_1 is D_2 of step t, which a block sends after its update of W_2 (below).
-//   logits              read by the softmax, before D_L of step t (the exchange before Z is G_{L−1}
-//                       of step t + 1). With one hidden layer, Z is the exchange before itself:
-//                       two buffers alternate by step, and the one before Z of step t + 2 is Z of
-//                       step t + 1, after A's softmax of step t.
+//   zin                 (Z's target) read by the softmax, before Y of step t (the exchange before
+//                       Z is G_{L−1} of step t + 1, or with one hidden layer Y of step t).
+//   dl                  (Y's target) read by the head's products, before D_L of step t (or with
+//                       one hidden layer, before the next Z); the exchange before Y is Z of t + 1.
 //   inbox[l]            (dh_l's inbox, the target of D_{l+1}) read by the sum of dh_l in step t;
-//                       the exchange before D_{l+1} is D_{l+2} or Z, of step t + 1.
+//                       the exchange before D_{l+1} is D_{l+2} or Y, of step t + 1.
 // The same order makes an mbarrier's phases safe: a block's bytes for E of step t + 1 reach A only
 // after A has sent the exchange before E of step t + 1, so after A waited for E of step t; and A
 // sets a barrier's expected bytes for a step at the step's start, after that wait.
 //
 // A bulk copy reads its source asynchronously, so a source is rewritten only once every block has
 // received it: h_own[l] (G_l's source) in the next step's forward, after this block waited for
-// D_2 (every block's D_2 comes after its wait for G_l); this block's partial logits (Z's source)
-// in the next step's head, after its wait for G_{L−1} of that step, or with one hidden layer two
-// steps on (two buffers), after its wait for Z of the step between. D_l's source is h_full[l−1]
+// D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read their registers at
+// once: Z and Y have no such source.) D_l's source is h_full[l−1]
 // itself, once the block's update of W_l (its last reader in the step) is done: the piece for
 // block o is staged in o's slot, which only o's G_{l−1} of step t + 1 overwrites, sent after o
 // has received that piece.
@@ -78,9 +85,9 @@
 //   inbox[L−1] and the forward's partial sums (this block's only): D_L of step t comes after every
 //     block's Z of step t, sent after the forward's last partial sums; the next forward writes them
 //     after reading inbox[L−1].
-//   inbox[1] and the logits, with L ≥ 3: D_2 of step t comes after every block's D_3, sent after its
-//     softmax; Z of step t + 1 after every block's G_{L−1} of step t + 1, sent after it read
-//     inbox[1] in step t.
+//   inbox[1] and zin, with L ≥ 3: D_2 of step t comes after every block's D_3, sent after its wait
+//     for Y, which every owner sent after its softmax; Z of step t + 1 after every block's G_{L−1}
+//     of step t + 1, sent after it read inbox[1] in step t.
 //
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), so no dependent
 // global load sits on a step's path apart from the images themselves. Where the batch's images fit
@@ -127,9 +134,10 @@
 #define CLASS_KSTEPS CLASS_TILES       // ... and in k-steps of 8
 #define F_MTILES (FEATURE_STRIDE / 16)
 #define H_MTILES (HIDDEN / 16)
-#define LOGIT_BUFFERS (LAYERS == 1 ? 2 : 1)
+#define R_OWN ((BATCH + CLUSTER - 1) / CLUSTER)  // rows a block owns for the softmax (of a full step)
+#define QUADS (CS / 4)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + LOGIT_BUFFERS)  // an mbarrier per exchange (and logits buffer)
+#define NBARS (2 * (LAYERS - 1) + 2)  // an mbarrier per exchange
 #if BF16
 typedef unsigned short Pixel;  // bf16 bits
 #define PIXEL_ROW_ALIGN 32     // staged rows' bytes ≡ 32 (mod 128): see MlpShape.x_stride
@@ -239,10 +247,10 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 // byte count (kernels/persistent_mlp.py: shared_bytes).
 #define INBOX_FLOATS (CLUSTER * BATCH * S)
 #define PARTIAL_FLOATS (WARPS * ROWS16 * WST)
-#define LOGIT_FLOATS (LOGIT_BUFFERS * CLUSTER * BATCH * CS)
+#define ZIN_FLOATS (CLUSTER * R_OWN * CS)
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 struct Smem {
-    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z (two with one hidden layer); D_2..D_L; images
+    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
     float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
@@ -250,13 +258,12 @@ struct Smem {
     float* b;         // [LAYERS][S]          b_l[U_c]
     float* bh;        // [CS]                 the head's bias (every block's copy)
     float* h_full;    // [LAYERS−1][CLUSTER][BATCH][S]  h_l of the whole batch, l < LAYERS, by owning block
-    float* logits;    // [LOGIT_BUFFERS][CLUSTER][BATCH][CS]  partial logits, per sending block
+    float* zin;       // [CLUSTER][R_OWN][CS]  partial logits of the owned rows, per sending block
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
     float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
     float* dh;        // [ROWS16][DST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
-    float* dl;        // [BATCH][CS]          dlogits
-    float* zsend;     // [LOGIT_BUFFERS][BATCH][CS]  this block's partial logits, as sent
+    float* dl;        // [BATCH][CS]          dlogits, every owner's rows
     float* gwh;       // [CS][S], then [CS]   the head's gradient
     Pixel* x;         // [X_BUFFERS][BATCH][X_STRIDE]  a step's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][BATCH]           sample indices of this step and the next two
@@ -276,13 +283,12 @@ __device__ Smem carve(unsigned char* base) {
     s.b = f; f += LAYERS * S;
     s.bh = f; f += CS;
     s.h_full = f; f += (LAYERS - 1) * BATCH * HIDDEN;
-    s.logits = f; f += MAX2(LOGIT_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
+    s.zin = f; f += MAX2(ZIN_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
     s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
     s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
     s.h_own = f; f += LAYERS * BATCH * S;
     s.dh = f; f += ROWS16 * DST;
     s.dl = f; f += BATCH * CS;
-    s.zsend = f; f += LOGIT_BUFFERS * BATCH * CS;
     s.gwh = f; f += CS * S + CS;
     s.x = reinterpret_cast<Pixel*>(f); f += (X_BUFFERS * BATCH * X_STRIDE * sizeof(Pixel) + 15) / 16 * 4;
     int* i = reinterpret_cast<int*>(f);
@@ -297,11 +303,12 @@ __device__ __forceinline__ float* layer_weights(const Smem& s, int l) {  // wt o
 }
 // dh_l's inbox, 1 ≤ l ≤ LAYERS − 1 (see the header), and its barrier.
 __device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
-    return l == LAYERS - 1 ? s.last : l == 1 ? s.logits : s.inbox_mid + (l - 2) * INBOX_FLOATS;
+    return l == LAYERS - 1 ? s.last : l == 1 ? s.zin : s.inbox_mid + (l - 2) * INBOX_FLOATS;
 }
 __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) { return s.bars + (l - 1); }
-__device__ __forceinline__ unsigned long long* logits_bar(const Smem& s, int buffer) { return s.bars + GATHER_BARS + buffer; }
-__device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + LOGIT_BUFFERS + (l - 1); }
+__device__ __forceinline__ unsigned long long* zin_bar(const Smem& s) { return s.bars + GATHER_BARS; }
+__device__ __forceinline__ unsigned long long* dl_bar(const Smem& s) { return s.bars + GATHER_BARS + 1; }
+__device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + 2 + (l - 1); }
 __device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { return s.x + buffer * BATCH * X_STRIDE; }
 // Step `step`'s images into image buffer step % X_BUFFERS (the sample indices `step_order` in shared
 // memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
@@ -954,8 +961,7 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // them per step, as a markdown table, at the end of a launch of two steps or more. Off, it is
 // nothing. The phases in step order (a forward phase once per layer):
 enum Phase { START_WAIT, START_EXPECT, START_IMAGES, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
-             HEAD_PRODUCT, HEAD_FENCE_SYNC, HEAD_SENDS, HEAD_WAIT, SOFTMAX_SUMS, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX,
-             HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE,
+             HEAD_PRODUCT, HEAD_WAIT, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX, SOFTMAX_WAIT, HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE,
              PHASES };
 static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
 #if PHASE_CYCLES
@@ -1015,7 +1021,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     // No block may write into another's shared memory (nor count on its barriers) before every
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
-    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the head's lanes of class 0, block 0
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by the softmax's lanes of class 0, over the owned rows
 #if PHASE_CYCLES
     // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
     // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
@@ -1029,9 +1035,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         const unsigned parity = step & 1;
         const int* step_order = s.order + (step % 3) * BATCH;
         const int* step_labels = s.labels + (step & 1) * BATCH;
-        const int logit_buffer = LAYERS == 1 ? (step & 1) : 0;
-        const unsigned logit_parity = LAYERS == 1 ? (step >> 1) & 1 : parity;
-        float* logits = s.logits + logit_buffer * CLUSTER * BATCH * CS;
+        const int r_own = (rows + CLUSTER - 1) / CLUSTER, own_lo = min(rows, (int)rank * r_own);
+        const int owned = min(rows, own_lo + r_own) - own_lo;  // this block's rows of the softmax
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
@@ -1045,7 +1050,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
                 mbarrier_expect(inbox_bar(s, l), (CLUSTER - 1) * rows * S * 4);
             }
-            mbarrier_expect(logits_bar(s, logit_buffer), (CLUSTER - 1) * rows * CS * 4);
+            mbarrier_expect(zin_bar(s), owned * CLUSTER * CLASSES * 4);  // (to itself alike)
+            mbarrier_expect(dl_bar(s), (rows - owned) * CS * 4);
         }
         PHASE_END(START_EXPECT, 0);
         if (X_STRIDE && X_LEAD == 0) copy_images_in(s, images, step_order, step, rows);  // float images: this step's
@@ -1112,95 +1118,90 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             PHASE_END(EXCHANGE, l);
         }
 
-        // ---- head: partial logits of this block's units, to every block ------------------------
+        // ---- head: partial logits of this block's units, to each row's owner ---------------------
         // P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ: a warp a tile of 16 rows × 8 classes, k over the units.
+        // Row r's classes j, j + 1 go from the mma registers to its owner, block r / r_own, into
+        // zin[c][r mod r_own] (one 8-byte st.async, counted on the owner's zin barrier).
         {
             const float* h_last = s.h_own + (LAYERS - 1) * BATCH * S;
-            float* zsend = s.zsend + logit_buffer * BATCH * CS;
             for (int task = warp; task < MT * CLASS_TILES; task += WARPS) {
                 const int mt = task / CLASS_TILES, r0 = 16 * mt, j0 = 8 * (task - mt * CLASS_TILES);
                 Sums3 d;
                 tile_product<UNIT_KSTEPS>(d, [&](int m, int k) { return r0 + m < rows && k < S ? h_last[(r0 + m) * S + k] : 0.0f; },
                                           [&](int k, int n) { return k < S && j0 + n < CS ? s.wh[(j0 + n) * S + k] : 0.0f; });
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int r = r0 + g_of(lane) + (i < 2 ? 0 : 8), j = j0 + 2 * t_of(lane) + (i & 1);
-                    if (r < rows && j < CS) zsend[r * CS + j] = logits[(rank * BATCH + r) * CS + j] = total(d, i);
+                for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
+                    const int r = r0 + g_of(lane) + 8 * half, j = j0 + 2 * t_of(lane);
+                    if (r >= rows || j >= CLASSES) continue;
+                    const int owner = r / r_own;
+                    const unsigned dst = remote(s.zin + (rank * R_OWN + r - owner * r_own) * CS + j, owner);
+                    const unsigned bar = remote(zin_bar(s), owner);
+                    if (j + 1 < CLASSES) send2(dst, total(d, 2 * half), total(d, 2 * half + 1), bar);
+                    else send(dst, total(d, 2 * half), bar);
                 }
             }
-            PHASE_END(HEAD_PRODUCT, 0);
-            fence_proxy_async();
-            __syncthreads();
-            PHASE_END(HEAD_FENCE_SYNC, 0);
-            const int dest = send_dest();
-            if (dest >= 0 && dest != rank)  // to block dest's logits[rank]
-                send_bulk(remote(logits + rank * BATCH * CS, dest), zsend, rows * CS * 4, remote(logits_bar(s, logit_buffer), dest));
         }
         PHASE_SYNC();
-        PHASE_END(HEAD_SENDS, 0);
+        PHASE_END(HEAD_PRODUCT, 0);
         if (LAYERS == 1) copy_ahead();
-        mbarrier_wait(logits_bar(s, logit_buffer), logit_parity);  // every block's partial logits
+        mbarrier_wait(zin_bar(s), parity);  // every block's partial logits of the owned rows
         PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
 
-        // ---- head, in every block alike: logits, softmax, dlogits -------------------------------
-        // ROW_LANES lanes a row (lane j its class j), each thread two rows at once (their chains
-        // interleave): with 16 lanes a row, eight warps take 32 rows in one pass. z = Σ_c P_c + b_h,
-        // the partials added as a fixed tree (four levels for 16 blocks, not a chain of 16 adds).
+        // ---- softmax of the owned rows, their dlogits to every block -------------------------------
+        // ROW_LANES lanes a row (lane j its class j): z = Σ_c P_c + b_h, the partials added as a fixed
+        // tree (four levels for 16 blocks, not a chain of 16 adds), its max and sum by shuffles, and
+        // dz_j into this block's dl; then lane p sends the row to block p (st.async of 16 bytes,
+        // counted on its dl barrier). Whole warps take part (a row past the owned ones sends nothing).
         {
-            constexpr int ROW_LANES = CLASSES <= 16 ? 16 : 32, ROWS_PER_PASS = WARPS * (32 / ROW_LANES);
+            constexpr int ROW_LANES = CLASSES <= 16 ? 16 : 32, ROWS_PER_WARP = 32 / ROW_LANES;
             const int j = lane % ROW_LANES, group = lane & ~(ROW_LANES - 1);
             const float inv_rows = 1.0f / (float)rows;
-            for (int base = warp * (32 / ROW_LANES) + lane / ROW_LANES; base - lane / ROW_LANES < rows; base += 2 * ROWS_PER_PASS) {
-                float z[2], m[2], e[2], sum[2];
-                int label[2];
+            for (int base = warp * ROWS_PER_WARP; base < owned; base += WARPS * ROWS_PER_WARP) {
+                const int rr = base + lane / ROW_LANES, r = own_lo + rr;
+                const bool row_owned = rr < owned, valid = row_owned && j < CLASSES;
+                const int label = row_owned ? step_labels[r] : 0;
+                float p[CLUSTER];
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int r = base + i * ROWS_PER_PASS;
-                    const bool valid = r < rows && j < CLASSES;
-                    label[i] = r < rows ? step_labels[r] : 0;
-                    float p[CLUSTER];
+                for (int c = 0; c < CLUSTER; ++c) p[c] = valid ? s.zin[(c * R_OWN + rr) * CS + j] : 0.0f;
 #pragma unroll
-                    for (int c = 0; c < CLUSTER; ++c) p[c] = valid ? logits[(c * BATCH + r) * CS + j] : 0.0f;
+                for (int w = 1; w < CLUSTER; w *= 2)
 #pragma unroll
-                    for (int w = 1; w < CLUSTER; w *= 2)
+                    for (int c = 0; c + w < CLUSTER; c += 2 * w) p[c] += p[c + w];
+                const float z = valid ? p[0] + s.bh[j] : -__int_as_float(0x7f800000);  // −∞ past the classes
+                float m = z;
 #pragma unroll
-                        for (int c = 0; c + w < CLUSTER; c += 2 * w) p[c] += p[c + w];
-                    z[i] = valid ? p[0] + s.bh[j] : -__int_as_float(0x7f800000);  // −∞ past the classes
-                    m[i] = z[i];
-                }
-                PHASE_END(SOFTMAX_SUMS, 0);
+                for (int o = ROW_LANES / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                const float e = valid ? expf(z - m) : 0.0f;
+                float sum = e;
 #pragma unroll
-                for (int o = ROW_LANES / 2; o > 0; o >>= 1)
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
-#pragma unroll
-                for (int i = 0; i < 2; ++i) sum[i] = e[i] = j < CLASSES && base + i * ROWS_PER_PASS < rows ? expf(z[i] - m[i]) : 0.0f;
-#pragma unroll
-                for (int o = ROW_LANES / 2; o > 0; o >>= 1)
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], o);
+                for (int o = ROW_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
                 PHASE_END(SOFTMAX_EXP, 0);
+                const float inv_sum = 1.0f / sum;  // one division a row
+                if (row_owned && j < CS) s.dl[r * CS + j] = (e * inv_sum - (j == label ? 1.0f : 0.0f)) * inv_rows;
+                __syncwarp();  // the row is whole in dl
+                if (row_owned && j < CLUSTER && j != (int)rank) {  // to block j
+                    const float4* row = reinterpret_cast<const float4*>(s.dl + r * CS);
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int r = base + i * ROWS_PER_PASS;
-                    const float inv_sum = 1.0f / sum[i];  // one division a row
-                    if (r < rows && j < CS) s.dl[r * CS + j] = (e[i] * inv_sum - (j == label[i] ? 1.0f : 0.0f)) * inv_rows;
-                    if (measure && rank == 0) {  // (block 0 alone: spread over the blocks, it measured slower)
-                        const float z_label = __shfl_sync(0xffffffffu, z[i], group + label[i]);
-                        // The first index of the largest logit: the lowest of the row's lanes holding m.
-                        const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z[i] == m[i]) >> group;
-                        if (r < rows && j == 0) {
-                            loss_sum += (double)(logf(sum[i]) + m[i] - z_label);
-                            correct_sum += (__ffs(at_max) - 1) == label[i] ? 1.0 : 0.0;
-                        }
+                    for (int q = 0; q < QUADS; ++q) send4(remote(s.dl + r * CS + 4 * q, j), row[q], remote(dl_bar(s), j));
+                }
+                if (measure) {
+                    const float z_label = __shfl_sync(0xffffffffu, z, group + label);
+                    // The first index of the largest logit: the lowest of the row's lanes holding m.
+                    const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z == m) >> group;
+                    if (row_owned && j == 0) {
+                        loss_sum += (double)(logf(sum) + m - z_label);
+                        correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
                     }
                 }
                 PHASE_END(SOFTMAX_ROWS, 0);
             }
         }
-        __syncthreads();
+        PHASE_SYNC();
         PHASE_END(SOFTMAX, 0);
+        mbarrier_wait(dl_bar(s), parity);  // every owner's rows of dlogits
+        __syncthreads();  // (and this block's own)
+        PHASE_END(SOFTMAX_WAIT, 0);
         // dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L > 0] (W_h before its update; zero past the rows and
         // S) and the head's gradient dW_h[:, U_c] = dzᵀ h_L[:, U_c], a warp a tile of either; the
         // bias's Σ_r dz by the last warp.
@@ -1268,10 +1269,10 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         const char* names[PHASES] = {
             "start: the last step's copies landed", "start: barrier, expected bytes",
             "start: float images' copies issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
-            "forward: bulk sends issued", "forward: wait for the gather (layer 1: and the copies ahead)", "head: partial logits",
-            "head: proxy fence, barrier", "head: bulk sends issued", "head: wait for the partial logits",
-            "softmax: logits (thread 0)", "softmax: exp, sums (thread 0)", "softmax: dlogits, loss (thread 0)",
-            "softmax: the block's other warps", "head gradient: tiles (thread 0)", "head gradient: the other warps",
+            "forward: bulk sends issued", "forward: wait for the gather (layer 1: and the copies ahead)",
+            "head: partial logits, sent to the rows' owners", "head: wait for the owned rows' partial logits",
+            "softmax: logits, exp, sums (thread 0)", "softmax: dlogits sent, loss (thread 0)",
+            "softmax: the block's other warps", "softmax: wait for every row's dlogits", "head gradient: tiles (thread 0)", "head gradient: the other warps",
             "head gradient: update of W_h", "backward: products, update, sends", "backward: wait for the inbox",
             "backward: input gradient sums", "update of W_1"};
         long long all = 0;
@@ -1301,7 +1302,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         w_global[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
     if (bias && rank == 0 && tid < CLASSES) b_global[LAYERS][tid] = s.bh[tid];
-    if (measure && rank == 0) {
+    if (measure) {  // each block's sums over its owned rows, then block 0 adds them up in block order
         double* per_warp = s.totals + 2;
         double loss = loss_sum, correct = correct_sum;  // the warp's sums, in butterfly order
 #pragma unroll
@@ -1314,6 +1315,15 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         if (tid == 0) {
             double l = 0.0, c = 0.0;
             for (int i = 0; i < WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
+            s.totals[0] = l; s.totals[1] = c;
+        }
+        cluster_sync();
+        if (rank == 0 && tid == 0) {
+            double l = 0.0, c = 0.0;
+            for (int k = 0; k < CLUSTER; ++k) {
+                l += load_remote_f64(remote(s.totals, k));
+                c += load_remote_f64(remote(s.totals + 1, k));
+            }
             metrics[0] += l; metrics[1] += c;
         }
     }

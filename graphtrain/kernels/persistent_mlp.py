@@ -82,14 +82,13 @@ class MlpShape:
         n_tiles = ceil_div(s, 8)
         w_stride, rows16 = 8 * n_tiles, ceil_div(b, 16) * 16
         dh_stride = w_stride + 4 if w_stride % 32 == 16 else w_stride
-        logit_buffers = 2 if layers == 1 else 1
         x_buffers = self.x_buffers if x_stride else 1
-        barriers = 2 * (layers - 1) + logit_buffers  # the exchanges'
-        inbox, partial, logits = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, logit_buffers * CLUSTER * b * cs
+        barriers = 2 * (layers - 1) + 2  # the exchanges'
+        inbox, partial, zin = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, CLUSTER * ceil_div(b, CLUSTER) * cs
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
-                  + (layers - 1) * b * h + max(logits, inbox if layers >= 3 else 0)
+                  + (layers - 1) * b * h + max(zin, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
-                  + layers * b * s + rows16 * dh_stride + b * cs + logit_buffers * b * cs + cs * s + cs
+                  + layers * b * s + rows16 * dh_stride + b * cs + cs * s + cs
                   + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
         return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
