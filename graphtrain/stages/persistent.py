@@ -15,10 +15,11 @@ bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
-activations from every block, all-gathers the head's partial logits, and sends each block its
-share of the input gradients on the way back, so no block ever needs another's weights. Each
-exchange is a bulk copy from every block to every other, counted on the receiver's mbarrier, with
-no cluster barrier in the loop. Like `device-loop` it trains an MLP in bf16: each hidden layer's
+activations from every block, sends the head's partial logits of each row to the row's owner
+(whose softmax sends the row's dlogits back to every block), and sends each block its share of the
+input gradients on the way back, so no block ever needs another's weights. Each exchange goes from
+every block to every other (bulk copies for the activations and input gradients, stores for the
+small logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. Like `device-loop` it trains an MLP in bf16: each hidden layer's
 products read bf16 operands (rounded as they are loaded, the images uploaded as bf16) in one
 tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head; the next step's images are
 copied into shared memory while a step trains. `--precision fp32` trains it in three TF32 passes
