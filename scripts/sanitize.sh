@@ -23,8 +23,8 @@ for stage in fused bf16 device-loop; do
 done
 check memcheck persistent --stage persistent
 check memcheck persistent-b100 --stage persistent --batch 100  # a batch of whole tiles plus a part
-# The persistent MLP kernel: three hidden layers (six exchanges a step) and one (only the
-# logits' two, each the one before the other), the cuda-mnist preset's batch; at H = 256 the batch's images
+# The persistent MLP kernel: three hidden layers (six exchanges a step) and one (whose only
+# exchanges are the logits' two), the cuda-mnist preset's batch; at H = 256 the batch's images
 # do not fit in shared memory and are read from global memory twice a step. racecheck takes the
 # three layers at H = 64 (at 128 it needs minutes). Its own build (bf16 products), then the fp32
 # one (TF32 passes, the images as bytes).
