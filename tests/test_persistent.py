@@ -67,3 +67,9 @@ def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
 def test_the_dsmem_exchange_benchmark_compiles(nvrtc_available, cache):
     """scripts/dsmem_exchange.py's kernel (its .cu beside it, kernels/cluster.cuh before it)."""
     assert load_script("dsmem_exchange").Exchange.cubin("sm_90").startswith(ELF_MAGIC)
+
+
+def test_the_mma_rate_benchmark_compiles(nvrtc_available, cache):
+    """scripts/mma_rate.py's kernel (its .cu beside it), for Ampere and Hopper."""
+    for arch in ("sm_80", "sm_90"):
+        assert load_script("mma_rate").MmaRate.cubin(arch).startswith(ELF_MAGIC)

@@ -29,18 +29,24 @@
 // then, and the compute warps spend the next while waiting for the exchanges, so the copies
 // hardly delay their loads. So no copy is issued and no dependent global load (order → bytes,
 // order → label) waits on a step's path; within a step the compute warps meet only at two named
-// barriers, both in phase C. (Bulk copies, one a row, were slower: they held up the exchanges.)
+// barriers, both in phase C (a short last step adds one). (Bulk copies, one a row, were slower:
+// they held up the exchanges.)
 //
 // The products of A and C run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in
 // three passes, which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its
 // top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
 // truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
 // products with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
-// inputs) x are split in the loop. Issuing instructions and shared memory bound both products
-// more than the tensor cores do (the mma are about half of each): a warp takes a 16-row tile of
-// all classes (A), or two 16-feature tiles of all classes over a part of the k range (C, loading
-// each operand fragment once for both). Every sum runs in a fixed order, without atomics: the
-// same seed gives the same weights bit for bit.
+// inputs) x are split in the loop. Shared memory and latency bound both products more than the
+// tensor cores do: an SM sub-partition issues an m16n8k8 TF32 mma every ~6 cycles
+// (scripts/mma_rate.py), so at 784 features, 10 classes and batch 128, A's 224 mma a step need
+// ~340 cycles and C's 256 ~380, about 40% of each phase, while A's fragment loads alone keep
+// shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A), or two
+// 16-feature tiles of all classes over a part of the k range (C, loading each operand fragment
+// once for both), and lanes of padding classes load nothing. (Measured slower: A over all
+// sixteen warps, a tile and a class tile each; C over sixteen, eight parts of k; x or W
+// fragments loaded ahead during the waits, which spills.) Every sum runs in a fixed order,
+// without atomics: the same seed gives the same weights bit for bit.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
@@ -221,9 +227,12 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         mbarrier_expect(s.dl_full, rows * QUADS * 16);
     }
     // A short step: phase C's k-steps run past its rows, where dlogits must be zero (no block
-    // pushes there this step; an earlier step's values are still in place).
-    if (rows < ROWS16)
+    // pushes there this step; an earlier step's values are still in place). The barrier orders
+    // these stores before phase C's loads in other warps (nothing else between them does).
+    if (rows < ROWS16) {
         for (int i = rows * DL_STRIDE + me.tid; i < ROWS16 * DL_STRIDE; i += COMPUTE_THREADS) s.dl[i] = 0.0f;
+        compute_sync();
+    }
 
     // ---- A: partial logits of this block's features, pushed to each row's owner ----------------
     // P = x·W_sliceᵀ, a warp a 16-row tile of all classes, k over the slice's features. Within a
@@ -242,7 +251,11 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             const float a[4] = {top.x, bottom.x, top.y, bottom.y};
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n) {
-                const float2 hi = wb_hi[k / 2 * PAIR_STRIDE + 8 * n], lo = wb_lo[k / 2 * PAIR_STRIDE + 8 * n];
+                // Lanes of padding classes load nothing (their columns' sums are never sent): with
+                // 10 classes, half the second tile's loads, a sixth of A's shared-memory traffic.
+                const bool live = 8 * n + g < CLASSES;
+                const float2 hi = live ? wb_hi[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
+                const float2 lo = live ? wb_lo[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
                 const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
                 const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
                 mma_x(sums[n], a, b_hi, b_lo);
@@ -330,7 +343,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
 #pragma unroll
             for (int n = 0; n < N_TILES; ++n) {
-                const float d[2] = {db[k * DL_STRIDE + 8 * n], db[(k + 4) * DL_STRIDE + 8 * n]};
+                const bool live = 8 * n + g < CLASSES;  // as in A: padding classes load nothing
+                const float d[2] = {live ? db[k * DL_STRIDE + 8 * n] : 0.0f, live ? db[(k + 4) * DL_STRIDE + 8 * n] : 0.0f};
                 unsigned b_hi[2], b_lo[2];
                 split_tf32(d, b_hi, b_lo);
                 mma_x(sums[0][n], a0, b_hi, b_lo);
