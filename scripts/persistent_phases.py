@@ -5,7 +5,7 @@
 
 Builds kernels/persistent.cu with clock64() stamps put before the lines named below (thread 0 of
 block 0, the first 64 steps), trains that many steps of the workload with it, and prints the
-median cycles between consecutive stamps over steps 8 on. Thread 0 is one warp of sixteen: its
+median cycles between consecutive stamps over steps 8 on. Thread 0 is one warp of eight: its
 phase A and C times are its own tiles', and a wait ends when the slowest block's data reach it,
 so the columns show where the step's critical path runs. The stamps cost a few cycles each; the
 total is within a few per cent of the plain kernel's time per step (ms/epoch ÷ steps × SM clock).

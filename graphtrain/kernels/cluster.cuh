@@ -53,12 +53,14 @@ __device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
 }
 // Wait for the phase of parity `parity` to complete: its arrivals made and its bytes received.
 // CTA scope: what it orders is this block's shared memory (a cluster-scope acquire would also
-// invalidate the L1 cache after every wait).
+// invalidate the L1 cache after every wait). The suspend-time hint (10 ms, a bound: a waiting
+// warp wakes when the phase completes) keeps it from retrying every few cycles, issue slots the
+// working warps of its sub-partition then lose.
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
     asm volatile("{\n\t.reg .pred done;\n"
                  "wait_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n\t"
+                 "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity), "r"(10000000) : "memory");
 }
 
 // Rows of step `step` over `num_samples` samples in batches of `batch`: the last one may be short.

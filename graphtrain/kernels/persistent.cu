@@ -44,7 +44,7 @@
 // shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A), or two
 // 16-feature tiles of all classes over a part of the k range (C, loading each operand fragment
 // once for both), and lanes of padding classes load nothing. (Measured slower: A over all
-// sixteen warps, a tile and a class tile each; C over sixteen, eight parts of k; x or W
+// twice the warps, a tile and a class tile each; C over twice the warps, eight parts of k; x or W
 // fragments loaded ahead during the waits, which spills.) Every sum runs in a fixed order,
 // without atomics: the same seed gives the same weights bit for bit.
 //

@@ -7,7 +7,7 @@ each block keeps its slice of the input features' weights in shared memory, comp
 logits of the batch over its slice, and sends them to the block that owns each row; the owners
 compute softmax and dlogits and send those to every block, and each block updates its own slice.
 A step is two small exchanges through distributed shared memory, each store counted on the
-receiver's mbarrier (no cluster barrier); two warps copy the next batch in while sixteen train the
+receiver's mbarrier (no cluster barrier); two warps copy the next batch in while eight train the
 current one. The products run on tensor cores in TF32 passes that keep fp32 accuracy: three, or
 two where the images are 8-bit pixels (k/255, as every IDX or uint8 dataset is), which the kernel
 reads as k, exact in TF32. Sums in a fixed order, so the same seed gives the same weights bit for
