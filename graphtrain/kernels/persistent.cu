@@ -43,10 +43,10 @@
 // ~340 cycles and C's 256 ~380, about 40% of each phase, while A's fragment loads alone keep
 // shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A), or two
 // 16-feature tiles of all classes over a part of the k range (C, loading each operand fragment
-// once for both), and lanes of padding classes load nothing. (Measured slower: A over all
-// twice the warps, a tile and a class tile each; C over twice the warps, eight parts of k; x or W
-// fragments loaded ahead during the waits, which spills.) Every sum runs in a fixed order,
-// without atomics: the same seed gives the same weights bit for bit.
+// once for both), and lanes of padding classes load nothing. (Measured no faster: A or C over
+// twice the warps; x or W fragments loaded ahead during the waits, which spills; predicated
+// instead of branched-around stores of partial logits and dlogits.) Every sum runs in a fixed
+// order, without atomics: the same seed gives the same weights bit for bit.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
@@ -384,16 +384,20 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
             const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-            if (j >= CLASSES) continue;
-            if (f < SLICE) {  // W = hi + lo exactly, so this is W's fp32 update, split again
-                float* w_hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-                float* w_lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-                const float2 w = split_pair(w_now[i] - lr * X_UNIT * grads[i]);
-                *w_hi = w.x; *w_lo = w.y;
-            } else if (f == SLICE && bias) {
-                s.b[j] -= lr * X_UNIT * grads[i];
-            }
+            // W = hi + lo exactly, so this is W's fp32 update, split again. Predicated stores, and
+            // the bias's row apart below: branches here, divergent where a tile holds padding or
+            // the bias, cost 3% of a step.
+            float* w_hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+            float* w_lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+            const float2 w = split_pair(w_now[i] - lr * X_UNIT * grads[i]);
+            if (j < CLASSES && f < SLICE) { *w_hi = w.x; *w_lo = w.y; }
         }
+        if (bias && m == SLICE / 16)  // the tile holding the bias's row, f = SLICE (the same for the whole warp)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
+                if (f == SLICE && j < CLASSES) s.b[j] -= lr * X_UNIT * grads[i];
+            }
     }
     compute_sync();  // the updates before the next step's phase A reads W and b
 }
