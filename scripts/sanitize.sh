@@ -52,9 +52,9 @@ import sys
 import numpy as np
 from graphtrain import data
 d = data.load("mnist")
-as_bytes = lambda images: np.rint(images * 255).astype(np.uint8)
-np.savez(sys.argv[1], x_train=as_bytes(d.train_images[:300]), y_train=d.train_labels[:300],
-         x_test=as_bytes(d.test_images[:100]), y_test=d.test_labels[:100])
+pixels = lambda images: np.rint(images * 255).astype(np.uint8)  # the loader's floats back to bytes
+np.savez(sys.argv[1], x_train=pixels(d.train_images[:300]), y_train=d.train_labels[:300],
+         x_test=pixels(d.test_images[:100]), y_test=d.test_labels[:100])
 PY
 check racecheck persistent-tail --stage persistent --data "$out/mnist-300.npz"
 check memcheck persistent-tail --stage persistent --data "$out/mnist-300.npz"

@@ -54,8 +54,8 @@ __device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
 // Wait for the phase of parity `parity` to complete: its arrivals made and its bytes received.
 // CTA scope: what it orders is this block's shared memory (a cluster-scope acquire would also
 // invalidate the L1 cache after every wait). The suspend-time hint (10 ms, a bound: a waiting
-// warp wakes when the phase completes) keeps it from retrying every few cycles, issue slots the
-// working warps of its sub-partition then lose.
+// warp wakes when the phase completes) keeps a waiting warp from retrying every few cycles and
+// taking issue slots from the working warps of its sub-partition.
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
     asm volatile("{\n\t.reg .pred done;\n"
                  "wait_%=:\n\t"

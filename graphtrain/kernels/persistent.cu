@@ -44,9 +44,10 @@
 // shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A), or two
 // 16-feature tiles of all classes over a part of the k range (C, loading each operand fragment
 // once for both), and lanes of padding classes load nothing. (Measured no faster: A or C over
-// twice the warps; x or W fragments loaded ahead during the waits, which spills; predicated
-// instead of branched-around stores of partial logits and dlogits.) Every sum runs in a fixed
-// order, without atomics: the same seed gives the same weights bit for bit.
+// twice the warps; x or W fragments loaded ahead during the waits; W held in registers, each
+// warp updating its copy from dW; predicated instead of branched-around stores of partial logits
+// and dlogits.) Every sum runs in a fixed order, without atomics: the same seed gives the same
+// weights bit for bit.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
