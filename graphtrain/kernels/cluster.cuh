@@ -63,6 +63,38 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned 
                  "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity), "r"(10000000) : "memory");
 }
 
+// metrics[0], metrics[1] += Σ loss, Σ correct over the threads of every block of the cluster, in a
+// fixed order (a warp's lanes by butterfly, the block's first `warps` warps in order into totals, the
+// blocks in rank order by block 0's thread 0), so the same bits every run. totals: 2 + 2·warps
+// doubles of shared memory. Every thread of every block calls it; it ends past a cluster barrier.
+__device__ void cluster_metrics(double* totals, int warps, double loss, double correct, double* metrics) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    double* per_warp = totals + 2;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        loss += __shfl_xor_sync(0xffffffffu, loss, o);
+        correct += __shfl_xor_sync(0xffffffffu, correct, o);
+    }
+    if (lane == 0 && warp < warps) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
+    __syncthreads();
+    if (tid == 0) {
+        double l = 0.0, c = 0.0;
+        for (int i = 0; i < warps; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
+        totals[0] = l; totals[1] = c;
+    }
+    cluster_sync();
+    if (cluster_rank() == 0 && tid == 0) {
+        double l = 0.0, c = 0.0;
+        unsigned blocks;
+        asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(blocks));
+        for (unsigned k = 0; k < blocks; ++k) {
+            l += load_remote_f64(remote(totals, k));
+            c += load_remote_f64(remote(totals + 1, k));
+        }
+        metrics[0] += l; metrics[1] += c;
+    }
+}
+
 // Rows of step `step` over `num_samples` samples in batches of `batch`: the last one may be short.
 __device__ __forceinline__ int step_rows(int step, int batch, int num_samples) {
     return min(batch, num_samples - step * batch);

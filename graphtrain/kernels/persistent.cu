@@ -93,9 +93,10 @@
 #error "persistent.cu: unsupported SLICE / CLASSES"
 #endif
 
-// From cluster.cuh and tf32_mma.cuh (put before this file by the launcher): cluster_rank,
-// cluster_sync, remote, load_remote_f64, copy4_async, copy16_async, async_wait_all, smem_addr, send, send2, send4,
-// mbarrier_expect, mbarrier_arrive, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
+// From cluster.cuh, tf32_mma.cuh and warp_softmax.cuh (put before this file by the launcher):
+// cluster_rank, cluster_sync, remote, copy4_async, copy16_async, async_wait_all, smem_addr, send,
+// send2, send4, mbarrier_expect, mbarrier_arrive, mbarrier_wait, cluster_metrics, step_rows;
+// mma_tf32, split_tf32, Sums3, total, mma_x; warp_softmax_grad.
 
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
@@ -293,14 +294,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
 #pragma unroll
         for (int from = 0; from < CLUSTER; ++from) partials += s.inbox[(from * R_MAX + rr) * INBOX_STRIDE + j];
         const float z = is_class ? s.b[j] + X_UNIT * partials : -__int_as_float(0x7f800000);
-        float m = z;
-#pragma unroll
-        for (int o = ROW_LANES / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float e = is_class ? expf(z - m) : 0.0f;
-        float sum = e;
-#pragma unroll
-        for (int o = ROW_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const float dl = is_class ? (e / sum - (j == label ? 1.0f : 0.0f)) / (float)rows : 0.0f;
+        float m, sum;
+        const float dl = warp_softmax_grad<ROW_LANES>(z, is_class, j, label, rows, m, sum);
         float* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
         gathered[j] = dl;
         __syncwarp();
@@ -459,30 +454,6 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
         if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = w_hi + w_lo;
     }
     if (bias && rank == 0 && tid < CLASSES) b[tid] = s.b[tid];
-    if (measure) {
-        double* per_warp = s.totals + 2;
-        double loss = me.loss_sum, correct = me.correct_sum;  // the warp's sums, in butterfly order
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            loss += __shfl_xor_sync(0xffffffffu, loss, o);
-            correct += __shfl_xor_sync(0xffffffffu, correct, o);
-        }
-        if (lane == 0 && warp < COMPUTE_WARPS) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
-        __syncthreads();
-        if (tid == 0) {
-            double l = 0.0, c = 0.0;
-            for (int i = 0; i < COMPUTE_WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
-            s.totals[0] = l; s.totals[1] = c;
-        }
-    }
-    cluster_sync();
-    if (measure && rank == 0 && tid == 0) {
-        double l = 0.0, c = 0.0;
-        for (int k = 0; k < CLUSTER; ++k) {
-            l += load_remote_f64(remote(s.totals, k));
-            c += load_remote_f64(remote(s.totals + 1, k));
-        }
-        metrics[0] += l; metrics[1] += c;
-    }
+    if (measure) cluster_metrics(s.totals, COMPUTE_WARPS, me.loss_sum, me.correct_sum, metrics);
     cluster_sync();  // no block leaves while another may still read its shared memory
 }

@@ -1156,7 +1156,6 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         {
             constexpr int ROW_LANES = CLASSES <= 16 ? 16 : 32, ROWS_PER_WARP = 32 / ROW_LANES;
             const int j = lane % ROW_LANES, group = lane & ~(ROW_LANES - 1);
-            const float inv_rows = 1.0f / (float)rows;
             for (int base = warp * ROWS_PER_WARP; base < owned; base += WARPS * ROWS_PER_WARP) {
                 const int rr = base + lane / ROW_LANES, r = own_lo + rr;
                 const bool row_owned = rr < owned, valid = row_owned && j < CLASSES;
@@ -1169,16 +1168,10 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
 #pragma unroll
                     for (int c = 0; c + w < CLUSTER; c += 2 * w) p[c] += p[c + w];
                 const float z = valid ? p[0] + s.bh[j] : -__int_as_float(0x7f800000);  // −∞ past the classes
-                float m = z;
-#pragma unroll
-                for (int o = ROW_LANES / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                const float e = valid ? expf(z - m) : 0.0f;
-                float sum = e;
-#pragma unroll
-                for (int o = ROW_LANES / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                float m, sum;
+                const float dz = warp_softmax_grad<ROW_LANES>(z, valid, j, label, rows, m, sum);
                 PHASE_END(SOFTMAX_EXP, 0);
-                const float inv_sum = 1.0f / sum;  // one division a row
-                if (row_owned && j < CS) s.dl[r * CS + j] = (e * inv_sum - (j == label ? 1.0f : 0.0f)) * inv_rows;
+                if (row_owned && j < CS) s.dl[r * CS + j] = dz;
                 __syncwarp();  // the row is whole in dl
                 if (row_owned && j < CLUSTER && j != (int)rank) {  // to block j
                     const float4* row = reinterpret_cast<const float4*>(s.dl + r * CS);
@@ -1302,30 +1295,6 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         w_global[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
     if (bias && rank == 0 && tid < CLASSES) b_global[LAYERS][tid] = s.bh[tid];
-    if (measure) {  // each block's sums over its owned rows, then block 0 adds them up in block order
-        double* per_warp = s.totals + 2;
-        double loss = loss_sum, correct = correct_sum;  // the warp's sums, in butterfly order
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            loss += __shfl_xor_sync(0xffffffffu, loss, o);
-            correct += __shfl_xor_sync(0xffffffffu, correct, o);
-        }
-        if (lane == 0) { per_warp[2 * warp] = loss; per_warp[2 * warp + 1] = correct; }
-        __syncthreads();
-        if (tid == 0) {
-            double l = 0.0, c = 0.0;
-            for (int i = 0; i < WARPS; ++i) { l += per_warp[2 * i]; c += per_warp[2 * i + 1]; }
-            s.totals[0] = l; s.totals[1] = c;
-        }
-        cluster_sync();
-        if (rank == 0 && tid == 0) {
-            double l = 0.0, c = 0.0;
-            for (int k = 0; k < CLUSTER; ++k) {
-                l += load_remote_f64(remote(s.totals, k));
-                c += load_remote_f64(remote(s.totals + 1, k));
-            }
-            metrics[0] += l; metrics[1] += c;
-        }
-    }
+    if (measure) cluster_metrics(s.totals, WARPS, loss_sum, correct_sum, metrics);  // each block's owned rows
     cluster_sync();  // no block leaves while another may still write to its shared memory
 }

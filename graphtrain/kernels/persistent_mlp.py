@@ -118,7 +118,7 @@ class MlpShape:
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "tf32_mma.cuh", "bf16_mma.cuh")
+    headers = ("cluster.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "warp_softmax.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).defines,
