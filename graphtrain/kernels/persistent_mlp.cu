@@ -153,7 +153,7 @@ typedef float Pixel;
 #define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
 #define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
-#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0
+#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || THREADS < 64
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
@@ -314,10 +314,11 @@ __device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { ret
 // memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
 // (async_wait_all) and met at a block barrier. (A bulk copy a row costs the SM's copy engine ~60
 // cycles to issue, one after another: ~2,000 cycles for a batch of 32.)
-__device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows) {
+// Threads `first` .. THREADS − 1 issue them.
+__device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows, int first = 0) {
     constexpr int CHUNKS = FEATURE_STRIDE * sizeof(Pixel) / 16;  // 16-byte pieces a row
     unsigned char* staged = reinterpret_cast<unsigned char*>(staged_images(s, step % X_BUFFERS));
-    for (int i = threadIdx.x; i < rows * CHUNKS; i += THREADS) {
+    for (int i = threadIdx.x - first; i < rows * CHUNKS; i += THREADS - first) {
         const int r = i / CHUNKS, c = i - r * CHUNKS;
         const unsigned char* row = reinterpret_cast<const unsigned char*>(images + (long long)step_order[r] * FEATURE_STRIDE);
         copy16_async(staged + r * X_STRIDE * sizeof(Pixel) + 16 * c, row + 16 * c);
@@ -364,6 +365,16 @@ __device__ __forceinline__ int w1_at(int k, int u) { return (((k >> 2) * WST + (
 __device__ __forceinline__ int wt_at(int k, int u) { return k * WST + (u ^ WT_SWIZZLE(k)); }  // layers ≥ 2
 __device__ __forceinline__ int weight_at(int l, int k, int u) { return l == 1 ? w1_at(k, u) : wt_at(k, u); }
 
+// Whether warp w has an i-th of TILES tiles taken w, w + WARPS, ...: warp-uniform, and known at
+// compile time but in the last round (i unrolled), so that a tile's loads address the warp's first
+// tile plus a constant, with no arithmetic of their own (a select of the tile per load took ~4% of
+// a step at H = 128, H100: the updates of W_1 were bound by issuing instructions).
+template <int TILES>
+__device__ __forceinline__ bool warp_has_tile(int i) {
+    constexpr int LAST = (TILES + WARPS - 1) / WARPS - 1;
+    return TILES % WARPS == 0 || i < LAST || (int)(threadIdx.x >> 5) < TILES - WARPS * LAST;
+}
+
 #define BACKWARD_TILES ((H_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 in the backward
 
 // W_1[U_c, 16mt..16mt+15] −= lr · grad[i] for N of warp w's tiles of the update, mt = w + WARPS·(i0 +
@@ -380,7 +391,7 @@ __device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         const int mt = warp + WARPS * (i0 + i);
-        if (F_MTILES % WARPS != 0 && mt >= F_MTILES) break;  // the same for the whole warp
+        if (!warp_has_tile<F_MTILES>(i0 + i)) break;  // the same for the whole warp
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -389,7 +400,7 @@ __device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         const int mt = warp + WARPS * (i0 + i);
-        if (F_MTILES % WARPS != 0 && mt >= F_MTILES) break;  // the same for the whole warp
+        if (!warp_has_tile<F_MTILES>(i0 + i)) break;  // the same for the whole warp
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -432,27 +443,33 @@ __device__ __forceinline__ void update_hidden(float* wt, int i0, const float (&g
 }
 
 // The forward of layer 1's image operand, for either build: warp w's rows 16mt + 8h + g (the last
-// row again past the step's) at the lane's inputs 4t, and load(i, v) the four inputs there of the
-// warp's i-th input tile w + WARPS·i (Rows::load4; zero past the last tile).
+// row again past the step's) at the lane's inputs 16w + 4t, and load(i, v) the four inputs there
+// of the warp's i-th input tile w + WARPS·i (Rows::load4; zero past the last tile).
 template <class Rows>
 struct FirstLayerTiles {
     static constexpr int TILES = FEATURE_STRIDE / 16, TPW = (TILES + WARPS - 1) / WARPS;  // tiles, a warp's
     const Pixel* row[MT][2];
     __device__ FirstLayerTiles(Rows x_rows, int rows) {
-        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, warp = threadIdx.x >> 5;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 4 * t;
+            for (int h = 0; h < 2; ++h) row[mt][h] = x_rows(min(16 * mt + 8 * h + g, rows - 1)) + 16 * warp + 4 * t;
     }
     template <class V>
     __device__ __forceinline__ void load(int i, V (&v)[MT][2], V zero) const {
-        const int j = (threadIdx.x >> 5) + WARPS * i;
-        const bool valid = TILES % WARPS == 0 || j < TILES;
+        const bool valid = warp_has_tile<TILES>(i);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * j) : zero;
+            for (int h = 0; h < 2; ++h) v[mt][h] = valid ? Rows::load4(row[mt][h] + 16 * WARPS * i) : zero;
+    }
+    // The input quad 4c + t of W_1's tile c = w + WARPS·i, c = w where the warp has no i-th tile
+    // (its images are zero there): ((4c + t)·WST + ((8n + g) ^ 2t))·4 (w1_at) less 32n.
+    __device__ static __forceinline__ int w1_quad(int i) {
+        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, warp = threadIdx.x >> 5;
+        const int c = warp + (warp_has_tile<TILES>(i) ? WARPS * i : 0);
+        return ((4 * c + t) * WST + (g ^ (t << 1))) << 2;
     }
 };
 
@@ -466,8 +483,7 @@ struct FirstLayerTiles {
 template <class Rows>
 __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
     using Tiles = FirstLayerTiles<Rows>;
-    constexpr int TILES = Tiles::TILES, TPW = Tiles::TPW;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int TPW = Tiles::TPW;
     const Tiles tiles(x_rows, rows);  // a tile's inputs, loaded one tile ahead of its products
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     Sums3 sums[MT][NT];
@@ -478,11 +494,11 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
         if (i + 1 < TPW) tiles.load(i + 1, v_next, zero);
-        const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
+        const float* w1_quad = w1 + Tiles::w1_quad(i);
         unsigned b_hi[NT][2][2], b_lo[NT][2][2];  // [unit tile][k-step][fragment register]
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float4 b = *reinterpret_cast<const float4*>(w1 + (((4 * c + t) * WST + ((8 * n + g) ^ (t << 1))) << 2));
+            const float4 b = *reinterpret_cast<const float4*>(w1_quad + 32 * n);
             const float b0[2] = {b.x, b.y}, b1[2] = {b.z, b.w};
             split_tf32(b0, b_hi[n][0], b_lo[n][0]);
             split_tf32(b1, b_hi[n][1], b_lo[n][1]);
@@ -625,22 +641,22 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
     for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + 2 * g;
+        for (int h = 0; h < 2; ++h) x_row[ks][h] = x_rows(min(8 * ks + 4 * h + t, rows - 1)) + 16 * warp + 2 * g;
     // A tile's inputs, loaded one tile ahead of its products.
     const auto load_tile = [&](int i, float2 (&a)[KB][2]) {
-        const int mt = warp + WARPS * i, f0 = F_MTILES % WARPS == 0 || mt < F_MTILES ? 16 * mt : 0;
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) a[ks][h] = Rows::load2(x_row[ks][h] + f0);
+            for (int h = 0; h < 2; ++h) a[ks][h] = Rows::load2(x_row[ks][h] + 16 * WARPS * i);
     };
     float2 a_cur[KB][2], a_next[KB][2];
     load_tile(0, a_next);
 #pragma unroll
     for (int i = 0; i < MPW; ++i) {
+        if (!warp_has_tile<F_MTILES>(i)) break;  // (the same for the whole warp)
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) { a_cur[ks][0] = a_next[ks][0]; a_cur[ks][1] = a_next[ks][1]; }
-        if (i + 1 < MPW) load_tile(i + 1, a_next);
+        if (i + 1 < MPW && warp_has_tile<F_MTILES>(i + 1)) load_tile(i + 1, a_next);
         Sums3 d[NT];
 #pragma unroll
         for (int ks = 0; ks < KB; ++ks) {
@@ -672,8 +688,7 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 template <class Rows>
 __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
     using Tiles = FirstLayerTiles<Rows>;
-    constexpr int TILES = Tiles::TILES, TPW = Tiles::TPW;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int TPW = Tiles::TPW;
     const Tiles tiles(x_rows, rows);  // a tile's inputs, loaded one tile ahead of its products
     const uint2 zero = make_uint2(0u, 0u);
     Sums1 sums[MT][NT];
@@ -684,11 +699,11 @@ __device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, floa
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
         if (i + 1 < TPW) tiles.load(i + 1, v_next, zero);
-        const int j = warp + WARPS * i, c = TILES % WARPS == 0 || j < TILES ? j : 0;
+        const float* w1_quad = w1 + Tiles::w1_quad(i);
         unsigned b[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float4 w = *reinterpret_cast<const float4*>(w1 + (((4 * c + t) * WST + ((8 * n + g) ^ (t << 1))) << 2));
+            const float4 w = *reinterpret_cast<const float4*>(w1_quad + 32 * n);
             b[n][0] = bf16x2(w.x, w.y);
             b[n][1] = bf16x2(w.z, w.w);
         }
@@ -756,10 +771,12 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b)[MT][NT
 
 // Layer l ≥ 2's products for warp w's input tiles k0 = 16i (i = w, w + WARPS, ...), as the TF32
 // ones: Q[:, k0..] = dh_l · W_l[U_c, k0..] (m = rows, k = units in steps of 16, zero past S,
-// n = inputs) into q_out, and W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, the
-// tile's rows g and g + 8 being inputs 2g and 2g + 1, one 8-byte load of h_full; k = rows).
-__device__ __forceinline__ void backward_products(const float* h_prev, float* wt, const float* dh, float lr, int rows,
-                                                  float (&q_out)[BACKWARD_TILES][MT][2][4]) {
+// n = inputs) into q_out, and (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ, W_l[U_c, k0..]'s gradient, into grad (m =
+// inputs, the tile's rows g and g + 8 being inputs 2g and 2g + 1, one 8-byte load of h_full; k =
+// rows): backward_layer updates W_l once Q is on its way.
+__device__ __forceinline__ void backward_products(const float* h_prev, const float* wt, const float* dh, int rows,
+                                                  float (&q_out)[BACKWARD_TILES][MT][2][4],
+                                                  float (&grad)[BACKWARD_TILES][NT][4]) {
     constexpr int UNIT_K16 = (S + 15) / 16;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned bu[MT][NT][2];  // the update's B operand, the same for every input tile
@@ -769,7 +786,6 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
     for (int ks = 0; ks < MT; ++ks)
 #pragma unroll
         for (int j = 0; j < 4; ++j) h_row[ks][j] = min(16 * ks + t + 4 * j, rows - 1) * S;
-    float grad[BACKWARD_TILES][NT][4] = {};  // the update of W_l, every tile's before any is stored
 #pragma unroll
     for (int ii = 0; ii < BACKWARD_TILES; ++ii) {
         const int i = warp + WARPS * ii;
@@ -820,9 +836,6 @@ __device__ __forceinline__ void backward_products(const float* h_prev, float* wt
 #pragma unroll
                 for (int e = 0; e < 4; ++e) q_out[ii][mt][j][e] = total(q[mt][j], e);
     }
-    __syncwarp();  // every lane's loads of these weights (for Q) before any lane's update
-    const int in[2] = {2 * g, 2 * g + 1};
-    update_hidden(wt, 0, grad, in, lr);
 }
 
 // W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x (bf16) in global memory or staged in shared: m = inputs (tiles
@@ -840,12 +853,14 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 #pragma unroll
     for (int ks = 0; ks < MT; ++ks)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) x_row[ks][j] = x_rows(min(16 * ks + t + 4 * j, rows - 1)) + 2 * g;
+        for (int j = 0; j < 4; ++j) x_row[ks][j] = x_rows(min(16 * ks + t + 4 * j, rows - 1)) + 16 * warp + 2 * g;
     // Every tile's products first (no store stands between their loads), then the update.
     float grad[MPW][NT][4];
 #pragma unroll
     for (int i = 0; i < MPW; ++i) {
-        const int mt = warp + WARPS * i, f0 = F_MTILES % WARPS == 0 || mt < F_MTILES ? 16 * mt : 0;
+        // A warp without an i-th tile multiplies its first tile again (update_w1 skips the result):
+        // no branch, and a select only in the last round.
+        const int f0 = warp_has_tile<F_MTILES>(i) ? 16 * WARPS * i : 0;
         unsigned v[MT][4];
 #pragma unroll
         for (int ks = 0; ks < MT; ++ks)
@@ -887,17 +902,24 @@ __device__ void forward_finish(const float* partial, const float* bias, float un
 // Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
 //   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
-// then Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
-// once every warp's update has read h_{l−1}, Q is staged in its place (h_prev, h_full[l − 1], the
-// same size: owner o's columns at o's slot, see the header) and goes by a bulk copy an owner; this
-// block's own columns go straight into its inbox. A warp reads and writes only its own inputs' weights.
+// and Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
+// Q[:, k] is staged where h_{l−1}[:, k] lies (h_prev, h_full[l − 1], the same size: owner o's
+// columns at o's slot, see the header), which only the warp's own products read, and goes by a
+// bulk copy an owner; this block's own columns go straight into its inbox. A warp reads and writes
+// only its own inputs' weights and columns of h_{l−1}. The bf16 build updates W_l after the sends
+// are issued: the other warps update while the sending warp waits on the copy engine.
 __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
                                float lr, int rows, unsigned rank) {
     constexpr int TPW = BACKWARD_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
+#if BF16
+    float grad[TPW][NT][4];  // W_l's update, every tile's before any is stored
+    backward_products(h_prev, wt, dh, rows, q_out, grad);
+#else
     backward_products(h_prev, wt, dh, lr, rows, q_out);
-    __syncthreads();  // every warp's update has read h_{l−1}
+#endif
+    __syncwarp();  // the warp's lanes have read its columns of h_{l−1}
 #pragma unroll
     for (int ii = 0; ii < TPW; ++ii) {
         const int i = warp + WARPS * ii;
@@ -916,10 +938,14 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
         }
     }
     fence_proxy_async();  // the staged pieces are the copies' sources
-    __syncthreads();
+    __syncthreads();  // (and every lane's loads of W_l for Q are done)
     const int dest = send_dest();
     if (dest >= 0 && dest != (int)rank)
         send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
+#if BF16
+    const int in[2] = {2 * g, 2 * g + 1};
+    update_hidden(wt, 0, grad, in, lr);
+#endif
 }
 
 // Sums over the rows of a step, in a fixed order that is not a chain of `rows` dependent adds:
@@ -1061,23 +1087,27 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         // the indices of the one after. Issued at the step's first wait for an exchange (the
         // gather of h_1, or with one hidden layer the partial logits), where they cost the step
         // least: issued at its start they held up layer 1's products by ~3% of a step (H100, H =
-        // 128 and 256), issued at the wait for D_L they slowed the update of W_1 beside them. They
-        // land before the next step's start (async_wait_all): the buffers they fill were last read
-        // the step before this one.
+        // 128 and 256), issued at the wait for D_L they slowed the update of W_1 beside them; and
+        // by every warp but the first, which has just issued the exchange's bulk copies. They land
+        // before the next step's start (async_wait_all): the buffers they fill were last read the
+        // step before this one.
         const auto copy_ahead = [&]() {
+            constexpr int FIRST = 32;  // warp 0 has issued the exchange's bulk copies (send_dest)
+            if (tid < FIRST) return;
+            const int c = tid - FIRST, copiers = THREADS - FIRST;
             if (step + 1 < num_steps) {
                 const int next_rows = step_rows(step + 1, BATCH, num_samples);
                 const int* next_order = s.order + ((step + 1) % 3) * BATCH;
-                for (int r = tid; r < next_rows; r += THREADS)
+                for (int r = c; r < next_rows; r += copiers)
                     copy4_async(s.labels + ((step + 1) & 1) * BATCH + r, labels + next_order[r]);
                 if (X_STRIDE && X_LEAD == 1)
-                    copy_images_in(s, images, next_order, step + 1, next_rows);
+                    copy_images_in(s, images, next_order, step + 1, next_rows, FIRST);
                 if (X_LEAD == 0)  // (images copied a step ahead need no hint)
-                    for (int r = tid * CLUSTER + rank; r < next_rows; r += THREADS * CLUSTER)
+                    for (int r = c * CLUSTER + rank; r < next_rows; r += copiers * CLUSTER)
                         prefetch_l2(images + (long long)next_order[r] * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(Pixel));
             }
             if (step + 2 < num_steps)
-                for (int r = tid; r < step_rows(step + 2, BATCH, num_samples); r += THREADS)
+                for (int r = c; r < step_rows(step + 2, BATCH, num_samples); r += copiers)
                     copy4_async(s.order + ((step + 2) % 3) * BATCH + r, order + (long long)(step + 2) * BATCH + r);
             async_commit();
         };
