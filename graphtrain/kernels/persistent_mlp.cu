@@ -262,7 +262,7 @@ struct Smem {
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
     float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
-    float* dh;        // [ROWS16][DST]        dh_l[:, U_c] of the layer being differentiated, 0 past it
+    float* dh;        // [2][ROWS16][DST]     dh_l[:, U_c] in dh[l mod 2] (dh_of), 0 past the rows and S
     float* dl;        // [BATCH][CS]          dlogits, every owner's rows
     float* gwh;       // [CS][S], then [CS]   the head's gradient
     Pixel* x;         // [X_BUFFERS][BATCH][X_STRIDE]  a step's images, where they fit (X_STRIDE > 0)
@@ -287,7 +287,7 @@ __device__ Smem carve(unsigned char* base) {
     s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
     s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
     s.h_own = f; f += LAYERS * BATCH * S;
-    s.dh = f; f += ROWS16 * DST;
+    s.dh = f; f += 2 * ROWS16 * DST;
     s.dl = f; f += BATCH * CS;
     s.gwh = f; f += CS * S + CS;
     s.x = reinterpret_cast<Pixel*>(f); f += (X_BUFFERS * BATCH * X_STRIDE * sizeof(Pixel) + 15) / 16 * 4;
@@ -309,6 +309,8 @@ __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) 
 __device__ __forceinline__ unsigned long long* zin_bar(const Smem& s) { return s.bars + GATHER_BARS; }
 __device__ __forceinline__ unsigned long long* dl_bar(const Smem& s) { return s.bars + GATHER_BARS + 1; }
 __device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + 2 + (l - 1); }
+// dh_l's buffer. Two, so that dh_{l−1} is summed while dh_l may still be read (the bias's update).
+__device__ __forceinline__ float* dh_of(const Smem& s, int l) { return s.dh + (l & 1) * ROWS16 * DST; }
 __device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { return s.x + buffer * BATCH * X_STRIDE; }
 // Step `step`'s images into image buffer step % X_BUFFERS (the sample indices `step_order` in shared
 // memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
@@ -899,6 +901,29 @@ __device__ void forward_finish(const float* partial, const float* bias, float un
     }
 }
 
+// Σ_{r < rows} value(r), in a fixed order that is not a chain of `rows` dependent adds: four
+// partial sums over r ≡ 0, 1, 2, 3 (mod 4), then (s0 + s1) + (s2 + s3). Every row of the batch is
+// read (value(r) must be readable, finite or not, for r < BATCH) and a row past the step's adds
+// zero: a select, not a branch around each load, which made the loads one after another (~1,000
+// cycles an update of a bias, H100).
+template <class Value>
+__device__ __forceinline__ float sum_rows(int rows, Value value) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < BATCH; r += 4)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float v = value(r + k);
+            part[k] += r + k < rows ? v : 0.0f;
+        }
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+// b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest elsewhere).
+__device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
+    const int u = THREADS - 1 - threadIdx.x;
+    if (u < S) bias[u] = fmaf(-lr, sum_rows(rows, [&](int r) { return dh[r * DST + u]; }), bias[u]);
+}
+
 // Layer l ≥ 2, warp w taking the inputs k0 = 16i .. 16i + 15 for i = w, w + WARPS, ...:
 //   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
@@ -948,36 +973,22 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
 #endif
 }
 
-// Sums over the rows of a step, in a fixed order that is not a chain of `rows` dependent adds:
-// four partial sums over r ≡ 0, 1, 2, 3 (mod 4), then (s0 + s1) + (s2 + s3).
-template <class Term>
-__device__ __forceinline__ float sum_rows(int rows, Term term) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+// dh_{l}[:, U_c] = Σ_o inbox[o] (in order) ⊙ [h_l[:, U_c] > 0], zero past the step's rows and S,
+// by threads `first` .. THREADS − 1, a quad of units a thread (one round of the block at H = 256,
+// where a unit a thread took three).
+__device__ void gather_input_grad(const float* inbox, const float* h_own, float* dh, int rows, int first) {
+    constexpr int DQ = DST / 4;  // quads a row of dh
+    for (int i = threadIdx.x - first; i < ROWS16 * DQ; i += THREADS - first) {
+        const int r = i / DQ, u = 4 * (i - r * DQ);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < rows && u < S) {  // (S is whole quads)
+            v = *reinterpret_cast<const float4*>(inbox + r * S + u);
 #pragma unroll
-    for (int r = 0; r < BATCH; r += 4)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            if (r + k < rows) part[k] = term(r + k, part[k]);
-    return (part[0] + part[1]) + (part[2] + part[3]);
-}
-// b_l[U_c] −= lr · Σ_r dh_l, by the last S threads (the first ones are the busiest elsewhere).
-__device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
-    const int u = THREADS - 1 - threadIdx.x;
-    if (u < S) bias[u] = fmaf(-lr, sum_rows(rows, [&](int r, float acc) { return acc + dh[r * DST + u]; }), bias[u]);
-}
-
-// dh_{l}[:, U_c] = Σ_o inbox[o] (in order) ⊙ [h_l[:, U_c] > 0], zero past the step's rows and S.
-__device__ void gather_input_grad(const float* inbox, const float* h_own, float* dh, int rows) {
-    for (int i = threadIdx.x; i < ROWS16 * DST; i += THREADS) {
-        const int r = i / DST, u = i - r * DST;
-        float v = 0.0f;
-        if (r < rows && u < S) {
-            v = inbox[r * S + u];
-#pragma unroll
-            for (int o = 1; o < CLUSTER; ++o) v += inbox[(o * BATCH + r) * S + u];
-            if (!(h_own[r * S + u] > 0.0f)) v = 0.0f;
+            for (int o = 1; o < CLUSTER; ++o) v = add4(v, *reinterpret_cast<const float4*>(inbox + (o * BATCH + r) * S + u));
+            const float4 h = *reinterpret_cast<const float4*>(h_own + r * S + u);
+            v = make_float4(h.x > 0.0f ? v.x : 0.0f, h.y > 0.0f ? v.y : 0.0f, h.z > 0.0f ? v.z : 0.0f, h.w > 0.0f ? v.w : 0.0f);
         }
-        dh[i] = v;
+        *reinterpret_cast<float4*>(dh + r * DST + u) = v;
     }
 }
 
@@ -987,7 +998,7 @@ __device__ void gather_input_grad(const float* inbox, const float* h_own, float*
 // them per step, as a markdown table, at the end of a launch of two steps or more. Off, it is
 // nothing. The phases in step order (a forward phase once per layer):
 enum Phase { START_WAIT, START_EXPECT, START_IMAGES, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
-             HEAD_PRODUCT, HEAD_WAIT, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX, SOFTMAX_WAIT, HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, BACKWARD_WAIT, GATHER_GRADIENT, UPDATE,
+             HEAD_PRODUCT, HEAD_WAIT, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX, SOFTMAX_WAIT, HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, GATHER_GRADIENT, UPDATE,
              PHASES };
 static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
 #if PHASE_CYCLES
@@ -1084,15 +1095,17 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         async_commit();
         PHASE_END(START_IMAGES, 0);
         // The copies for the steps ahead: the next step's labels (and images, copied a step ahead),
-        // the indices of the one after. Issued at the step's first wait for an exchange (the
-        // gather of h_1, or with one hidden layer the partial logits), where they cost the step
-        // least: issued at its start they held up layer 1's products by ~3% of a step (H100, H =
-        // 128 and 256), issued at the wait for D_L they slowed the update of W_1 beside them; and
-        // by every warp but the first, which has just issued the exchange's bulk copies. They land
-        // before the next step's start (async_wait_all): the buffers they fill were last read the
-        // step before this one.
+        // the indices of the one after, by every warp but the first. Issued where they cost the
+        // step least (H100, H = 128 and 256): with the images staged, at the wait for the partial
+        // logits, where warp 0 alone computes the owned rows' softmax (at the gather of h_1 the
+        // step took 5% longer at H = 128); else (labels, indices and the images' L2 prefetch) at
+        // the gather of h_1, where warp 0 issues the bulk copies (at the logits: 1% longer at H =
+        // 256), or with one hidden layer at the logits. Issued at the step's start they held up
+        // layer 1's products by ~3% of a step, at the wait for D_L they slowed the update of W_1
+        // beside them. They land before the next step's start (async_wait_all): the buffers they
+        // fill were last read the step before this one.
         const auto copy_ahead = [&]() {
-            constexpr int FIRST = 32;  // warp 0 has issued the exchange's bulk copies (send_dest)
+            constexpr int FIRST = 32;  // warp 0: the bulk copies (send_dest), the softmax
             if (tid < FIRST) return;
             const int c = tid - FIRST, copiers = THREADS - FIRST;
             if (step + 1 < num_steps) {
@@ -1142,7 +1155,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 send_bulk(remote(slice, dest), h_own, rows * S * 4, remote(gather_bar(s, l), dest));
             PHASE_SYNC();
             PHASE_END(SENDS, l);
-            if (l == 1 && gather) copy_ahead();
+            if (l == 1 && gather && !X_STRIDE) copy_ahead();
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
             PHASE_SYNC();
             PHASE_END(EXCHANGE, l);
@@ -1173,7 +1186,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         }
         PHASE_SYNC();
         PHASE_END(HEAD_PRODUCT, 0);
-        if (LAYERS == 1) copy_ahead();
+        if (LAYERS == 1 || X_STRIDE) copy_ahead();
         mbarrier_wait(zin_bar(s), parity);  // every block's partial logits of the owned rows
         PHASE_SYNC();
         PHASE_END(HEAD_WAIT, 0);
@@ -1240,7 +1253,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         const int r = r0 + g_of(lane) + (i < 2 ? 0 : 8), u = u0 + 2 * t_of(lane) + (i & 1);
-                        s.dh[r * DST + u] = r < rows && u < S && h_last[r * S + u] > 0.0f ? total(d, i) : 0.0f;
+                        dh_of(s, LAYERS)[r * DST + u] = r < rows && u < S && h_last[r * S + u] > 0.0f ? total(d, i) : 0.0f;
                     }
                 } else {  // m = classes, k = rows, n = units
                     const int tile = task - DH_TILES, mc = tile / NT, j0 = 16 * mc, u0 = 8 * (tile - mc * NT);
@@ -1254,7 +1267,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 }
             }
             if (bias && warp == WARPS - 1 && lane < CLASSES)
-                s.gwh[CS * S + lane] = sum_rows(rows, [&](int r, float acc) { return acc + s.dl[r * CS + lane]; });
+                s.gwh[CS * S + lane] = sum_rows(rows, [&](int r) { return s.dl[r * CS + lane]; });
             PHASE_END(HEAD_TILES, 0);
             __syncthreads();
             PHASE_END(HEAD_TILES_SYNC, 0);
@@ -1267,21 +1280,23 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         // ---- backward ---------------------------------------------------------------------------
         for (int l = LAYERS; l >= 2; --l) {
             float* inbox = inbox_of(s, l - 1);
-            backward_layer(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.dh, inbox, inbox_bar(s, l - 1), lr,
-                           rows, rank);
-            if (bias) update_bias(s.b + (l - 1) * S, s.dh, lr, rows);
-            __syncthreads();  // dh_l is read before dh_{l−1} replaces it
+            backward_layer(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), dh_of(s, l), inbox,
+                           inbox_bar(s, l - 1), lr, rows, rank);
+            if (bias) update_bias(s.b + (l - 1) * S, dh_of(s, l), lr, rows);
             PHASE_END(BACKWARD_PRODUCTS, l);
-            mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
-            PHASE_SYNC();
-            PHASE_END(BACKWARD_WAIT, l);
-            gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, s.dh, rows);
+            // Warp 0 issues D_l's bulk copies and then updates its tiles of W_l; the others do not
+            // wait for it (a block barrier here cost 5% of a step at H = 128, H100): they wait for
+            // the inbox and sum dh_{l−1} into the other buffer of dh.
+            if (warp > 0) {
+                mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
+                gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, dh_of(s, l - 1), rows, 32);
+            }
             __syncthreads();
             PHASE_END(GATHER_GRADIENT, l - 1);
         }
-        if (X_STRIDE) update_first_layer(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.dh, lr * X_UNIT, rows);
-        else update_first_layer(x_rows, s.w1, s.dh, lr * X_UNIT, rows);
-        if (bias) update_bias(s.b, s.dh, lr, rows);
+        if (X_STRIDE) update_first_layer(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, dh_of(s, 1), lr * X_UNIT, rows);
+        else update_first_layer(x_rows, s.w1, dh_of(s, 1), lr * X_UNIT, rows);
+        if (bias) update_bias(s.b, dh_of(s, 1), lr, rows);
         PHASE_SYNC();
         PHASE_END(UPDATE, 1);
         // The next step's first __syncthreads orders these updates before its forward reads them.
@@ -1296,8 +1311,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             "head: partial logits, sent to the rows' owners", "head: wait for the owned rows' partial logits",
             "softmax: logits, exp, sums (thread 0)", "softmax: dlogits sent, loss (thread 0)",
             "softmax: the block's other warps", "softmax: wait for every row's dlogits", "head gradient: tiles (thread 0)", "head gradient: the other warps",
-            "head gradient: update of W_h", "backward: products, update, sends", "backward: wait for the inbox",
-            "backward: input gradient sums", "update of W_1"};
+            "head gradient: update of W_h", "backward: products, sends, update (thread 0)",
+            "backward: the other warps' wait for the inbox and input gradient sums", "update of W_1"};
         long long all = 0;
         for (int p = 0; p < PHASES; ++p)
             for (int l = 0; l <= LAYERS; ++l) all += s.phase_cycles[p * (LAYERS + 1) + l];

@@ -88,7 +88,7 @@ class MlpShape:
         floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
                   + (layers - 1) * b * h + max(zin, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
-                  + layers * b * s + rows16 * dh_stride + b * cs + cs * s + cs
+                  + layers * b * s + 2 * rows16 * dh_stride + b * cs + cs * s + cs
                   + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
         return 8 * ceil_div(barriers, 2) * 2 + 8 * (2 + 2 * THREADS // 32) + 4 * floats + 4 * 5 * b
 
