@@ -77,9 +77,9 @@
 // received it: h_own[l] (G_l's source) in the next step's forward, after this block waited for
 // D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read their registers at
 // once: Z and Y have no such source.) D_l's source is h_full[l−1]
-// itself, once the block's update of W_l (its last reader in the step) is done: the piece for
-// block o is staged in o's slot, which only o's G_{l−1} of step t + 1 overwrites, sent after o
-// has received that piece.
+// itself, Q[:, k] staged where h_{l−1}[:, k] lies once the warp that owns input k has read it (its
+// last reader in the step): the piece for block o is in o's slot, which only o's G_{l−1} of step
+// t + 1 overwrites, sent after o has received that piece.
 //
 // Two buffers share memory where their lives do not overlap, by the same argument:
 //   inbox[L−1] and the forward's partial sums (this block's only): D_L of step t comes after every
@@ -96,7 +96,7 @@
 // prefetched into L2 (cp.async.bulk.prefetch). bf16 images take half the floats' bytes, and bytes
 // (8-bit pixels in the TF32 build, PIXEL_LEVELS below) a quarter: two buffers then, the next
 // step's images copied in while this step trains; float images one, copied at the step's start.
-// The copies for the steps ahead go out at the step's first wait for an exchange (copy_ahead).
+// The copies for the steps ahead go out at a wait for an exchange (copy_ahead says which).
 // Layer 1's operands come in pieces of 8 or 16 bytes (forward) and 4 or 8 (update), not 2 or 4.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
@@ -1285,7 +1285,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             if (bias) update_bias(s.b + (l - 1) * S, dh_of(s, l), lr, rows);
             PHASE_END(BACKWARD_PRODUCTS, l);
             // Warp 0 issues D_l's bulk copies and then updates its tiles of W_l; the others do not
-            // wait for it (a block barrier here cost 5% of a step at H = 128, H100): they wait for
+            // wait for it (a block barrier here cost 1.5 to 2.5% of a step at H = 128, H100): they wait for
             // the inbox and sum dh_{l−1} into the other buffer of dh.
             if (warp > 0) {
                 mbarrier_wait(inbox_bar(s, l - 1), parity);  // dh_{l−1}'s inbox is full
