@@ -27,7 +27,7 @@ instead (two for the first layer's with 8-bit pixels, which the kernel then read
 near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset at
 H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A
-step is a chain of five exchanges and the short products between them, bound by latency and
+step of three hidden layers is a chain of six exchanges and the short products between them, bound by latency and
 instruction issue more than by arithmetic (scripts/persistent_mlp_phases.py counts the cycles of
 each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
 """
