@@ -23,6 +23,8 @@ for stage in fused bf16 device-loop; do
 done
 check memcheck persistent --stage persistent
 check memcheck persistent-b100 --stage persistent --batch 100  # a batch of whole tiles plus a part
+check memcheck persistent-fp32 --stage persistent --precision fp32  # the TF32-pass build
+check memcheck persistent-b100-fp32 --stage persistent --batch 100 --precision fp32
 # The persistent MLP kernel: three hidden layers (six exchanges a step) and one (whose only
 # exchanges are the logits' two), the cuda-mnist preset's batch; at H = 256 the batch's images
 # do not fit in shared memory and are read from global memory twice a step. racecheck takes the
@@ -44,6 +46,7 @@ check racecheck persistent-mlp64-fp32 "${persistent_mlp[@]}" --hidden 64,64,64 -
 for tool in racecheck synccheck; do
   check "$tool" fused-mlp --stage fused --hidden 256,128
   check "$tool" persistent --stage persistent
+  check "$tool" persistent-fp32 --stage persistent --precision fp32
 done
 # A short last step (300 samples at batch 128: steps of 128, 128 and 44 rows), whose rows past
 # the batch the softmax kernel zeroes before phase C reads them.
@@ -58,4 +61,5 @@ np.savez(sys.argv[1], x_train=pixels(d.train_images[:300]), y_train=d.train_labe
 PY
 check racecheck persistent-tail --stage persistent --data "$out/mnist-300.npz"
 check memcheck persistent-tail --stage persistent --data "$out/mnist-300.npz"
+check racecheck persistent-tail-fp32 --stage persistent --data "$out/mnist-300.npz" --precision fp32
 exit $status

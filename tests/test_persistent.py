@@ -30,6 +30,24 @@ def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
     assert not rows[:, 784:].any()
 
 
+def test_the_bf16_build_reads_the_images_as_bf16():
+    """8-bit pixels as k, exact in bf16 (8 significant bits); other floats rounded to nearest even."""
+    seed = int.from_bytes(os.urandom(2), "little")
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(20, 784), dtype=np.uint8)
+    shape = Shape(784, 10, 128, 255, bf16=True)
+    rows = kernel_images(images_mod.to_features(pixels.reshape(20, 28, 28), "test"), shape)
+    assert rows.dtype == np.uint16 and rows.shape == (20, shape.padded_features)
+    as_float = (rows[:, :784].astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(as_float, pixels.astype(np.float32)), f"seed {seed}"
+    assert not rows[:, 784:].any()
+    floats = rng.uniform(-1, 1, size=(20, 30)).astype(np.float32)
+    rows = kernel_images(floats, Shape(30, 3, 16, bf16=True))
+    back = (rows[:, :30].astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.abs(back - floats) <= np.abs(floats) * 2.0**-8), f"seed {seed}"  # bf16: 8 significant bits
+    assert not rows[:, 30:].any()
+
+
 def test_other_floats_keep_the_three_pass_products():
     seed = int.from_bytes(os.urandom(2), "little")
     features = np.random.default_rng(seed).uniform(0, 1, size=(50, 784)).astype(np.float32)
@@ -44,6 +62,8 @@ def test_other_floats_keep_the_three_pass_products():
 @pytest.mark.parametrize("shape", [
     Shape(784, 10, 128, 255), Shape(784, 10, 128), Shape(784, 10, 100), Shape(784, 10, 240, 255),
     Shape(30, 3, 16), Shape(784, 17, 64),
+    Shape(784, 10, 128, 255, bf16=True), Shape(784, 10, 100, bf16=True), Shape(784, 10, 240, 255, bf16=True),
+    Shape(30, 3, 16, bf16=True), Shape(784, 17, 64, bf16=True), Shape(784, 33 - 1, 32, bf16=True),
 ])
 def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
     assert shape.refusal() is None
@@ -61,7 +81,8 @@ def load_script(name: str):
 def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
     """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
     module = load_script("persistent_phases")
-    assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255).defines).startswith(ELF_MAGIC)
+    for bf16 in (True, False):
+        assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255, bf16=bf16).defines).startswith(ELF_MAGIC)
 
 
 def test_the_dsmem_exchange_benchmark_compiles(nvrtc_available, cache):

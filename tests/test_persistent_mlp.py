@@ -149,10 +149,10 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
         assert rel_err(got.w.astype(np.float64) - old, ref.w - old) < (0.15 if precision == "bf16" else 1e-4), f"seed {seed}"
 
 
-def test_the_rung_trains_an_mlp_in_bf16_and_softmax_regression_in_fp32():
-    """The precision a run records (what the ladder pairs it with peers by): an MLP's own is bf16,
-    with fp32 (TF32 passes) on request; softmax regression has only fp32, and a request for bf16
-    is a usage error."""
+def test_the_rung_trains_in_bf16_with_fp32_on_request():
+    """The precision a run records (what the ladder pairs it with peers by): bf16 is the rung's
+    own for an MLP and for softmax regression, fp32 (TF32 passes) is there on request, and the
+    kernel is built for the one the run records."""
     data = Dataset.synthetic(200, 50, seed=1)
     stage = get_stage("persistent")
 
@@ -161,6 +161,6 @@ def test_the_rung_trains_an_mlp_in_bf16_and_softmax_regression_in_fp32():
         return stage(RunPlan.for_data(cfg, data), data).precision
 
     assert precision_of(hidden=(64,)) == "bf16" and precision_of(hidden=(64,), precision="fp32") == "fp32"
-    assert precision_of() == "fp32" and precision_of(precision="fp32") == "fp32"
-    with pytest.raises(UsageError, match="softmax regression in fp32"):
-        precision_of(precision="bf16")
+    assert precision_of() == "bf16" and precision_of(precision="fp32") == "fp32"
+    with pytest.raises(UsageError, match="persistent trains in bf16 or fp32, not --precision tf32"):
+        precision_of(precision="tf32")

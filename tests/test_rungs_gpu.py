@@ -29,7 +29,7 @@ NEW_RUNGS = ["fused", "bf16", "device-loop", "persistent"]
 # and at 5.3e-2 for one seed's first-layer bias (seed 9422), so 0.1 for one step; over an epoch of
 # four steps the roundings compound (measured 5.4e-2 and 7.3e-2), so 0.15 there. A wrong step (a
 # missing mask, a transposed operand) errs by order 1.
-# By the precision a stage trains in (persistent: bf16 for an MLP, fp32 for softmax regression).
+# By the precision a stage trains in (persistent: bf16, or fp32 on request).
 TOLERANCE = {"fp32": 1e-4, "bf16": 0.1}
 EPOCH_TOLERANCE = {"fp32": 1e-4, "bf16": 0.15}
 MODELS = {
@@ -42,7 +42,8 @@ MODELS = {
 # the others are tested below): it takes these in place of the MLPs above, and its fp32 build
 # (--precision fp32: three TF32 passes) one more.
 PERSISTENT_MODELS = {**MODELS, "mlp-bias": dict(hidden=(64, 64), bias=True),
-                     "mlp-fp32": dict(hidden=(64, 64, 64), bias=True, precision="fp32")}
+                     "mlp-fp32": dict(hidden=(64, 64, 64), bias=True, precision="fp32"),
+                     "softmax-regression-fp32": dict(hidden=(), bias=True, precision="fp32")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,14 +80,15 @@ def test_one_step_update_matches_float64(name, model):
     check_one_step(name, model_of(name, model), Dataset.synthetic(1000, 300, seed=seed), seed)
 
 
-def test_persistent_one_step_with_8bit_inputs_matches_float64():
-    """Pixels k/255 (as loaded from uint8): the kernel reads k, and its products with the images
-    take two passes instead of three (persistent.cu: PIXEL_LEVELS)."""
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_persistent_one_step_with_8bit_inputs_matches_float64(precision):
+    """Pixels k/255 (as loaded from uint8): the kernel reads k (exact in bf16 and in TF32), and
+    its TF32 products with the images take two passes instead of three (persistent.cu: PIXEL_LEVELS)."""
     seed = int.from_bytes(os.urandom(2), "little")
     data = Dataset.synthetic(1000, 300, seed=seed)
     data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
-    stage = check_one_step("persistent", MODELS["softmax-regression"], data, seed)
-    assert stage.shape.pixel_levels == 255, f"seed {seed}"
+    stage = check_one_step("persistent", {**MODELS["softmax-regression"], "precision": precision}, data, seed)
+    assert stage.shape.pixel_levels == 255 and stage.precision == precision, f"seed {seed}"
 
 
 def check_one_step(name: str, model: dict, data: Dataset, seed: int):
@@ -112,7 +114,7 @@ def check_one_step(name: str, model: dict, data: Dataset, seed: int):
 
 @pytest.mark.parametrize("name,hidden,batch,precision", [
     *((name, (32,), 300, None) for name in NEW_RUNGS if name != "persistent"),
-    ("persistent", (), 240, None), ("persistent", (64, 64, 64), 96, None), ("persistent", (128, 128, 128), 32, None),
+    ("persistent", (), 240, None), ("persistent", (), 240, "fp32"), ("persistent", (64, 64, 64), 96, None), ("persistent", (128, 128, 128), 32, None),
     ("persistent", (64, 64, 64), 96, "fp32"), ("persistent", (128, 128, 128), 32, "fp32"),
 ])
 def test_a_whole_epoch_with_its_tail_batch(name, hidden, batch, precision):
@@ -146,12 +148,13 @@ def test_a_whole_epoch_with_its_tail_batch(name, hidden, batch, precision):
         assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < tol, f"seed {seed}"
 
 
-@pytest.mark.parametrize("name,hidden", [
-    *((name, (64, 32)) for name in NEW_RUNGS if name != "persistent"), ("persistent", ()), ("persistent", (64, 64)),
+@pytest.mark.parametrize("name,hidden,precision", [
+    *((name, (64, 32), None) for name in NEW_RUNGS if name != "persistent"),
+    ("persistent", (), None), ("persistent", (), "fp32"), ("persistent", (64, 64), None),
 ])
-def test_same_seed_gives_bit_identical_weights(name, hidden):
+def test_same_seed_gives_bit_identical_weights(name, hidden, precision):
     data = Dataset.synthetic(2000, 100, seed=3)
-    cfg = TrainConfig(hidden=hidden, batch=64, epochs=2, lr=0.1, seed=4)
+    cfg = TrainConfig(hidden=hidden, batch=64, epochs=2, lr=0.1, seed=4, precision=precision)
     runs = []
     for _ in range(2):
         with stage_for(name, cfg, data) as stage:

@@ -1,4 +1,4 @@
-// Tensor-core products from bf16 operands with fp32 sums (persistent_mlp.cu's BF16 build). Not a
+// Tensor-core products from bf16 operands with fp32 sums (the persistent kernels' BF16 builds). Not a
 // kernel file: a launcher lists it in `headers`, and its text goes before the kernel's source.
 
 // D += A·B for one m16n8k16 tile, bf16 inputs two to a register (the lower k in the low half),
@@ -22,3 +22,16 @@ __device__ __forceinline__ unsigned high_halves(unsigned a, unsigned b) { return
 // One pass's sums of a tile (tf32_mma.cuh's Sums3 keeps three).
 struct Sums1 { float d[4] = {}; };
 __device__ __forceinline__ float total(const Sums1& s, int i) { return s.d[i]; }
+// Four 8×8 matrices of 16-bit values from shared memory: lanes 8q..8q+7 give the addresses of
+// matrix q's eight rows (16 bytes each, 16-byte aligned), and r[q] = M_q[g][2t..2t+1], an mma
+// fragment's register (g = lane / 4, t = lane % 4). Volatile, and a memory clobber: it must not
+// move across the barriers and stores that make the matrices ready.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+// The same, each matrix transposed: r[q] = (M_q[2t][g], M_q[2t+1][g]).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}

@@ -24,30 +24,39 @@
 // Warps have two roles. COMPUTE_WARPS run the phases; FETCH_WARPS only copy batches in: step
 // t+1's tile of this block's columns (and the labels of its owned rows) goes into the second of
 // two buffers with cp.async while step t trains; each fetch thread arrives on that buffer's
-// `tile_full` mbarrier once its copies have landed. A buffer is refilled once every compute
-// thread has sent step t's partial logits (`sent`): step t − 1, the buffer's last user, is done
-// then, and the compute warps spend the next while waiting for the exchanges, so the copies
-// hardly delay their loads. So no copy is issued and no dependent global load (order → bytes,
-// order → label) waits on a step's path; within a step the compute warps meet only at two named
-// barriers, both in phase C (a short last step adds one). (Bulk copies, one a row, were slower:
-// they held up the exchanges.)
+// `tile_full` mbarrier once its copies have landed. A buffer is refilled as soon as every compute
+// thread is done with it (its `tile_free` mbarrier: step t − 1's phase C has read it), which
+// leaves the copies a whole step to land. So no copy is issued and no dependent global load
+// (order → bytes, order → label) waits on a step's path; within a step the compute warps meet
+// only at named barriers in phase C (a short last step adds one). (Bulk copies, one a row, were
+// slower: they held up the exchanges.)
 //
-// The products of A and C run on tensor cores (mma.sync m16n8k8, TF32 inputs, fp32 sums) in
-// three passes, which keeps near-fp32 accuracy: each operand is split as v = hi + lo (hi its
-// top 19 bits), and a·b ≈ hi·hi + (hi·lo + lo·hi), the dropped lo·lo term and the operands'
-// truncation ~2⁻²⁰ of the product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the
-// products with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
-// inputs) x are split in the loop. Shared memory and latency bound both products more than the
-// tensor cores do: an SM sub-partition issues an m16n8k8 TF32 mma every ~6 cycles
-// (scripts/mma_rate.py), so at 784 features, 10 classes and batch 128, A's 224 mma a step need
-// ~340 cycles and C's 256 ~380, about 40% of each phase, while A's fragment loads alone keep
-// shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A), or two
-// 16-feature tiles of all classes over a part of the k range (C, loading each operand fragment
-// once for both), and lanes of padding classes load nothing. (Measured no faster: A or C over
-// twice the warps; x or W fragments loaded ahead during the waits; W held in registers, each
-// warp updating its copy from dW; predicated instead of branched-around stores of partial logits
-// and dlogits.) Every sum runs in a fixed order, without atomics: the same seed gives the same
-// weights bit for bit.
+// The products of A and C run on tensor cores with fp32 sums, in one of two builds:
+//   BF16 = 1   bf16 operands (mma.sync m16n8k16), one pass (the bf16 rung's precision): the
+//              images come as bf16 (8-bit pixels k, exact), phase A reads a bf16 copy of W
+//              (rounded when the fp32 W is updated; two buffers, see store_w), and the owners
+//              send dlogits as bf16 (half the bytes). W and b are kept and updated in fp32.
+//              Every fragment is one ldmatrix (.trans for C's, whose operands are both
+//              row-major in the batch's rows). At 784 features, 10 classes and batch 128, A
+//              is 64 mma a step and C 64, against the TF32 build's 224 and 256: with the
+//              products ~1,100 cycles shorter, a step is ~3,850 cycles against ~5,150.
+//   BF16 = 0   TF32 inputs (m16n8k8) in three passes, which keeps near-fp32 accuracy: each
+//              operand is split as v = hi + lo (hi its top 19 bits), and a·b ≈ hi·hi + (hi·lo +
+//              lo·hi), the dropped lo·lo term and the operands' truncation ~2⁻²⁰ of the
+//              product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the products
+//              with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
+//              inputs) x are split in the loop.
+// Shared memory and latency bound the TF32 products more than the tensor cores do: an SM
+// sub-partition issues an m16n8k8 TF32 mma every ~6 cycles (scripts/mma_rate.py), so A's 224
+// mma need ~340 cycles and C's 256 ~380, about 40% of each phase, while A's fragment loads
+// alone keep shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A);
+// in C two 16-feature tiles of all classes over a part of the k range (TF32, loading each operand
+// fragment once for both), or one 16-feature tile of all classes over all of it (BF16, updating
+// W from its registers, no barrier between the products and the update); lanes of padding
+// classes load nothing (TF32). (Measured no faster: A or C over twice the warps; x or W
+// fragments loaded ahead during the waits; W held in registers, each warp updating its copy from
+// dW; predicated instead of branched-around stores of partial logits and dlogits.) Every sum
+// runs in a fixed order, without atomics: the same seed gives the same weights bit for bit.
 //
 // Measured no faster: taking both products off the path from one step's dlogits to the next's.
 // For softmax regression z_{t+1} = x_{t+1}·W_tᵀ + b_t − lr·G_t·dlogits_t with G_t = x_{t+1}·x_tᵀ
@@ -55,24 +64,21 @@
 // computed while step t trains, given the products of consecutive batches (a kernel on every SM
 // ahead of the epoch: 0.06 ms in integer mma). With warps in three roles (the owned rows with
 // G·dlogits on tensor cores; C and the partials two steps ahead; the copies in), a step took
-// ~4,500 cycles against this kernel's 5,144, but the epoch 1.33 ms against 1.315: the roles share
+// ~4,500 cycles against the TF32 build's 5,144, but the epoch 1.33 ms against 1.315: the roles share
 // the SM's issue slots and shared-memory pipe, so each phase ran 30-50% slower than alone (C and
 // A alone took ~4,350 cycles a step with the G product dropped), and the copies in of random rows
 // take ~3,000 cycles a step however issued (cp.async, a bulk copy a row, bytes).
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
-// takes the same code with fewer rows), PIXEL_LEVELS (below). Images are float32 rows of
-// CLUSTER·SLICE, zero past FEATURES (as W is there). Without a bias (bias = 0), b stays zero.
+// takes the same code with fewer rows), PIXEL_LEVELS (below), BF16. Images are rows of
+// CLUSTER·SLICE values (bf16 bits in the BF16 build, else float32), zero past FEATURES (as W
+// is there). Without a bias (bias = 0), b stays zero.
 
 #define PADDED_FEATURES (CLUSTER * SLICE)
 #define COMPUTE_THREADS (32 * COMPUTE_WARPS)
 #define THREADS (32 * (COMPUTE_WARPS + FETCH_WARPS))
 #define N_TILES ((CLASSES + 7) / 8)           // the classes in mma columns of 8
-#define QUADS ((CLASSES + 3) / 4)             // a row's dlogits in 16-byte pieces
-// Floats per row of dlogits: ≡ 8 or 24 (mod 32), so that a fragment's loads (k = lane % 4,
-// n = lane / 4) hit 32 banks.
-#define DL_STRIDE (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
 #define ROW_LANES (CLASSES <= 16 ? 16 : 32)   // phase B's threads per row: a class each
 #define INBOX_STRIDE ROW_LANES                // floats per row of the inbox
 // Classes per feature pair of W, each class an 8-byte (even, odd feature) pair: ≡ 4 (mod 16),
@@ -81,18 +87,46 @@
 #define C_M_TILES ((SLICE + 1 + 15) / 16)  // phase C's rows: the slice's features, then the bias
 #define C_TILES (C_M_TILES * N_TILES)
 #define X_COLS (16 * C_M_TILES)     // a tile row as phase C reads it: features, the bias's input, zeros
-#define X_STRIDE ((X_COLS + 23) / 32 * 32 + 8)  // ≡ 8 (mod 32): A's 8-byte and C's 4-byte loads hit 32 banks
-#define CHUNKS_PER_ROW (SLICE / 4)  // 16-byte copies per row of a tile
 #define ROWS16 ((BATCH + 15) / 16 * 16)  // rows of a tile and of dlogits: whole mma tiles
 #define R_MAX ((BATCH + CLUSTER - 1) / CLUSTER)  // owned rows of a full step
 #define C_M_PAIRS ((C_M_TILES + 1) / 2)
-#define C_K_STEPS (ROWS16 / 8)      // phase C's k-steps of 8 rows (an even number)
-#define C_K_PARTS (C_K_STEPS % 4 == 0 ? 4 : 2)  // phase C's k range split over warps
 #define FETCH_ROWS ((BATCH + FETCH_WARPS - 1) / FETCH_WARPS)  // a fetch warp's rows of a tile
 
+#if BF16
+// Tiles, W's copy for phase A and dlogits hold bf16 values (their 16 bits); each is read by
+// ldmatrix, eight rows of 16 bytes a matrix, so a row is an odd number of 16-byte pieces: the
+// eight rows of a matrix then fall in eight different 16-byte columns of the banks.
+typedef unsigned short Elem;
+#define N_PAIRS ((N_TILES + 1) / 2)           // the classes in pairs of mma columns (one ldmatrix.x4)
+#define X_STRIDE (X_COLS + 8)
+#define A_K ((SLICE + 15) / 16 * 16)          // phase A's k range: the slice in k-steps of 16
+#define W16_STRIDE (A_K + 8)                  // W's bf16 copy, [class][feature]
+#define W16_SIZE (16 * N_PAIRS * W16_STRIDE)  // ... a buffer of it
+#define DL_STRIDE (16 * N_PAIRS + 8)
+#define DL_PIECE 8                            // dlogits sent 8 (16 bytes) a store
+#define C_K_STEPS (ROWS16 / 16)               // phase C's k-steps of 16 rows
+#define C_K_PARTS 0                           // phase C: a warp sums a tile over all the rows
+typedef Sums1 Sums;
+#else
+typedef float Elem;
+// Floats per row of dlogits: ≡ 8 or 24 (mod 32), so that a fragment's loads (k = lane % 4,
+// n = lane / 4) hit 32 banks.
+#define DL_STRIDE (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
+#define X_STRIDE ((X_COLS + 23) / 32 * 32 + 8)  // ≡ 8 (mod 32): A's 8-byte and C's 4-byte loads hit 32 banks
+#define DL_PIECE 4                            // dlogits sent 4 (16 bytes) a store
+#define C_K_STEPS (ROWS16 / 8)                // phase C's k-steps of 8 rows (an even number)
+#define C_K_PARTS (C_K_STEPS % 4 == 0 ? 4 : 2)  // phase C's k range split over warps
+#define W16_SIZE 0                            // no bf16 copy of W
+typedef Sums3 Sums;
+#endif
+#define DL_PIECES ((CLASSES + DL_PIECE - 1) / DL_PIECE)  // a row's dlogits in 16-byte stores
+#define CHUNK (16 / (int)sizeof(Elem))        // values a 16-byte copy of a tile row carries
+#define CHUNKS_PER_ROW (SLICE / CHUNK)        // 16-byte copies per row of a tile
+
 // PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the
-// images then hold k itself, exact in TF32, so the products with x take two passes, not three,
-// and x's unit 1/255 goes into the logits and the step. 0: any floats, three passes.
+// images then hold k itself, exact in TF32 and in bf16, so the TF32 products with x take two
+// passes, not three, and x's unit 1/255 goes into the logits and the step. 0: any floats (three
+// passes; rounded to bf16 in the BF16 build).
 #if PIXEL_LEVELS
 #define X_LEVELS PIXEL_LEVELS  // 1 in x's unit, exact (1 / X_UNIT in float is not)
 #else
@@ -123,38 +157,56 @@ struct Smem {
     unsigned long long* inbox_full;  // this step's partial logits of the owned rows have arrived
     unsigned long long* dl_full;     // this step's dlogits have arrived
     unsigned long long* tile_full;   // [2] a tile buffer's copies (and its labels') have landed
-    unsigned long long* sent;        // the compute threads have sent this step's partial logits
+    unsigned long long* tile_free;   // [2] the compute threads are done with a tile buffer
     double* totals;     // [2 + 2·COMPUTE_WARPS]        block totals of loss and correct, then per warp
-    float2* w_hi;       // [SLICE/2][PAIR_STRIDE]       this block's slice of W as W = hi + lo (hi: TF32),
-    float2* w_lo;       //                              (W[2p][j], W[2p+1][j]) at [p][j]
+    float2* w_hi;       // [SLICE/2][PAIR_STRIDE]       this block's slice of W, (W[2p][j], W[2p+1][j]) at [p][j]:
+    float2* w_lo;       //                              W = hi + lo (hi: TF32); BF16: W itself in w_hi, no w_lo
     float* b;           // [ROW_LANES]                  this block's copy of the bias
-    float* x;           // [2][ROWS16][X_STRIDE]        this step's tile and the next one's
     float* inbox;       // [CLUSTER][R_MAX][INBOX_STRIDE]  partial logits of the owned rows, per block
-    float* dl;          // [ROWS16][DL_STRIDE]          dlogits, pushed by the rows' owners
-    float* dl_row;      // [R_MAX + 1][ROW_LANES]       an owned row's dlogits, gathered for sending
     float* dw_parts;    // [C_K_PARTS][C_TILES][32][4]  phase C's sums over each part of the rows
+    Elem* w16;          // BF16: [2][16·N_PAIRS][W16_STRIDE]  W rounded to bf16, [class][feature], for phase A:
+    //                  step t reads buffer t % 2 and writes the other
+    Elem* x;            // [2][ROWS16][X_STRIDE]        this step's tile and the next one's
+    Elem* dl;           // [ROWS16][DL_STRIDE]          dlogits, pushed by the rows' owners
+    Elem* dl_row;       // [R_MAX + 1][ROW_LANES]       an owned row's dlogits, gathered for sending
     int* order;         // [BATCH]                      a tile's sample indices, for the fetch warps
     int* labels;        // [2][R_MAX]                   labels of the owned rows, per tile buffer
 };
 
+// `count` values of type T at `at`, which moves past them.
+template <typename T>
+__device__ __forceinline__ T* take(unsigned char*& at, int count) {
+    T* region = reinterpret_cast<T*>(at);
+    at += count * sizeof(T);
+    return region;
+}
+
 __device__ Smem carve(unsigned char* base) {
     Smem s;
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(base);
-    s.inbox_full = bars; s.dl_full = bars + 1; s.tile_full = bars + 2; s.sent = bars + 4;
-    double* d = reinterpret_cast<double*>(bars + 6);  // five barriers and a pad: the floats start 16-byte aligned
-    s.totals = d; d += 2 + 2 * COMPUTE_WARPS;
-    float* f = reinterpret_cast<float*>(d);  // every region below starts 16-byte aligned
-    s.w_hi = reinterpret_cast<float2*>(f); f += SLICE * PAIR_STRIDE;
-    s.w_lo = reinterpret_cast<float2*>(f); f += SLICE * PAIR_STRIDE;
-    s.b = f; f += ROW_LANES;
-    s.x = f; f += 2 * ROWS16 * X_STRIDE;
-    s.inbox = f; f += CLUSTER * R_MAX * INBOX_STRIDE;
-    s.dl = f; f += ROWS16 * DL_STRIDE;
-    s.dl_row = f; f += (R_MAX + 1) * ROW_LANES;
-    s.dw_parts = f; f += C_K_PARTS * C_TILES * 32 * 4;
-    int* i = reinterpret_cast<int*>(f);
-    s.order = i; i += BATCH;
-    s.labels = i;
+    s.inbox_full = bars; s.dl_full = bars + 1; s.tile_full = bars + 2; s.tile_free = bars + 4;
+    // Six barriers, then regions whose sizes are multiples of 16 bytes: each starts
+    // 16-byte aligned (as the 16-byte copies and ldmatrix need).
+    unsigned char* at = base + 6 * 8;
+    s.totals = take<double>(at, 2 + 2 * COMPUTE_WARPS);
+    s.w_hi = take<float2>(at, SLICE / 2 * PAIR_STRIDE);
+    s.w_lo = take<float2>(at, BF16 ? 0 : SLICE / 2 * PAIR_STRIDE);
+    s.b = take<float>(at, ROW_LANES);
+    s.inbox = take<float>(at, CLUSTER * R_MAX * INBOX_STRIDE);
+    s.dw_parts = take<float>(at, C_K_PARTS * C_TILES * 32 * 4);  // BF16: none
+#if BF16
+    s.w16 = take<Elem>(at, 2 * W16_SIZE);
+#else
+    s.w16 = nullptr;
+#endif
+    s.x = take<Elem>(at, 2 * ROWS16 * X_STRIDE);
+    s.dl = take<Elem>(at, ROWS16 * DL_STRIDE);
+    s.dl_row = take<Elem>(at, (R_MAX + 1) * ROW_LANES);
+    s.order = take<int>(at, BATCH);
+    s.labels = take<int>(at, 2 * R_MAX);
+    unsigned launched;  // the launcher's byte count (Shape.shared_bytes) must cover the carve
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(launched));
+    if (at - base > launched) __trap();
     return s;
 }
 
@@ -164,13 +216,49 @@ __device__ __forceinline__ float2 split_pair(float v) {
     const float hi = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
     return make_float2(hi, v - hi);
 }
+// A value of a tile or of dlogits as kept: in the BF16 build its bf16 bits (rounded to nearest even).
+__device__ __forceinline__ Elem to_elem(float v) {
+#if BF16
+    return (Elem)(bf16x2(v, 0.0f) & 0xffffu);
+#else
+    return v;
+#endif
+}
+// W[j][f] of the slice, and W[j][f] = v where `keep`: kept as hi + lo (TF32 build), or as v with a
+// bf16 copy in `w16` (a buffer of s.w16) for phase A where j is a class (BF16 build). The stores
+// are predicated, not branched around: the update's tiles hold padding and the bias's row, where
+// branches diverge. (Why two buffers of the copy: a step's phase A reads one while its phase C
+// writes the other, so the reads and writes of a buffer are always a compute barrier apart;
+// with one, only the exchanges between them would order them, which compute-sanitizer's
+// racecheck cannot follow.)
+__device__ __forceinline__ float load_w(const Smem& s, int f, int j) {
+    const float hi = reinterpret_cast<const float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j)[f & 1];
+#if BF16
+    return hi;
+#else
+    return hi + reinterpret_cast<const float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j)[f & 1];
+#endif
+}
+__device__ __forceinline__ void store_w(const Smem& s, int f, int j, float v, bool keep, Elem* w16) {
+    float* hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+#if BF16
+    Elem* copy = w16 + j * W16_STRIDE + f;
+    const Elem v16 = to_elem(v);
+    if (keep) *hi = v;
+    if (keep && j < CLASSES) *copy = v16;
+#else
+    float* lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+    const float2 parts = split_pair(v);
+    if (keep) { *hi = parts.x; *lo = parts.y; }
+#endif
+}
 
 // A fetch warp's loop: rows [FETCH_ROWS·warp, FETCH_ROWS·(warp + 1)) of every step's tile
 // (16-byte cp.async copies of this block's columns) and the labels of the owned rows among them;
 // each lane arrives on the buffer's `tile_full` barrier once its copies have landed. Each lane
 // holds the sample indices of its rows of the next step in registers, loaded while the current
 // step's copies fly.
-__device__ void fetch_epoch(const Smem& s, const float* images, const int* labels, const int* order,
+__device__ void fetch_epoch(const Smem& s, const Elem* images, const int* labels, const int* order,
                             int num_samples, int num_steps, unsigned rank, int fetch_warp, int lane) {
     constexpr int ROWS_PER_LANE = (FETCH_ROWS + 31) / 32;
     const int row0 = fetch_warp * FETCH_ROWS;
@@ -184,16 +272,14 @@ __device__ void fetch_epoch(const Smem& s, const float* images, const int* label
         }
     };
     if (num_steps > 0) load_indices(0);
-    const float* columns = images + rank * SLICE;
+    const Elem* columns = images + rank * SLICE;
     for (int step = 0; step < num_steps; ++step) {
         const int buffer = step & 1, rows = step_rows(step, BATCH, num_samples);
         const int r_own = owned_rows(rows), own_lo = min(rows, (int)rank * r_own);
         const int owned = min(rows, own_lo + r_own) - own_lo;
-        // Step − 1's partials are sent, so step − 2 (whose buffer this is) is done; and the compute
-        // warps now wait for the exchanges, so the copies hardly delay their loads. (Step 1 waits
-        // too, though its buffer is fresh: a parity wait tells apart only the phase it waits for
-        // and the one after, so each wait must find the one before it complete.)
-        if (step >= 1) mbarrier_wait(s.sent, (step - 1) & 1);
+        // Step − 2, the buffer's last user, is done with it: the buffer's (step / 2 − 1)-th
+        // completion. (Its next needs this very tile, so a parity wait cannot mistake the two.)
+        if (step >= 2) mbarrier_wait(s.tile_free + buffer, ((step >> 1) + 1) & 1);
 #pragma unroll
         for (int i = 0; i < ROWS_PER_LANE; ++i) {
             const int local = lane + 32 * i, r = row0 + local;
@@ -204,10 +290,10 @@ __device__ void fetch_epoch(const Smem& s, const float* images, const int* label
         }
         __syncwarp();
         const int my_rows = max(0, min(FETCH_ROWS, rows - row0));
-        float* tile = s.x + (buffer * ROWS16 + row0) * X_STRIDE;
+        Elem* tile = s.x + (buffer * ROWS16 + row0) * X_STRIDE;
         for (int i = lane; i < my_rows * CHUNKS_PER_ROW; i += 32) {
             const int r = i / CHUNKS_PER_ROW, k = i - r * CHUNKS_PER_ROW;
-            copy16_async(tile + r * X_STRIDE + 4 * k, columns + (long long)s.order[row0 + r] * PADDED_FEATURES + 4 * k);
+            copy16_async(tile + r * X_STRIDE + CHUNK * k, columns + (long long)s.order[row0 + r] * PADDED_FEATURES + CHUNK * k);
         }
         if (step + 1 < num_steps) load_indices(step + 1);  // in flight while the copies land
         async_wait_all();
@@ -224,6 +310,140 @@ struct Compute {
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by the threads of phase B of class 0
 };
 
+// ---- The products of phases A and C, in the build's precision -------------------------------
+#if !BF16
+// A: the partial logits of the 16 rows of tile m, k over the slice's features. Within a k-step
+// of 8 features, mma slot t takes feature 2t and slot t + 4 feature 2t + 1 (any order of k gives
+// the same sum), so each operand pair is one 8-byte load.
+__device__ __forceinline__ void a_products(Sums (&sums)[N_TILES], const Smem& s, const Elem* x, const Elem* w16,
+                                           int m, const Compute& me) {
+    const int g = me.g, t = me.t;
+    const float* xa = x + (16 * m + g) * X_STRIDE + 2 * t;
+    const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
+    const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
+#pragma unroll
+    for (int k = 0; k < SLICE; k += 8) {
+        const float2 top = *reinterpret_cast<const float2*>(xa + k), bottom = *reinterpret_cast<const float2*>(xa + 8 * X_STRIDE + k);
+        const float a[4] = {top.x, bottom.x, top.y, bottom.y};
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n) {
+            // Lanes of padding classes load nothing (their columns' sums are never sent): with
+            // 10 classes, half the second tile's loads, a sixth of A's shared-memory traffic.
+            const bool live = 8 * n + g < CLASSES;
+            const float2 hi = live ? wb_hi[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
+            const float2 lo = live ? wb_lo[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
+            const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
+            const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
+            mma_x(sums[n], a, b_hi, b_lo);
+        }
+    }
+}
+// C: dW_sliceᵀ of the 16-feature tiles m0 and m1 (A[f][r] = x[r][f]) over part `part` of the
+// tile's rows, loading each dlogits fragment once for both tiles.
+__device__ __forceinline__ void c_products(Sums (&sums)[2][N_TILES], const Smem& s, const Elem* x, int m0,
+                                           int m1, int part, const Compute& me) {
+    const int g = me.g, t = me.t;
+    const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;
+    const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
+    const float* db = s.dl + t * DL_STRIDE + g;
+#pragma unroll
+    for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
+        const int k = 8 * (part * (C_K_STEPS / C_K_PARTS) + i);
+        const float* x0 = xa0 + k * X_STRIDE;
+        const float* x1 = xa1 + k * X_STRIDE;
+        const float a0[4] = {x0[0], x0[8], x0[4 * X_STRIDE], x0[4 * X_STRIDE + 8]};
+        const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n) {
+            const bool live = 8 * n + g < CLASSES;  // as in A: padding classes load nothing
+            const float d[2] = {live ? db[k * DL_STRIDE + 8 * n] : 0.0f, live ? db[(k + 4) * DL_STRIDE + 8 * n] : 0.0f};
+            unsigned b_hi[2], b_lo[2];
+            split_tf32(d, b_hi, b_lo);
+            mma_x(sums[0][n], a0, b_hi, b_lo);
+            mma_x(sums[1][n], a1, b_hi, b_lo);
+        }
+    }
+}
+#else
+// The same products from bf16 operands in one m16n8k16 pass, every fragment one ldmatrix.x4:
+// lanes 8q..8q+7 give the rows of the fragment's matrix q (see bf16_mma.cuh).
+// A: a = x[16m + 8(q & 1) + ·][k + 8(q >> 1) + ·]; b for column tiles 2p, 2p + 1 = W16 rows
+// 16p + 8(q >> 1) + ·, features k + 8(q & 1) + · (W16's features past SLICE are zero).
+__device__ __forceinline__ void a_products(Sums (&sums)[N_TILES], const Smem& s, const Elem* x, const Elem* w16,
+                                           int m, const Compute& me) {
+    const int lane = me.lane, q = lane >> 3, i = lane & 7;
+    const unsigned xa = smem_addr(x + (16 * m + 8 * (q & 1) + i) * X_STRIDE + 8 * (q >> 1));
+    const unsigned wb = smem_addr(w16 + (8 * (q >> 1) + i) * W16_STRIDE + 8 * (q & 1));
+#pragma unroll
+    for (int k = 0; k < A_K; k += 16) {
+        unsigned a[4];
+        ldmatrix_x4(a, xa + 2 * k);
+#pragma unroll
+        for (int p = 0; p < N_PAIRS; ++p) {
+            unsigned b[4];
+            ldmatrix_x4(b, wb + 2 * (16 * p * W16_STRIDE + k));
+            mma_bf16(sums[2 * p].d, a, {b[0], b[1]});
+            if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1].d, a, {b[2], b[3]});
+        }
+    }
+}
+// C: dW_sliceᵀ of the 16 features of tile row m, all classes, over all the tile's rows. A[f][r] =
+// x[r][f] and B[r][j] = dlogits[r][j] are both row-major in r, so both fragments come from
+// ldmatrix.trans: a = x rows k + 8(q >> 1) + ·, features 16m + 8(q & 1) + ·; b for column tiles
+// 2p, 2p + 1 = dlogits rows k + 8(q & 1) + ·, classes 16p + 8(q >> 1) + ·. Even and odd k-steps
+// in two sums (two chains of dependent mma a tile), added last.
+__device__ __forceinline__ void c_products(float (&grads)[N_TILES][4], const Smem& s, const Elem* x, int m,
+                                           const Compute& me) {
+    const int lane = me.lane, q = lane >> 3, i = lane & 7;
+    const unsigned xa = smem_addr(x + (8 * (q >> 1) + i) * X_STRIDE + 16 * m + 8 * (q & 1));
+    const unsigned db = smem_addr(s.dl + (8 * (q & 1) + i) * DL_STRIDE + 8 * (q >> 1));
+    Sums1 sums[N_TILES][2];
+#pragma unroll
+    for (int step = 0; step < C_K_STEPS; ++step) {
+        const int k = 16 * step;
+        unsigned a[4];
+        ldmatrix_x4_trans(a, xa + 2 * k * X_STRIDE);
+#pragma unroll
+        for (int p = 0; p < N_PAIRS; ++p) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, db + 2 * (k * DL_STRIDE + 16 * p));
+            mma_bf16(sums[2 * p][step % 2].d, a, {b[0], b[1]});
+            if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1][step % 2].d, a, {b[2], b[3]});
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) grads[n][v] = sums[n][0].d[v] + sums[n][1].d[v];
+}
+#endif
+
+// Phase C's step for output tile (m, n): W[j][f] −= lr · X_UNIT · dW[j][f] and, where the tile
+// holds the bias's row (f = SLICE), b[j] likewise; grads is the tile's mma fragment of dW_sliceᵀ:
+// D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+__device__ __forceinline__ void update_tile(const Smem& s, const Compute& me, int m, int n, const float (&grads)[4],
+                                            int bias, float lr, Elem* w16_next) {
+    const int g = me.g, t = me.t;
+    float w_now[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // every load before any store: stores through the same pointers
+        // would otherwise hold each load back until the store before it (about 100 cycles a step)
+        const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
+        w_now[i] = load_w(s, min(f, SLICE - 1), j);  // past the slice: a value in range, never stored
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // W's fp32 update (TF32 build: W = hi + lo exactly, split again)
+        const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
+        store_w(s, f, j, w_now[i] - lr * X_UNIT * grads[i], j < CLASSES && f < SLICE, w16_next);
+    }
+    if (bias && m == SLICE / 16)  // the tile holding the bias's row (the same for the whole warp)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
+            if (f == SLICE && j < CLASSES) s.b[j] -= lr * X_UNIT * grads[i];
+        }
+}
+
 // One step of `rows` samples (BATCH for all but a short last one; inlined, so that a full step's
 // row counts are constants).
 __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step, int rows, int bias, float lr,
@@ -232,48 +452,30 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     const int r_own = owned_rows(rows), own_lo = min(rows, (int)me.rank * r_own);
     const int owned = min(rows, own_lo + r_own) - own_lo;
     const int cur = step & 1;
-    const float* x = s.x + cur * ROWS16 * X_STRIDE;
+    const Elem* w16_now = s.w16 + cur * W16_SIZE;  // (BF16) W's copy this step reads, and the one it writes
+    Elem* w16_next = s.w16 + (cur ^ 1) * W16_SIZE;
+    const Elem* x = s.x + cur * ROWS16 * X_STRIDE;
 
     mbarrier_wait(s.tile_full + cur, (step >> 1) & 1);  // this step's tile and labels have landed
     if (me.tid == 0) {  // what this step will receive: partials of the owned rows, all dlogits
         mbarrier_expect(s.inbox_full, owned * CLUSTER * CLASSES * 4);
-        mbarrier_expect(s.dl_full, rows * QUADS * 16);
+        mbarrier_expect(s.dl_full, rows * DL_PIECES * 16);
     }
     // A short step: phase C's k-steps run past its rows, where dlogits must be zero (no block
     // pushes there this step; an earlier step's values are still in place). The barrier orders
     // these stores before phase C's loads in other warps (nothing else between them does).
     if (rows < ROWS16) {
-        for (int i = rows * DL_STRIDE + me.tid; i < ROWS16 * DL_STRIDE; i += COMPUTE_THREADS) s.dl[i] = 0.0f;
+        for (int i = rows * DL_STRIDE + me.tid; i < ROWS16 * DL_STRIDE; i += COMPUTE_THREADS) s.dl[i] = 0;
         compute_sync();
     }
 
     // ---- A: partial logits of this block's features, pushed to each row's owner ----------------
-    // P = x·W_sliceᵀ, a warp a 16-row tile of all classes, k over the slice's features. Within a
-    // k-step of 8 features, mma slot t takes feature 2t and slot t + 4 feature 2t + 1 (any order
-    // of k gives the same sum), so each operand pair is one 8-byte load. (Two tiles a warp load
+    // P = x·W_sliceᵀ, a warp a 16-row tile of all classes (a_products). (Two tiles a warp load
     // W's fragments half as often, but leave each warp twice the sends to issue, which costs more.)
     const int m_tiles = (rows + 15) / 16;
     for (int m = warp; m < m_tiles; m += COMPUTE_WARPS) {
-        const float* xa = x + (16 * m + g) * X_STRIDE + 2 * t;
-        const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
-        const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
-        Sums3 sums[N_TILES];
-#pragma unroll
-        for (int k = 0; k < SLICE; k += 8) {
-            const float2 top = *reinterpret_cast<const float2*>(xa + k), bottom = *reinterpret_cast<const float2*>(xa + 8 * X_STRIDE + k);
-            const float a[4] = {top.x, bottom.x, top.y, bottom.y};
-#pragma unroll
-            for (int n = 0; n < N_TILES; ++n) {
-                // Lanes of padding classes load nothing (their columns' sums are never sent): with
-                // 10 classes, half the second tile's loads, a sixth of A's shared-memory traffic.
-                const bool live = 8 * n + g < CLASSES;
-                const float2 hi = live ? wb_hi[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
-                const float2 lo = live ? wb_lo[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
-                const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
-                const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
-                mma_x(sums[n], a, b_hi, b_lo);
-            }
-        }
+        Sums sums[N_TILES];
+        a_products(sums, s, x, w16_now, m, me);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
             const int r = 16 * m + g + 8 * half;
@@ -290,7 +492,6 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             }
         }
     }
-    mbarrier_arrive(s.sent);
     mbarrier_wait(s.inbox_full, step & 1);
 
     // ---- B: the owned rows: logits, softmax, dlogits to every block --------------------------
@@ -307,13 +508,14 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         const float z = is_class ? s.b[j] + X_UNIT * partials : -__int_as_float(0x7f800000);
         float m, sum;
         const float dl = warp_softmax_grad<ROW_LANES>(z, is_class, j, label, rows, m, sum);
-        float* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
-        gathered[j] = dl;
+        Elem* gathered = s.dl_row + (row_owned ? rr : R_MAX) * ROW_LANES;  // a spare row past the owned
+        gathered[j] = to_elem(dl);  // BF16: rounded here, as phase C reads it in every block
         __syncwarp();
-        if (row_owned && j < CLUSTER) {  // to block j: the row's classes, 4 a store
-            const float4* pieces = reinterpret_cast<const float4*>(gathered);
+        if (row_owned && j < CLUSTER) {  // to block j: the row's classes, DL_PIECE a store
+            const float4* pieces = reinterpret_cast<const float4*>(gathered);  // the bits, whatever they hold
 #pragma unroll
-            for (int q = 0; q < QUADS; ++q) send4(me.dl_to + 4 * (r * DL_STRIDE + 4 * q), pieces[q], me.dl_full_to);
+            for (int q = 0; q < DL_PIECES; ++q)
+                send4(me.dl_to + sizeof(Elem) * (r * DL_STRIDE + DL_PIECE * q), pieces[q], me.dl_full_to);
         }
         if (measure) {
             const float z_label = __shfl_sync(0xffffffffu, z, (lane & ~(ROW_LANES - 1)) + label);
@@ -331,33 +533,26 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     // ---- C: this block's slice of W and its copy of b, from its copy of dlogits ---------------
     // dW_sliceᵀ = xᵀ·dlogits: rows are the slice's features and then the bias (a feature whose
     // input, X_LEVELS, is the tile's column SLICE), k runs over the tile's rows (past the step's
-    // rows, dlogits are zero). A warp takes two 16-feature tiles of all classes over one of
-    // C_K_PARTS parts of the k range (fewer loads of shared memory than a tile a warp); the parts
-    // meet in shared memory and are added in order.
+    // rows, dlogits are zero); update_tile applies each 16 × 8 tile of it.
+#if BF16
+    // A warp a row of tiles (16 features, all classes) over all the rows, updated from its
+    // registers. (A warp a single tile took ~150 cycles more a step: each x fragment loaded once
+    // per class tile.)
+    for (int m = warp; m < C_M_TILES; m += COMPUTE_WARPS) {
+        float grads[N_TILES][4];
+        c_products(grads, s, x, m, me);
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n) update_tile(s, me, m, n, grads[n], bias, lr, w16_next);
+    }
+#else
+    // A warp takes two 16-feature tiles of all classes over one of C_K_PARTS parts of the k range
+    // (fewer loads of shared memory than a tile a warp); the parts meet in shared memory and are
+    // added in order.
     for (int task = warp; task < C_M_PAIRS * C_K_PARTS; task += COMPUTE_WARPS) {
         const int part = task / C_M_PAIRS, pair = task - part * C_M_PAIRS;
         const int m0 = 2 * pair, m1 = min(m0 + 1, C_M_TILES - 1);  // m1 = m0: one tile, done twice
-        const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;  // A[f][r] = x[r][f]
-        const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
-        const float* db = s.dl + t * DL_STRIDE + g;
-        Sums3 sums[2][N_TILES];
-#pragma unroll
-        for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
-            const int k = 8 * (part * (C_K_STEPS / C_K_PARTS) + i);
-            const float* x0 = xa0 + k * X_STRIDE;
-            const float* x1 = xa1 + k * X_STRIDE;
-            const float a0[4] = {x0[0], x0[8], x0[4 * X_STRIDE], x0[4 * X_STRIDE + 8]};
-            const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
-#pragma unroll
-            for (int n = 0; n < N_TILES; ++n) {
-                const bool live = 8 * n + g < CLASSES;  // as in A: padding classes load nothing
-                const float d[2] = {live ? db[k * DL_STRIDE + 8 * n] : 0.0f, live ? db[(k + 4) * DL_STRIDE + 8 * n] : 0.0f};
-                unsigned b_hi[2], b_lo[2];
-                split_tf32(d, b_hi, b_lo);
-                mma_x(sums[0][n], a0, b_hi, b_lo);
-                mma_x(sums[1][n], a1, b_hi, b_lo);
-            }
-        }
+        Sums sums[2][N_TILES];
+        c_products(sums, s, x, m0, m1, part, me);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
             if (mi == 1 && m1 == m0) break;
@@ -379,38 +574,15 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             const float4 v = reinterpret_cast<const float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane];
             grads[0] += v.x; grads[1] += v.y; grads[2] += v.z; grads[3] += v.w;
         }
-        float w_now[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // every load before any store: stores through the same pointers
-            // would otherwise hold each load back until the store before it (about 100 cycles a step)
-            const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-            const float* w_hi = reinterpret_cast<const float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-            const float* w_lo = reinterpret_cast<const float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-            w_now[i] = j < CLASSES && f < SLICE ? *w_hi + *w_lo : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
-            const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-            // W = hi + lo exactly, so this is W's fp32 update, split again. Predicated stores, and
-            // the bias's row apart below: branches here, divergent where a tile holds padding or
-            // the bias, cost 3% of a step.
-            float* w_hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-            float* w_lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-            const float2 w = split_pair(w_now[i] - lr * X_UNIT * grads[i]);
-            if (j < CLASSES && f < SLICE) { *w_hi = w.x; *w_lo = w.y; }
-        }
-        if (bias && m == SLICE / 16)  // the tile holding the bias's row, f = SLICE (the same for the whole warp)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-                if (f == SLICE && j < CLASSES) s.b[j] -= lr * X_UNIT * grads[i];
-            }
+        update_tile(s, me, m, n, grads, bias, lr, w16_next);
     }
+#endif
+    mbarrier_arrive(s.tile_free + cur);  // this thread's last read of the tile is behind it
     compute_sync();  // the updates before the next step's phase A reads W and b
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-softmax_epoch(const float* images, const int* labels, const int* order, float* w, float* b,
+softmax_epoch(const void* images, const int* labels, const int* order, float* w, float* b,
               int bias, int num_samples, int num_steps, float lr, double* metrics, int measure) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
@@ -418,26 +590,27 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int col0 = rank * SLICE;
 
-    for (int i = tid; i < SLICE / 2 * PAIR_STRIDE; i += THREADS) {
-        const int f = 2 * (i / PAIR_STRIDE), j = i - f / 2 * PAIR_STRIDE;
-        const bool in = j < CLASSES;
-        const float2 even = split_pair(in && col0 + f < FEATURES ? w[j * FEATURES + col0 + f] : 0.0f);
-        const float2 odd = split_pair(in && col0 + f + 1 < FEATURES ? w[j * FEATURES + col0 + f + 1] : 0.0f);
-        s.w_hi[i] = make_float2(even.x, odd.x);
-        s.w_lo[i] = make_float2(even.y, odd.y);
+    for (int i = tid; i < SLICE * PAIR_STRIDE; i += THREADS) {
+        const int f = i / PAIR_STRIDE, j = i - f * PAIR_STRIDE;
+        store_w(s, f, j, j < CLASSES && col0 + f < FEATURES ? w[j * FEATURES + col0 + f] : 0.0f, true, s.w16);
     }
+#if BF16  // both buffers of W's bf16 copy are zero past the classes and the slice (store_w writes the rest)
+    for (int i = tid; i < 2 * W16_SIZE; i += THREADS)
+        if (i % W16_SIZE / W16_STRIDE >= CLASSES || i % W16_STRIDE >= SLICE) s.w16[i] = 0;
+#endif
     // Tiles and dlogits start at zero: the mma tiles read rows past a step's last one (and
     // dlogits' columns past the classes), whose products are discarded but must be finite. A
     // tile row's column SLICE is the bias's input, X_LEVELS (1 in x's unit); the copies never
     // write there.
-    for (int i = tid; i < 2 * ROWS16 * X_STRIDE; i += THREADS) s.x[i] = i % X_STRIDE == SLICE ? (float)X_LEVELS : 0.0f;
-    for (int i = tid; i < ROWS16 * DL_STRIDE; i += THREADS) s.dl[i] = 0.0f;
+    const Elem bias_input = to_elem((float)X_LEVELS);
+    for (int i = tid; i < 2 * ROWS16 * X_STRIDE; i += THREADS) s.x[i] = i % X_STRIDE == SLICE ? bias_input : 0;
+    for (int i = tid; i < ROWS16 * DL_STRIDE; i += THREADS) s.dl[i] = 0;
     if (tid < ROW_LANES) s.b[tid] = bias && tid < CLASSES ? b[tid] : 0.0f;
     if (tid == 0) {
         mbarrier_init(s.inbox_full, 1);
         mbarrier_init(s.dl_full, 1);
         for (int i = 0; i < 2; ++i) mbarrier_init(s.tile_full + i, 32 * FETCH_WARPS);
-        mbarrier_init(s.sent, COMPUTE_THREADS);
+        for (int i = 0; i < 2; ++i) mbarrier_init(s.tile_free + i, COMPUTE_THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -448,7 +621,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     const int to = min(lane % ROW_LANES, CLUSTER - 1);
     Compute me{rank, tid, lane, warp, lane >> 2, lane & 3, remote(s.dl, to), remote(s.dl_full, to)};
     if (warp >= COMPUTE_WARPS) {
-        fetch_epoch(s, images, labels, order, num_samples, num_steps, rank, warp - COMPUTE_WARPS, lane);
+        fetch_epoch(s, static_cast<const Elem*>(images), labels, order, num_samples, num_steps, rank, warp - COMPUTE_WARPS, lane);
     } else {
         const int full_steps = min(num_steps, num_samples / BATCH);
         for (int step = 0; step < full_steps; ++step) train_step(s, me, step, BATCH, bias, lr, measure);
@@ -460,9 +633,7 @@ softmax_epoch(const float* images, const int* labels, const int* order, float* w
     __syncthreads();
     for (int i = tid; i < SLICE * CLASSES; i += THREADS) {
         const int f = i / CLASSES, j = i - f * CLASSES;
-        const int at = (f / 2) * PAIR_STRIDE + j;
-        const float w_hi = f & 1 ? s.w_hi[at].y : s.w_hi[at].x, w_lo = f & 1 ? s.w_lo[at].y : s.w_lo[at].x;
-        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = w_hi + w_lo;
+        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = load_w(s, f, j);
     }
     if (bias && rank == 0 && tid < CLASSES) b[tid] = s.b[tid];
     if (measure) cluster_metrics(s.totals, COMPUTE_WARPS, me.loss_sum, me.correct_sum, metrics);

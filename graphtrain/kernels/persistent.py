@@ -29,6 +29,7 @@ class Shape:
     classes: int
     batch: int
     pixel_levels: int = 0  # 255: the images are 8-bit pixels k/255 and the kernel reads k (see pixel_levels())
+    bf16: bool = False  # the products from bf16 operands in one pass, else TF32 passes (persistent.cu: BF16)
 
     @property
     def slice(self) -> int:
@@ -41,28 +42,40 @@ class Shape:
 
     @property
     def image_dtype(self) -> type:
-        """The images as the kernel reads them: floats (8-bit pixels as k, exact in TF32)."""
-        return np.float32
+        """The images as the kernel reads them: bf16 (its 16 bits) for the bf16 products, else
+        floats (8-bit pixels as k, exact in both)."""
+        return np.uint16 if self.bf16 else np.float32
 
     @property
     def shared_bytes(self) -> int:
-        """persistent.cu's `carve`, in bytes: five mbarriers and a pad, totals (double), floats, then ints."""
+        """persistent.cu's `carve`, in bytes: six mbarriers, totals (double), floats,
+        the tiles and dlogits (floats, or bf16), then ints."""
         n_tiles = ceil_div(self.classes, 8)
         pair_stride = (n_tiles * 8 + 11) // 16 * 16 + 4
-        dl_stride = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
         row_lanes = 16 if self.classes <= 16 else 32
         c_m_tiles = ceil_div(self.slice + 1, 16)
-        x_stride = (16 * c_m_tiles + 23) // 32 * 32 + 8
         rows16, owned = ceil_div(self.batch, 16) * 16, ceil_div(self.batch, CLUSTER)
-        c_k_parts = 4 if rows16 // 8 % 4 == 0 else 2
-        floats = (2 * self.slice * pair_stride + row_lanes + 2 * rows16 * x_stride + CLUSTER * owned * row_lanes
-                  + rows16 * dl_stride + (owned + 1) * row_lanes + c_k_parts * c_m_tiles * n_tiles * 32 * 4)
-        return 8 * 6 + 8 * (2 + 2 * COMPUTE_WARPS) + 4 * floats + 4 * (self.batch + 2 * owned)
+        if self.bf16:
+            n_pairs = ceil_div(n_tiles, 2)
+            x_stride, dl_stride = 16 * c_m_tiles + 8, 16 * n_pairs + 8
+            c_k_parts = 0  # a warp sums a tile of dW over all the rows
+            w16 = 2 * 16 * n_pairs * (ceil_div(self.slice, 16) * 16 + 8)  # W's bf16 copy, two buffers
+        else:
+            x_stride = (16 * c_m_tiles + 23) // 32 * 32 + 8
+            dl_stride = 8 * n_tiles + (8 if n_tiles % 2 == 0 else 0)
+            c_k_parts = 4 if rows16 // 8 % 4 == 0 else 2
+            w16 = 0
+        w_parts = 1 if self.bf16 else 2  # W (bf16 build), or hi and lo
+        floats = (w_parts * self.slice * pair_stride + row_lanes + CLUSTER * owned * row_lanes
+                  + c_k_parts * c_m_tiles * n_tiles * 32 * 4)
+        values = w16 + 2 * rows16 * x_stride + rows16 * dl_stride + (owned + 1) * row_lanes
+        value_bytes = 2 if self.bf16 else 4
+        return 8 * 6 + 8 * (2 + 2 * COMPUTE_WARPS) + 4 * floats + value_bytes * values + 4 * (self.batch + 2 * owned)
 
     @property
     def defines(self) -> dict[str, int]:
         return {"SLICE": self.slice, "CLASSES": self.classes, "FEATURES": self.features, "BATCH": self.batch,
-                "PIXEL_LEVELS": self.pixel_levels}
+                "PIXEL_LEVELS": self.pixel_levels, "BF16": int(self.bf16)}
 
     def refusal(self) -> str | None:
         """Why the kernel cannot train this shape, or None."""
@@ -102,7 +115,7 @@ def kernel_images(images: np.ndarray, shape) -> np.ndarray:
 class Persistent(KernelFile):
     stem = "persistent"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "tf32_mma.cuh", "warp_softmax.cuh")
+    headers = ("cluster.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "warp_softmax.cuh")
     # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
     defines = {"CLUSTER": CLUSTER, "COMPUTE_WARPS": COMPUTE_WARPS, "FETCH_WARPS": FETCH_WARPS,
                **Shape(784, 10, 128).defines}

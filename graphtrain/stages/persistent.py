@@ -8,10 +8,13 @@ logits of the batch over its slice, and sends them to the block that owns each r
 compute softmax and dlogits and send those to every block, and each block updates its own slice.
 A step is two small exchanges through distributed shared memory, each store counted on the
 receiver's mbarrier (no cluster barrier); two warps copy the next batch in while eight train the
-current one. The products run on tensor cores in TF32 passes that keep fp32 accuracy: three, or
-two where the images are 8-bit pixels (k/255, as every IDX or uint8 dataset is), which the kernel
-reads as k, exact in TF32. Sums in a fixed order, so the same seed gives the same weights bit for
-bit.
+current one. Like `bf16` it trains in bf16: the products read bf16 operands (the images uploaded
+as bf16, 8-bit pixels as k, exact; a bf16 copy of the weights, refreshed at each update) in one
+tensor-core pass with fp32 sums, fp32 master weights and bias, and the dlogits travel as bf16.
+`--precision fp32` trains it in TF32 passes that keep fp32 accuracy instead: three, or two where
+the images are 8-bit pixels (k/255, as every IDX or uint8 dataset is), which the kernel reads as
+k, exact in TF32 (on an H100, jhu: ~0.99 ms an epoch in bf16, ~1.32 in fp32). Sums in a fixed
+order, so the same seed gives the same weights bit for bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
@@ -19,10 +22,10 @@ activations from every block, sends the head's partial logits of each row to the
 (whose softmax sends the row's dlogits back to every block), and sends each block its share of the
 input gradients on the way back, so no block ever needs another's weights. Each exchange goes from
 every block to every other (bulk copies for the activations and input gradients, stores for the
-small logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. Like `device-loop` it trains an MLP in bf16: each hidden layer's
-products read bf16 operands (rounded as they are loaded, the images uploaded as bf16) in one
-tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head; the next step's images are
-copied into shared memory while a step trains. `--precision fp32` trains it in three TF32 passes
+small logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. It too
+trains in bf16: each hidden layer's products read bf16 operands (rounded as they are loaded, the
+images uploaded as bf16) in one tensor-core pass, with fp32 sums, fp32 master weights and an fp32
+head; the next step's images are copied into shared memory while a step trains. `--precision fp32` trains it in three TF32 passes
 instead (two for the first layer's with 8-bit pixels, which the kernel then reads as bytes k),
 near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset at
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphtrain.errors import ModelUnsupported, UsageError
+from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.libs import cuda
@@ -46,15 +49,8 @@ from graphtrain.stages.device_loop import DeviceLoopStage
 class PersistentStage(DeviceLoopStage):
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
-    precisions = ("bf16", "fp32")  # an MLP's; softmax regression trains in fp32 (TF32 passes) only
+    precisions = ("bf16", "fp32")
     mlp_kernel = PersistentMlp  # scripts/persistent_mlp_phases.py swaps in its instrumented build
-
-    def __init__(self, plan, data):
-        super().__init__(plan, data)
-        if not self.config.hidden:
-            if self.config.precision == "bf16":
-                raise UsageError("persistent trains softmax regression in fp32 (TF32 passes), not --precision bf16")
-            self.precision = "fp32"
 
     def setup(self) -> None:
         cfg, features = self.config, self.data.train_images.shape[1]
@@ -62,7 +58,8 @@ class PersistentStage(DeviceLoopStage):
             self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels(self.data.train_images),
                                   bf16=self.precision == "bf16")
         else:
-            self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images))
+            self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images),
+                               bf16=self.precision == "bf16")
         refusal = self.shape.refusal()
         if refusal is not None:
             raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
@@ -123,6 +120,8 @@ class PersistentStage(DeviceLoopStage):
         env.pop("device_loop")  # no graph here: one kernel per epoch
         if self.config.hidden and self.shape.bf16:
             env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
+        elif self.shape.bf16:
+            env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16"
         else:
             env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
                                           if self.shape.pixel_levels else "3xTF32 mma: three passes")
