@@ -536,8 +536,11 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     // rows, dlogits are zero); update_tile applies each 16 × 8 tile of it.
 #if BF16
     // A warp a row of tiles (16 features, all classes) over all the rows, updated from its
-    // registers. (A warp a single tile took ~150 cycles more a step: each x fragment loaded once
-    // per class tile.)
+    // registers. (Measured slower: a warp a single tile, ~150 cycles more a step, each x fragment
+    // loaded once per class tile; two warps a tile row, each over half the rows, its halves met
+    // through shared memory, ~7% more an epoch: with twice the warps in C at once, each phase of
+    // it took about as long as before for half the work. Phase C is bound by the SM's shared-
+    // memory and issue throughput more than by its chains of mma.)
     for (int m = warp; m < C_M_TILES; m += COMPUTE_WARPS) {
         float grads[N_TILES][4];
         c_products(grads, s, x, m, me);
