@@ -161,7 +161,8 @@ WORKLOAD_OPTIONS = [
                  help="Epochs between loss/accuracy reads in the sparse-metrics rungs."),
     click.option("--precision", default=None, type=click.Choice(list(config_mod.PRECISIONS)),
                  help="The products' operands (fp32 accumulation always); default: each stage's own. "
-                      "tf32: cublas to graphs; bf16: bf16, device-loop and the bf16 peers."),
+                      "tf32: cublas to graphs; bf16: bf16, device-loop, persistent and the bf16 peers; "
+                      "fp32: persistent's TF32 passes."),
     *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
