@@ -8,13 +8,14 @@ logits of the batch over its slice, and sends them to the block that owns each r
 compute softmax and dlogits and send those to every block, and each block updates its own slice.
 A step is two small exchanges through distributed shared memory, each store counted on the
 receiver's mbarrier (no cluster barrier); two warps copy the next batch in while eight train the
-current one. Like `bf16` it trains in bf16: the products read bf16 operands (the images uploaded
-as bf16, 8-bit pixels as k, exact; a bf16 copy of the weights, refreshed at each update) in one
-tensor-core pass with fp32 sums, fp32 master weights and bias, and the dlogits travel as bf16.
-`--precision fp32` trains it in TF32 passes that keep fp32 accuracy instead: three, or two where
-the images are 8-bit pixels (k/255, as every IDX or uint8 dataset is), which the kernel reads as
-k, exact in TF32 (on an H100, jhu: ~0.99 ms an epoch in bf16, ~1.32 in fp32). Sums in a fixed
-order, so the same seed gives the same weights bit for bit.
+current one. It trains in bf16, its own precision as for an MLP: the products read bf16 operands
+(the images uploaded as bf16, 8-bit pixels as k, exact; a bf16 copy of the weights, refreshed at
+each update) in one tensor-core pass with fp32 sums, fp32 master weights and bias, and the
+dlogits travel as bf16. `--precision fp32` trains it in TF32 passes that keep fp32 accuracy
+instead: three, or two where the images are 8-bit pixels (k/255, as every IDX or uint8 dataset
+is), which the kernel reads as k, exact in TF32 (on an H100, jhu: 3,837 SM cycles a step in bf16,
+5,224 in fp32; results/persistent-phases-jhu-*h100.md). Sums in a fixed order, so the same seed
+gives the same weights bit for bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
