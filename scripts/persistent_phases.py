@@ -102,7 +102,7 @@ def main() -> None:
     print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
     print(f"Block 0, thread 0; median over steps 8 to {steps - 1}.\n")
     print("| phase (ends at the stamp) | cycles |\n|---|---:|")
-    for k, cycles in zip(marks(config.precision), np.median(per_phase, axis=0)):
+    for k, cycles in zip(marks(stage.precision), np.median(per_phase, axis=0)):
         name = MARKS[k][0]
         print(f"| {name} | {cycles:.0f} |")
     print(f"| **step** | **{np.median(np.diff(at[:, 0])[7:]):.0f}** |")

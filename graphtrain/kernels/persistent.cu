@@ -105,7 +105,7 @@ typedef unsigned short Elem;
 #define DL_STRIDE (16 * N_PAIRS + 8)
 #define DL_PIECE 8                            // dlogits sent 8 (16 bytes) a store
 #define C_K_STEPS (ROWS16 / 16)               // phase C's k-steps of 16 rows
-#define C_K_PARTS 0                           // phase C: a warp sums a tile over all the rows
+#define C_K_PARTS 0                           // phase C: a warp sums its tile row over all the rows, no parts
 typedef Sums1 Sums;
 #else
 typedef float Elem;

@@ -58,7 +58,7 @@ class Shape:
         if self.bf16:
             n_pairs = ceil_div(n_tiles, 2)
             x_stride, dl_stride = 16 * c_m_tiles + 8, 16 * n_pairs + 8
-            c_k_parts = 0  # a warp sums a tile of dW over all the rows
+            c_k_parts = 0  # a warp sums its tile row of dW over all the rows, no parts
             w16 = 2 * 16 * n_pairs * (ceil_div(self.slice, 16) * 16 + 8)  # W's bf16 copy, two buffers
         else:
             x_stride = (16 * c_m_tiles + 23) // 32 * 32 + 8

@@ -19,21 +19,21 @@ gives the same weights bit for bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the
 units of every hidden layer (their rows of W, their columns of the head), gathers the layer's
-activations from every block, sends the head's partial logits of each row to the row's owner
-(whose softmax sends the row's dlogits back to every block), and sends each block its share of the
-input gradients on the way back, so no block ever needs another's weights. Each exchange goes from
-every block to every other (bulk copies for the activations and input gradients, stores for the
-small logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. It too
-trains in bf16: each hidden layer's products read bf16 operands (rounded as they are loaded, the
-images uploaded as bf16) in one tensor-core pass, with fp32 sums, fp32 master weights and an fp32
-head; the next step's images are copied into shared memory while a step trains. `--precision fp32` trains it in three TF32 passes
-instead (two for the first layer's with 8-bit pixels, which the kernel then reads as bytes k),
-near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
-whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset at
-H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A
-step of three hidden layers is a chain of six exchanges and the short products between them, bound by latency and
-instruction issue more than by arithmetic (scripts/persistent_mlp_phases.py counts the cycles of
-each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
+activations from every block, sends the head's partial logits of each row to the row's owner (whose
+softmax sends the row's dlogits back to every block), and sends each block its share of the input
+gradients on the way back, so no block ever needs another's weights. Each exchange goes from every
+block to every other (bulk copies for the activations and input gradients, stores for the small
+logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. It too trains in
+bf16: each hidden layer's products read bf16 operands (rounded as they are loaded, the images
+uploaded as bf16) in one tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head;
+the next step's images are copied into shared memory while a step trains. `--precision fp32` trains
+it in three TF32 passes instead (two for the first layer's with 8-bit pixels, which the kernel then
+reads as bytes k), near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
+whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset
+at H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A step
+of three hidden layers is a chain of six exchanges and the short products between them, bound by
+latency and instruction issue more than by arithmetic (scripts/persistent_mlp_phases.py counts the
+cycles of each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
 """
 
 from __future__ import annotations
