@@ -43,15 +43,21 @@ def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
 
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
-    for h, staged in ((128, True), (256, False)):  # the batch's images in shared memory at H = 128 only
-        # floats ≡ 64 bytes mod 128 (784·4), bytes ≡ 16 (784), bf16 ≡ 32 (784·2)
-        for levels, bf16 in ((0, False), (255, False), (0, True), (255, True)):
-            shape = MlpShape(784, (h,) * 3, 10, 32, levels, bf16)
-            assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
-            assert shape.x_stride == (784 if staged else 0)
-    # bf16 images: two buffers of half a float buffer's size, so as much memory as one of floats
-    assert MlpShape(784, (128,) * 3, 10, 32, bf16=True).shared_bytes == MlpShape(784, (128,) * 3, 10, 32).shared_bytes
-    assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 80  # 64 bytes a row, padded to ≡ 32 mod 128
+    # floats ≡ 64 bytes mod 128 (784·4), bytes ≡ 16 (784), bf16 an odd number of 16-byte pieces
+    # (784·2 = 98 pieces, padded to 99: 792 inputs)
+    for h, levels, bf16, stride in ((128, 0, False, 784), (128, 255, False, 784), (256, 0, False, 0),
+                                    (256, 255, False, 0), (128, 0, True, 792), (128, 255, True, 792),
+                                    (256, 0, True, 792), (256, 255, True, 792)):
+        shape = MlpShape(784, (h,) * 3, 10, 32, levels, bf16)
+        assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
+        assert shape.x_stride == stride, (h, levels, bf16)
+    # The bf16 build keeps W_1 in registers and the images in one buffer (they too go to registers
+    # once read): at H = 256 the batch's images fit beside the rest, which they do not in the TF32 build.
+    with_w1 = MlpShape(784, (256,) * 3, 10, 32, 255).bytes_with(0)
+    assert with_w1 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).bytes_with(0) == 784 * 16 * 4
+    assert MlpShape(784, (256,) * 3, 10, 32, bf16=True).x_buffers == 1
+    assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 40  # 64 bytes a row: 4 pieces, padded to 5
+    assert MlpShape(40, (64,), 3, 8, bf16=True).x_stride == 56  # 48 inputs, 96 bytes: 6 pieces, padded to 7
     # 8-bit pixels as bytes: two buffers of a quarter the size, so 50 KB less than one of floats
     assert MlpShape(784, (128,) * 3, 10, 32).shared_bytes - MlpShape(784, (128,) * 3, 10, 32, 255).shared_bytes == 32 * 784 * (4 - 2)
     assert MlpShape(30, (64,), 3, 8, 255).x_stride == 144  # 32 bytes a row, padded to ≡ 16 mod 128

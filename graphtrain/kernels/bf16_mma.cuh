@@ -35,3 +35,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
+// An 8×8 matrix of 16-bit values held as mma fragments (r = M[g][2t..2t+1]), transposed across the
+// warp: the result is (M[2t][g], M[2t+1][g]). An A fragment's register of a row-major operand so
+// becomes a B fragment's register of its transpose.
+__device__ __forceinline__ unsigned movmatrix_trans(unsigned r) {
+    unsigned t;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(t) : "r"(r));
+    return t;
+}

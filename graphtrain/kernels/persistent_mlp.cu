@@ -140,7 +140,7 @@
 #define NBARS (2 * (LAYERS - 1) + 2)  // an mbarrier per exchange
 #if BF16
 typedef unsigned short Pixel;  // bf16 bits
-#define PIXEL_ROW_ALIGN 32     // staged rows' bytes ≡ 32 (mod 128): see MlpShape.x_stride
+#define PIXEL_ROW_ALIGN 16     // staged rows: an odd number of 16-byte pieces (ldmatrix): see MlpShape.x_stride
 #elif PIXEL_LEVELS
 typedef unsigned char Pixel;
 #define PIXEL_ROW_ALIGN 16
@@ -149,11 +149,15 @@ typedef float Pixel;
 #define PIXEL_ROW_ALIGN 64
 #endif
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
-#define X_BUFFERS (X_STRIDE && sizeof(Pixel) < 4 ? 2 : 1)
-#define X_LEAD (X_BUFFERS - 1)        // steps ahead whose images a step copies in
+// Steps ahead whose images a step copies in: bf16 or bytes one, floats none (copied at the step's
+// start). The BF16 build keeps a step's images in registers once layer 1's forward has read them
+// (W1Regs), so one buffer serves; the TF32 build reads them again for W_1's update: two buffers.
+#define X_LEAD (X_STRIDE && sizeof(Pixel) < 4 ? 1 : 0)
+#define X_BUFFERS (BF16 ? 1 : X_LEAD + 1)
+#define W1_TILES_PER_WARP ((F_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 of layer 1
 #define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
-#if (X_STRIDE != 0 && X_STRIDE * (BF16 ? 2 : PIXEL_LEVELS ? 1 : 4) % 128 != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || THREADS < 64
+#if (X_STRIDE != 0 && (BF16 ? X_STRIDE * 2 % 32 : X_STRIDE * (PIXEL_LEVELS ? 1 : 4) % 128) != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || THREADS < 64
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
 #endif
 
@@ -255,7 +259,8 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 struct Smem {
     unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
-    float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S
+    float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S;
+                      //   none in the BF16 build, whose W_1 lives in registers (W1Regs)
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
@@ -280,7 +285,7 @@ __device__ Smem carve(unsigned char* base) {
     double* d = reinterpret_cast<double*>(s.bars + (NBARS + 1) / 2 * 2);  // 16-byte aligned after
     s.totals = d; d += 2 + 2 * WARPS;
     float* f = reinterpret_cast<float*>(d);  // every region below is a multiple of 16 bytes
-    s.w1 = f; f += FEATURE_STRIDE * WST;
+    s.w1 = f; f += BF16 ? 0 : FEATURE_STRIDE * WST;
     s.w = f; f += (LAYERS - 1) * HIDDEN * WST;
     s.wh = f; f += CS * S;
     s.b = f; f += LAYERS * S;
@@ -333,12 +338,14 @@ __device__ void copy_images_in(const Smem& s, const Pixel* images, const int* st
 // The rows of a product's left operand: a batch of images in global memory, or rows in shared.
 // load2 and load4 give two and four consecutive inputs as the products read them (as_operand).
 struct ImageRows {
+    static constexpr bool SHARED = false;
     const Pixel* images; const int* order;
     __device__ const Pixel* operator()(int r) const { return images + (long long)order[r] * FEATURE_STRIDE; }
     __device__ static auto load2(const Pixel* p) { return as_operand(__ldg(reinterpret_cast<const Pixels2*>(p))); }
     __device__ static auto load4(const Pixel* p) { return as_operand(__ldg(reinterpret_cast<const Pixels4*>(p))); }
 };
 template <int STRIDE> struct SharedRows {
+    static constexpr bool SHARED = true;
     const Pixel* base;
     __device__ const Pixel* operator()(int r) const { return base + r * STRIDE; }
     __device__ static auto load2(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels2*>(p)); }
@@ -388,7 +395,6 @@ __device__ __forceinline__ bool warp_has_tile(int i) {
 // store through these pointers holds back each load after it. The bf16 build updates all its tiles
 // at once (tile by tile took ~10% of a step more, H100, H = 128), the TF32 build, short of
 // registers, one at a time (all at once took 1 to 2% more).
-#define W1_TILES_PER_WARP ((F_MTILES + WARPS - 1) / WARPS)
 template <int N>
 __device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)[N][NT][4], float lr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -687,40 +693,144 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 // the rows t, t + 4, t + 8, t + 12 where k runs over the batch (an update): a permutation of k, the
 // same for both operands, leaves a product as it is.
 
-// ---- forward of layer 1: partial[w] = x · W_1[U_c, :]ᵀ over warp w's tiles of 16 inputs ------
-// Warp w takes the input tiles w, w + WARPS, ... (zero past the last: no branch around the mma);
-// a lane's inputs 4t..4t + 3 of a row are one 8-byte load, of its unit one 16-byte load (w1_at).
-template <class Rows>
-__device__ __forceinline__ void forward_first(Rows x_rows, const float* w1, float* partial, int rows) {
-    using Tiles = FirstLayerTiles<Rows>;
-    constexpr int TPW = Tiles::TPW;
-    const Tiles tiles(x_rows, rows);  // a tile's inputs, loaded one tile ahead of its products
-    const uint2 zero = make_uint2(0u, 0u);
-    Sums1 sums[MT][NT];
-    uint2 v[MT][2], v_next[MT][2];
-    tiles.load(0, v_next, zero);
+// ---- layer 1: W_1 and the step's images in registers ------------------------------------------
+// Warp w takes the input tiles c = w + WARPS·i of 16 inputs (i < W1_TILES_PER_WARP) for both of
+// layer 1's products, so its part of W_1[U_c, :] never leaves its registers: they hold it as the
+// update's D fragments (m = units, n = inputs), which are exactly the forward's B fragments (k =
+// inputs, n = units): lane (g, t) keeps W_1[8n + g][16c + 8h + 2t + j], in fp32. The forward's A
+// fragments of the images (m = rows, k = inputs; one ldmatrix.x4 a tile of 16 rows from shared
+// memory) stay in registers until the update, whose B operand (k = rows, n = inputs) is their
+// transpose: one movmatrix a register. So no W_1 goes through shared memory, and the staged images
+// are free once the forward has read them: one buffer, the next step's copied in while this step
+// trains. (At H = 256 the images then fit in shared memory, which they did not beside W_1.)
+// A warp without an i-th tile (the last round only) holds zeros for it and skips its products.
+struct W1Regs {
+    static constexpr int TILES = F_MTILES, TPW = W1_TILES_PER_WARP, UT = (S + 15) / 16;  // UT: units in m-tiles of 16
+    float w[TPW][NT][2][2];  // W_1[8n + g][16c + 8h + 2t + j]
+    unsigned x[TPW][MT][4];  // the images' A fragments of rows 16mt.., inputs 16c..: x[r][k] as bf16
+
+    // W_1[U_c, :] from global memory (W_1 row-major, HIDDEN × FEATURES), zero past S and FEATURES,
+    // and back.
+    __device__ void load(const float* w_global, int u0) {
 #pragma unroll
-    for (int i = 0; i < TPW; ++i) {
+        for (int i = 0; i < TPW; ++i)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) { v[mt][0] = v_next[mt][0]; v[mt][1] = v_next[mt][1]; }
-        if (i + 1 < TPW) tiles.load(i + 1, v_next, zero);
-        const float* w1_quad = w1 + Tiles::w1_quad(i);
-        unsigned b[NT][2];
+            for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const float4 w = *reinterpret_cast<const float4*>(w1_quad + 32 * n);
-            b[n][0] = bf16x2(w.x, w.y);
-            b[n][1] = bf16x2(w.z, w.w);
-        }
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int u = unit(n), k = input(i, h, j);
+                        w[i][n][h][j] = warp_has_tile<TILES>(i) && u < S && k < FEATURES ? w_global[(long long)(u0 + u) * FEATURES + k] : 0.0f;
+                    }
+    }
+    __device__ void store(float* w_global, int u0) const {
+#pragma unroll
+        for (int i = 0; i < TPW; ++i)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int u = unit(n), k = input(i, h, j);
+                        if (warp_has_tile<TILES>(i) && u < S && k < FEATURES) w_global[(long long)(u0 + u) * FEATURES + k] = w[i][n][h][j];
+                    }
+    }
+    __device__ static int unit(int n) { return 8 * n + ((threadIdx.x & 31) >> 2); }
+    __device__ static int input(int i, int h, int j) {
+        return 16 * ((int)(threadIdx.x >> 5) + WARPS * i) + 8 * h + 2 * (threadIdx.x & 3) + j;
+    }
+
+    // The step's images into x: from shared memory, ldmatrix (lanes 8q..8q + 7 address matrix q's
+    // rows: 16mt + 8(q & 1) + ·, inputs 16c + 8(q >> 1)), or from global memory, 4 bytes a register.
+    // Rows past the step's read the last row again (finite; their sums are never read, and the
+    // update meets them with zeros of dh).
+    template <class Rows>
+    __device__ __forceinline__ void load_images(Rows x_rows, int rows) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            const unsigned a[4] = {v[mt][0].x, v[mt][1].x, v[mt][0].y, v[mt][1].y};
+            if constexpr (Rows::SHARED) {
+                const unsigned a = smem_addr(x_rows(min(16 * mt + (lane & 15), rows - 1)) + 16 * warp + 8 * (lane >> 4));
 #pragma unroll
-            for (int n = 0; n < NT; ++n) mma_bf16(sums[mt][n].d, a, b[n]);
+                for (int i = 0; i < TPW; ++i) {
+                    if (!warp_has_tile<TILES>(i)) break;  // (the same for the whole warp)
+                    ldmatrix_x4(x[i][mt], a + 2 * 16 * WARPS * i);
+                }
+            } else {
+                const Pixel* r0 = x_rows(min(16 * mt + g, rows - 1)) + 16 * warp + 2 * t;
+                const Pixel* r1 = x_rows(min(16 * mt + g + 8, rows - 1)) + 16 * warp + 2 * t;
+#pragma unroll
+                for (int i = 0; i < TPW; ++i) {
+                    if (!warp_has_tile<TILES>(i)) break;
+                    const int k = 16 * WARPS * i;
+                    x[i][mt][0] = Rows::load2(r0 + k);
+                    x[i][mt][1] = Rows::load2(r1 + k);
+                    x[i][mt][2] = Rows::load2(r0 + k + 8);
+                    x[i][mt][3] = Rows::load2(r1 + k + 8);
+                }
+            }
         }
     }
-    store_partial(sums, partial);
-}
+
+    // partial[w] = x · W_1[U_c, :]ᵀ over the warp's tiles (m = rows, k = inputs, n = units).
+    __device__ __forceinline__ void forward(float* partial) const {
+        Sums1 sums[MT][NT];
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+            if (!warp_has_tile<TILES>(i)) break;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const unsigned b[2] = {bf16x2(w[i][n][0][0], w[i][n][0][1]), bf16x2(w[i][n][1][0], w[i][n][1][1])};
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) mma_bf16(sums[mt][n].d, x[i][mt], b);
+            }
+        }
+        store_partial(sums, partial);
+    }
+
+    // W_1[U_c, :] −= lr · dh_1ᵀ x (m = units, k = rows, n = inputs): A = dh_1ᵀ, lane (g, t) holding
+    // units 16ut + g, + 8 at rows 16ks + 2t, + 1, + 8, + 9 (zero past S; dh is zero past the rows).
+    __device__ __forceinline__ void update(const float* dh, float lr) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        unsigned a[UT][MT][4];
+#pragma unroll
+        for (int ut = 0; ut < UT; ++ut)
+#pragma unroll
+            for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int u = 16 * ut + g + 8 * (q & 1), r = 16 * ks + 2 * t + 8 * (q >> 1);
+                    a[ut][ks][q] = u < S ? bf16x2(dh[r * DST + u], dh[(r + 1) * DST + u]) : 0u;
+                }
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+            if (!warp_has_tile<TILES>(i)) break;
+            Sums1 d[UT][2];  // units 16ut.., inputs 16c + 8h..
+#pragma unroll
+            for (int ks = 0; ks < MT; ++ks)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    // B[r][k] = x[16ks + r][16c + 8h + k]: the A registers of those 8×8 matrices, transposed.
+                    const unsigned b[2] = {movmatrix_trans(x[i][ks][2 * h]), movmatrix_trans(x[i][ks][2 * h + 1])};
+#pragma unroll
+                    for (int ut = 0; ut < UT; ++ut) mma_bf16(d[ut][h].d, a[ut][ks], b);
+                }
+#pragma unroll
+            for (int ut = 0; ut < UT; ++ut)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {  // D rows g (units 16ut + g: n = 2ut) and g + 8 (n = 2ut + 1)
+                        const int n = 2 * ut + e;
+                        if (n < NT)
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) w[i][n][h][j] = fmaf(-lr, d[ut][h].d[2 * e + j], w[i][n][h][j]);
+                    }
+        }
+    }
+};
 
 // ---- forward of layer l ≥ 2: partial[w] = h_{l−1} · W_l[U_c, :]ᵀ over warp w's k-steps of 16 --
 // As the TF32 one: warp w takes the k-steps w, w + WARPS, ..., its A operand zero past them; a
@@ -843,49 +953,6 @@ __device__ __forceinline__ void backward_products(const float* h_prev, const flo
     }
 }
 
-// W_1[U_c, :] −= lr · (xᵀ dh_1)ᵀ, x (bf16) in global memory or staged in shared: m = inputs (tiles
-// of 16, warp w taking w, w + WARPS, ...; a tile's rows g and g + 8 are the inputs 2g and 2g + 1),
-// k = rows, n = units. A lane's inputs 2g, 2g + 1 of one row are one 4-byte load; two rows' loads
-// make two A registers (their low halves, their high halves). Rows past the step's read the last
-// row again, against zeros of dh.
-template <class Rows>
-__device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, float lr, int rows) {
-    constexpr int MPW = W1_TILES_PER_WARP;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    unsigned b[MT][NT][2];
-    dh_operand(dh, b);
-    const Pixel* x_row[MT][4];
-#pragma unroll
-    for (int ks = 0; ks < MT; ++ks)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x_row[ks][j] = x_rows(min(16 * ks + t + 4 * j, rows - 1)) + 16 * warp + 2 * g;
-    // Every tile's products first (no store stands between their loads), then the update.
-    float grad[MPW][NT][4];
-#pragma unroll
-    for (int i = 0; i < MPW; ++i) {
-        // A warp without an i-th tile multiplies its first tile again (update_w1 skips the result):
-        // no branch, and a select only in the last round.
-        const int f0 = warp_has_tile<F_MTILES>(i) ? 16 * WARPS * i : 0;
-        unsigned v[MT][4];
-#pragma unroll
-        for (int ks = 0; ks < MT; ++ks)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[ks][j] = Rows::load2(x_row[ks][j] + f0);
-        Sums1 d[NT];
-#pragma unroll
-        for (int ks = 0; ks < MT; ++ks) {
-            const unsigned a[4] = {low_halves(v[ks][0], v[ks][1]), high_halves(v[ks][0], v[ks][1]),
-                                   low_halves(v[ks][2], v[ks][3]), high_halves(v[ks][2], v[ks][3])};
-#pragma unroll
-            for (int n = 0; n < NT; ++n) mma_bf16(d[n].d, a, b[ks][n]);
-        }
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) grad[i][n][e] = total(d[n], e);
-    }
-    update_w1(w1, 0, grad, lr);
-}
 #endif
 
 // h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
@@ -1028,10 +1095,14 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     float* const* b_global = reinterpret_cast<float* const*>(params + LAYERS + 1);
 
     // ---- parameters into shared memory -------------------------------------------------------
+#if BF16
+    W1Regs w1;  // W_1[U_c, :], the warp's tiles of it
+    w1.load(w_global[0], u0);
+#endif
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN, stride = l == 1 ? FEATURE_STRIDE : HIDDEN;
         float* wt = layer_weights(s, l);
-        for (int i = tid; i < stride * WST; i += THREADS) {
+        for (int i = tid; i < stride * WST && (l > 1 || !BF16); i += THREADS) {
             const int k = i / WST, u = i - k * WST;
             wt[weight_at(l, k, u)] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
         }
@@ -1137,10 +1208,18 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                         async_wait_all();
                         __syncthreads();
                     }
+#if BF16
+                    w1.load_images(StagedRows{staged_images(s, step % X_BUFFERS)}, rows);
+                } else {
+                    w1.load_images(x_rows, rows);
+                }
+                w1.forward(s.last);
+#else
                     forward_first(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, s.last, rows);
                 } else {
                     forward_first(x_rows, s.w1, s.last, rows);
                 }
+#endif
             } else {
                 forward_hidden(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.last, rows);
             }
@@ -1298,8 +1377,12 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             __syncthreads();
             PHASE_END(GATHER_GRADIENT, l - 1);
         }
+#if BF16
+        w1.update(dh_of(s, 1), lr * X_UNIT);
+#else
         if (X_STRIDE) update_first_layer(StagedRows{staged_images(s, step % X_BUFFERS)}, s.w1, dh_of(s, 1), lr * X_UNIT, rows);
         else update_first_layer(x_rows, s.w1, dh_of(s, 1), lr * X_UNIT, rows);
+#endif
         if (bias) update_bias(s.b, dh_of(s, 1), lr, rows);
         PHASE_SYNC();
         PHASE_END(UPDATE, 1);
@@ -1330,10 +1413,13 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
 #endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------
     __syncthreads();
+#if BF16
+    w1.store(w_global[0], u0);
+#endif
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN;
         const float* wt = layer_weights(s, l);
-        for (int i = tid; i < fan_in * S; i += THREADS) {
+        for (int i = tid; i < fan_in * S && (l > 1 || !BF16); i += THREADS) {
             const int u = i / fan_in, k = i - u * fan_in;
             w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[weight_at(l, k, u)];
         }

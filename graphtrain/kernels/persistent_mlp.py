@@ -56,18 +56,23 @@ class MlpShape:
 
     @property
     def x_buffers(self) -> int:
-        """Buffers of staged images: two for bf16 or bytes (the next step's copied in while this
-        one trains), one for floats (copied at the step's start)."""
-        return 2 if self.pixel_bytes < 4 else 1
+        """Buffers of staged images: one for floats (copied at the step's start) and for bf16 (the
+        kernel keeps them in registers once read, so the next step's are copied in while this one
+        trains); two for bytes, which W_1's update reads again."""
+        return 2 if self.pixel_bytes == 1 else 1
 
     @property
     def x_stride(self) -> int:
         """Inputs per row of the images kept in shared memory (a row padded to ≡ 64 bytes mod 128
-        for floats, ≡ 32 for bf16, ≡ 16 for bytes, so that a load phase's rows lie on different
-        banks), or 0 where they do not fit (they are read from global memory twice a step instead)."""
-        want = {4: 64, 2: 32, 1: 16}[self.pixel_bytes]
+        for floats, ≡ 16 for bytes, and for bf16 to an odd number of 16-byte pieces, the rows of an
+        ldmatrix: so that a load phase's rows lie on different banks), or 0 where they do not fit
+        (they are read from global memory instead)."""
         row = self.padded_features * self.pixel_bytes
-        staged = (row + (want - row) % 128) // self.pixel_bytes
+        if self.bf16:
+            staged = (row + 16 * (row // 16 % 2 == 0)) // 2
+        else:
+            want = {4: 64, 1: 16}[self.pixel_bytes]
+            staged = (row + (want - row) % 128) // self.pixel_bytes
         return staged if self.bytes_with(staged) <= MAX_SHARED_BYTES else 0
 
     @property
@@ -85,7 +90,8 @@ class MlpShape:
         x_buffers = self.x_buffers if x_stride else 1
         barriers = 2 * (layers - 1) + 2  # the exchanges'
         inbox, partial, zin = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, CLUSTER * ceil_div(b, CLUSTER) * cs
-        floats = (self.padded_features * w_stride + (layers - 1) * h * w_stride + cs * s + layers * s + cs
+        w1 = 0 if self.bf16 else self.padded_features * w_stride  # (the bf16 build's W_1 is in registers)
+        floats = (w1 + (layers - 1) * h * w_stride + cs * s + layers * s + cs
                   + (layers - 1) * b * h + max(zin, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
                   + layers * b * s + 2 * rows16 * dh_stride + b * cs + cs * s + cs
