@@ -137,7 +137,7 @@
 #define R_OWN ((BATCH + CLUSTER - 1) / CLUSTER)  // rows a block owns for the softmax (of a full step)
 #define QUADS (CS / 4)
 #define GATHER_BARS (LAYERS - 1)
-#define NBARS (2 * (LAYERS - 1) + 2)  // an mbarrier per exchange
+#define NBARS (2 * (LAYERS - 1) + 3)  // an mbarrier per exchange, and the images'
 #if BF16
 typedef unsigned short Pixel;  // bf16 bits
 #define PIXEL_ROW_ALIGN 16     // staged rows: an odd number of 16-byte pieces (ldmatrix): see MlpShape.x_stride
@@ -177,6 +177,12 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 __device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
     asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
+}
+// A bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) of global memory into this
+// block's shared memory, counted on its barrier `bar`.
+__device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
@@ -257,7 +263,7 @@ __device__ __forceinline__ float4 relu4(float4 v) {
 #define ZIN_FLOATS (CLUSTER * R_OWN * CS)
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 struct Smem {
-    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L
+    unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L; the images' copies
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
     float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S;
                       //   none in the BF16 build, whose W_1 lives in registers (W1Regs)
@@ -317,21 +323,34 @@ __device__ __forceinline__ unsigned long long* gather_bar(const Smem& s, int l) 
 __device__ __forceinline__ unsigned long long* zin_bar(const Smem& s) { return s.bars + GATHER_BARS; }
 __device__ __forceinline__ unsigned long long* dl_bar(const Smem& s) { return s.bars + GATHER_BARS + 1; }
 __device__ __forceinline__ unsigned long long* inbox_bar(const Smem& s, int l) { return s.bars + GATHER_BARS + 2 + (l - 1); }
+__device__ __forceinline__ unsigned long long* x_bar(const Smem& s) { return s.bars + NBARS - 1; }
 // dh_l's buffer. Two, so that dh_{l−1} is summed while dh_l may still be read (the bias's update).
 __device__ __forceinline__ float* dh_of(const Smem& s, int l) { return s.dh + (l & 1) * ROWS16 * DST; }
 __device__ __forceinline__ Pixel* staged_images(const Smem& s, int buffer) { return s.x + buffer * BATCH * X_STRIDE; }
 // Step `step`'s images into image buffer step % X_BUFFERS (the sample indices `step_order` in shared
-// memory): 16-byte cp.async copies spread over the block, landed once their threads have waited
-// (async_wait_all) and met at a block barrier. (A bulk copy a row costs the SM's copy engine ~60
-// cycles to issue, one after another: ~2,000 cycles for a batch of 32.)
-// Threads `first` .. THREADS − 1 issue them.
+// memory), by threads `first` .. THREADS − 1. Copied a step ahead (X_LEAD = 1): a bulk copy a row
+// (the SM's copy engine), counted on the images' barrier (a phase a step; the next step's copies go
+// out after this step's wait), the rows spread over the warps: the engine takes them one after
+// another, ~60 cycles each, and no warp waits for all 32. 16-byte cp.async copies spread over the
+// block took ~3% of a step more at H = 256 (H100): their ~3,000 loads a step held up the softmax's
+// warp beside them. Copied at the step's start (floats, X_LEAD = 0): cp.async copies, landed once
+// their threads have waited (async_wait_all) and met at a block barrier (bulk copies, one after
+// another, would hold up layer 1's products).
 __device__ void copy_images_in(const Smem& s, const Pixel* images, const int* step_order, int step, int rows, int first = 0) {
-    constexpr int CHUNKS = FEATURE_STRIDE * sizeof(Pixel) / 16;  // 16-byte pieces a row
+    constexpr int ROW_BYTES = FEATURE_STRIDE * sizeof(Pixel), CHUNKS = ROW_BYTES / 16;  // 16-byte pieces a row
     unsigned char* staged = reinterpret_cast<unsigned char*>(staged_images(s, step % X_BUFFERS));
-    for (int i = threadIdx.x - first; i < rows * CHUNKS; i += THREADS - first) {
-        const int r = i / CHUNKS, c = i - r * CHUNKS;
-        const unsigned char* row = reinterpret_cast<const unsigned char*>(images + (long long)step_order[r] * FEATURE_STRIDE);
-        copy16_async(staged + r * X_STRIDE * sizeof(Pixel) + 16 * c, row + 16 * c);
+    if (threadIdx.x < first) return;
+    if (X_LEAD) {
+        const int copiers = (THREADS - first) / 32, w = (threadIdx.x - first) >> 5, lane = threadIdx.x & 31;
+        if (threadIdx.x == first) mbarrier_expect(x_bar(s), rows * ROW_BYTES);
+        for (int r = w + copiers * lane; r < rows; r += 32 * copiers)
+            copy_bulk(staged + r * X_STRIDE * sizeof(Pixel), images + (long long)step_order[r] * FEATURE_STRIDE, ROW_BYTES, x_bar(s));
+    } else {
+        for (int i = threadIdx.x - first; i < rows * CHUNKS; i += THREADS - first) {
+            const int r = i / CHUNKS, c = i - r * CHUNKS;
+            const unsigned char* row = reinterpret_cast<const unsigned char*>(images + (long long)step_order[r] * FEATURE_STRIDE);
+            copy16_async(staged + r * X_STRIDE * sizeof(Pixel) + 16 * c, row + 16 * c);
+        }
     }
 }
 
@@ -351,8 +370,20 @@ template <int STRIDE> struct SharedRows {
     __device__ static auto load2(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels2*>(p)); }
     __device__ static auto load4(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels4*>(p)); }
 };
-// Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k).
-__device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
+// h_full's elements: bf16 in the BF16 build, where h_l (l < LAYERS) is only ever a product's operand
+// (so rounded to bf16 anyway; the ReLU masks come from h_own) and a gather then moves half the
+// bytes (the exchanges move 7 to 14 bytes a cycle an SM: at H = 256 a gather of floats took ~2,000
+// cycles); else floats. Block o's slot of h_full[l] keeps the room of BATCH × S floats either way:
+// D_l stages its partial sums there in fp32 (backward_layer).
+#if BF16
+typedef unsigned short HElem;
+#else
+typedef float HElem;
+#endif
+#define SLOT (BATCH * S * 4 / (int)sizeof(HElem))  // a slot of h_full, in HElems
+// Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k), in HElems.
+__device__ __forceinline__ int hcol(int k) { return k / S * SLOT + k % S; }
+__device__ __forceinline__ HElem* h_of(const Smem& s, int l) { return reinterpret_cast<HElem*>(s.h_full + (l - 1) * BATCH * HIDDEN); }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
 
 // A warp's partial sums of a forward product, rows × units: partial[warp][r][u].
@@ -579,7 +610,7 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b_hi)[KB]
 // Layer l ≥ 2's products for warp w's input tiles k0 = 16i (i = w, w + WARPS, ...; backward_layer,
 // below): Q[:, k0..] into q_out, and the update of W_l[U_c, k0..] (the tile's rows g and g + 8 are
 // the inputs k0 + g and k0 + g + 8).
-__device__ __forceinline__ void backward_products(const float* h_prev, float* wt, const float* dh, float lr, int rows,
+__device__ __forceinline__ void backward_products(const HElem* h_prev, float* wt, const float* dh, float lr, int rows,
                                                   float (&q_out)[BACKWARD_TILES][MT][2][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     unsigned bu_hi[KB][NT][2], bu_lo[KB][NT][2];  // the update's B operand, the same for every input tile
@@ -834,8 +865,8 @@ struct W1Regs {
 
 // ---- forward of layer l ≥ 2: partial[w] = h_{l−1} · W_l[U_c, :]ᵀ over warp w's k-steps of 16 --
 // As the TF32 one: warp w takes the k-steps w, w + WARPS, ..., its A operand zero past them; a
-// lane's inputs 4t..4t + 3 of a row are one 16-byte load of h_full (they lie in one block's slice).
-__device__ __forceinline__ void forward_hidden(const float* h, const float* wt, float* partial, int rows) {
+// lane's inputs 4t..4t + 3 of a row are one 8-byte load of h_full (bf16; they lie in one block's slot).
+__device__ __forceinline__ void forward_hidden(const HElem* h, const float* wt, float* partial, int rows) {
     constexpr int K16 = HIDDEN / 16, KPW = (K16 + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int row[MT][2];
@@ -858,9 +889,9 @@ __device__ __forceinline__ void forward_hidden(const float* h, const float* wt, 
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            const float4 v0 = *reinterpret_cast<const float4*>(h + row[mt][0] + c);
-            const float4 v1 = *reinterpret_cast<const float4*>(h + row[mt][1] + c);
-            unsigned a[4] = {bf16x2(v0.x, v0.y), bf16x2(v1.x, v1.y), bf16x2(v0.z, v0.w), bf16x2(v1.z, v1.w)};
+            const uint2 v0 = *reinterpret_cast<const uint2*>(h + row[mt][0] + c);
+            const uint2 v1 = *reinterpret_cast<const uint2*>(h + row[mt][1] + c);
+            unsigned a[4] = {v0.x, v1.x, v0.y, v1.y};
             if (!valid) a[0] = a[1] = a[2] = a[3] = 0u;
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_bf16(sums[mt][n].d, a, b[n]);
@@ -889,7 +920,7 @@ __device__ __forceinline__ void dh_operand(const float* dh, unsigned (&b)[MT][NT
 // n = inputs) into q_out, and (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ, W_l[U_c, k0..]'s gradient, into grad (m =
 // inputs, the tile's rows g and g + 8 being inputs 2g and 2g + 1, one 8-byte load of h_full; k =
 // rows): backward_layer updates W_l once Q is on its way.
-__device__ __forceinline__ void backward_products(const float* h_prev, const float* wt, const float* dh, int rows,
+__device__ __forceinline__ void backward_products(const HElem* h_prev, const float* wt, const float* dh, int rows,
                                                   float (&q_out)[BACKWARD_TILES][MT][2][4],
                                                   float (&grad)[BACKWARD_TILES][NT][4]) {
     constexpr int UNIT_K16 = (S + 15) / 16;
@@ -933,10 +964,10 @@ __device__ __forceinline__ void backward_products(const float* h_prev, const flo
         const int c = hcol(k0 + 2 * g);
 #pragma unroll
         for (int ks = 0; ks < MT; ++ks) {
-            float2 v[4];
+            unsigned v[4];  // rows 16ks + t + 4j, inputs k0 + 2g, + 1 (a bf16 pair)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = *reinterpret_cast<const float2*>(h_prev + h_row[ks][j] + c);
-            const unsigned a[4] = {bf16x2(v[0].x, v[1].x), bf16x2(v[0].y, v[1].y), bf16x2(v[2].x, v[3].x), bf16x2(v[2].y, v[3].y)};
+            for (int j = 0; j < 4; ++j) v[j] = *reinterpret_cast<const unsigned*>(h_prev + h_row[ks][j] + c);
+            const unsigned a[4] = {low_halves(v[0], v[1]), high_halves(v[0], v[1]), low_halves(v[2], v[3]), high_halves(v[2], v[3])};
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_bf16(du[n].d, a, bu[ks][n]);
         }
@@ -958,7 +989,7 @@ __device__ __forceinline__ void backward_products(const float* h_prev, const flo
 // h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
 // layer 1), into h_own and, when given, this block's slice of h_full[l] (the other blocks' copies of
 // it go by bulk copy).
-__device__ void forward_finish(const float* partial, const float* bias, float unit, float* h_own, float* own_slice, int rows) {
+__device__ void forward_finish(const float* partial, const float* bias, float unit, float* h_own, HElem* own_slice, int rows) {
     for (int i = threadIdx.x; i < rows * SQ; i += THREADS) {
         const int uq = i % SQ, r = i / SQ;
         float4 v = *reinterpret_cast<const float4*>(partial + r * WST + 4 * uq);
@@ -967,7 +998,11 @@ __device__ void forward_finish(const float* partial, const float* bias, float un
         const float4 b = reinterpret_cast<const float4*>(bias)[uq];
         v = relu4(make_float4(fmaf(unit, v.x, b.x), fmaf(unit, v.y, b.y), fmaf(unit, v.z, b.z), fmaf(unit, v.w, b.w)));
         *reinterpret_cast<float4*>(h_own + r * S + 4 * uq) = v;
+#if BF16
+        if (own_slice) *reinterpret_cast<uint2*>(own_slice + r * S + 4 * uq) = make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+#else
         if (own_slice) *reinterpret_cast<float4*>(own_slice + r * S + 4 * uq) = v;
+#endif
     }
 }
 
@@ -1003,8 +1038,9 @@ __device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
 // bulk copy an owner; this block's own columns go straight into its inbox. A warp reads and writes
 // only its own inputs' weights and columns of h_{l−1}. The bf16 build updates W_l after the sends
 // are issued: the other warps update while the sending warp waits on the copy engine.
-__device__ void backward_layer(float* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
+__device__ void backward_layer(float* h_prev_room, float* wt, const float* dh, float* inbox, unsigned long long* bar,
                                float lr, int rows, unsigned rank) {
+    const HElem* h_prev = reinterpret_cast<const HElem*>(h_prev_room);  // h_{l−1}; its slots' room as floats stages Q
     constexpr int TPW = BACKWARD_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
@@ -1014,7 +1050,10 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
 #else
     backward_products(h_prev, wt, dh, lr, rows, q_out);
 #endif
-    __syncwarp();  // the warp's lanes have read its columns of h_{l−1}
+    // The warp's lanes have read its columns of h_{l−1}, which share a slot with no other warp's
+    // where a slot is at most a tile of 16 (S ≤ 16); else every warp's reads come first.
+    if (S > 16) __syncthreads();
+    else __syncwarp();
 #pragma unroll
     for (int ii = 0; ii < TPW; ++ii) {
         const int i = warp + WARPS * ii;
@@ -1022,7 +1061,7 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int col = 16 * i + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
-            float* piece = (owner == (int)rank ? inbox + rank * BATCH * S : h_prev + owner * BATCH * S) + u;
+            float* piece = (owner == (int)rank ? inbox + rank * BATCH * S : h_prev_room + owner * BATCH * S) + u;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -1036,7 +1075,7 @@ __device__ void backward_layer(float* h_prev, float* wt, const float* dh, float*
     __syncthreads();  // (and every lane's loads of W_l for Q are done)
     const int dest = send_dest();
     if (dest >= 0 && dest != (int)rank)
-        send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev + dest * BATCH * S, rows * S * 4, remote(bar, dest));
+        send_bulk(remote(inbox + rank * BATCH * S, dest), h_prev_room + dest * BATCH * S, rows * S * 4, remote(bar, dest));
 #if BF16
     const int in[2] = {2 * g, 2 * g + 1};
     update_hidden(wt, 0, grad, in, lr);
@@ -1159,7 +1198,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         __syncthreads();
         if (tid == 0) {  // what this step's exchanges (and the images' copy) will bring
             for (int l = 1; l < LAYERS; ++l) {
-                mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * 4);  // (this block writes its own)
+                mbarrier_expect(gather_bar(s, l), (CLUSTER - 1) * rows * S * sizeof(HElem));  // (this block writes its own)
                 mbarrier_expect(inbox_bar(s, l), (CLUSTER - 1) * rows * S * 4);
             }
             mbarrier_expect(zin_bar(s), owned * CLUSTER * CLASSES * 4);  // (to itself alike)
@@ -1207,6 +1246,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                     if (X_LEAD == 0) {  // the images, copied at this step's start, have landed
                         async_wait_all();
                         __syncthreads();
+                    } else {
+                        mbarrier_wait(x_bar(s), step & 1);
                     }
 #if BF16
                     w1.load_images(StagedRows{staged_images(s, step % X_BUFFERS)}, rows);
@@ -1221,21 +1262,21 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 }
 #endif
             } else {
-                forward_hidden(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), s.last, rows);
+                forward_hidden(h_of(s, l - 1), layer_weights(s, l), s.last, rows);
             }
             __syncthreads();
             PHASE_END(PRODUCTS, l);
             const bool gather = l < LAYERS;
             float* h_own = s.h_own + (l - 1) * BATCH * S;
-            float* slice = s.h_full + ((l - 1) * CLUSTER + rank) * BATCH * S;  // this block's in h_full[l]
+            HElem* slice = h_of(s, l) + rank * SLOT;  // this block's in h_full[l]
             forward_finish(s.last, s.b + (l - 1) * S, l == 1 ? X_UNIT : 1.0f, h_own, gather ? slice : nullptr, rows);
             PHASE_END(FINISH, l);
-            if (gather) fence_proxy_async();  // h_own, written here, is the copies' source
+            if (gather) fence_proxy_async();  // the slice, written here, is the copies' source
             __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
             PHASE_END(FENCE_SYNC, l);
             const int dest = send_dest();
             if (gather && dest >= 0 && dest != rank)  // this block's h_l[:, U_c] to block dest's h_full[l]
-                send_bulk(remote(slice, dest), h_own, rows * S * 4, remote(gather_bar(s, l), dest));
+                send_bulk(remote(slice, dest), slice, rows * S * sizeof(HElem), remote(gather_bar(s, l), dest));
             PHASE_SYNC();
             PHASE_END(SENDS, l);
             if (l == 1 && gather && !X_STRIDE) copy_ahead();

@@ -88,7 +88,7 @@ class MlpShape:
         w_stride, rows16 = 8 * n_tiles, ceil_div(b, 16) * 16
         dh_stride = w_stride + 4 if w_stride % 32 == 16 else w_stride
         x_buffers = self.x_buffers if x_stride else 1
-        barriers = 2 * (layers - 1) + 2  # the exchanges'
+        barriers = 2 * (layers - 1) + 3  # the exchanges', the images'
         inbox, partial, zin = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, CLUSTER * ceil_div(b, CLUSTER) * cs
         w1 = 0 if self.bf16 else self.padded_features * w_stride  # (the bf16 build's W_1 is in registers)
         floats = (w1 + (layers - 1) * h * w_stride + cs * s + layers * s + cs
