@@ -3,7 +3,8 @@
 //
 // Block c of the CLUSTER blocks owns S = HIDDEN / CLUSTER units U_c of every hidden layer: the rows
 // W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]; W_1 in quads of inputs, see
-// w1_at), its bias b_l[U_c], and the head's columns W_h[:, U_c]. Every block keeps a copy of the
+// w1_at, or in the BF16 build in registers, see W1Regs), its bias b_l[U_c], and the head's columns
+// W_h[:, U_c]. Every block keeps a copy of the
 // head's bias. Block c also owns R = ⌈rows / CLUSTER⌉ of a step's rows for the softmax. A step of
 // `rows` samples x (read through the sample order), h_0 = x:
 //
@@ -29,7 +30,9 @@
 // The hidden layers' products run on tensor cores with fp32 sums, in one of two builds:
 //   BF16 = 1   bf16 operands (mma.sync m16n8k16), one pass: each operand rounded to bf16 (8 bits of
 //              mantissa) as it is loaded, the weights kept in fp32 and updated in fp32 (the bf16
-//              rung's precision); the images come as bf16 (8-bit pixels k, exact).
+//              rung's precision); the images come as bf16 (8-bit pixels k, exact). G_l moves h_l
+//              as bf16 (HElem: the operand it becomes) and D_l its pieces as bf16 (QElem, summed
+//              in fp32 by the receiver). W_1 stays in the registers of the warps that use it.
 //   BF16 = 0   TF32 operands (m16n8k8) in three passes, which keeps near-fp32 accuracy: each operand
 //              is split as v = hi + lo (hi its top 19 bits), and a·b ≈ hi_a·hi_b + (hi_a·lo_b +
 //              lo_a·hi_b), the dropped lo·lo term and the truncations ~2⁻²⁰ of the product.
@@ -41,7 +44,7 @@
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
 // cluster barrier and no memory fence in the loop. For G_l and D_l block c sends one contiguous piece
 // to each other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; D_l:
-// Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]): a bulk copy each (cp.async.bulk, the copy
+// Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]; in the BF16 build both as bf16): a bulk copy each (cp.async.bulk, the copy
 // engine, ~60 cycles a copy whichever warps issue them; for D_l this beat st.async stores straight
 // from the mma registers by 4% of a step on an H100 at H = 128, and came within 1% at H = 256), and
 // its own piece by plain stores. Z and Y are small (R rows of the classes a block): st.async stores,
@@ -74,8 +77,8 @@
 // sets a barrier's expected bytes for a step at the step's start, after that wait.
 //
 // A bulk copy reads its source asynchronously, so a source is rewritten only once every block has
-// received it: h_own[l] (G_l's source) in the next step's forward, after this block waited for
-// D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read their registers at
+// received it: this block's own slot of h_full[l] (G_l's source) in the next step's forward, after
+// this block waited for D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read their registers at
 // once: Z and Y have no such source.) D_l's source is h_full[l−1]
 // itself, Q[:, k] staged where h_{l−1}[:, k] lies once the warp that owns input k has read it (its
 // last reader in the step): the piece for block o is in o's slot, which only o's G_{l−1} of step
@@ -91,19 +94,23 @@
 //
 // The sample indices come two steps ahead and the labels one step ahead (cp.async), so no dependent
 // global load sits on a step's path apart from the images themselves. Where the batch's images fit
-// in shared memory (X_STRIDE > 0) 16-byte cp.async copies spread over the block bring them in, and
-// both products of layer 1 read them there; else both read global memory, the next step's rows
-// prefetched into L2 (cp.async.bulk.prefetch). bf16 images take half the floats' bytes, and bytes
-// (8-bit pixels in the TF32 build, PIXEL_LEVELS below) a quarter: two buffers then, the next
-// step's images copied in while this step trains; float images one, copied at the step's start.
-// The copies for the steps ahead go out at a wait for an exchange (copy_ahead says which).
-// Layer 1's operands come in pieces of 8 or 16 bytes (forward) and 4 or 8 (update), not 2 or 4.
+// in shared memory (X_STRIDE > 0) copies bring them in (copy_images_in) and layer 1's products
+// read them there; else they read global memory, the next step's rows prefetched into L2
+// (cp.async.bulk.prefetch). bf16 images take half the floats' bytes, and bytes (8-bit pixels in the
+// TF32 build, PIXEL_LEVELS below) a quarter: the next step's images are copied in while this step
+// trains, into one buffer in the BF16 build (its forward of layer 1 keeps them in registers, and
+// the copies go out after every warp has read them: past the block barriers after that forward)
+// or two in the TF32 build (its update of W_1 reads them again); float images into one, copied at
+// the step's start. The copies for the steps ahead go out at a wait for an exchange (copy_ahead
+// says which). The TF32 build's layer-1 operands come in pieces of 8 or 16 bytes (forward) and 4
+// or 8 (update), not 2 or 4.
 //
 // Compile-time (from kernels/persistent_mlp.py): CLUSTER, THREADS, FEATURES, FEATURE_STRIDE (a
 // multiple of 16; images are rows of FEATURE_STRIDE pixels, zero past FEATURES), HIDDEN (a multiple
 // of 4·CLUSTER), LAYERS, CLASSES (≤ 32), BATCH, PIXEL_LEVELS, BF16, X_STRIDE (pixels per staged row:
-// 0, or FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 32 for bf16, ≡ 16 for bytes, so
-// that a load phase's rows fall on different banks). Without a bias (bias = 0) every bias stays zero.
+// 0, or FEATURE_STRIDE padded to ≡ 64 bytes mod 128 for floats, ≡ 16 for bytes, and for bf16 to an
+// odd number of 16-byte pieces (ldmatrix's rows), so that a load phase's rows fall on different
+// banks). Without a bias (bias = 0) every bias stays zero.
 //
 // PIXEL_LEVELS = 255 where every input is an 8-bit pixel k/255 (as loaded from uint8): the images
 // are then k (bf16 in the BF16 build, else bytes), exact in bf16 and in TF32, so layer 1's TF32
@@ -446,9 +453,9 @@ __device__ __forceinline__ bool warp_has_tile(int i) {
 // W_1[U_c, 16mt..16mt+15] −= lr · grad[i] for N of warp w's tiles of the update, mt = w + WARPS·(i0 +
 // i) (m = inputs, n = units, as an mma's D fragment: its rows g and g + 8 are the inputs 2g and 2g +
 // 1, so unit 8n + 2t + e of both is one float2 of W_1's quads). Every load goes before any store: a
-// store through these pointers holds back each load after it. The bf16 build updates all its tiles
-// at once (tile by tile took ~10% of a step more, H100, H = 128), the TF32 build, short of
-// registers, one at a time (all at once took 1 to 2% more).
+// store through these pointers holds back each load after it. The TF32 build (the BF16 one keeps
+// W_1 in registers: W1Regs) updates one tile at a time, short of registers (all at once took 1 to
+// 2% more, H100).
 template <int N>
 __device__ __forceinline__ void update_w1(float* w1, int i0, const float (&grad)[N][NT][4], float lr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -507,7 +514,7 @@ __device__ __forceinline__ void update_hidden(float* wt, int i0, const float (&g
     }
 }
 
-// The forward of layer 1's image operand, for either build: warp w's rows 16mt + 8h + g (the last
+// The TF32 build's image operand of layer 1's forward: warp w's rows 16mt + 8h + g (the last
 // row again past the step's) at the lane's inputs 16w + 4t, and load(i, v) the four inputs there
 // of the warp's i-th input tile w + WARPS·i (Rows::load4; zero past the last tile).
 template <class Rows>
@@ -742,10 +749,11 @@ __device__ void update_first_layer(Rows x_rows, float* w1, const float* dh, floa
 // ==== The products: bf16 operands, one pass (BF16 = 1) ==========================================
 // The same products as above, each operand rounded to bf16 as it is loaded (cvt.rn.bf16x2: one
 // instruction a pair) and multiplied in one m16n8k16 pass, sums in fp32. The images come as bf16
-// already (8-bit pixels as k, exact). A lane's k-slots 2t, 2t + 1, 2t + 8, 2t + 9 (mma_bf16) take
-// four consecutive inputs 4t..4t + 3 where k runs over inputs or units (one 16- or 8-byte load), and
-// the rows t, t + 4, t + 8, t + 12 where k runs over the batch (an update): a permutation of k, the
-// same for both operands, leaves a product as it is.
+// already (8-bit pixels as k, exact). In the products of layers ≥ 2 a lane's k-slots 2t, 2t + 1,
+// 2t + 8, 2t + 9 (mma_bf16) take four consecutive inputs 4t..4t + 3 where k runs over inputs or units
+// (one 8- or 16-byte load), and the rows t, t + 4, t + 8, t + 12 where k runs over the batch (an
+// update): a permutation of k, the same for both operands, leaves a product as it is. Layer 1's
+// (W1Regs) take the fragments' own order.
 
 // ---- layer 1: W_1 and the step's images in registers ------------------------------------------
 // Warp w takes the input tiles c = w + WARPS·i of 16 inputs (i < W1_TILES_PER_WARP) for both of

@@ -25,10 +25,13 @@ gradients on the way back, so no block ever needs another's weights. Each exchan
 block to every other (bulk copies for the activations and input gradients, stores for the small
 logits), counted on the receiver's mbarrier, with no cluster barrier in the loop. It too trains in
 bf16: each hidden layer's products read bf16 operands (rounded as they are loaded, the images
-uploaded as bf16) in one tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head;
-the next step's images are copied into shared memory while a step trains. `--precision fp32` trains
-it in three TF32 passes instead (two for the first layer's with 8-bit pixels, which the kernel then
-reads as bytes k), near fp32's accuracy. It trains equal hidden sizes that are multiples of 64
+uploaded as bf16) in one tensor-core pass, with fp32 sums, fp32 master weights and an fp32 head.
+The gathered activations travel as bf16 (they are only ever bf16 operands) and so do the pieces of
+the input gradients, each block's partial sums, which the receiver adds in fp32. The first layer's
+weights live in the registers of the warps that use them, and a step's images, copied into shared
+memory during the step before, in registers once read. `--precision fp32` trains it in three TF32
+passes instead (two for the first layer's with 8-bit pixels, which the kernel then reads as bytes
+k), near fp32's accuracy, with every exchange in fp32. It trains equal hidden sizes that are multiples of 64
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset
 at H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A step
 of three hidden layers is a chain of six exchanges and the short products between them, bound by
