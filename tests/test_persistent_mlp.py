@@ -111,11 +111,11 @@ def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needle):
 ])
 def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eight_bit, samples, precision):
     """Shapes the rung tests leave out, in both precisions: H = 256 (two unit tiles per block, the
-    images read from global memory), one hidden layer with the images in shared memory (the
+    images read from global memory in fp32, kept in shared memory in bf16), one hidden layer with the images in shared memory (the
     logits' two buffers), four layers (an inbox of its own between the first and the last), and
     images padded from 50 features to 64. Then 8-bit pixels k/255, which the kernel reads as k
     (bf16, or bytes in fp32, where they take two TF32 passes): two buffers of staged images at H =
-    128, read from global memory at H = 256, and rows of 50 pixels padded to 64. Batch 32: 300
+    128, read from global memory at H = 256 in fp32, and rows of 50 pixels padded to 64. Batch 32: 300
     samples are 9 steps and one of 12. As in the rung tests' epoch, in fp32 a pre-activation
     within the kernel's ~2⁻²⁰ of ReLU's kink may take the other side and send the epoch down
     another path (at H = 256 and 1000 samples, 2 seeds of 6 erred by 1e-2), so seeds are drawn
