@@ -774,21 +774,17 @@ struct W1Regs {
     // W_1[U_c, :] from global memory (W_1 row-major, HIDDEN × FEATURES), zero past S and FEATURES,
     // and back.
     __device__ void load(const float* w_global, int u0) {
-#pragma unroll
-        for (int i = 0; i < TPW; ++i)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const int u = unit(n), k = input(i, h, j);
-                        w[i][n][h][j] = warp_has_tile<TILES>(i) && u < S && k < FEATURES ? w_global[(long long)(u0 + u) * FEATURES + k] : 0.0f;
-                    }
+        each_weight(u0, [&](float& v, long long at) { v = at >= 0 ? w_global[at] : 0.0f; });
     }
-    __device__ void store(float* w_global, int u0) const {
+    __device__ void store(float* w_global, int u0) {
+        each_weight(u0, [&](float& v, long long at) { if (at >= 0) w_global[at] = v; });
+    }
+    // f(w[i][n][h][j], where it lies in W_1 or −1 past S and FEATURES) for each of the warp's tiles.
+    template <class F>
+    __device__ __forceinline__ void each_weight(int u0, F f) {
 #pragma unroll
-        for (int i = 0; i < TPW; ++i)
+        for (int i = 0; i < TPW; ++i) {
+            if (!warp_has_tile<TILES>(i)) break;  // (the same for the whole warp)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -796,8 +792,9 @@ struct W1Regs {
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
                         const int u = unit(n), k = input(i, h, j);
-                        if (warp_has_tile<TILES>(i) && u < S && k < FEATURES) w_global[(long long)(u0 + u) * FEATURES + k] = w[i][n][h][j];
+                        f(w[i][n][h][j], u < S && k < FEATURES ? (long long)(u0 + u) * FEATURES + k : -1ll);
                     }
+        }
     }
     __device__ static int unit(int n) { return 8 * n + ((threadIdx.x & 31) >> 2); }
     __device__ static int input(int i, int h, int j) {
