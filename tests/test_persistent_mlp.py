@@ -51,10 +51,13 @@ def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
         shape = MlpShape(784, (h,) * 3, 10, 32, levels, bf16)
         assert shape.refusal() is None and shape.shared_bytes <= 227 * 1024
         assert shape.x_stride == stride, (h, levels, bf16)
-    # The bf16 build keeps W_1 in registers and the images in one buffer (they too go to registers
-    # once read): at H = 256 the batch's images fit beside the rest, which they do not in the TF32 build.
-    with_w1 = MlpShape(784, (256,) * 3, 10, 32, 255).bytes_with(0)
-    assert with_w1 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).bytes_with(0) == 784 * 16 * 4
+    # The bf16 build keeps W_1 in registers, the images in one buffer (they too go to registers once
+    # read), and the gathered activations (two layers of 32 × 256) and the input gradients' pieces
+    # (two inboxes of 16 × 32 × 16) as bf16: at H = 256 the batch's images fit beside the rest, which
+    # they do not in the TF32 build.
+    fp32 = MlpShape(784, (256,) * 3, 10, 32, 255).bytes_with(0)
+    assert fp32 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).bytes_with(0) == (784 * 16 * 4 + 2 * 32 * 256 * 2
+                                                                                       + 2 * 16 * 32 * 16 * 2)
     assert MlpShape(784, (256,) * 3, 10, 32, bf16=True).x_buffers == 1
     assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 40  # 64 bytes a row: 4 pieces, padded to 5
     assert MlpShape(40, (64,), 3, 8, bf16=True).x_stride == 56  # 48 inputs, 96 bytes: 6 pieces, padded to 7

@@ -4,9 +4,9 @@
 // Block c of the CLUSTER blocks owns S = HIDDEN / CLUSTER units U_c of every hidden layer: the rows
 // W_l[U_c, :] of each hidden layer's weights (kept k-major, wt[k][u]; W_1 in quads of inputs, see
 // w1_at, or in the BF16 build in registers, see W1Regs), its bias b_l[U_c], and the head's columns
-// W_h[:, U_c]. Every block keeps a copy of the
-// head's bias. Block c also owns R = ⌈rows / CLUSTER⌉ of a step's rows for the softmax. A step of
-// `rows` samples x (read through the sample order), h_0 = x:
+// W_h[:, U_c]. Every block keeps a copy of the head's bias. Block c also owns R = ⌈rows / CLUSTER⌉
+// of a step's rows for the softmax. A step of `rows` samples x (read through the sample order),
+// h_0 = x:
 //
 //   forward, l = 1..LAYERS      h_l[:, U_c] = relu(h_{l-1} · W_l[U_c, :]ᵀ + b_l[U_c])
 //       l < LAYERS: G_l         each block sends its columns to every block's h_full[l]
@@ -44,12 +44,12 @@
 // for that exchange (a phase a step); the receiver waits on its own barrier only, so there is no
 // cluster barrier and no memory fence in the loop. For G_l and D_l block c sends one contiguous piece
 // to each other block (G_l: its h_l[:, U_c], rows × S, into h_full[l], kept block-major; D_l:
-// Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]; in the BF16 build both as bf16): a bulk copy each (cp.async.bulk, the copy
-// engine, ~60 cycles a copy whichever warps issue them; for D_l this beat st.async stores straight
-// from the mma registers by 4% of a step on an H100 at H = 128, and came within 1% at H = 256), and
-// its own piece by plain stores. Z and Y are small (R rows of the classes a block): st.async stores,
-// Z's straight from the mma registers into the owner's zin[c], Y's from the owner's dl into every
-// other block's. (Z all-gathered instead, as 15 bulk copies a block, and every block computing
+// Q_c[:, U_o], rows × S, into block o's inbox[l−1][c]; in the BF16 build both as bf16): a bulk copy
+// each (cp.async.bulk, the copy engine, ~60 cycles a copy whichever warps issue them; for D_l this
+// beat st.async stores straight from the mma registers by 4% of a step on an H100 at H = 128, and
+// came within 1% at H = 256), and its own piece by plain stores. Z and Y are small (R rows of the
+// classes a block): st.async stores, Z's straight from the mma registers into the owner's zin[c],
+// Y's from the owner's dl into every other block's. (Z all-gathered instead, as 15 bulk copies a block, and every block computing
 // every row's softmax, the step took 1.5% longer at H = 128 and 0.6% at H = 256 on an H100: the
 // bytes saved are few, and two exchanges wait where one did.)
 //
@@ -78,8 +78,8 @@
 //
 // A bulk copy reads its source asynchronously, so a source is rewritten only once every block has
 // received it: this block's own slot of h_full[l] (G_l's source) in the next step's forward, after
-// this block waited for D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read their registers at
-// once: Z and Y have no such source.) D_l's source is h_full[l−1]
+// this block waited for D_2 (every block's D_2 comes after its wait for G_l). (st.async stores read
+// their registers at once: Z and Y have no such source.) D_l's source is h_full[l−1]
 // itself, Q[:, k] staged where h_{l−1}[:, k] lies once the warp that owns input k has read it (its
 // last reader in the step): the piece for block o is in o's slot, which only o's G_{l−1} of step
 // t + 1 overwrites, sent after o has received that piece.
@@ -263,9 +263,36 @@ __device__ __forceinline__ float4 relu4(float4 v) {
     return make_float4(fmaxf(v.x, 0.0f), fmaxf(v.y, 0.0f), fmaxf(v.z, 0.0f), fmaxf(v.w, 0.0f));
 }
 
+// h_full's elements: bf16 in the BF16 build, where h_l (l < LAYERS) is only ever a product's operand
+// (so rounded to bf16 anyway; the ReLU masks come from h_own) and a gather then moves half the
+// bytes (the exchanges move 7 to 14 bytes a cycle an SM: at H = 256 a gather of floats took ~2,000
+// cycles); else floats.
+#if BF16
+typedef unsigned short HElem;
+#else
+typedef float HElem;
+#endif
+// D_l's pieces (this block's partial sums Q_c[:, U_o] for block o) as they travel: bf16 in the BF16
+// build, floats in the TF32 one. The receiver sums the CLUSTER pieces in fp32; so in the BF16 build
+// each of the 16 partial sums of dh_{l−1} is rounded to bf16 before the sum (as a bf16 reduce-scatter
+// of gradients rounds its pieces), and dh_{l−1} again as the next products' operand. Half the bytes:
+// at H = 256 the step took 8% less (H100) and the test accuracy stayed the same. A block stages its
+// pieces of D_l where h_{l−1} lies (backward_layer): one element type.
+typedef HElem QElem;
+#if BF16
+__device__ __forceinline__ float4 load_q4(const QElem* p) {  // four bf16 as floats (exact)
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterpret_cast<unsigned*>(p) = bf16x2(a, b); }
+#else
+__device__ __forceinline__ float4 load_q4(const QElem* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+#endif
 // The dynamic shared memory, carved for a batch of BATCH rows. Keep in step with the launcher's
 // byte count (kernels/persistent_mlp.py: shared_bytes).
-#define INBOX_FLOATS (CLUSTER * BATCH * S)
+#define INBOX_FLOATS (CLUSTER * BATCH * S * (int)sizeof(QElem) / 4)
 #define PARTIAL_FLOATS (WARPS * ROWS16 * WST)
 #define ZIN_FLOATS (CLUSTER * R_OWN * CS)
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
@@ -278,7 +305,7 @@ struct Smem {
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
     float* bh;        // [CS]                 the head's bias (every block's copy)
-    float* h_full;    // [LAYERS−1][CLUSTER][BATCH][S]  h_l of the whole batch, l < LAYERS, by owning block
+    HElem* h_full;    // [LAYERS−1][CLUSTER][BATCH][S]  h_l of the whole batch, l < LAYERS, by owning block
     float* zin;       // [CLUSTER][R_OWN][CS]  partial logits of the owned rows, per sending block
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
@@ -303,7 +330,7 @@ __device__ Smem carve(unsigned char* base) {
     s.wh = f; f += CS * S;
     s.b = f; f += LAYERS * S;
     s.bh = f; f += CS;
-    s.h_full = f; f += (LAYERS - 1) * BATCH * HIDDEN;
+    s.h_full = reinterpret_cast<HElem*>(f); f += (LAYERS - 1) * BATCH * HIDDEN * (int)sizeof(HElem) / 4;
     s.zin = f; f += MAX2(ZIN_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
     s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
     s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
@@ -377,43 +404,11 @@ template <int STRIDE> struct SharedRows {
     __device__ static auto load2(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels2*>(p)); }
     __device__ static auto load4(const Pixel* p) { return as_operand(*reinterpret_cast<const Pixels4*>(p)); }
 };
-// h_full's elements: bf16 in the BF16 build, where h_l (l < LAYERS) is only ever a product's operand
-// (so rounded to bf16 anyway; the ReLU masks come from h_own) and a gather then moves half the
-// bytes (the exchanges move 7 to 14 bytes a cycle an SM: at H = 256 a gather of floats took ~2,000
-// cycles); else floats. Block o's slot of h_full[l] keeps the room of BATCH × S floats either way:
-// D_l stages its partial sums there in fp32 (backward_layer).
-#if BF16
-typedef unsigned short HElem;
-#else
-typedef float HElem;
-#endif
-#define SLOT (BATCH * S * 4 / (int)sizeof(HElem))  // a slot of h_full, in HElems
-// D_l's pieces (this block's partial sums Q_c[:, U_o] for block o) as they travel: bf16 in the BF16
-// build, floats in the TF32 one. The receiver sums the CLUSTER pieces in fp32; so in the BF16 build
-// each of the 16 partial sums of dh_{l−1} is rounded to bf16 before the sum (as a bf16 reduce-scatter
-// of gradients rounds its pieces), and dh_{l−1} again as the next products' operand. Half the bytes:
-// at H = 256 the step took 8% less (H100) and the test accuracy stayed the same. An inbox and a
-// staging slot keep the room of floats either way.
-#if BF16
-typedef unsigned short QElem;
-__device__ __forceinline__ float4 load_q4(const QElem* p) {  // four bf16 as floats (exact)
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                       __uint_as_float(v.y & 0xffff0000u));
-}
-__device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterpret_cast<unsigned*>(p) = bf16x2(a, b); }
-#else
-typedef float QElem;
-__device__ __forceinline__ float4 load_q4(const QElem* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
-#endif
-static_assert(sizeof(QElem) == sizeof(HElem), "Q[:, k] is staged in place of h_{l-1}[:, k]");
-// Sender c's piece of an inbox (rows × S), and the staging slot for block o's piece in h_full's room.
+// Sender c's piece of an inbox (rows × S).
 __device__ __forceinline__ QElem* inbox_piece(float* inbox, int c) { return reinterpret_cast<QElem*>(inbox) + c * BATCH * S; }
-__device__ __forceinline__ QElem* staged_piece(float* h_room, int o) { return reinterpret_cast<QElem*>(h_room + o * BATCH * S); }
 // Where h_l[r][k] lies in h_full[l] (block-major): r·S + hcol(k), in HElems.
-__device__ __forceinline__ int hcol(int k) { return k / S * SLOT + k % S; }
-__device__ __forceinline__ HElem* h_of(const Smem& s, int l) { return reinterpret_cast<HElem*>(s.h_full + (l - 1) * BATCH * HIDDEN); }
+__device__ __forceinline__ int hcol(int k) { return k / S * (BATCH * S) + k % S; }
+__device__ __forceinline__ HElem* h_of(const Smem& s, int l) { return s.h_full + (l - 1) * BATCH * HIDDEN; }
 using StagedRows = SharedRows<X_STRIDE == 0 ? 16 : X_STRIDE>;  // the batch's images in shared memory
 
 // A warp's partial sums of a forward product, rows × units: partial[warp][r][u].
@@ -1061,14 +1056,13 @@ __device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
 //   Q[:, k0..] = dh_l · W_l[U_c, k0..] (old weights; m = rows, k = units, n = inputs),
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
 // and Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
-// Q[:, k] is staged where h_{l−1}[:, k] lies (h_prev, h_full[l − 1], the same size: owner o's
+// Q[:, k] is staged where h_{l−1}[:, k] lies (h_prev, h_full[l − 1], the same element type: owner o's
 // columns at o's slot, see the header), which only the warp's own products read, and goes by a
 // bulk copy an owner; this block's own columns go straight into its inbox. A warp reads and writes
 // only its own inputs' weights and columns of h_{l−1}. The bf16 build updates W_l after the sends
 // are issued: the other warps update while the sending warp waits on the copy engine.
-__device__ void backward_layer(float* h_prev_room, float* wt, const float* dh, float* inbox, unsigned long long* bar,
+__device__ void backward_layer(HElem* h_prev, float* wt, const float* dh, float* inbox, unsigned long long* bar,
                                float lr, int rows, unsigned rank) {
-    const HElem* h_prev = reinterpret_cast<const HElem*>(h_prev_room);  // h_{l−1}; its slots' room as floats stages Q
     constexpr int TPW = BACKWARD_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     float q_out[TPW][MT][2][4];  // Q's tiles, kept until h_{l−1} may be overwritten
@@ -1086,7 +1080,7 @@ __device__ void backward_layer(float* h_prev_room, float* wt, const float* dh, f
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int col = 16 * i + 8 * j + 2 * t, owner = col / S, u = col - owner * S;
-            QElem* piece = (owner == (int)rank ? inbox_piece(inbox, rank) : staged_piece(h_prev_room, owner)) + u;
+            QElem* piece = (owner == (int)rank ? inbox_piece(inbox, rank) : h_prev + owner * BATCH * S) + u;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -1100,7 +1094,7 @@ __device__ void backward_layer(float* h_prev_room, float* wt, const float* dh, f
     __syncthreads();  // (and every lane's loads of W_l for Q are done)
     const int dest = send_dest();
     if (dest >= 0 && dest != (int)rank)
-        send_bulk(remote(inbox_piece(inbox, rank), dest), staged_piece(h_prev_room, dest), rows * S * sizeof(QElem), remote(bar, dest));
+        send_bulk(remote(inbox_piece(inbox, rank), dest), h_prev + dest * BATCH * S, rows * S * sizeof(QElem), remote(bar, dest));
 #if BF16
     const int in[2] = {2 * g, 2 * g + 1};
     update_hidden(wt, 0, grad, in, lr);
@@ -1166,7 +1160,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN, stride = l == 1 ? FEATURE_STRIDE : HIDDEN;
         float* wt = layer_weights(s, l);
-        for (int i = tid; i < stride * WST && (l > 1 || !BF16); i += THREADS) {
+        const bool in_smem = l > 1 || !BF16;  // (the BF16 build's W_1 is in registers)
+        for (int i = tid; in_smem && i < stride * WST; i += THREADS) {
             const int k = i / WST, u = i - k * WST;
             wt[weight_at(l, k, u)] = k < fan_in && u < S ? w_global[l - 1][(long long)(u0 + u) * fan_in + k] : 0.0f;
         }
@@ -1293,7 +1288,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             PHASE_END(PRODUCTS, l);
             const bool gather = l < LAYERS;
             float* h_own = s.h_own + (l - 1) * BATCH * S;
-            HElem* slice = h_of(s, l) + rank * SLOT;  // this block's in h_full[l]
+            HElem* slice = h_of(s, l) + rank * BATCH * S;  // this block's in h_full[l]
             forward_finish(s.last, s.b + (l - 1) * S, l == 1 ? X_UNIT : 1.0f, h_own, gather ? slice : nullptr, rows);
             PHASE_END(FINISH, l);
             if (gather) fence_proxy_async();  // the slice, written here, is the copies' source
@@ -1429,7 +1424,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         // ---- backward ---------------------------------------------------------------------------
         for (int l = LAYERS; l >= 2; --l) {
             float* inbox = inbox_of(s, l - 1);
-            backward_layer(s.h_full + (l - 2) * BATCH * HIDDEN, layer_weights(s, l), dh_of(s, l), inbox,
+            backward_layer(h_of(s, l - 1), layer_weights(s, l), dh_of(s, l), inbox,
                            inbox_bar(s, l - 1), lr, rows, rank);
             if (bias) update_bias(s.b + (l - 1) * S, dh_of(s, l), lr, rows);
             PHASE_END(BACKWARD_PRODUCTS, l);
@@ -1485,7 +1480,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     for (int l = 1; l <= LAYERS; ++l) {
         const int fan_in = l == 1 ? FEATURES : HIDDEN;
         const float* wt = layer_weights(s, l);
-        for (int i = tid; i < fan_in * S && (l > 1 || !BF16); i += THREADS) {
+        const bool in_smem = l > 1 || !BF16;
+        for (int i = tid; in_smem && i < fan_in * S; i += THREADS) {
             const int u = i / fan_in, k = i - u * fan_in;
             w_global[l - 1][(long long)(u0 + u) * fan_in + k] = wt[weight_at(l, k, u)];
         }

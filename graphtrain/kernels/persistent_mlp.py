@@ -89,10 +89,12 @@ class MlpShape:
         dh_stride = w_stride + 4 if w_stride % 32 == 16 else w_stride
         x_buffers = self.x_buffers if x_stride else 1
         barriers = 2 * (layers - 1) + 3  # the exchanges', the images'
-        inbox, partial, zin = CLUSTER * b * s, THREADS // 32 * rows16 * w_stride, CLUSTER * ceil_div(b, CLUSTER) * cs
-        w1 = 0 if self.bf16 else self.padded_features * w_stride  # (the bf16 build's W_1 is in registers)
+        # The bf16 build keeps W_1 in registers, and the gathered activations and input gradients'
+        # pieces (h_full, the inboxes) as bf16: half a float each.
+        w1, exchanged = (0, 2) if self.bf16 else (self.padded_features * w_stride, 4)
+        inbox, partial, zin = CLUSTER * b * s * exchanged // 4, THREADS // 32 * rows16 * w_stride, CLUSTER * ceil_div(b, CLUSTER) * cs
         floats = (w1 + (layers - 1) * h * w_stride + cs * s + layers * s + cs
-                  + (layers - 1) * b * h + max(zin, inbox if layers >= 3 else 0)
+                  + (layers - 1) * b * h * exchanged // 4 + max(zin, inbox if layers >= 3 else 0)
                   + max(layers - 3, 0) * inbox + max(inbox if layers >= 2 else 0, partial)
                   + layers * b * s + 2 * rows16 * dh_stride + b * cs + cs * s + cs
                   + ceil_div(x_buffers * b * x_stride * self.pixel_bytes, 16) * 4)
