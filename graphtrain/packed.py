@@ -1,0 +1,190 @@
+"""Many softmax regressions on one GPU at once: the `persistent` rung's kernel, one cluster a model.
+
+The persistent kernel trains an epoch of one model with one 16-block thread-block cluster: 16
+of an H100's 132 SMs. A sweep's models differ only in learning rate and seed, so they share the
+images and labels and need nothing else but their own weights, bias, sample orders and metrics.
+`train_packed` uploads the data once, gives each model those four in one arena, and launches the
+same compiled kernel for every model and epoch on a few streams ("lanes"), as many as clusters
+the SMs hold (⌊SMs / 16⌋): each lane trains its models one after another, epoch after epoch, and
+the lanes run side by side, so the GPU holds that many clusters at once. Every launch is the
+launch the rung makes for that model alone (the same kernel, arguments and sample order), and
+the kernel sums in a fixed order, so each model's weights are bit-identical to its run alone.
+
+Timing: one event before everything and one after each epoch of each model, on its lane. A
+model's epoch time is the time its lane spent on that epoch; the pack's training time is from
+the first event to the last model's end, what the whole grid took to train.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from graphtrain import environment
+from graphtrain.errors import ModelUnsupported
+from graphtrain.plan import RunPlan
+from graphtrain.record import EpochRecord, RunRecord, data_summary
+from graphtrain.reference import Layer
+
+
+def lanes_for(sm_count: int, cluster: int, models: int) -> int:
+    """How many models train at once: as many clusters as the SMs hold, at most one per model."""
+    return max(1, min(models, sm_count // cluster))
+
+
+def lane_schedule(models: int, lanes: int) -> list[list[int]]:
+    """Which models each lane trains, in order: model m on lane m mod lanes."""
+    return [list(range(lane, models, lanes)) for lane in range(lanes)]
+
+
+def check_pack(plans: list[RunPlan]) -> None:
+    """The plans must differ only in learning rate and seed (ValueError: a caller's bug)."""
+    base = plans[0].config.replace(lr=1.0, seed=0)
+    for plan in plans[1:]:
+        if plan.config.replace(lr=1.0, seed=0) != base or plan.batches != plans[0].batches:
+            raise ValueError("a pack's models must share everything but the learning rate and the seed")
+    if base.hidden:
+        raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
+
+
+def test_accuracy(layer: Layer, images: np.ndarray, labels: np.ndarray) -> float:
+    """Accuracy of one trained softmax regression on the test set (`images` in float64), on the host."""
+    logits = images @ layer.w.astype(np.float64).T
+    if layer.b is not None:
+        logits += layer.b
+    return float(np.mean(np.argmax(logits, axis=1) == labels))
+
+
+def train_packed(plans: list[RunPlan], data, precision: str | None = None) -> list[RunRecord]:
+    """Train every plan's softmax regression with the persistent kernel, packed on this process's
+    GPU; one run record per plan, in order. Every record's `pack` says how the pack ran."""
+    from graphtrain.kernels.persistent import CLUSTER, Persistent, Shape, kernel_images, pixel_levels
+    from graphtrain.libs import cuda, nvrtc
+    from graphtrain.libs.memory import Arena
+
+    check_pack(plans)
+    run_start = time.perf_counter()
+    cfg, first = plans[0].config, plans[0]
+    precision = precision or cfg.precision or "bf16"  # the rung's own precision first, as the rung
+    if precision not in ("bf16", "fp32"):
+        raise ModelUnsupported(f"the persistent rung trains in bf16 or fp32, not --precision {precision}")
+    device = cuda.open_device()
+    if device.compute_capability < (9, 0):
+        raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
+                               f"and {device.name} has {'.'.join(map(str, device.compute_capability))}")
+    features = data.train_images.shape[1]
+    shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(data.train_images), bf16=precision == "bf16")
+    refusal = shape.refusal()
+    if refusal is not None:
+        raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+    for plan in plans:
+        plan.check_fits(True, device.total_memory)
+
+    num_train, num_epochs, count = first.num_train, first.num_epochs, len(plans)
+    arena = Arena()
+    images = arena.reserve("images", (num_train, shape.padded_features), shape.image_dtype)
+    labels = arena.reserve("labels", (num_train,), np.int32)
+    orders = [arena.reserve(f"order{k}", (plan.orders.size,), np.int32) for k, plan in enumerate(plans)]
+    ws = [arena.reserve(f"w{k}", (cfg.classes, features)) for k in range(count)]
+    bs = [arena.reserve(f"b{k}", (cfg.classes,)) if cfg.bias else None for k in range(count)]
+    metrics = [arena.reserve(f"metrics{k}", (num_epochs, 2), np.float64) for k in range(count)]
+    lanes = lanes_for(device.sm_count, CLUSTER, count)
+    streams = [cuda.Stream() for _ in range(lanes)]
+    kernel = None
+    events: list[list[cuda.Event]] = []
+    try:
+        arena.allocate()
+        setup_stream = streams[0]
+        images.upload(kernel_images(data.train_images, shape), setup_stream)
+        labels.upload(data.train_labels.astype(np.int32), setup_stream)
+        for k, plan in enumerate(plans):
+            orders[k].upload(plan.orders.ravel(), setup_stream)
+        kernel = Persistent(device, shape)
+
+        def upload_initial() -> None:
+            for k, plan in enumerate(plans):
+                ws[k].upload(plan.initial[0].w, setup_stream)
+                if bs[k] is not None:
+                    bs[k].upload(plan.initial[0].b, setup_stream)
+                metrics[k].zero(setup_stream)
+
+        def launch(k: int, epoch: int, stream) -> None:
+            plan = plans[k]
+            kernel.train_epoch(stream, images.ptr, labels.ptr, orders[k].at(epoch * num_train), ws[k].ptr,
+                               bs[k].ptr if bs[k] is not None else 0, num_train, plan.batches[epoch],
+                               plan.config.lr, metrics[k].at(epoch, 0), plan.metrics_due[epoch])
+
+        # Warm up (first launch of the module), then every model from its initial weights again.
+        upload_initial()
+        launch(0, 0, setup_stream)
+        setup_stream.synchronize()
+        upload_initial()
+        setup_stream.synchronize()
+        events = [[cuda.Event() for _ in range(num_epochs)] for _ in range(count)]
+        start = cuda.Event()
+        events.append([start])
+        setup_ms = (time.perf_counter() - run_start) * 1e3
+
+        # Launch: round robin over the lanes, each lane its models in turn, epoch after epoch.
+        schedule = lane_schedule(count, lanes)
+        queues = [[(k, epoch) for k in models for epoch in range(num_epochs)] for models in schedule]
+        train_start = time.perf_counter()
+        start.record(streams[0])
+        for step in range(max(len(q) for q in queues)):
+            for lane, work in enumerate(queues):
+                if step < len(work):
+                    k, epoch = work[step]
+                    launch(k, epoch, streams[lane])
+                    events[k][epoch].record(streams[lane])
+        for stream in streams:
+            stream.synchronize()
+        train_wall_ms = (time.perf_counter() - train_start) * 1e3
+        ends = [start.elapsed_ms(events[k][-1]) for k in range(count)]
+        pack_ms = max(ends)
+
+        records = []
+        gpu_env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version(),
+                   "persistent_products": ("bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16"
+                                           if shape.bf16 else "3xTF32 mma" + ("; 8-bit inputs, two passes"
+                                                                              if shape.pixel_levels else ""))}
+        test_images, test_labels = data.test_images.astype(np.float64), data.test_labels.astype(np.int64)
+        for k, plan in enumerate(plans):
+            lane = k % lanes
+            # The lane's previous event: the end of the model before on the lane, or the start.
+            before = k - lanes
+            epoch_ms, previous = [], events[before][-1] if before >= 0 else start
+            for epoch in range(num_epochs):
+                epoch_ms.append(previous.elapsed_ms(events[k][epoch]))
+                previous = events[k][epoch]
+            sums = metrics[k].download(setup_stream)
+            layer = Layer(ws[k].download(setup_stream), bs[k].download(setup_stream) if bs[k] is not None else None)
+            epochs = []
+            for epoch in range(num_epochs):
+                entry = EpochRecord(plan.first_epoch + epoch + 1, epoch_ms[epoch], plan.batches[epoch],
+                                    full=plan.batches[epoch] == plan.batches_per_epoch)
+                if plan.metrics_due[epoch]:
+                    seen = plan.samples_seen(plan.batches[epoch])
+                    entry.train_loss, entry.train_accuracy = float(sums[epoch, 0] / seen), float(sums[epoch, 1] / seen)
+                epochs.append(entry)
+            accuracy = test_accuracy(layer, test_images, test_labels)
+            epochs[-1].test_accuracy = accuracy
+            record = RunRecord(
+                stage="persistent", kind="stage", config=plan.config, environment=gpu_env, epochs=epochs,
+                setup_ms=setup_ms, total_ms=(time.perf_counter() - run_start) * 1e3, test_accuracy=accuracy,
+                note=f"packed: {count} models, {lanes} at once (one cluster each); test accuracy on the host",
+                precision=precision, data=data_summary(data), params=[layer])
+            record.pack = {"models": count, "lanes": lanes, "train_ms": pack_ms, "train_wall_ms": train_wall_ms,
+                           "lane": lane, "how": f"{lanes} clusters at once, one stream each",
+                           "id": f"persistent-{plans[0].config.seed}-{plans[0].config.lr}-{count}"}
+            records.append(record)
+        return records
+    finally:
+        for row in events:
+            for event in row:
+                event.close()
+        if kernel is not None:
+            kernel.close()
+        arena.close()
+        for stream in streams:
+            stream.close()
