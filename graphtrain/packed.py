@@ -56,9 +56,10 @@ def test_accuracy(layer: Layer, images: np.ndarray, labels: np.ndarray) -> float
     return float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
-def train_packed(plans: list[RunPlan], data, precision: str | None = None) -> list[RunRecord]:
+def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None) -> list[RunRecord]:
     """Train every plan's softmax regression with the persistent kernel, packed on this process's
-    GPU; one run record per plan, in order. Every record's `pack` says how the pack ran."""
+    GPU; one run record per plan, in order. Every record's `pack` says how the pack ran.
+    `lanes` (default: `lanes_for` the GPU) is how many streams the models are spread over."""
     from graphtrain.kernels.persistent import CLUSTER, Persistent, Shape, kernel_images, pixel_levels
     from graphtrain.libs import cuda, nvrtc
     from graphtrain.libs.memory import Arena
@@ -89,7 +90,7 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None) -> li
     ws = [arena.reserve(f"w{k}", (cfg.classes, features)) for k in range(count)]
     bs = [arena.reserve(f"b{k}", (cfg.classes,)) if cfg.bias else None for k in range(count)]
     metrics = [arena.reserve(f"metrics{k}", (num_epochs, 2), np.float64) for k in range(count)]
-    lanes = lanes_for(device.sm_count, CLUSTER, count)
+    lanes = min(lanes, count) if lanes else lanes_for(device.sm_count, CLUSTER, count)
     streams = [cuda.Stream() for _ in range(lanes)]
     kernel = None
     events: list[list[cuda.Event]] = []
