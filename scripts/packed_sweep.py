@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--alone", type=int, default=4, help="models trained again alone, for the check")
     parser.add_argument("--repeat", type=int, default=3, help="timed packs per lane count (the best is kept)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--revision", default=None, help="the git revision to record (default: the checkout's)")
     args = parser.parse_args()
 
     data = data_mod.load("mnist")
@@ -59,7 +60,7 @@ def main() -> None:
     plans = [RunPlan.for_data(config, data) for config in configs]
     count = len(plans)
     lines = [f"# Packed sweep: {count} jhu softmax regressions, {args.epochs} epochs", ""]
-    lines.append(f"- Date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; git revision {git_revision()}")
+    lines.append(f"- Date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; git revision {args.revision or git_revision()}")
 
     results = {}
     digests = None
