@@ -257,3 +257,36 @@ def test_the_table_shows_device_time_accuracy_and_loss_curve():
     text = console.export_text()
     assert "GPU 1" in text and "92.00%" in text and "64 models" in text and "skipped: no GPU" in text
     assert "persistent on GPU 1: 64 models trained together in 150.00 ms, 8 clusters at once" in text
+
+
+# ---- --cluster ------------------------------------------------------------------------------
+
+
+def test_a_local_dask_cluster_gives_the_table_of_the_gpu_workers(npz_source):
+    """Needs graphtrain[cluster]; skipped without it (the extra is optional)."""
+    pytest.importorskip("distributed")
+    from graphtrain.cluster import DaskCluster
+
+    points = sweep.expand_grid(small_config(), ["numpy"], [], lrs=[0.05, 0.2], seeds=[0, 1])
+    rows, summary = sweep.run_sweep(points, DaskCluster(None, [0, 1]), npz_source)
+    alone, _ = sweep.run_sweep(points, sweep.InProcess(), npz_source, data=npz_source.load())
+    assert [r["weights_sha256"] for r in rows] == [r["weights_sha256"] for r in alone]
+    assert {r["device"] for r in rows} <= {"GPU 0", "GPU 1"} and summary["workers"] == 2
+
+
+def test_cluster_without_dask_is_one_line(monkeypatch, mnist_dir):
+    import builtins
+
+    from test_cli import invoke, one_line_error
+
+    real_import = builtins.__import__
+
+    def no_distributed(name, *args, **kwargs):
+        if name == "distributed" or name.startswith("distributed."):
+            raise ImportError("No module named 'distributed'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_distributed)
+    line = one_line_error(invoke("sweep", "--data-dir", str(mnist_dir), "--cluster", "local", "--no-peers",
+                                 "--stages", "numpy", "--epochs", "1"), 2)
+    assert "graphtrain[cluster]" in line
