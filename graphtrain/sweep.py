@@ -314,6 +314,7 @@ def run_sweep(points: Sequence[GridPoint], engine, source: DataSource, data=None
 # --------------------------------------------------------------------------------------------
 
 _SPARK = "▁▂▃▄▅▆▇█"
+CURVE_POINTS = 10  # at most this many losses in a curve, evenly picked, the last one always
 
 
 def loss_curve(row: dict) -> str:
@@ -323,28 +324,39 @@ def loss_curve(row: dict) -> str:
         return report.DASH
     if not all(np.isfinite(losses)):
         return f"{losses[-1]}"
+    if len(losses) > CURVE_POINTS:
+        picks = np.linspace(0, len(losses) - 1, CURVE_POINTS).round().astype(int)
+        losses = [losses[i] for i in picks]
     low, high = min(losses), max(losses)
     span = high - low or 1.0
     spark = "".join(_SPARK[min(len(_SPARK) - 1, int((loss - low) / span * len(_SPARK)))] for loss in losses)
     return f"{spark} {losses[-1]:.4f}"
 
 
-GRID_COLUMNS = ("row", "H", "lr", "seed", "device", "train ms", "together", "test acc", "loss curve")
+def grid_columns(rows: list[dict]) -> list[str]:
+    """The table's columns; H only where the sweep varies the hidden width."""
+    sized = any(row.get("hidden_size") is not None for row in rows)
+    return ["row", *(["H"] if sized else []), "lr", "seed", "device", "train ms", "models", "test acc", "loss"]
 
 
-def grid_cells(row: dict) -> list[str]:
+def grid_cells(row: dict, columns: list[str]) -> list[str]:
+    """One row's cells. 'models': how many trained together with it (1: alone)."""
     cfg = row.get("config") or {}
     size = row.get("hidden_size")
-    cells = [row.get("stage", "?") + (" (peer)" if row.get("kind") == "peer" else ""),
-             str(size) if size is not None else report.DASH,
-             f"{cfg.get('lr', 0):g}", str(cfg.get("seed", "")), row.get("device", report.DASH)]
+    cells = {"row": row.get("stage", "?") + ("*" if row.get("kind") == "peer" else ""),
+             "H": str(size) if size is not None else report.DASH, "lr": f"{cfg.get('lr', 0):g}",
+             "seed": str(cfg.get("seed", "")), "device": row.get("device", report.DASH)}
     if not report.is_ok(row):
-        return cells + [("skipped" if row.get("skipped") else "failed") + f": {row.get('error', '')}",
-                        "", "", ""]
-    packed = row.get("packed")
-    together = f"{packed['models']} models" if packed else report.DASH
-    return cells + [report.fmt_ms(row.get("train_ms")), together, report.fmt_accuracy(row.get("test_accuracy")),
-                    loss_curve(row)]
+        cells["train ms"] = ("skipped" if row.get("skipped") else "failed") + f": {row.get('error', '')}"
+    else:
+        packed = row.get("packed")
+        cells.update({"train ms": report.fmt_ms(row.get("train_ms")), "models": str(packed["models"] if packed else 1),
+                      "test acc": report.fmt_accuracy(row.get("test_accuracy")), "loss": loss_curve(row)})
+    return [cells.get(column, "") for column in columns]
+
+
+LEGEND = ("* a framework peer. train ms: the row's training time (its timed epochs), or for models trained "
+          "together ('models' > 1) the time of them all; loss: the measured training losses, then the last")
 
 
 def summary_line(summary: dict) -> str:
@@ -353,19 +365,19 @@ def summary_line(summary: dict) -> str:
 
 
 def grid_table(rows: list[dict], summary: dict | None = None) -> Table:
-    """One row per model. 'train ms' is the model's training time: its timed epochs, or for a
-    pack the whole pack's training (every model of it shares that time, 'together')."""
+    """One row per model: where it trained, its training time, test accuracy and loss curve."""
+    columns = grid_columns(rows)
     table = Table(title="graphtrain sweep", title_justify="left", caption_justify="left",
                   box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    for i, column in enumerate(GRID_COLUMNS):
-        table.add_column(column, justify="left" if i in (0, 4, 8) else "right", no_wrap=i != 5)
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("row", "device", "loss") else "right", no_wrap=True)
     for row in rows:
         style = None if report.is_ok(row) else ("yellow" if row.get("skipped") else "red")
-        table.add_row(*(escape(cell) for cell in grid_cells(row)), style=style)
-    lines = [escape(line) for line in pack_lines(rows)]
+        table.add_row(*(escape(cell) for cell in grid_cells(row, columns)), style=style)
+    lines = [escape(line) for line in [*pack_lines(rows), LEGEND]]
     if summary:
         lines.append(escape(summary_line(summary)))
-    table.caption = "\n".join(lines) or None
+    table.caption = "\n".join(lines)
     return table
 
 
@@ -389,10 +401,9 @@ def pack_lines(rows: list[dict]) -> list[str]:
 def grid_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                   images=None, plot_notes=None) -> str:
     lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now())
-    lines += report.markdown_table(GRID_COLUMNS, [grid_cells(row) for row in records]) + [""]
-    packs = pack_lines(records)
-    if packs:
-        lines += [f"- {line}" for line in packs] + [""]
+    columns = grid_columns(records)
+    lines += report.markdown_table(columns, [grid_cells(row, columns) for row in records]) + [""]
+    lines += [f"- {line}" for line in [*pack_lines(records), LEGEND]] + [""]
     lines += report._command_block(command)
     return "\n".join(lines)
 

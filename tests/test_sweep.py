@@ -237,7 +237,7 @@ def test_sweep_command_grid_json_and_report(tmp_path, monkeypatch):
     assert document["sweep"]["models"] == 4
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == ["sweep-jhu-b50-e2-small-cpu.json", "sweep-jhu-b50-e2-small-cpu.md"]
-    assert "| numpy | — | 0.05 | 0 | CPU |" in (tmp_path / "out" / written[1]).read_text()
+    assert "| numpy | 0.05 | 0 | CPU |" in (tmp_path / "out" / written[1]).read_text()
 
 
 # ---- the table ------------------------------------------------------------------------------
@@ -251,12 +251,16 @@ def test_the_table_shows_device_time_accuracy_and_loss_curve():
     failed = {"stage": "graphs", "kind": "stage", "config": {"lr": 0.1, "seed": 3}, "error": "no GPU",
               "skipped": True, "index": 1, "device": "GPU 0"}
     assert sweep.loss_curve(row) == "█▃▁ 0.5000"
+    long = {"epochs": [{"train_loss": 2.0 - 0.1 * i} for i in range(20)]}
+    assert sweep.loss_curve(long) == "██▇▆▅▄▃▂▁▁ 0.1000"
     console = Console(record=True, width=160)
     console.print(sweep.grid_table([row, failed], {"models": 2, "tasks": 2, "engine": "this process",
                                                    "wall_ms": 1500.0}))
     text = console.export_text()
-    assert "GPU 1" in text and "92.00%" in text and "64 models" in text and "skipped: no GPU" in text
-    assert "persistent on GPU 1: 64 models trained together in 150.00 ms, 8 clusters at once" in text
+    assert "GPU 1" in text and "92.00%" in text and "skipped: no GPU" in text
+    assert " H " not in text.splitlines()[2]  # no width swept, no H column
+    words = " ".join(text.split())  # the caption wraps at the table's width
+    assert "persistent on GPU 1: 64 models trained together in 150.00 ms, 8 clusters at once" in words
 
 
 # ---- --cluster ------------------------------------------------------------------------------
