@@ -77,14 +77,21 @@ class DaskCluster:
         return cls(cluster, workers=count)
 
     def local_cluster(self):
-        """One Nanny per GPU, its worker process bound to that GPU, one thread each."""
+        """One Nanny per GPU, its worker process bound to that GPU, one thread each.
+
+        Dask's Nanny limits a worker's BLAS and OpenMP threads to one by default; the numpy
+        rung's float32 products then sum in another order than in this process (or in a
+        `--gpus` worker) and its weights differ in the last bits, so the workers here keep
+        this process's settings instead."""
+        import dask
         from distributed import Nanny, Scheduler, SpecCluster
 
         workers = {f"gpu{gpu}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(gpu)},
                                                           "silence_logs": logging.ERROR}}
                    for gpu in self.gpus}
         scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
-        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": {}, "distributed.nanny.environ": {}}):
+            return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
 
     def run(self, tasks: Sequence[Task], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         distributed = import_distributed()

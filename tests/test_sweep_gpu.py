@@ -73,3 +73,19 @@ def test_a_gpu_worker_gives_the_rows_of_this_process(gpu_device, mnist_dir):
     assert [r["weights_sha256"] for r in here] == [r["weights_sha256"] for r in there]
     assert {r["device"] for r in there} == {"GPU 0"}
     assert [r.get("packed", {}).get("models") for r in there if r["stage"] == "persistent"] == [4] * 4
+
+
+def test_two_gpu_workers_give_the_rows_of_one(gpu_device, mnist_dir):
+    from graphtrain.workers import GpuWorkers, gpu_count
+
+    if gpu_count() < 2:
+        pytest.skip("needs two GPUs")
+    config = PRESETS["jhu"].replace(epochs=1)
+    points = sweep.expand_grid(config, ["persistent", "device-loop"], [], lrs=[0.05, 0.1], seeds=[0, 1])
+    source = sweep.DataSource("mnist", data_dir=mnist_dir)
+    one, _ = sweep.run_sweep(points, GpuWorkers([0]), source)
+    two, summary = sweep.run_sweep(points, GpuWorkers([0, 1]), source)
+    assert all("error" not in row for row in one + two), [r.get("error") for r in one + two]
+    assert [r["weights_sha256"] for r in one] == [r["weights_sha256"] for r in two]
+    assert {r["device"] for r in two} == {"GPU 0", "GPU 1"}
+    assert summary["tasks"] == 2 + 4  # the persistent pack split in two, four device-loop rows
