@@ -57,8 +57,9 @@ from graphtrain.stages.base import EpochResult, Stage
 
 class PersistentStage(Stage):
     """Its own program, composed of the device pieces (graphtrain.stages.device) and its kernel:
-    the arena holds what the kernel reads (the images in its own form, the labels, the orders, the
-    parameters, the metrics) and what the test-set evaluation needs; nothing of the ladder's chain."""
+    the arena holds what the kernel reads (the images in its own form, made on the GPU from the
+    fp32 ones, the labels, the orders, the parameters, the metrics) and what the test-set
+    evaluation needs (the naive kernels); no cuBLAS, cuDNN, graph or stream of the ladder's chain."""
 
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
@@ -79,34 +80,34 @@ class PersistentStage(Stage):
             raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
                                    f"and {self.device.name} has {'.'.join(map(str, self.device.compute_capability))}")
         self.num_train, self.num_test = plan.num_train, plan.num_test
-        # The fp32 training images go up once into scratch memory, where the GPU checks them for
-        # 8-bit pixels and writes them in the kernel's form into the arena (images.cu).
-        images_cu = Images(self.device)
-        staged = cuda.malloc(data.train_images.nbytes + 256)
+        # One allocation for the run. The fp32 training images go up with the dataset, only for the
+        # GPU to check them for 8-bit pixels and write them in the kernel's form (images.cu): the
+        # form depends on that check, so its room is the larger of the two candidates'.
+        candidates = [self.kernel_shape(levels, refuse=False) for levels in (0, 255)]
+        room = max(s.padded_features * np.dtype(s.image_dtype).itemsize for s in candidates)
+        arena = self.arena = Arena()
+        self.dataset = device.DatasetOnDevice(arena, plan, data)
+        self.train_labels, self.order = self.dataset.train_labels, self.dataset.order
+        images_room = arena.reserve("kernel_images", (self.num_train, room), np.uint8)
+        self.params = device.Parameters(arena, cfg)
+        self.w, self.b = self.params.w, self.params.b
+        self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
+        self.off_levels = arena.reserve("off_levels", (1,), np.uint64)  # images.cu's count
+        if cfg.hidden:  # the addresses of every layer's weights, then of its biases
+            self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
+        self.evaluation = device.Evaluation(arena, cfg, self.dataset)
+        arena.allocate()
+        self.dataset.upload(self.stream)
+        images_cu, fp32 = Images(self.device), self.dataset.train_images
         try:
-            cuda.copy_to_device(staged, data.train_images, self.stream)
-            levels = images_cu.pixel_levels(self.stream, staged, data.train_images.size,
-                                            staged + data.train_images.nbytes)
-            self.shape = self.kernel_shape(levels)
-            arena = self.arena = Arena()
-            self.dataset = device.DatasetOnDevice(arena, plan, data, train_images=False)
-            self.train_labels, self.order = self.dataset.train_labels, self.dataset.order
-            self.images = arena.reserve("kernel_images", (self.num_train, self.shape.padded_features),
-                                        self.shape.image_dtype)
-            self.params = device.Parameters(arena, cfg)
-            self.w, self.b = self.params.w, self.params.b
-            self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
-            if cfg.hidden:  # the addresses of every layer's weights, then of its biases
-                self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
-            self.evaluation = device.Evaluation(arena, cfg, self.dataset)
-            arena.allocate()
-            images_cu.kernel_images(self.stream, staged, self.num_train, cfg.in_features, self.shape,
+            self.shape = self.kernel_shape(images_cu.pixel_levels(self.stream, fp32.ptr, fp32.size,
+                                                                  self.off_levels.ptr))
+            self.images = images_room.view((self.num_train, self.shape.padded_features), self.shape.image_dtype)
+            images_cu.kernel_images(self.stream, fp32.ptr, self.num_train, cfg.in_features, self.shape,
                                     self.images.ptr)
             self.stream.synchronize()
         finally:
-            cuda.free(staged)
             images_cu.close()
-        self.dataset.upload(self.stream)
         if cfg.hidden:
             self.persistent_cu = self.mlp_kernel(self.device, self.shape)
             biases = [b.ptr if b is not None else 0 for b in self.b]
@@ -118,14 +119,14 @@ class PersistentStage(Stage):
         self.launch_epoch(0, 1, measure=True)
         self.params.upload(plan.initial, self.stream)
 
-    def kernel_shape(self, pixel_levels: int) -> Shape | MlpShape:
+    def kernel_shape(self, pixel_levels: int, refuse: bool = True) -> Shape | MlpShape:
         """The sizes the kernel is compiled for; refused (ModelUnsupported) when it cannot train them."""
         cfg, bf16 = self.config, self.precision == "bf16"
         if cfg.hidden:
             shape = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
         else:
             shape = Shape(cfg.in_features, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
-        refusal = shape.refusal()
+        refusal = shape.refusal() if refuse else None
         if refusal is not None:
             raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
         return shape
