@@ -4,7 +4,7 @@
 # drift hits both; round 0 warms the kernel cache and is not reported.
 #   scripts/setup_times.sh OUT_DIR TREE [TREE...]     (GRAPHTRAIN_DATA set to MNIST's folder)
 set -euo pipefail
-out=$1; shift
+out=$(realpath "$1"); shift
 mkdir -p "$out"
 runs=("persistent|--stage persistent --preset jhu"
       "persistent-mlp128|--stage persistent --preset cuda-mnist --hidden 128,128,128 --epochs 2"
@@ -17,7 +17,8 @@ for round in 0 1 2; do
     for tree in "$@"; do
       tag=$(basename "$tree")
       # shellcheck disable=SC2086
-      PYTHONPATH=$tree python3 -m graphtrain run $args --json "$out/$tag-$name-$round.json" > /dev/null \
+      # From inside the tree: `python -m` puts the working folder first on sys.path.
+      (cd "$tree" && PYTHONPATH=$tree python3 -m graphtrain run $args --json "$out/$tag-$name-$round.json" > /dev/null) \
         || echo "$tag $name round $round failed" >&2
     done
   done
