@@ -32,8 +32,6 @@ from graphtrain.reference import Layer
 from graphtrain.stages import device
 from graphtrain.stages.base import EpochResult, Stage
 
-EVAL_ROWS = device.EVAL_ROWS
-
 
 class BaselineStage(Stage):
     name = "baseline"
@@ -63,7 +61,7 @@ class BaselineStage(Stage):
         self.softmax_cu = Softmax(self.device) if self.needs("softmax") else None
 
         self.num_train, self.num_test = plan.num_train, plan.num_test
-        self.max_rows = max(cfg.batch, min(EVAL_ROWS, self.num_test))
+        self.max_rows = max(cfg.batch, min(device.EVAL_ROWS, self.num_test))
         dims, features, rows = cfg.dims, cfg.in_features, self.max_rows
 
         # One allocation for the whole run: plan every buffer, then allocate once.
