@@ -3,7 +3,9 @@
 The persistent kernel trains an epoch of one model with one 16-block thread-block cluster: 16
 of an H100's 132 SMs. A sweep's models differ only in learning rate and seed, so they share the
 images and labels and need nothing else but their own weights, bias, sample orders and metrics.
-`train_packed` uploads the data once, gives each model those four in one arena, and launches the
+`train_packed` uploads the data once, gives each model those four in one arena (the rung's own
+device pieces, graphtrain.stages.device: the parameters, the dataset, the test-set evaluation,
+so a packed model's test accuracy is counted as the rung counts it), and launches the
 same compiled kernel for every model and epoch on a few streams ("lanes"), as many as clusters
 the SMs hold (⌊SMs / 16⌋): each lane trains its models one after another, epoch after epoch, and
 the lanes run side by side, so the GPU holds that many clusters at once. Every launch is the
@@ -25,7 +27,6 @@ from graphtrain import environment
 from graphtrain.errors import ModelUnsupported
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
-from graphtrain.reference import Layer
 
 
 def lanes_for(sm_count: int, cluster: int, models: int) -> int:
@@ -48,14 +49,6 @@ def check_pack(plans: list[RunPlan]) -> None:
         raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
 
 
-def test_accuracy(layer: Layer, images: np.ndarray, labels: np.ndarray) -> float:
-    """Accuracy of one trained softmax regression on the test set (`images` in float64), on the host."""
-    logits = images @ layer.w.astype(np.float64).T
-    if layer.b is not None:
-        logits += layer.b
-    return float(np.mean(np.argmax(logits, axis=1) == labels))
-
-
 def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None) -> list[RunRecord]:
     """Train every plan's softmax regression with the persistent kernel, packed on this process's
     GPU; one run record per plan, in order. Every record's `pack` says how the pack ran.
@@ -63,6 +56,7 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
     from graphtrain.kernels.persistent import CLUSTER, Persistent, Shape, kernel_images, pixel_levels
     from graphtrain.libs import cuda, nvrtc
     from graphtrain.libs.memory import Arena
+    from graphtrain.stages import device as device_pieces
 
     check_pack(plans)
     run_start = time.perf_counter()
@@ -83,13 +77,17 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
         plan.check_fits(True, device.total_memory)
 
     num_train, num_epochs, count = first.num_train, first.num_epochs, len(plans)
+    # One arena: the images in the kernel's form and the labels, shared; per model its sample
+    # orders, parameters (graphtrain.stages.device.Parameters) and metrics; the test set and the
+    # rung's own test-set evaluation (device.Evaluation), shared.
     arena = Arena()
+    dataset = device_pieces.DatasetOnDevice(arena, first, data, train_images=False)  # orders: model 0's
     images = arena.reserve("images", (num_train, shape.padded_features), shape.image_dtype)
-    labels = arena.reserve("labels", (num_train,), np.int32)
-    orders = [arena.reserve(f"order{k}", (plan.orders.size,), np.int32) for k, plan in enumerate(plans)]
-    ws = [arena.reserve(f"w{k}", (cfg.classes, features)) for k in range(count)]
-    bs = [arena.reserve(f"b{k}", (cfg.classes,)) if cfg.bias else None for k in range(count)]
+    orders = [dataset.order] + [arena.reserve(f"order{k}", (plan.orders.size,), np.int32)
+                                for k, plan in enumerate(plans[1:], 1)]
+    params = [device_pieces.Parameters(arena, cfg) for _ in plans]
     metrics = [arena.reserve(f"metrics{k}", (num_epochs, 2), np.float64) for k in range(count)]
+    evaluation = device_pieces.Evaluation(arena, cfg, dataset)
     lanes = min(lanes, count) if lanes else lanes_for(device.sm_count, CLUSTER, count)
     streams = [cuda.Stream() for _ in range(lanes)]
     kernel = None
@@ -97,23 +95,22 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
     try:
         arena.allocate()
         setup_stream = streams[0]
+        dataset.upload(setup_stream)
         images.upload(kernel_images(data.train_images, shape), setup_stream)
-        labels.upload(data.train_labels.astype(np.int32), setup_stream)
-        for k, plan in enumerate(plans):
+        for k, plan in enumerate(plans[1:], 1):
             orders[k].upload(plan.orders.ravel(), setup_stream)
         kernel = Persistent(device, shape)
+        evaluation.load(device)
 
         def upload_initial() -> None:
             for k, plan in enumerate(plans):
-                ws[k].upload(plan.initial[0].w, setup_stream)
-                if bs[k] is not None:
-                    bs[k].upload(plan.initial[0].b, setup_stream)
+                params[k].upload(plan.initial, setup_stream)
                 metrics[k].zero(setup_stream)
 
         def launch(k: int, epoch: int, stream) -> None:
-            plan = plans[k]
-            kernel.train_epoch(stream, images.ptr, labels.ptr, orders[k].at(epoch * num_train), ws[k].ptr,
-                               bs[k].ptr if bs[k] is not None else 0, num_train, plan.batches[epoch],
+            plan, (w,), (b,) = plans[k], params[k].w, params[k].b
+            kernel.train_epoch(stream, images.ptr, dataset.train_labels.ptr, orders[k].at(epoch * num_train), w.ptr,
+                               b.ptr if b is not None else 0, num_train, plan.batches[epoch],
                                plan.config.lr, metrics[k].at(epoch, 0), plan.metrics_due[epoch])
 
         # Warm up (first launch of the module), then every model from its initial weights again.
@@ -145,11 +142,11 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
         pack_ms = max(ends)
 
         records = []
+        products = ("bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16" if shape.bf16 else
+                    "3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images" if shape.pixel_levels
+                    else "3xTF32 mma: three passes")  # as the rung's record says
         gpu_env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version(),
-                   "persistent_products": ("bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16"
-                                           if shape.bf16 else "3xTF32 mma" + ("; 8-bit inputs, two passes"
-                                                                              if shape.pixel_levels else ""))}
-        test_images, test_labels = data.test_images.astype(np.float64), data.test_labels.astype(np.int64)
+                   "persistent_products": products}
         for k, plan in enumerate(plans):
             lane = k % lanes
             # The lane's previous event: the end of the model before on the lane, or the start.
@@ -159,7 +156,6 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
                 epoch_ms.append(previous.elapsed_ms(events[k][epoch]))
                 previous = events[k][epoch]
             sums = metrics[k].download(setup_stream)
-            layer = Layer(ws[k].download(setup_stream), bs[k].download(setup_stream) if bs[k] is not None else None)
             epochs = []
             for epoch in range(num_epochs):
                 entry = EpochRecord(plan.first_epoch + epoch + 1, epoch_ms[epoch], plan.batches[epoch],
@@ -168,13 +164,13 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
                     seen = plan.samples_seen(plan.batches[epoch])
                     entry.train_loss, entry.train_accuracy = float(sums[epoch, 0] / seen), float(sums[epoch, 1] / seen)
                 epochs.append(entry)
-            accuracy = test_accuracy(layer, test_images, test_labels)
+            accuracy = evaluation.accuracy(setup_stream, params[k])
             epochs[-1].test_accuracy = accuracy
             record = RunRecord(
                 stage="persistent", kind="stage", config=plan.config, environment=gpu_env, epochs=epochs,
                 setup_ms=setup_ms, total_ms=(time.perf_counter() - run_start) * 1e3, test_accuracy=accuracy,
-                note=f"packed: {count} models, {lanes} at once (one cluster each); test accuracy on the host",
-                precision=precision, data=data_summary(data), params=[layer])
+                note=f"packed: {count} models, {lanes} at once (one cluster each)",
+                precision=precision, data=data_summary(data), params=params[k].download(setup_stream))
             record.pack = {"models": count, "lanes": lanes, "train_ms": pack_ms, "train_wall_ms": train_wall_ms,
                            "lane": lane, "how": f"{lanes} clusters at once, one stream each",
                            "id": f"persistent-{plans[0].config.seed}-{plans[0].config.lr}-{count}"}
@@ -186,6 +182,7 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
                 event.close()
         if kernel is not None:
             kernel.close()
+        evaluation.close()
         arena.close()
         for stream in streams:
             stream.close()

@@ -41,7 +41,7 @@ def test_packed_models_equal_their_runs_alone_bit_for_bit(gpu_device, mnist, pre
         for mine, theirs in zip(record.params, alone.params):
             assert np.array_equal(mine.w, theirs.w) and np.array_equal(mine.b, theirs.b), (
                 f"lr {plan.config.lr} seed {plan.config.seed} {precision}: packed weights differ from alone")
-        assert abs(record.test_accuracy - alone.test_accuracy) < 2e-3
+        assert record.test_accuracy == alone.test_accuracy  # the rung's own evaluation, on the same weights
         assert record.epochs[-1].train_loss == pytest.approx(alone.epochs[-1].train_loss, rel=1e-6)
     assert len({sweep.weights_digest(r.params) for r in packed}) == len(GRID)
     assert packed[0].pack["models"] == 3 and packed[0].pack["train_ms"] > 0
