@@ -3,9 +3,9 @@
 The persistent kernel trains an epoch of one model with one 16-block thread-block cluster: 16
 of an H100's 132 SMs. A sweep's models differ only in learning rate and seed, so they share the
 images and labels and need nothing else but their own weights, bias, sample orders and metrics.
-`train_packed` uploads the data once, gives each model those four in one arena (the rung's own
-device pieces, graphtrain.stages.device: the parameters, the dataset, the test-set evaluation,
-so a packed model's test accuracy is counted as the rung counts it), and launches the
+`train_packed` uploads the data once, gives each model those four (`PackBuffers`, made of the
+rung's own device pieces, graphtrain.stages.device: the parameters, the dataset, the test-set
+evaluation, so a packed model's test accuracy is counted as the rung counts it), and launches the
 same compiled kernel for every model and epoch on a few streams ("lanes"), as many as clusters
 the SMs hold (⌊SMs / 16⌋): each lane trains its models one after another, epoch after epoch, and
 the lanes run side by side, so the GPU holds that many clusters at once. Every launch is the
@@ -49,14 +49,43 @@ def check_pack(plans: list[RunPlan]) -> None:
         raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
 
 
+class PackBuffers:
+    """What a pack trains with. One arena for what the models share (the images in the kernel's
+    form, the labels and the test set through the rung's device pieces, graphtrain.stages.device,
+    and the test-set evaluation) and model 0's sample orders; then an arena per further model for
+    its orders, and per model its parameters (device.Parameters, whose buffer names are a
+    model's own) and per-epoch metrics. Planned without a GPU; `allocate` allocates them all."""
+
+    def __init__(self, plans: list[RunPlan], data, shape):
+        from graphtrain.libs.memory import Arena
+        from graphtrain.stages import device as device_pieces
+
+        first, cfg = plans[0], plans[0].config
+        self.arena = Arena()
+        self.dataset = device_pieces.DatasetOnDevice(self.arena, first, data, train_images=False)
+        self.images = self.arena.reserve("images", (first.num_train, shape.padded_features), shape.image_dtype)
+        self.evaluation = device_pieces.Evaluation(self.arena, cfg, self.dataset)
+        self.model_arenas = [Arena() for _ in plans]
+        self.orders = [self.dataset.order] + [arena.reserve("order", (plan.orders.size,), np.int32)
+                                              for arena, plan in zip(self.model_arenas[1:], plans[1:])]
+        self.params = [device_pieces.Parameters(arena, cfg) for arena in self.model_arenas]
+        self.metrics = [arena.reserve("metrics", (first.num_epochs, 2), np.float64) for arena in self.model_arenas]
+
+    def allocate(self) -> None:
+        for arena in (self.arena, *self.model_arenas):
+            arena.allocate()
+
+    def close(self) -> None:
+        for arena in (self.arena, *self.model_arenas):
+            arena.close()
+
+
 def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None) -> list[RunRecord]:
     """Train every plan's softmax regression with the persistent kernel, packed on this process's
     GPU; one run record per plan, in order. Every record's `pack` says how the pack ran.
     `lanes` (default: `lanes_for` the GPU) is how many streams the models are spread over."""
     from graphtrain.kernels.persistent import CLUSTER, Persistent, Shape, kernel_images, pixel_levels
     from graphtrain.libs import cuda, nvrtc
-    from graphtrain.libs.memory import Arena
-    from graphtrain.stages import device as device_pieces
 
     check_pack(plans)
     run_start = time.perf_counter()
@@ -77,23 +106,15 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
         plan.check_fits(True, device.total_memory)
 
     num_train, num_epochs, count = first.num_train, first.num_epochs, len(plans)
-    # One arena: the images in the kernel's form and the labels, shared; per model its sample
-    # orders, parameters (graphtrain.stages.device.Parameters) and metrics; the test set and the
-    # rung's own test-set evaluation (device.Evaluation), shared.
-    arena = Arena()
-    dataset = device_pieces.DatasetOnDevice(arena, first, data, train_images=False)  # orders: model 0's
-    images = arena.reserve("images", (num_train, shape.padded_features), shape.image_dtype)
-    orders = [dataset.order] + [arena.reserve(f"order{k}", (plan.orders.size,), np.int32)
-                                for k, plan in enumerate(plans[1:], 1)]
-    params = [device_pieces.Parameters(arena, cfg) for _ in plans]
-    metrics = [arena.reserve(f"metrics{k}", (num_epochs, 2), np.float64) for k in range(count)]
-    evaluation = device_pieces.Evaluation(arena, cfg, dataset)
+    pack = PackBuffers(plans, data, shape)
+    dataset, images, orders = pack.dataset, pack.images, pack.orders
+    params, metrics, evaluation = pack.params, pack.metrics, pack.evaluation
     lanes = min(lanes, count) if lanes else lanes_for(device.sm_count, CLUSTER, count)
     streams = [cuda.Stream() for _ in range(lanes)]
     kernel = None
     events: list[list[cuda.Event]] = []
     try:
-        arena.allocate()
+        pack.allocate()
         setup_stream = streams[0]
         dataset.upload(setup_stream)
         images.upload(kernel_images(data.train_images, shape), setup_stream)
@@ -183,6 +204,6 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
         if kernel is not None:
             kernel.close()
         evaluation.close()
-        arena.close()
+        pack.close()
         for stream in streams:
             stream.close()

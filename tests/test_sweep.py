@@ -294,3 +294,20 @@ def test_cluster_without_dask_is_one_line(monkeypatch, mnist_dir):
     line = one_line_error(invoke("sweep", "--data-dir", str(mnist_dir), "--cluster", "local", "--no-peers",
                                  "--stages", "numpy", "--epochs", "1"), 2)
     assert "graphtrain[cluster]" in line
+
+
+def test_a_pack_plans_its_buffers_without_a_gpu():
+    """Every model its own orders, parameters and metrics; the images, labels and test set once."""
+    from graphtrain.kernels.persistent import Shape
+    from graphtrain.packed import PackBuffers
+    from graphtrain.plan import RunPlan
+
+    data = small_data()
+    plans = [RunPlan.for_data(small_config(lr=lr, seed=seed), data) for lr, seed in ((0.1, 0), (0.2, 1), (0.3, 2))]
+    pack = PackBuffers(plans, data, Shape(20, 4, 50, bf16=True))
+    addresses = {id(b) for b in [*pack.orders, *pack.metrics, *(p.w[0] for p in pack.params),
+                                 *(p.b[0] for p in pack.params)]}
+    assert len(addresses) == 4 * 3
+    assert [o.size for o in pack.orders] == [2 * 600] * 3
+    assert [m.shape for m in pack.metrics] == [(2, 2)] * 3
+    assert pack.images.shape == (600, Shape(20, 4, 50, bf16=True).padded_features)
