@@ -1,6 +1,7 @@
 """The sweep's grid, its tasks and packs, its engines and its table, on the CPU (the numpy rung
 trains; worker processes are spawned for real, bound to made-up GPU numbers)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -311,3 +312,24 @@ def test_a_pack_plans_its_buffers_without_a_gpu():
     assert [o.size for o in pack.orders] == [2 * 600] * 3
     assert [m.shape for m in pack.metrics] == [(2, 2)] * 3
     assert pack.images.shape == (600, Shape(20, 4, 50, bf16=True).padded_features)
+
+
+class _DiesWhenRead:
+    def __getattr__(self, name):
+        import os
+
+        os._exit(7)  # the worker process dies in the middle of a task, as an out-of-memory kill would
+
+
+@dataclasses.dataclass(frozen=True)
+class DyingSource(sweep.DataSource):
+    def load(self):
+        return _DiesWhenRead()
+
+
+def test_a_worker_that_dies_fails_its_task_and_the_rows_nobody_ran():
+    points = sweep.expand_grid(small_config(), ["numpy"], [], seeds=[0, 1])
+    rows, _ = sweep.run_sweep(points, workers.GpuWorkers([0]), DyingSource("small"))
+    assert [r["index"] for r in rows] == [0, 1]
+    assert rows[0]["error"] == "the worker on GPU 0 exited (code 7) while training this row"
+    assert rows[1]["error"] == "every worker exited before this row ran"
