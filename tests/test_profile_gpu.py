@@ -5,22 +5,13 @@ from rich.console import Console
 
 from graphtrain.config import PRESETS
 from graphtrain.data import load
-from graphtrain.errors import GpuUnavailableError
 from graphtrain.ladder import run_ladder
 from graphtrain.profile import cupti_missing
 from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
-
 
 @pytest.fixture(scope="module")
 def gpu_data(mnist_dir):
-    from graphtrain.libs import cuda
-
-    try:
-        cuda.open_device()
-    except GpuUnavailableError as error:
-        pytest.skip(f"no usable GPU: {error}")
     missing = cupti_missing()
     if missing:
         pytest.skip(missing)
