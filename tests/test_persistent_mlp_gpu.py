@@ -8,9 +8,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import kink_margin, rel_err
+from helpers import kink_margin, reference_run, rel_err
 
-from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.plan import RunPlan
@@ -54,11 +53,6 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
         assert stage.shape.bf16 == (precision == "bf16") and stage.precision == precision, f"seed {seed}"
         stage.train_epoch(0, num_batches, measure=True)
         weights = stage.weights()
-    layers = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
-    start = [layer.w.copy() for layer in layers]
-    order = reference.epoch_order(seed, 0, len(data.train_images))
-    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch):
-        reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
-                             data.train_labels[order[lo:hi]], cfg.lr)
-    for got, old, ref in zip(weights, start, layers):
-        assert rel_err(got.w.astype(np.float64) - old, ref.w - old) < (0.15 if precision == "bf16" else 1e-4), f"seed {seed}"
+    start, after = reference_run(cfg, data)
+    for got, old, ref in zip(weights, start, after):
+        assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < (0.15 if precision == "bf16" else 1e-4), f"seed {seed}"
