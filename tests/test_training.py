@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from helpers import reference_run
 
 from graphtrain import TrainConfig, train
