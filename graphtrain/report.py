@@ -332,8 +332,29 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> list[str]:
-    items = [f"Date: {date}", *environment_lines(records)]
+def revision_line(records: list[dict]) -> str:
+    revision = _first(records, "revision")
+    return f"Revision: {revision}" if revision else "Revision: unknown (not run from a git checkout of graphtrain)"
+
+
+def provenance_lines(records: list[dict], command: str, date: str) -> list[str]:
+    """What every results file opens with: when it ran, graphtrain's git revision, the device,
+    driver and library versions (from the records' environments), and the exact command."""
+    return [f"Date: {date}", revision_line(records), *environment_lines(records), f"Command: `{command}`"]
+
+
+def script_header(title: str, env: dict, command: str, extra: list[str] | None = None,
+                  date: str | None = None) -> str:
+    """The opening of a Markdown table a script under scripts/ prints: the title, then the
+    provenance lines of a run whose environment is `env` (environment.host() and .gpu(device),
+    plus the libraries it loaded), then the script's own `extra` lines."""
+    record = {"kind": "stage", "environment": env}
+    items = provenance_lines([record], command, date or utc_now()) + (extra or [])
+    return "\n".join([f"# {title}", "", *(f"- {item}" for item in items), ""])
+
+
+def _header(title: str, records: list[dict], date: str, command: str, sweep: bool = False) -> list[str]:
+    items = provenance_lines(records, command, date)
     workload = workload_line(records, sweep)
     if workload:
         items.append(workload)
@@ -341,19 +362,14 @@ def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> 
     return [f"# {title}", "", *(f"- {item}" for item in items), ""]
 
 
-def _plots_and_command(heading: str, images, plot_notes: list[str] | None, command: str) -> list[str]:
-    """The report's end: its plots and why any is missing, then the command that made it."""
-    lines = []
-    if images or plot_notes:
-        lines = [f"## {heading}", ""]
-        lines += [f"![{Path(name).stem}]({name})" for name in images or []]
-        lines += [f"- {note}" for note in plot_notes or []]
-        lines.append("")
-    return lines + _command_block(command)
-
-
-def _command_block(command: str) -> list[str]:
-    return ["## Command", "", "```sh", command, "```", ""]
+def _plots(heading: str, images, plot_notes: list[str] | None) -> list[str]:
+    """The report's end: its plots and why any is missing."""
+    if not (images or plot_notes):
+        return []
+    lines = [f"## {heading}", ""]
+    lines += [f"![{Path(name).stem}]({name})" for name in images or []]
+    lines += [f"- {note}" for note in plot_notes or []]
+    return lines + [""]
 
 
 def _md_cell(text: str) -> str:
@@ -439,7 +455,7 @@ def _ms(value: float) -> str:
 def ladder_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                     images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
     """The ladder report: header, table, plots (or why there are none) and the exact command."""
-    lines = _header(f"graphtrain ladder: {label}", records, date or utc_now())
+    lines = _header(f"graphtrain ladder: {label}", records, date or utc_now(), command)
     rows = ladder_rows(records)
     columns = ladder_columns(rows)
     table = markdown_table(columns, [ladder_cells(row, columns) for row in rows])
@@ -451,7 +467,7 @@ def ladder_markdown(records: list[dict], label: str, command: str, date: str | N
         lines += [f"**{top}**", ""]
     lines += [ladder_legend(rows), ""]
     lines += where_the_time_goes(records)
-    lines += _plots_and_command("Plots", images, plot_notes, command)
+    lines += _plots("Plots", images, plot_notes)
     return "\n".join(lines)
 
 
@@ -652,7 +668,7 @@ def sweep_cell(record: dict | None, value: Callable[[dict], str]) -> str:
 
 def sweep_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                    images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
-    lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), sweep=True)
+    lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), command, sweep=True)
     sizes, names, cells = sweep_grid(records)
     heads = ["hidden size H", *(f"{n} (peer)" if _is_peer_name(records, n) else n for n in names)]
     tables = [
@@ -673,7 +689,7 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
         lines += [f"- H={r.get('hidden_size')} {r.get('stage')}: "
                   f"{'skipped' if r.get('skipped') else 'failed'}: {r.get('error', '')}" for r in problems]
         lines.append("")
-    lines += _plots_and_command("Plot", images, plot_notes, command)
+    lines += _plots("Plot", images, plot_notes)
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ def test_short_ladder_every_row_trains(mnist_dir, tmp_path, monkeypatch):
         assert record.test_accuracy > 0.88, record.stage
         assert record.epoch_ms > 0
     # Named after the GPU; -partial when a peer's framework is not installed here.
-    assert list(tmp_path.glob("ladder-jhu-e2-*.md")) and list(tmp_path.glob("ladder-jhu-e2-*.json"))
+    assert list(tmp_path.glob("ladder-jhu-softmax-e2-*.md")) and list(tmp_path.glob("ladder-jhu-softmax-e2-*.json"))
     nodes = {r.stage: r.nodes_per_step for r in records if not r.failed}
     assert nodes["fused"] and nodes["bf16"], nodes  # the rungs that capture a step graph say how many nodes
     assert nodes["baseline"] is None
