@@ -11,8 +11,13 @@ Speed-ups are ratios of median epoch times (the seeds' protocol):
 
 Peers are not rungs of the ladder, so they get no "rung before", only the baseline ratio.
 
-Files are named <kind>-<workload label>-<GPU>[-partial]: `ladder-jhu-h100.md`. The GPU tag keeps
-ladders of several GPUs side by side; `-partial` marks a run with failed or skipped rows (or, for
+Every file opens with its provenance (`provenance_lines`): date, graphtrain's git revision (from the
+records' environments), the exact command, device, driver and library versions. The scripts under
+scripts/ print theirs through `script_header`.
+
+Files are named <kind>-<workload>-<model>-<GPU>[-partial]: `ladder-jhu-softmax-h100.md` (the
+label, `ladder.run_label`, is the workload and the model). The GPU tag keeps ladders of several
+GPUs side by side; `-partial` marks a run with failed or skipped rows (or, for
 the ladder, a chosen subset of rows), so that it never replaces a complete table.
 """
 
@@ -340,7 +345,7 @@ def revision_line(records: list[dict]) -> str:
 def provenance_lines(records: list[dict], command: str, date: str) -> list[str]:
     """What every results file opens with: when it ran, graphtrain's git revision, the device,
     driver and library versions (from the records' environments), and the exact command."""
-    return [f"Date: {date}", revision_line(records), *environment_lines(records), f"Command: `{command}`"]
+    return [f"Date: {date}", revision_line(records), f"Command: `{command}`", *environment_lines(records)]
 
 
 def script_header(title: str, env: dict, command: str, extra: list[str] | None = None,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one training step's GPU time goes: every kernel of a step, timed by Nsight Compute.
 
-    python3 scripts/profile_step.py --stage graphs --out results/profile-jhu-h100-graphs.md [-- run options]
+    python3 scripts/profile_step.py --stage graphs --out results/profile-jhu-softmax-h100-graphs.md [-- run options]
 
 Runs `graphtrain run --stage S --epochs 1` under `ncu` (kernel durations only; caches and
 clocks left as they are), takes the kernels of one step in the middle of the epoch (from one
