@@ -67,7 +67,7 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 
 def load_script(name: str):
-    path = Path(__file__).parents[1] / "scripts" / f"{name}.py"
+    path = next((Path(__file__).parents[1] / "scripts").rglob(f"{name}.py"))  # scripts/<purpose>/<name>.py
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
