@@ -28,7 +28,7 @@ RUNS = [(name, precision) for name in RUNGS for precision in get_stage(name).pre
 # products and the gradients never reach memory).
 GRADIENT_RUNGS = RUNGS[:RUNGS.index("fused")]
 # The models a rung refuses, with what the refusal says.
-REFUSED = {("persistent", "mlp-uneven"): "multiple of 64"}
+REFUSED = {("persistent", "mlp-uneven"): "hidden layers must all have the same size"}
 
 # Relative error of one SGD update against float64. fp32 products sum in another order than numpy
 # (~1e-6). bf16 operands keep 8 significant bits (each off by up to 2^-9 ≈ 2e-3 relative), and an
