@@ -41,11 +41,14 @@ REFUSED = {("persistent", "mlp-uneven"): "hidden layers must all have the same s
 TOLERANCE = {"fp32": 1e-4, "tf32": 0.1, "bf16": 0.1}
 EPOCH_TOLERANCE = {"fp32": 1e-4, "tf32": 0.15, "bf16": 0.15}
 GRADIENT_TOLERANCE = {"fp32": 1e-5, "tf32": 0.1}  # dW, db and the loss of the rungs that keep them
-# In fp32 a pre-activation closer to ReLU's kink than the products' error (the persistent kernel's
-# three TF32 passes: ~2^-20) may fall on the other side than in float64 and send the epoch down
-# another path (errors of 1e-3 to 4e-2 at 1000 samples, on about 6% of random seeds): an fp32 MLP
-# epoch takes the first seed from its own on whose float64 run stays this far (relative) from it.
-KINK_MARGIN = 3e-6
+# In fp32 a pre-activation closer to ReLU's kink than the products' error may fall on the other side
+# than in float64 and send the epoch down another path (the persistent kernel's three TF32 passes,
+# ~2^-20: errors of 1e-3 to 4e-2 at 1000 samples, on about 6% of random seeds). So an fp32 MLP epoch
+# takes the first seed from its own whose float64 run stays this far (relative) from the kink: 3e-6
+# for the persistent kernel's TF32 passes, 3e-7 for the other rungs' plain fp32 sums (~2^-24, whose
+# runs of 1000 samples rarely stay 3e-6 away: none of 200 seeds did for three of them).
+KINK_MARGIN = {"persistent": 3e-6}
+PLAIN_FP32_KINK_MARGIN = 3e-7
 
 
 def run_id(run) -> str:
@@ -146,10 +149,11 @@ def check_epoch(name: str, precision: str, model_name: str, model: dict, samples
     for seed in range(first, first + 200):
         data = Dataset.synthetic(samples, 300, seed=seed)
         cfg = TrainConfig(**model, batch=batch, epochs=1, lr=0.1, seed=seed, precision=precision)
-        if precision != "fp32" or not cfg.hidden or kink_margin(cfg, data, num_batches) > KINK_MARGIN:
+        margin = KINK_MARGIN.get(name, PLAIN_FP32_KINK_MARGIN)
+        if precision != "fp32" or not cfg.hidden or kink_margin(cfg, data, num_batches) > margin:
             break
     else:
-        pytest.fail(f"no seed of {first}..{first + 199} keeps the float64 run {KINK_MARGIN} from ReLU's kink")
+        pytest.fail(f"no seed of {first}..{first + 199} keeps the float64 run {margin} from ReLU's kink")
     if refused(name, model_name, cfg, data):
         return
     with stage_for(name, cfg, data) as stage:
