@@ -304,9 +304,10 @@ def test_cooperative_launch(stream, module):
 
 
 # graphtrain's Kernel launches in 5.6 µs from Python on an H100 host (scripts/benchmarks/launch_cost.py;
-# graphtrain/libs/__init__.py). The bound allows 2.7× that for a slower or busier host; a launch
-# path that grew a per-call allocation, lookup or conversion costs more than that.
-LAUNCH_MEASURED_S = 5.6e-6
+# graphtrain/libs/__init__.py), and this test's loop measured 6.7 µs there. The bound allows 2.2×
+# this test's figure for a slower or busier host; a launch path that grew a per-call allocation,
+# lookup or conversion costs more than that.
+LAUNCH_MEASURED_S = 6.7e-6
 LAUNCH_BOUND_S = 15e-6
 
 
