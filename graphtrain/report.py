@@ -619,8 +619,8 @@ def _write_report(kind: str, records: list[dict], label: str, out_dir, command: 
     date = date or utc_now()
     stem = report_stem(kind, label, records, has_problems(records) if partial is None else partial)
     json_path = out_dir / f"{stem}.json"
-    write_json(json_path, {"report": kind, "label": label, "command": command, "date": date,
-                           "records": records})
+    write_json(json_path, {"report": kind, "label": label, "date": date, "revision": _first(records, "revision"),
+                           "command": command, "records": records})
     images, plot_notes = _write_plots(records, out_dir, stem, plots, log)
     md_path = out_dir / f"{stem}.md"
     write_atomic(md_path, markdown(records, label, command, date, images, plot_notes))

@@ -124,7 +124,7 @@ def epoch_shape(name: str, model: dict) -> tuple[int, int]:
     240 (four steps and one of 40); the MLP kernel 300 samples at batch 96 (three steps and one of
     12; the images read from global memory twice a step)."""
     if name == "persistent":
-        return (300, 96) if model["hidden"] else (1000, 240)
+        return (300, 96) if model.get("hidden") else (1000, 240)
     return 1000, 300
 
 

@@ -34,6 +34,13 @@ def test_every_results_file_opens_with_date_revision_command_and_device(path):
     assert re.search(r"\b[0-9a-f]{7,40}\b", revision), f"{path.name}: {revision}"
 
 
+@pytest.mark.parametrize("path", sorted(RESULTS.rglob("*.json")), ids=lambda p: p.name)
+def test_every_results_json_names_date_revision_and_command(path):
+    saved = report.read_json(path)
+    assert saved["date"] and saved["command"], path.name
+    assert re.search(r"\b[0-9a-f]{7,40}\b", saved["revision"] or ""), f"{path.name}: {saved.get('revision')}"
+
+
 def test_no_results_file_name_is_used_twice():
     names = [p.name for p in RESULTS.rglob("*") if p.is_file()]
     assert names and len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
@@ -94,3 +101,11 @@ def test_every_run_records_the_source_revision(tmp_path):
                            "print(environment.source_revision())"],
                           capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr
+
+
+def test_a_written_json_names_date_revision_and_command(tmp_path):
+    paths = report.write_ladder([RECORD], "jhu-softmax", tmp_path, "graphtrain ladder", log=lambda m: None,
+                                date="2026-01-02 03:04:05 UTC", partial=False)
+    saved = report.read_json(next(p for p in paths if p.suffix == ".json"))
+    assert (saved["date"], saved["revision"], saved["command"]) == ("2026-01-02 03:04:05 UTC", "0123abc",
+                                                                    "graphtrain ladder")
