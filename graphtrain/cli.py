@@ -405,7 +405,7 @@ ROW_OPTIONS = [
                  help=f"Which peers (default: {', '.join(PEERS)})."),
     click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
                  show_default=True,
-                 help="Where the Markdown, JSON and plots go, named <ladder|sweep>-<workload>-<GPU>[-partial].*; "
+                 help="Where the Markdown, JSON and plots go, named <ladder|sweep>-<workload>-<model>-<GPU>[-partial].*; "
                       "each row's own output goes to <out>/logs/."),
     click.option("--force", is_flag=True,
                  help="Write the files under the complete table's name even when rows failed or were "
@@ -573,7 +573,7 @@ def compare(a, b):
     """Two ladder (or sweep) JSON reports side by side: epoch times, their ratio, accuracy.
 
     \b
-    graphtrain compare results/ladder-jhu-h100.json my-results/ladder-jhu-rtx4090.json
+    graphtrain compare results/ladder-jhu-softmax-h100.json my-results/ladder-jhu-softmax-rtx4090.json
     """
     from graphtrain import compare as compare_mod
 

@@ -17,6 +17,7 @@ row of them), and be profiled: one more epoch under CUPTI after the timed ones o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import traceback
 from pathlib import Path
 
@@ -48,18 +49,16 @@ def default_peers() -> list[str]:
 
 
 def run_label(config: TrainConfig) -> str:
-    """The preset's name, plus a tag for each setting that differs from the preset's own.
+    """<workload>-<model>, plus a tag for each other setting that differs from the preset's own.
 
-    jhu -> "jhu"; jhu with --hidden 784,784,784 -> "jhu-h784x784x784" ("-h0": no hidden layer);
+    jhu -> "jhu-softmax" (softmax regression); jhu with --hidden 784,784,784 -> "jhu-mlp784x3";
     other overrides add e.g. "-e5" (epochs), "-s1000" (steps), "-b256", "-lr0.05", "-nobias",
     "-seed1", "-fashion-mnist", so that runs of different workloads never overwrite each other.
     """
     preset = PRESETS.get(config.preset) if config.preset else None
     if preset is None:
-        return "custom" + _hidden_tag(config)
-    tags = []
-    if config.hidden != preset.hidden:
-        tags.append(_hidden_tag(config))
+        return "custom-" + model_tag(config.hidden)
+    tags = [f"-{model_tag(config.hidden)}"]
     if config.bias != preset.bias:
         tags.append("-bias" if config.bias else "-nobias")
     if config.batch != preset.batch:
@@ -77,16 +76,22 @@ def run_label(config: TrainConfig) -> str:
     return config.preset + "".join(tags)
 
 
-def _hidden_tag(config: TrainConfig) -> str:
-    return "-h" + ("x".join(str(h) for h in config.hidden) or "0")
+def model_tag(hidden) -> str:
+    """The model in a file name: "softmax" (no hidden layer), else "mlp" and the hidden sizes,
+    a run of equal ones as size x count: (784, 784, 784) -> "mlp784x3", (96, 40) -> "mlp96-40";
+    the sweep's H stays a letter: ("H",) * 3 -> "mlpHx3"."""
+    if not hidden:
+        return "softmax"
+    runs = [(size, len(list(group))) for size, group in itertools.groupby(hidden)]
+    return "mlp" + "-".join(f"{size}x{count}" if count > 1 else f"{size}" for size, count in runs)
 
 
 def sweep_label(config: TrainConfig) -> str:
-    """Like `run_label`, without the hidden sizes, which the sweep varies: "cuda-mnist"."""
+    """Like `run_label`, with the swept hidden size as H: "cuda-mnist-mlpHx3"."""
     preset = PRESETS.get(config.preset) if config.preset else None
-    if preset is None:
-        return "custom"
-    return run_label(config.replace(hidden=preset.hidden))
+    depth = len(config.hidden) or SWEEP_DEPTH
+    label = run_label(config.replace(hidden=preset.hidden if preset else ()))
+    return label.replace(f"-{model_tag(preset.hidden if preset else ())}", f"-{model_tag(('H',) * depth)}", 1)
 
 
 def sweep_config(config: TrainConfig, size: int) -> TrainConfig:

@@ -1,7 +1,49 @@
+"""Fixtures for every test, and the layout's one rule: a test that needs a GPU lives in a file
+named `*_gpu.py`, and every test in such a file is marked `gpu` and opens the GPU through the one
+`gpu_device` fixture (skipped, with the reason, where there is none). Every other file is CPU-only:
+a `gpu` mark there is an error at collection. So `pytest -m gpu` runs exactly the `*_gpu.py` files
+and `pytest -m "not gpu"` everything else.
+
+Seeds are fixed: a test that draws random inputs takes the `seed` fixture (a number derived from
+the test's name, the same on every run), and a failing test prints it."""
+
 import os
+import zlib
 from pathlib import Path
 
 import pytest
+
+
+def is_gpu_file(path) -> bool:
+    return Path(str(path)).name.endswith("_gpu.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    misplaced = []
+    for item in items:
+        if is_gpu_file(item.path):
+            item.add_marker(pytest.mark.gpu)
+            if "gpu_device" not in item.fixturenames:  # first, so a missing GPU skips before anything else
+                item.fixturenames.insert(0, "gpu_device")
+        elif item.get_closest_marker("gpu"):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError("tests marked gpu outside a *_gpu.py file (move them into one): "
+                                + ", ".join(misplaced))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "seed" in getattr(item, "funcargs", {}):
+        report.sections.append(("seed", f"{item.nodeid} ran with seed {item.funcargs['seed']}"))
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's fixed seed: the same on every run, different between tests (and parameters)."""
+    return zlib.crc32(request.node.name.encode()) & 0xFFFF
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +58,7 @@ def mnist_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def gpu_device():
-    """The GPU, opened once; a skip saying why where there is none."""
+    """The GPU, opened once for the session; a skip saying why where there is none."""
     from graphtrain.errors import GpuUnavailableError
     from graphtrain.libs import cuda
 

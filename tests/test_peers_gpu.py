@@ -22,7 +22,6 @@ from graphtrain.stages import get_stage, peer_names
 from graphtrain.stages.numpy_cpu import NumpyStage
 from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
 
 PEERS = ["torch-eager", "torch-compile", "torch-graph", "jax-scan", "torch-graph-bf16", "jax-scan-bf16"]
 FP32_PEERS = ["torch-eager", "torch-graph", "jax-scan"]  # the others train bf16 products
