@@ -1,7 +1,8 @@
 """The `graphtrain` command: parse, call the library, print.
 
-Exit codes: 0 ok; 2 bad usage or input (nothing trained); 1 a failure while training, fetching
-data or writing results; 130 interrupted. Explained failures print one line, `error: ...`; a bug
+Exit codes: 0 ok; 2 what the user can fix before anything runs (bad usage or input, a missing
+GPU, library, framework, CUPTI or matplotlib: see graphtrain.errors); 1 a failure while training,
+fetching data or writing results; 130 interrupted. Explained failures print one line, `error: ...`; a bug
 surfaces with its traceback.
 """
 
@@ -276,14 +277,18 @@ def run(stage, workload, json_path, save_path, init_path, profile):
             init = model_io.load(init_path)
             workload = workload.resuming(init, init_path)
         cfg = workload.config()
+        if save_path is not None and str(save_path) == "-":
+            raise UsageError("--save writes a binary file: give it a name (MODEL.safetensors); "
+                             "'-' (standard output) is not supported")
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
         check_profile(profile)
         stage_cls = require(stage)
+        stage_cls.check_precision(cfg.precision)
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
-        length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
+        length = terminal.counted(cfg.epochs, "epoch") if cfg.epochs else terminal.counted(cfg.steps, "step")
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:

@@ -32,6 +32,11 @@ def logger(console: Console) -> Log:
 log: Log = logger(err)  # the default logger of every module: stderr
 
 
+def counted(count: int, noun: str) -> str:
+    """'1 epoch', '20 epochs'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def progress_bar(console: Console | None = None) -> Progress:
     """A progress display on stderr: per task its description, a bar, done/total, a status
     text (the task's `status` field) and the time elapsed."""

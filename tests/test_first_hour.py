@@ -65,3 +65,169 @@ def test_ci_fails_loudly_without_the_data(tmp_path):
     result = run_ci_data_check(tmp_path / "third", str(incomplete))
     assert result.returncode == 1 and "lacks train-labels-idx1-ubyte(.gz)" in result.stderr
     assert "python3" not in result.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# One exit-code rule: 2 for what the user can fix before anything runs, 1 for failures after
+# --------------------------------------------------------------------------------------------
+
+
+def invoke(*args):
+    from click.testing import CliRunner
+
+    from graphtrain.cli import main
+
+    try:  # click < 8.2 mixes stderr into stdout unless told not to
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(main, [str(a) for a in args])
+
+
+def error_line(result, code: int) -> str:
+    assert result.exit_code == code, (result.output, result.stderr)
+    assert "Traceback" not in result.output + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_every_missing_piece_exits_2(monkeypatch, tmp_path):
+    """A missing GPU or bindings, a missing framework, a missing CUPTI or matplotlib: each one
+    line and exit 2, before any data is looked for (the data folder here does not exist)."""
+    from graphtrain import evaluate, profile
+    from graphtrain.errors import GpuUnavailableError, MissingRequirement, UsageError
+    from graphtrain.libs import cuda
+    from graphtrain.peers import PeerUnavailable
+    from graphtrain.peers import jax_scan
+
+    assert issubclass(GpuUnavailableError, MissingRequirement) and issubclass(PeerUnavailable, MissingRequirement)
+    assert issubclass(MissingRequirement, UsageError)
+    nowhere = tmp_path / "nowhere"
+
+    def no_gpu():
+        raise GpuUnavailableError("the CUDA Python bindings (cuda-bindings) are not installed")
+
+    monkeypatch.setattr(cuda, "open_device", no_gpu)
+    line = error_line(invoke("run", "--stage", "graphs", "--data-dir", nowhere), 2)
+    assert "cuda-bindings" in line and "--stage numpy" in line
+
+    def no_jax():
+        raise PeerUnavailable("jax is not installed")
+
+    monkeypatch.setattr(jax_scan, "import_jax", no_jax)
+    assert "jax is not installed" in error_line(invoke("run", "--stage", "jax-scan", "--data-dir", nowhere), 2)
+
+    monkeypatch.setattr(profile, "cupti_missing", lambda: "cupti-python is not installed")
+    assert "CUPTI" in error_line(invoke("run", "--profile", "--data-dir", nowhere), 2)
+
+    monkeypatch.setattr(evaluate, "require_matplotlib",
+                        lambda: (_ for _ in ()).throw(MissingRequirement("--plot needs matplotlib")))
+    model = tmp_path / "m.safetensors"
+    model.write_bytes(b"")
+    assert "matplotlib" in error_line(invoke("eval", "--model", model, "--plot", tmp_path / "c.png"), 2)
+
+
+def test_the_readme_states_the_exit_code_rule():
+    readme = (ROOT / "README.md").read_text()
+    rule = readme.split("Exit codes:", 1)[1].split("\n\n", 1)[0]
+    for words in ("2 what you can fix", "missing GPU", "matplotlib", "CUPTI", "1 a failure", "130 interrupted"):
+        assert words in " ".join(rule.split()), rule
+
+
+def test_save_to_standard_output_is_refused_before_training(tmp_path):
+    line = error_line(invoke("run", "--save", "-", "--data-dir", tmp_path / "nowhere"), 2)
+    assert "--save" in line and "'-'" in line
+    assert not (Path.cwd() / "-").exists()
+
+
+def test_a_precision_the_stage_lacks_is_refused_before_the_data_is_looked_for(tmp_path):
+    line = error_line(invoke("run", "--stage", "numpy", "--precision", "bf16", "--data-dir",
+                             tmp_path / "nowhere"), 2)
+    assert line == "error: numpy trains in fp32, not --precision bf16"
+
+
+def test_one_epoch_is_singular(monkeypatch):
+    from graphtrain import cli
+    from graphtrain.data import Dataset
+
+    monkeypatch.setattr(cli.data_mod, "load", lambda *a, **k: Dataset.synthetic(300, 50, seed=0))
+    result = invoke("run", "--stage", "numpy", "--epochs", "1")
+    assert result.exit_code == 0, result.stderr
+    assert ", 1 epoch, data" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The command's start: BLAS threads, Ctrl-C
+# --------------------------------------------------------------------------------------------
+
+
+def graphtrain_process(*args, env=None, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "graphtrain", *map(str, args)], cwd=ROOT,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+SHOW_BLAS_THREADS = """
+import os, sys
+import graphtrain.__main__ as entry
+assert "numpy" not in sys.modules, "importing the entry point loaded numpy"
+sys.argv = ["graphtrain", "--version"]
+try:
+    entry.main()
+except SystemExit:
+    pass
+print("OPENBLAS_NUM_THREADS", os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+def test_the_command_runs_numpys_blas_on_one_thread_unless_told_otherwise():
+    base = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                              "MKL_NUM_THREADS")}
+    for extra, expected in (({}, "1"), ({"OPENBLAS_NUM_THREADS": "4"}, "4"), ({"OMP_NUM_THREADS": "3"}, "None")):
+        result = subprocess.run([sys.executable, "-c", SHOW_BLAS_THREADS], cwd=ROOT, env={**base, **extra},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert f"OPENBLAS_NUM_THREADS {expected}" in result.stdout, (extra, result.stdout)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "OPENBLAS_NUM_THREADS=1" in readme
+
+
+def test_ctrl_c_while_the_modules_load_is_one_line_and_exit_130(monkeypatch, capsys):
+    """The entry point's first moments: a Ctrl-C while graphtrain.cli (click, rich, numpy) loads."""
+    import builtins
+
+    import graphtrain.__main__ as entry
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "graphtrain.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    monkeypatch.setattr(sys, "argv", ["graphtrain", "info"])
+    try:
+        entry.main()
+    except SystemExit as exit_:
+        assert exit_.code == 130
+    else:
+        raise AssertionError("main() returned")
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_ctrl_c_while_training_is_one_line_and_exit_130(mnist_dir, tmp_path):
+    import signal
+
+    record = tmp_path / "run.json"
+    process = graphtrain_process("run", "--stage", "numpy", "--epochs", "50", "--data-dir", mnist_dir,
+                                 "--json", record)
+    started = process.stderr.readline()  # "graphtrain: stage numpy, ..." once the data is loaded
+    assert started.startswith("graphtrain: stage numpy"), started
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1] == "interrupted" and "Traceback" not in err, err
+    assert not record.exists()

@@ -77,7 +77,7 @@ def test_ci_fails_without_the_mnist_copy_instead_of_skipping(ci_copy):
         pytest.skip("no bash")
     result = subprocess.run(["bash", str(ci_copy / ".ci/run")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert "MNIST copy is incomplete" in result.stderr and "train-images-idx3-ubyte" in result.stderr
+    assert "no MNIST copy" in result.stderr and "GRAPHTRAIN_DATA" in result.stderr
     assert not (ci_copy / ".venv").exists()  # it failed first, before installing anything
 
 

@@ -39,10 +39,16 @@ class Stage:
         self.plan = plan
         self.config = plan.config
         self.data = data
-        self.precision = self.config.precision or self.precisions[0]
-        if self.precision not in self.precisions:
-            raise UsageError(f"{self.name} trains in {' or '.join(self.precisions)}, not --precision "
-                             f"{self.precision}")
+        self.precision = self.check_precision(self.config.precision)
+
+    @classmethod
+    def check_precision(cls, precision: str | None) -> str:
+        """The precision this row trains in when asked for `precision` (None: its own); a
+        UsageError where it cannot (checked by `run` before any data is read)."""
+        if precision is not None and precision not in cls.precisions:
+            raise UsageError(f"{cls.name} trains in {' or '.join(cls.precisions)}, not --precision "
+                             f"{precision}")
+        return precision or cls.precisions[0]
 
     @classmethod
     def check_available(cls) -> int | None:
