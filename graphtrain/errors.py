@@ -32,7 +32,12 @@ class DataError(UsageError):
 
 
 class DownloadError(GraphtrainError):
-    """A dataset could not be fetched: no network, or no mirror served a good copy."""
+    """A dataset could not be fetched: no network, or no mirror served a good copy. `summary`:
+    why, in a line, for messages that go on to say what to do instead."""
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 class TrainingError(GraphtrainError):

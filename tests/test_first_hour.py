@@ -231,3 +231,99 @@ def test_ctrl_c_while_training_is_one_line_and_exit_130(mnist_dir, tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1] == "interrupted" and "Traceback" not in err, err
     assert not record.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Data: offline messages, the dataset named
+# --------------------------------------------------------------------------------------------
+
+
+def test_offline_without_the_data_says_it_in_a_few_lines_and_names_the_way_out(tmp_path, monkeypatch):
+    """No network: the download fails; the error names the files, where they were looked for,
+    why they were not fetched, and the ways out, without advising the download that just failed."""
+    import dataclasses
+
+    from graphtrain.data.registry import DATASETS
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("GRAPHTRAIN_DATA", raising=False)
+    monkeypatch.delenv("GRAPHTRAIN_MIRROR", raising=False)
+    unreachable = ("http://127.0.0.1:1/", "http://127.0.0.1:2/")
+    monkeypatch.setitem(DATASETS, "mnist", dataclasses.replace(DATASETS["mnist"], mirrors=unreachable))
+    result = invoke("run", "--stage", "numpy")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = lines[lines.index(next(line for line in lines if line.startswith("error:"))):]
+    assert len(errors) <= 3, result.stderr
+    text = "\n".join(errors)
+    assert "train-images-idx3-ubyte.gz" in text and "no mirror could be reached" in text
+    assert "--data-dir DIR" in text and "GRAPHTRAIN_MIRROR=file:///DIR/" in text
+    assert "fetch them with `graphtrain data download`" not in text
+    assert not (tmp_path / "home/.cache/graphtrain/mnist").exists()
+
+    offline = invoke("run", "--stage", "numpy", "--offline")
+    assert offline.exit_code == 2 and len([line for line in offline.stderr.splitlines() if line.strip()]) == 3
+
+
+def test_a_file_mirror_fills_the_cache(tmp_path, monkeypatch, mnist_dir):
+    """The offline way out the message names: GRAPHTRAIN_MIRROR=file:///DIR/ graphtrain data download."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("GRAPHTRAIN_MIRROR", mnist_dir.absolute().as_uri() + "/")
+    result = invoke("data", "download")
+    assert result.exit_code == 0, result.stderr
+    cache = tmp_path / "home/.cache/graphtrain/mnist"
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+         "t10k-labels-idx1-ubyte.gz"])
+
+
+def test_files_of_another_dataset_are_refused_with_the_reason(tmp_path, mnist_dir):
+    """MNIST's files given as fashion-mnist, gzipped or not: refused, naming what they are;
+    nothing trained."""
+    import gzip
+
+    from graphtrain import data
+    from graphtrain.errors import DataError
+
+    line = error_line(invoke("run", "--dataset", "fashion-mnist", "--data-dir", mnist_dir, "--epochs", "1"), 2)
+    assert "is not fashion-mnist's train images: it is mnist's" in line, line
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for path in mnist_dir.iterdir():
+        if path.name.endswith(".gz"):
+            (raw / path.name.removesuffix(".gz")).write_bytes(gzip.decompress(path.read_bytes()))
+    try:
+        data.load("fashion-mnist", data_dir=raw, offline=True)
+    except DataError as exc:
+        assert "it is mnist's" in str(exc)
+    else:
+        raise AssertionError("uncompressed MNIST files loaded as fashion-mnist")
+    assert data.load("mnist", data_dir=raw, offline=True).train_images.shape == (60000, 784)
+
+
+def test_a_file_whose_sum_matches_nothing_recorded_is_refused(tmp_path, mnist_dir):
+    """Well-formed IDX files of the right shapes that are not MNIST (its test labels shuffled)."""
+    import gzip
+    import shutil
+
+    import numpy as np
+
+    from graphtrain import data
+    from graphtrain.errors import DataError
+
+    folder = tmp_path / "shuffled"
+    shutil.copytree(mnist_dir, folder)
+    labels = folder / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(labels.read_bytes()))
+    body = np.frombuffer(bytes(raw[8:]), np.uint8).copy()
+    np.random.default_rng(5).shuffle(body)
+    labels.write_bytes(gzip.compress(bytes(raw[:8]) + body.tobytes()))
+    try:
+        data.load("mnist", data_dir=folder, offline=True)
+    except DataError as exc:
+        assert "t10k-labels-idx1-ubyte.gz is not mnist's test labels" in str(exc)
+        assert "matches none recorded" in str(exc)
+    else:
+        raise AssertionError("a shuffled label file loaded as MNIST")
