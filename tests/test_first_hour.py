@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -327,3 +329,111 @@ def test_a_file_whose_sum_matches_nothing_recorded_is_refused(tmp_path, mnist_di
         assert "matches none recorded" in str(exc)
     else:
         raise AssertionError("a shuffled label file loaded as MNIST")
+
+
+# --------------------------------------------------------------------------------------------
+# The ladder on a machine without a GPU; interrupted; tables that keep every value
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_gpu_synthetic(monkeypatch):
+    """No GPU (the driver's absence as graphtrain sees it) and a small synthetic dataset."""
+    from graphtrain import cli
+    from graphtrain.data import Dataset
+    from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs import cuda
+
+    def no_driver(ordinal=0):
+        raise GpuUnavailableError("no NVIDIA driver found: libcuda could not be loaded")
+
+    monkeypatch.setattr(cuda, "open_device", no_driver)
+    monkeypatch.setattr(cli.data_mod, "load", lambda *a, **k: Dataset.synthetic(600, 100, seed=0))
+
+
+def test_a_ladder_without_a_gpu_writes_nothing_into_results_and_says_each_reason_once(
+        no_gpu_synthetic, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("ladder", "--epochs", "1")
+    assert result.exit_code == 0, result.stderr
+    assert not (tmp_path / "results").exists()
+    assert "no GPU here: the table is shown, not written into results/ (--out DIR writes it)" in result.stderr
+    reason = "no NVIDIA driver found: libcuda could not be loaded"
+    assert result.stderr.count(reason) == 1, result.stderr
+    assert (f"skipped baseline, fewer-syncs, cublas, sparse-metrics, cudnn-softmax, graphs, fused, bf16, "
+            f"device-loop, persistent: {reason}") in result.stderr
+    assert "--stages numpy" in result.stderr
+    assert "| numpy" not in result.stdout and "numpy" in result.stdout  # the table, on stdout
+
+    asked = invoke("ladder", "--epochs", "1", "--stages", "numpy", "--no-peers", "--out", tmp_path / "mine")
+    assert asked.exit_code == 0, asked.stderr
+    assert (tmp_path / "mine/ladder-jhu-e1-cpu-partial.md").exists()
+
+
+def test_an_interrupted_ladder_leaves_no_out_folder(no_gpu_synthetic, tmp_path, monkeypatch):
+    from graphtrain import training
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "run_stage", interrupted)
+    for command in ("ladder", "sweep"):
+        out = tmp_path / f"new/{command}"
+        extra = ["--hidden-sizes", "8"] if command == "sweep" else []
+        result = invoke(command, "--epochs", "1", "--stages", "numpy", "--no-peers", "--out", out, *extra)
+        assert result.exit_code == 130, result.stderr
+        assert [line for line in result.stderr.splitlines() if line.strip()][-1] == "interrupted"
+        assert not out.exists()
+    kept = tmp_path / "kept"
+    (kept / "notes").mkdir(parents=True)
+    result = invoke("ladder", "--epochs", "1", "--stages", "numpy", "--no-peers", "--out", kept)
+    assert result.exit_code == 130 and (kept / "notes").is_dir()  # a folder that was there stays
+
+
+def piped(*args) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "graphtrain", *map(str, args)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_tables_written_to_a_pipe_keep_every_value():
+    text = piped("compare", "results/ladder-jhu-h100.json", "results/ladder-jhu-h784x784x784-h100.json")
+    assert "…" not in text
+    header = next(line for line in text.splitlines() if "A epoch ms" in line)
+    for column in ("row", "A epoch ms", "B epoch ms", "A/B", "Δ test acc", "A busy ms", "B busy ms"):
+        assert column in header
+    assert " persistent " in text and "0.996" in text.replace(",", "")
+
+
+def test_the_run_footer_and_the_sweep_title_are_lines_of_their_own():
+    import io
+
+    from rich.console import Console
+
+    from graphtrain.cli import summary_table
+    from graphtrain.config import TrainConfig
+    from graphtrain.data import Dataset
+    from graphtrain.ladder import sweep_table
+    from graphtrain.training import train
+
+    record = train(TrainConfig(epochs=1, batch=100), stage="numpy", data=Dataset.synthetic(300, 50, seed=0))
+    console = Console(file=io.StringIO(), width=120)
+    console.print(summary_table(record))
+    lines = console.file.getvalue().splitlines()
+    assert any(line.startswith("median epoch (2nd half)") and "test accuracy" in line for line in lines), lines
+
+    records = [{"stage": "graphs", "kind": "stage", "hidden_size": 8, "epoch_ms": 1.0,
+                "epochs": [{"epoch": 1, "ms": 1.0}], "config": {}}]
+    console = Console(file=io.StringIO(), width=120)
+    console.print(sweep_table(records))
+    assert "graphtrain sweep: training time, ms (sum of the timed epochs)" in console.file.getvalue()
+
+
+def test_compare_refuses_a_ladder_against_a_sweep():
+    from graphtrain.cli import main  # noqa: F401
+
+    line = error_line(invoke("compare", ROOT / "results/ladder-jhu-h100.json",
+                             ROOT / "results/sweep-cuda-mnist-h100.json"), 2)
+    assert "is a ladder and" in line and "a sweep: compare two ladders or two sweeps" in line
