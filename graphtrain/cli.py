@@ -375,10 +375,13 @@ def info():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
         table.add_row(name, status, escape(details))
-    for peer in ("torch", "jax", "matplotlib"):
-        spec = importlib.util.find_spec(peer)
-        table.add_row(peer, "[green]importable[/]" if spec else "[yellow]absent[/]",
-                      "" if spec else "optional: the ladder skips rows that need it")
+    optional = {"torch": "optional: the ladder skips the torch peers without it",
+                "jax": "optional: the ladder skips the jax peers without it",
+                "matplotlib": "optional, for plots only (a ladder's or sweep's, eval --plot): without it "
+                              "the tables are still written"}
+    for name, use in optional.items():
+        spec = importlib.util.find_spec(name)
+        table.add_row(name, "[green]importable[/]" if spec else "[yellow]absent[/]", "" if spec else use)
     from graphtrain.profile import cupti_missing
 
     missing = cupti_missing()

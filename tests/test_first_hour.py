@@ -437,3 +437,53 @@ def test_compare_refuses_a_ladder_against_a_sweep():
     line = error_line(invoke("compare", ROOT / "results/ladder-jhu-h100.json",
                              ROOT / "results/sweep-cuda-mnist-h100.json"), 2)
     assert "is a ladder and" in line and "a sweep: compare two ladders or two sweeps" in line
+
+
+# --------------------------------------------------------------------------------------------
+# graphtrain info
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_library_whose_dependency_is_missing_names_the_dependency(monkeypatch):
+    """cuDNN loads cuBLASLt first: its row names cuBLASLt as what is missing, not cuDNN."""
+    pathfinder = pytest.importorskip("cuda.pathfinder")
+    from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs.shared_lib import SharedLibrary
+
+    def fail(name):
+        if name == "cudnn":
+            raise RuntimeError('Failure finding "libcublasLt.so.13 or libcublasLt.so.12": No such file')
+        raise RuntimeError(f'Failure finding "lib{name}.so.13": No such file')
+
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib", fail)
+    for name, expected in (("cudnn", "cuDNN 9 (libcudnn) cannot be loaded: it needs libcublasLt, which was not found"),
+                           ("cublasLt", "cuBLASLt (libcublasLt) was not found")):
+        library = SharedLibrary(name, {"cudnn": "cuDNN 9 (libcudnn)", "cublasLt": "cuBLASLt (libcublasLt)"}[name],
+                                {}, "status")
+        with pytest.raises(GpuUnavailableError) as info:
+            library.load()
+        assert str(info.value).startswith(expected), str(info.value)
+
+
+def test_info_says_matplotlib_is_for_plots_only(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    result = invoke("info")
+    assert result.exit_code == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "matplotlib" in line)
+    assert "absent" in row and "plots only" in row and "skips" not in row
+
+
+def test_pyproject_does_not_claim_results_were_measured_with_the_pinned_release():
+    """The CUDA 13 extra pins cuda-toolkit 13.0.*; results/ names the libraries it ran with
+    (cuBLAS 13.1, runtime 13.3): the comment must not say results/ used 13.0."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "13.0 is the release results/ was measured with" not in text
+    measured = (ROOT / "results/ladder-jhu-h100.md").read_text()
+    runtime = re.search(r"CUDA runtime (\d+\.\d+)", measured).group(1)
+    assert runtime != "13.0"  # so the comment's "newer libraries" is what results/ says
+    assert "results/ was measured with newer libraries" in " ".join(text.split())
