@@ -487,3 +487,11 @@ def test_pyproject_does_not_claim_results_were_measured_with_the_pinned_release(
     runtime = re.search(r"CUDA runtime (\d+\.\d+)", measured).group(1)
     assert runtime != "13.0"  # so the comment's "newer libraries" is what results/ says
     assert "results/ was measured with newer libraries" in " ".join(text.split())
+
+
+def test_the_readme_sets_up_in_a_virtual_environment():
+    """The quick start's two set-up commands make and activate a venv before pip installs."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(setup) == 2 and setup[0].startswith("git clone")
+    assert setup[1] == "python3 -m venv .venv && . .venv/bin/activate && python3 -m pip install ."
