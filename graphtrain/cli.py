@@ -2,8 +2,8 @@
 
 Exit codes: 0 ok; 2 what the user can fix before anything runs (bad usage or input, a missing
 GPU, library, framework, CUPTI or matplotlib: see graphtrain.errors); 1 a failure while training,
-fetching data or writing results; 130 interrupted. Explained failures print one line, `error: ...`; a bug
-surfaces with its traceback.
+fetching data or writing results; 130 interrupted (see __main__.py). Explained failures print
+`error: ...` and no traceback; a bug surfaces with its traceback.
 """
 
 from __future__ import annotations
