@@ -3,10 +3,11 @@
 Before anything imports numpy: numpy's BLAS (OpenBLAS) starts one thread per core and spins them
 on every product, so with another busy process on the machine the numpy stage's epochs run many
 times slower (jhu on 2 busy cores: 0.10-0.36 s an epoch at 1 thread, 1.9-15.7 s at 2; the 784^3
-MLP 6.5-17 s at 1, 52 s at 2). graphtrain's products on the CPU are small (a batch of 128 rows),
-and one thread was the fastest everywhere measured, so the command sets OPENBLAS_NUM_THREADS=1,
-unless the user set OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or MKL_NUM_THREADS. Library users keep
-their own settings (`import graphtrain` loads no numpy until a name from it is used).
+MLP 6.5-17 s at 1, 52-159 s at 2). graphtrain's products on the CPU are small (a batch of 128
+rows; jhu on an idle machine: 206 ms an epoch at 1 thread, 200 ms at all), so the command sets
+OPENBLAS_NUM_THREADS=1, unless the user set OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or
+MKL_NUM_THREADS. Library users keep their own settings (`import graphtrain` loads no numpy until
+a name from it is used).
 
 A Ctrl-C from the moment this module runs, while graphtrain.cli and its modules load included,
 ends the command with one line, "interrupted", and exit code 130.
