@@ -22,10 +22,11 @@ import traceback
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from graphtrain import report, terminal, training
 from graphtrain.capture import RowOutput
@@ -116,9 +117,11 @@ def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data
         raise UsageError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     plan = RunPlan.for_data(config, data)
     label = run_label(config)
+    skips = Skips()
     with _row_output(console, out_dir, f"ladder-{label}") as output, terminal.progress_bar(console) as progress:
-        records = [_run_row(name, plan, data, progress, name, output, repeat, profile)
+        records = [_run_row(name, plan, data, progress, name, output, repeat, profile, skips)
                    for name in [*stages, *peers]]
+    skips.report(console)
     if out_dir is not None:
         rows = [r.to_json() for r in records]
         subset = stages != default_stages() or peers != default_peers()
@@ -142,13 +145,15 @@ def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str]
         RunPlan.check_workload(sized, len(data.train_images), len(data.test_images))
     label = sweep_label(config)
     records = []
+    skips = Skips()
     with _row_output(console, out_dir, f"sweep-{label}") as output, terminal.progress_bar(console) as progress:
         for size, sized in configs.items():
             plan = RunPlan.for_data(sized, data)  # one at a time: the initial weights can be large
             for name in [*stages, *peers]:
-                record = _run_row(name, plan, data, progress, f"H={size} {name}", output)
+                record = _run_row(name, plan, data, progress, f"H={size} {name}", output, skips=skips)
                 record.hidden_size = size
                 records.append(record)
+    skips.report(console)
     if out_dir is not None:
         rows = [r.to_json() for r in records]
         paths = report.write_sweep(rows, label, out_dir, command, log=terminal.logger(console),
@@ -164,10 +169,31 @@ def _row_output(console: Console, out_dir: Path | None, prefix: str):
     return RowOutput(console, Path(out_dir) / "logs", prefix)
 
 
+class Skips:
+    """The rows skipped, by reason: said once each after the table's rows have run, one line a
+    reason, instead of the same reason once per row (ten rungs on a machine without a GPU)."""
+
+    def __init__(self):
+        self.rows: dict[str, list[str]] = {}  # reason -> the rows it skipped, in order
+        self.no_gpu = False
+
+    def add(self, label: str, exc: Exception) -> None:
+        self.rows.setdefault(" ".join(str(exc).split()), []).append(label)
+        self.no_gpu = self.no_gpu or isinstance(exc, GpuUnavailableError)
+
+    def report(self, console: Console) -> None:
+        for reason, labels in self.rows.items():
+            console.print(f"[yellow]skipped {escape(', '.join(labels))}:[/] {escape(reason)}", soft_wrap=True)
+        if self.no_gpu:
+            console.print("to train on the CPU without a GPU: --stages numpy --no-peers", soft_wrap=True)
+
+
 def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str,
-             output: RowOutput | None = None, repeat: int = 1, profile: bool = False) -> Row:
+             output: RowOutput | None = None, repeat: int = 1, profile: bool = False,
+             skips: Skips | None = None) -> Row:
     """Train one row `repeat` times (profiled the last time, if asked); any failure becomes a
-    row that says what went wrong. With `output`, what the row prints goes to its log."""
+    row that says what went wrong. With `output`, what the row prints goes to its log; with
+    `skips`, a skipped row's reason is kept there to be said once (else printed at once)."""
     console = progress.console
     task = progress.add_task(escape(label), total=plan.num_epochs * repeat, status="epochs")
     runs = []
@@ -199,7 +225,10 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
         record = FailedRun(name, kind, plan.config, str(exc), skipped=True,
                            unsupported=isinstance(exc, ModelUnsupported))
         progress.update(task, description=escape(f"{label}: skipped"))
-        console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
+        if skips is not None:
+            skips.add(label, exc)
+        else:
+            console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
         record = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
         if not isinstance(exc, GraphtrainError):
@@ -263,11 +292,12 @@ def ladder_table(records: list[dict]) -> Table:
     return table
 
 
-def sweep_table(records: list[dict]) -> Table:
-    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer."""
+def sweep_table(records: list[dict]) -> Group:
+    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer; the title
+    a line of its own above the table (a table's title wraps at the table's width)."""
     sizes, names, cells = report.sweep_grid(records)
-    table = Table(title="graphtrain sweep: training time, ms (sum of the timed epochs)",
-                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    title = Text("graphtrain sweep: training time, ms (sum of the timed epochs)", style="italic")
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("H", justify="right")
     for name in names:
         peer = any(r.get("stage") == name and report.kind_of(r) == "peer" for r in records)
@@ -281,4 +311,4 @@ def sweep_table(records: list[dict]) -> Table:
                 "yellow" if record.get("skipped") else "red")
             row.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
         table.add_row(str(size), *row)
-    return table
+    return Group(title, table)

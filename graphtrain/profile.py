@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from graphtrain.errors import INSTALL_HINTS, UsageError
+from graphtrain.errors import INSTALL_HINTS, MissingRequirement
 from graphtrain.libs import cupti as libcupti
 
 HOST_BOUND_IDLE = 0.5  # a row whose GPU sat idle for at least this share of the epoch is host-bound
@@ -56,10 +56,10 @@ def cupti_missing() -> str | None:
 
 
 def require_cupti() -> None:
-    """UsageError with the install hint when CUPTI cannot be used (checked before any work)."""
+    """MissingRequirement (exit 2) with the install hint when CUPTI cannot be used (checked before any work)."""
     reason = cupti_missing()
     if reason:
-        raise UsageError(f"--profile needs CUPTI: {reason}")
+        raise MissingRequirement(f"--profile needs CUPTI: {reason}")
 
 
 @dataclass(frozen=True)

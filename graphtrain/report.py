@@ -35,7 +35,7 @@ from graphtrain import terminal
 from graphtrain.errors import INSTALL_HINTS
 from graphtrain.files import write_atomic, write_json
 from graphtrain.profile import HOST_BOUND_IDLE
-from graphtrain.terminal import Log
+from graphtrain.terminal import Log, counted
 
 DASH = "—"
 
@@ -320,7 +320,8 @@ def workload_line(records: list[dict], sweep: bool = False) -> str | None:
     else:
         model = "→".join(str(d) for d in cfg.get("dims", []))
         model += " softmax regression" if not cfg.get("hidden") else " ReLU MLP"
-    length = f"{cfg['epochs']} epochs" if cfg.get("epochs") is not None else f"{cfg['steps']} steps"
+    length = (counted(cfg["epochs"], "epoch") if cfg.get("epochs") is not None
+              else counted(cfg["steps"], "step"))
     parts = [model, "bias" if cfg.get("bias") else "no bias", f"batch {cfg['batch']}", length,
              f"lr {cfg['lr']}", f"seed {cfg['seed']}"]
     data = record.get("data")

@@ -44,16 +44,33 @@ def pytest_runtest_makereport(item, call):
 def seed(request) -> int:
     """This test's fixed seed: the same on every run, different between tests (and parameters)."""
     return zlib.crc32(request.node.name.encode()) & 0xFFFF
+SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared/data/mnist"
+
+
+def real_mnist(given: str | None = None) -> tuple[Path | None, str]:
+    """(folder, "") where the real MNIST is at hand, else (None, why not): the folder
+    $GRAPHTRAIN_DATA (or `given`) names when it is set (a folder that does not exist, or lacks the files, is
+    a reason to skip, never an error), else the shared copy beside the checkout."""
+    from graphtrain import data
+
+    given = given if given is not None else os.environ.get("GRAPHTRAIN_DATA")
+    folder = Path(given) if given else SHARED_MNIST
+    where = f"GRAPHTRAIN_DATA={given}" if given else f"no GRAPHTRAIN_DATA, and {folder}"
+    if not folder.is_dir():
+        return None, f"real MNIST not found: {where} is not a folder (set GRAPHTRAIN_DATA to a folder with the four IDX files)"
+    lookup = data.find_files("mnist", data_dir=folder)
+    if not lookup.complete:
+        return None, f"real MNIST not found: {where} lacks {', '.join(lookup.missing)}"
+    return lookup.folder, ""
 
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    """The real MNIST: $GRAPHTRAIN_DATA, else the shared copy beside the checkout."""
-    candidates = [os.environ.get("GRAPHTRAIN_DATA"), Path(__file__).resolve().parents[2] / "shared/data/mnist"]
-    for folder in filter(None, candidates):
-        if (Path(folder) / "train-images-idx3-ubyte.gz").exists() or (Path(folder) / "train-images-idx3-ubyte").exists():
-            return Path(folder)
-    pytest.skip("real MNIST not found: set GRAPHTRAIN_DATA to a folder with the four IDX files")
+    """The real MNIST folder (see `real_mnist`); a skip saying why where there is none."""
+    folder, reason = real_mnist()
+    if folder is None:
+        pytest.skip(reason)
+    return folder
 
 
 @pytest.fixture(scope="session")
