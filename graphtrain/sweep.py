@@ -16,7 +16,8 @@ its run alone: the `persistent` rung's softmax regressions, one thread-block clu
 (graphtrain.peers.jax_vmap). Where several workers share a pack's points, the pack is split
 into one pack per worker.
 
-Engines (where tasks run): `InProcess` (this process, its GPU), `graphtrain.workers.GpuWorkers`
+Engines (where tasks run; each imports this module, never the other way round): `InProcess`
+(this process, its GPU), `graphtrain.workers.GpuWorkers`
 (one spawned process per GPU of this host) and `graphtrain.cluster.DaskCluster` (an existing
 Dask cluster, or a local one). All return the rows in grid order as JSON dicts (the run records'
 `to_json()`, plus `device`, `weights_sha256`, and `packed` for a pack's models); a row that could
@@ -400,11 +401,10 @@ def pack_lines(rows: list[dict]) -> list[str]:
 
 def grid_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                   images=None, plot_notes=None) -> str:
-    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now())
+    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command)
     columns = grid_columns(records)
     lines += report.markdown_table(columns, [grid_cells(row, columns) for row in records]) + [""]
     lines += [f"- {line}" for line in [*pack_lines(records), LEGEND]] + [""]
-    lines += report._command_block(command)
     return "\n".join(lines)
 
 
@@ -450,19 +450,6 @@ def parse_seeds(text: str | None) -> list[int]:
     if not seeds:
         raise UsageError("--seeds needs at least one seed")
     return seeds
-
-
-def engine_for(gpus: str | None, cluster: str | None):
-    """The engine the options ask for: this process, a worker per GPU, or a Dask cluster."""
-    if cluster is not None:
-        from graphtrain.cluster import DaskCluster
-
-        return DaskCluster.for_request(cluster, gpus)
-    if gpus is not None:
-        from graphtrain.workers import GpuWorkers
-
-        return GpuWorkers.for_request(gpus)
-    return InProcess()
 
 
 def only_sizes_vary(points: Sequence[GridPoint], rows: Sequence[dict]) -> bool:

@@ -237,7 +237,7 @@ def test_sweep_command_grid_json_and_report(tmp_path, monkeypatch):
         (0.05, 0), (0.05, 1), (0.1, 0), (0.1, 1)]
     assert document["sweep"]["models"] == 4
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["sweep-jhu-b50-e2-small-cpu.json", "sweep-jhu-b50-e2-small-cpu.md"]
+    assert written == ["sweep-jhu-softmax-b50-e2-small-cpu.json", "sweep-jhu-softmax-b50-e2-small-cpu.md"]
     assert "| numpy | 0.05 | 0 | CPU |" in (tmp_path / "out" / written[1]).read_text()
 
 
