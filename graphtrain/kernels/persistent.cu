@@ -143,9 +143,6 @@ typedef Sums3 Sums;
 // send2, send4, mbarrier_expect, mbarrier_arrive, mbarrier_wait, cluster_metrics, step_rows;
 // mma_tf32, split_tf32, Sums3, total, mma_x; warp_softmax_grad.
 
-__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
-}
 // The compute warps' own barrier (the fetch warps never wait at it).
 __device__ __forceinline__ void compute_sync() {
     asm volatile("bar.sync 1, %0;" :: "n"(COMPUTE_THREADS) : "memory");
@@ -614,7 +611,7 @@ softmax_epoch(const void* images, const int* labels, const int* order, float* w,
         mbarrier_init(s.dl_full, 1);
         for (int i = 0; i < 2; ++i) mbarrier_init(s.tile_full + i, 32 * FETCH_WARPS);
         for (int i = 0; i < 2; ++i) mbarrier_init(s.tile_free + i, COMPUTE_THREADS);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbarrier_init_fence();
     }
     __syncthreads();
     // No block may write into another's shared memory (nor count on its barriers) before every

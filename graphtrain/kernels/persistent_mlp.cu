@@ -172,30 +172,6 @@ typedef float Pixel;
 // cluster_sync, remote, copy4_async, copy16_async, async_commit, async_wait_all, smem_addr, send2,
 // mbarrier_expect, mbarrier_wait, step_rows; mma_tf32, split_tf32, Sums3, total, mma_x.
 
-// A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
-// A bulk copy (the copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) of this
-// block's shared memory into cluster block `rank`'s (`dst`, `bar` from remote()), counted on its
-// barrier `bar`. The source must have been made visible to the copy engine: written, then
-// fence.proxy.async by the writers, then a block barrier.
-__device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
-}
-// A bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) of global memory into this
-// block's shared memory, counted on its barrier `bar`.
-__device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(bar)) : "memory");
-}
-
 // The three passes of a tile's product, each into its own sum of a Sums3 (three independent chains).
 __device__ __forceinline__ void mma_3xtf32(Sums3& d, const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
                                            const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
@@ -1176,8 +1152,8 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         for (int r = tid; r < step_rows(step, BATCH, num_samples); r += THREADS)
             s.order[step * BATCH + r] = order[(long long)step * BATCH + r];
     if (tid == 0) {
-        for (int i = 0; i < NBARS; ++i) mbarrier_init(s.bars + i);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < NBARS; ++i) mbarrier_init(s.bars + i, 1);
+        mbarrier_init_fence();
     }
     __syncthreads();
     if (num_steps > 0)
