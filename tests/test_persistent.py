@@ -3,15 +3,15 @@ products, the images as the kernel reads them, and that it compiles for each kin
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from graphtrain.data import images as images_mod
-from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
+from graphtrain.kernels.persistent import Layout, Persistent, Region, Shape, kernel_images, pixel_levels
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -19,7 +19,7 @@ ELF_MAGIC = b"\x7fELF"
 
 
 def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
-    seed = int.from_bytes(os.urandom(2), "little")
+    seed = 2711
     pixels = np.random.default_rng(seed).integers(0, 256, size=(50, 28, 28), dtype=np.uint8)
     features = images_mod.to_features(pixels, "test")  # as every loader makes them: k / 255 in float32
     assert pixel_levels(features) == 255, f"seed {seed}"
@@ -32,7 +32,7 @@ def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
 
 def test_the_bf16_build_reads_the_images_as_bf16():
     """8-bit pixels as k, exact in bf16 (8 significant bits); other floats rounded to nearest even."""
-    seed = int.from_bytes(os.urandom(2), "little")
+    seed = 2712
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 256, size=(20, 784), dtype=np.uint8)
     shape = Shape(784, 10, 128, 255, bf16=True)
@@ -49,7 +49,7 @@ def test_the_bf16_build_reads_the_images_as_bf16():
 
 
 def test_other_floats_keep_the_three_pass_products():
-    seed = int.from_bytes(os.urandom(2), "little")
+    seed = 2713
     features = np.random.default_rng(seed).uniform(0, 1, size=(50, 784)).astype(np.float32)
     assert pixel_levels(features) == 0, f"seed {seed}"
     almost = images_mod.to_features(np.full((2, 784), 7, np.uint8), "test")
@@ -70,6 +70,31 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, bf16):
+    """Shape.layout is the only place the shared memory is laid out: grow one buffer there, and
+    the launcher's byte count and the offsets the kernel is compiled with both move by its size,
+    and the kernel compiled from them changes."""
+    shape = Shape(784, 10, 128, 255, bf16=bf16)
+    before = shape.layout
+    plain_defines, plain = shape.defines, Persistent.cubin("sm_90", shape.defines)
+    grown = Layout([dataclasses.replace(r, count=r.count + 64) if r.name == "inbox" else r for r in before.regions])
+    monkeypatch.setattr(Shape, "layout", property(lambda self: grown))
+    assert shape.shared_bytes == before.bytes + 64 * 4 == shape.defines["SMEM_BYTES"]
+    names = [r.name for r in before.regions]
+    for name in names:
+        moved = 64 * 4 if names.index(name) > names.index("inbox") else 0
+        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + moved, name
+    assert Persistent.cubin("sm_90", shape.defines) != plain
+
+
+def test_a_layout_aligns_each_region_and_sums_the_bytes():
+    layout = Layout([Region("a", "unsigned char", 3), Region("b", "float", 2), Region("c", "unsigned short", 1, 16),
+                     Region("d", "double", 0)])
+    assert layout.offsets == {"a": 0, "b": 4, "c": 16, "d": 24} and layout.bytes == 24
+    assert layout.defines["SMEM_C"] == 16 and layout.defines["SMEM_B_ELEMENT"] == 4 and layout.defines["SMEM_BYTES"] == 24
+
+
 def load_script(name: str):
     path = Path(__file__).parents[1] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -78,11 +103,19 @@ def load_script(name: str):
     return module
 
 
-def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
-    """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
-    module = load_script("persistent_phases")
+def test_the_probe_build_compiles(nvrtc_available, cache):
+    """scripts/persistent_phases.py's build: the kernel with -DPROBES (probes.cuh), a slot for every
+    stamp it makes from the launcher's STAMPS; the plain build has no probe code."""
     for bf16 in (True, False):
-        assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255, bf16=bf16).defines).startswith(ELF_MAGIC)
+        shape = Shape(784, 10, 128, 255, bf16=bf16)
+        probed = Persistent.cubin("sm_90", Persistent.build_defines(shape, probes=True))
+        assert probed.startswith(ELF_MAGIC) and probed != Persistent.cubin("sm_90", shape.defines)
+    assert "PROBE_STEPS" not in Persistent.build_defines(shape)
+
+
+def test_the_phase_script_reads_the_stamps_it_names():
+    module = load_script("persistent_phases")
+    assert module.STAMPS and module.PROBE_STEPS >= 16
 
 
 def test_the_dsmem_exchange_benchmark_compiles(nvrtc_available, cache):

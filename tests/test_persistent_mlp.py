@@ -5,7 +5,6 @@ an epoch of each kind of layout against the float64 reference."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -15,8 +14,8 @@ from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError, UsageError
-from graphtrain.kernels.persistent import kernel_images, pixel_levels
-from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
+from graphtrain.kernels.persistent import Layout, kernel_images, pixel_levels
+from graphtrain.kernels.persistent_mlp import PHASES, MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage
@@ -37,9 +36,34 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert PersistentMlp.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
-def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
-    """scripts/persistent_mlp_phases.py's instrumented build of the kernel."""
-    assert PersistentMlp.cubin("sm_90", {"PHASE_CYCLES": 1}).startswith(ELF_MAGIC)
+def test_the_probe_build_compiles(nvrtc_available, cache):
+    """scripts/persistent_mlp_phases.py's build: the kernel with -DPROBES (probes.cuh), its phase
+    counts carved after the rest of the layout."""
+    shape = MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True)
+    plain, probed = PersistentMlp.build_layout(shape), PersistentMlp.build_layout(shape, probes=True)
+    assert probed.bytes == plain.bytes + 8 * len(PHASES) * 4 and probed.offsets["probe_counts"] == plain.bytes
+    assert PersistentMlp.cubin("sm_90", PersistentMlp.build_defines(shape, probes=True)).startswith(ELF_MAGIC)
+
+
+def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch):
+    """MlpShape.layout_with is the only place the shared memory is laid out: grow one buffer there,
+    and the launcher's byte count and the offsets the kernel is compiled with both move by its size."""
+    shape = MlpShape(784, (128,) * 3, 10, 32, 255, bf16=True)
+    before, plain_defines = shape.layout, shape.defines
+    plain = PersistentMlp.cubin("sm_90", plain_defines)
+    original = MlpShape.layout_with
+
+    def grown(self, x_stride, probe_counts=0):
+        layout = original(self, x_stride, probe_counts)
+        return Layout([dataclasses.replace(r, count=r.count + 32) if r.name == "dh" else r for r in layout.regions])
+
+    monkeypatch.setattr(MlpShape, "layout_with", grown)
+    assert shape.shared_bytes == before.bytes + 32 * 4 == shape.defines["SMEM_BYTES"]
+    names = [r.name for r in before.regions]
+    for name in names:
+        moved = 32 * 4 if names.index(name) > names.index("dh") else 0
+        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + moved, name
+    assert PersistentMlp.cubin("sm_90", shape.defines) != plain
 
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
@@ -55,8 +79,8 @@ def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     # read), and the gathered activations (two layers of 32 × 256) and the input gradients' pieces
     # (two inboxes of 16 × 32 × 16) as bf16: at H = 256 the batch's images fit beside the rest, which
     # they do not in the TF32 build.
-    fp32 = MlpShape(784, (256,) * 3, 10, 32, 255).bytes_with(0)
-    assert fp32 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).bytes_with(0) == (784 * 16 * 4 + 2 * 32 * 256 * 2
+    fp32 = MlpShape(784, (256,) * 3, 10, 32, 255).layout_with(0).bytes
+    assert fp32 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).layout_with(0).bytes == (784 * 16 * 4 + 2 * 32 * 256 * 2
                                                                                        + 2 * 16 * 32 * 16 * 2)
     assert MlpShape(784, (256,) * 3, 10, 32, bf16=True).x_buffers == 1
     assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 40  # 64 bytes a row: 4 pieces, padded to 5
@@ -95,7 +119,7 @@ def test_images_go_to_the_bf16_kernel_as_bf16_bits():
 
 
 @pytest.mark.parametrize("shape,needle", [
-    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 969180 bytes of shared "
+    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 969184 bytes of shared "
                                         "memory (at most 232448)"),
     (MlpShape(784, (256,) * 3, 10, 64), "at batch 64: a block needs 374000 bytes"),
     (MlpShape(784, (128, 64), 10, 32), "784-128-64-10 MLP: its hidden layers must all have the same size"),
@@ -131,8 +155,7 @@ def test_an_epoch_matches_float64_for_each_kind_of_layout(hidden, features, eigh
         pytest.skip(f"no usable GPU: {error}")
     batch = 32
     num_batches = -(-samples // batch)
-    for _ in range(200):
-        seed = int.from_bytes(os.urandom(2), "little")
+    for seed in range(5000, 5200):  # fixed seeds: the first that keeps clear of the kink
         data = Dataset.synthetic(samples, 300, seed=seed, num_features=features)
         if eight_bit:
             data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))

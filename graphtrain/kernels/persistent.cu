@@ -79,14 +79,9 @@
 #define COMPUTE_THREADS (32 * COMPUTE_WARPS)
 #define THREADS (32 * (COMPUTE_WARPS + FETCH_WARPS))
 #define N_TILES ((CLASSES + 7) / 8)           // the classes in mma columns of 8
-#define ROW_LANES (CLASSES <= 16 ? 16 : 32)   // phase B's threads per row: a class each
 #define INBOX_STRIDE ROW_LANES                // floats per row of the inbox
-// Classes per feature pair of W, each class an 8-byte (even, odd feature) pair: ≡ 4 (mod 16),
-// so that a fragment's 8-byte loads (k = lane % 4, n = lane / 4) spread over all 32 banks.
-#define PAIR_STRIDE ((N_TILES * 8 + 11) / 16 * 16 + 4)
 #define C_M_TILES ((SLICE + 1 + 15) / 16)  // phase C's rows: the slice's features, then the bias
 #define C_TILES (C_M_TILES * N_TILES)
-#define X_COLS (16 * C_M_TILES)     // a tile row as phase C reads it: features, the bias's input, zeros
 #define ROWS16 ((BATCH + 15) / 16 * 16)  // rows of a tile and of dlogits: whole mma tiles
 #define R_MAX ((BATCH + CLUSTER - 1) / CLUSTER)  // owned rows of a full step
 #define C_M_PAIRS ((C_M_TILES + 1) / 2)
@@ -94,28 +89,18 @@
 
 #if BF16
 // Tiles, W's copy for phase A and dlogits hold bf16 values (their 16 bits); each is read by
-// ldmatrix, eight rows of 16 bytes a matrix, so a row is an odd number of 16-byte pieces: the
-// eight rows of a matrix then fall in eight different 16-byte columns of the banks.
+// ldmatrix (the strides: Shape.strides).
 typedef unsigned short Elem;
 #define N_PAIRS ((N_TILES + 1) / 2)           // the classes in pairs of mma columns (one ldmatrix.x4)
-#define X_STRIDE (X_COLS + 8)
 #define A_K ((SLICE + 15) / 16 * 16)          // phase A's k range: the slice in k-steps of 16
-#define W16_STRIDE (A_K + 8)                  // W's bf16 copy, [class][feature]
 #define W16_SIZE (16 * N_PAIRS * W16_STRIDE)  // ... a buffer of it
-#define DL_STRIDE (16 * N_PAIRS + 8)
 #define DL_PIECE 8                            // dlogits sent 8 (16 bytes) a store
 #define C_K_STEPS (ROWS16 / 16)               // phase C's k-steps of 16 rows
-#define C_K_PARTS 0                           // phase C: a warp sums its tile row over all the rows, no parts
 typedef Sums1 Sums;
 #else
 typedef float Elem;
-// Floats per row of dlogits: ≡ 8 or 24 (mod 32), so that a fragment's loads (k = lane % 4,
-// n = lane / 4) hit 32 banks.
-#define DL_STRIDE (N_TILES * 8 + (N_TILES % 2 == 0 ? 8 : 0))
-#define X_STRIDE ((X_COLS + 23) / 32 * 32 + 8)  // ≡ 8 (mod 32): A's 8-byte and C's 4-byte loads hit 32 banks
 #define DL_PIECE 4                            // dlogits sent 4 (16 bytes) a store
 #define C_K_STEPS (ROWS16 / 8)                // phase C's k-steps of 8 rows (an even number)
-#define C_K_PARTS (C_K_STEPS % 4 == 0 ? 4 : 2)  // phase C's k range split over warps
 #define W16_SIZE 0                            // no bf16 copy of W
 typedef Sums3 Sums;
 #endif
@@ -148,9 +133,11 @@ __device__ __forceinline__ void compute_sync() {
     asm volatile("bar.sync 1, %0;" :: "n"(COMPUTE_THREADS) : "memory");
 }
 
-// The dynamic shared memory, carved in this order. Keep in step with the launcher's byte count
-// (kernels/persistent.py: Shape.shared_bytes).
+// The dynamic shared memory. Its layout (the regions' order, sizes and offsets, SMEM_*) and the
+// strides above (PAIR_STRIDE, ROW_LANES, X_STRIDE, DL_STRIDE, W16_STRIDE, C_K_PARTS) come from one
+// table, kernels/persistent.py's Shape.layout, which gives the launcher its byte count too.
 struct Smem {
+    unsigned long long* bars;  // [6]: inbox_full, dl_full, tile_full[2], tile_free[2]
     unsigned long long* inbox_full;  // this step's partial logits of the owned rows have arrived
     unsigned long long* dl_full;     // this step's dlogits have arrived
     unsigned long long* tile_full;   // [2] a tile buffer's copies (and its labels') have landed
@@ -170,40 +157,23 @@ struct Smem {
     int* labels;        // [2][R_MAX]                   labels of the owned rows, per tile buffer
 };
 
-// `count` values of type T at `at`, which moves past them.
-template <typename T>
-__device__ __forceinline__ T* take(unsigned char*& at, int count) {
-    T* region = reinterpret_cast<T*>(at);
-    at += count * sizeof(T);
-    return region;
-}
-
 __device__ Smem carve(unsigned char* base) {
     Smem s;
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(base);
-    s.inbox_full = bars; s.dl_full = bars + 1; s.tile_full = bars + 2; s.tile_free = bars + 4;
-    // Six barriers, then regions whose sizes are multiples of 16 bytes: each starts
-    // 16-byte aligned (as the 16-byte copies and ldmatrix need).
-    unsigned char* at = base + 6 * 8;
-    s.totals = take<double>(at, 2 + 2 * COMPUTE_WARPS);
-    s.w_hi = take<float2>(at, SLICE / 2 * PAIR_STRIDE);
-    s.w_lo = take<float2>(at, BF16 ? 0 : SLICE / 2 * PAIR_STRIDE);
-    s.b = take<float>(at, ROW_LANES);
-    s.inbox = take<float>(at, CLUSTER * R_MAX * INBOX_STRIDE);
-    s.dw_parts = take<float>(at, C_K_PARTS * C_TILES * 32 * 4);  // BF16: none
-#if BF16
-    s.w16 = take<Elem>(at, 2 * W16_SIZE);
-#else
-    s.w16 = nullptr;
-#endif
-    s.x = take<Elem>(at, 2 * ROWS16 * X_STRIDE);
-    s.dl = take<Elem>(at, ROWS16 * DL_STRIDE);
-    s.dl_row = take<Elem>(at, (R_MAX + 1) * ROW_LANES);
-    s.order = take<int>(at, BATCH);
-    s.labels = take<int>(at, 2 * R_MAX);
-    unsigned launched;  // the launcher's byte count (Shape.shared_bytes) must cover the carve
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(launched));
-    if (at - base > launched) __trap();
+    SMEM_REGION(s, base, bars, BARS);
+    s.inbox_full = s.bars; s.dl_full = s.bars + 1; s.tile_full = s.bars + 2; s.tile_free = s.bars + 4;
+    SMEM_REGION(s, base, totals, TOTALS);
+    SMEM_REGION(s, base, w_hi, W_HI);
+    SMEM_REGION(s, base, w_lo, W_LO);
+    SMEM_REGION(s, base, b, B);
+    SMEM_REGION(s, base, inbox, INBOX);
+    SMEM_REGION(s, base, dw_parts, DW_PARTS);
+    SMEM_REGION(s, base, w16, W16);
+    SMEM_REGION(s, base, x, X);
+    SMEM_REGION(s, base, dl, DL);
+    SMEM_REGION(s, base, dl_row, DL_ROW);
+    SMEM_REGION(s, base, order, ORDER);
+    SMEM_REGION(s, base, labels, LABELS);
+    check_shared_bytes(SMEM_BYTES);
     return s;
 }
 
@@ -444,7 +414,7 @@ __device__ __forceinline__ void update_tile(const Smem& s, const Compute& me, in
 // One step of `rows` samples (BATCH for all but a short last one; inlined, so that a full step's
 // row counts are constants).
 __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step, int rows, int bias, float lr,
-                                           int measure) {
+                                           int measure, Probes& probes) {
     const int lane = me.lane, warp = me.warp, g = me.g, t = me.t;
     const int r_own = owned_rows(rows), own_lo = min(rows, (int)me.rank * r_own);
     const int owned = min(rows, own_lo + r_own) - own_lo;
@@ -453,7 +423,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     Elem* w16_next = s.w16 + (cur ^ 1) * W16_SIZE;
     const Elem* x = s.x + cur * ROWS16 * X_STRIDE;
 
+    PROBE_STAMP(probes, step, C_LAST_BARRIER);  // (the step before's)
     mbarrier_wait(s.tile_full + cur, (step >> 1) & 1);  // this step's tile and labels have landed
+    PROBE_STAMP(probes, step, TILE_WAIT);
     if (me.tid == 0) {  // what this step will receive: partials of the owned rows, all dlogits
         mbarrier_expect(s.inbox_full, owned * CLUSTER * CLASSES * 4);
         mbarrier_expect(s.dl_full, rows * DL_PIECES * 16);
@@ -473,6 +445,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     for (int m = warp; m < m_tiles; m += COMPUTE_WARPS) {
         Sums sums[N_TILES];
         a_products(sums, s, x, w16_now, m, me);
+        PROBE_STAMP(probes, step, A_PRODUCTS);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
             const int r = 16 * m + g + 8 * half;
@@ -489,7 +462,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             }
         }
     }
+    PROBE_STAMP(probes, step, A_SENDS);
     mbarrier_wait(s.inbox_full, step & 1);
+    PROBE_STAMP(probes, step, INBOX_WAIT);
 
     // ---- B: the owned rows: logits, softmax, dlogits to every block --------------------------
     // ROW_LANES threads a row, thread j its class j: z_j = b_j + Σ_c partial_c (c in order), the
@@ -525,7 +500,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
         }
         __syncwarp();  // the row's pieces are read before the next row's overwrite them
     }
+    PROBE_STAMP(probes, step, B);
     mbarrier_wait(s.dl_full, step & 1);
+    PROBE_STAMP(probes, step, DLOGITS_WAIT);
 
     // ---- C: this block's slice of W and its copy of b, from its copy of dlogits ---------------
     // dW_sliceᵀ = xᵀ·dlogits: rows are the slice's features and then the bias (a feature whose
@@ -541,6 +518,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     for (int m = warp; m < C_M_TILES; m += COMPUTE_WARPS) {
         float grads[N_TILES][4];
         c_products(grads, s, x, m, me);
+        PROBE_STAMP(probes, step, C_PRODUCTS);
 #pragma unroll
         for (int n = 0; n < N_TILES; ++n) update_tile(s, me, m, n, grads[n], bias, lr, w16_next);
     }
@@ -565,7 +543,9 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
             }
         }
     }
+    PROBE_STAMP(probes, step, C_PRODUCTS);
     compute_sync();  // every part's sums are in
+    PROBE_STAMP(probes, step, C_BARRIER);
     for (int tile = warp; tile < C_TILES; tile += COMPUTE_WARPS) {
         const int m = tile / N_TILES, n = tile - m * N_TILES;
         float grads[4] = {};
@@ -578,6 +558,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     }
 #endif
     mbarrier_arrive(s.tile_free + cur);  // this thread's last read of the tile is behind it
+    PROBE_STAMP(probes, step, C_UPDATE);
     compute_sync();  // the updates before the next step's phase A reads W and b
 }
 
@@ -624,9 +605,10 @@ softmax_epoch(const void* images, const int* labels, const int* order, float* w,
         fetch_epoch(s, static_cast<const Elem*>(images), labels, order, num_samples, num_steps, rank, warp - COMPUTE_WARPS, lane);
     } else {
         const int full_steps = min(num_steps, num_samples / BATCH);
-        for (int step = 0; step < full_steps; ++step) train_step(s, me, step, BATCH, bias, lr, measure);
+        Probes probes(metrics);  // (a probe build's table, where the metrics would go)
+        for (int step = 0; step < full_steps; ++step) train_step(s, me, step, BATCH, bias, lr, measure, probes);
         if (full_steps < num_steps)
-            train_step(s, me, full_steps, step_rows(full_steps, BATCH, num_samples), bias, lr, measure);
+            train_step(s, me, full_steps, step_rows(full_steps, BATCH, num_samples), bias, lr, measure, probes);
     }
 
     // ---- W slice and bias back to global memory; the metrics, summed over the cluster in order --

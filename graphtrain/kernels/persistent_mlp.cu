@@ -122,10 +122,7 @@
 #define CS ((CLASSES + 3) / 4 * 4)    // classes padded to whole float4 quads
 #define WARPS (THREADS / 32)
 #define NT ((S + 7) / 8)              // a block's units in mma columns of 8
-#define WST (NT * 8)                  // floats per row of wt[k][u]: S, zero past it
-// Floats per row of dh: WST, or 4 more where WST ≡ 16 (mod 32), so that a fragment's loads (row g,
-// column t) fall on 32 banks, not 8.
-#define DST (WST % 32 == 16 ? WST + 4 : WST)
+// WST, DST: floats per row of wt[k][u] and of dh (MlpShape.strides).
 // wt[k][u] lies at k·WST + (u ^ WT_SWIZZLE(k)). Where WST ≡ 16 (mod 32) the XOR (of whole quads,
 // so pairs and quads stay together) spreads a fragment's loads of rows k0 + g, columns t (the
 // backward's Q and update) over all 32 banks, which rows g, g + 2, g + 4, g + 6 would otherwise
@@ -162,7 +159,6 @@ typedef float Pixel;
 #define X_LEAD (X_STRIDE && sizeof(Pixel) < 4 ? 1 : 0)
 #define X_BUFFERS (BF16 ? 1 : X_LEAD + 1)
 #define W1_TILES_PER_WARP ((F_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 of layer 1
-#define PHASE_SLOTS 24                // rows of phase counts (PHASE_CYCLES builds; kernels/persistent_mlp.py)
 
 #if (X_STRIDE != 0 && (BF16 ? X_STRIDE * 2 % 32 : X_STRIDE * (PIXEL_LEVELS ? 1 : 4) % 128) != PIXEL_ROW_ALIGN) || S % 4 != 0 || FEATURE_STRIDE % 16 != 0 || HIDDEN % 16 != 0 || CLASSES > 32 || LAYERS < 1 || THREADS % 32 != 0 || THREADS < 64
 #error "persistent_mlp.cu: unsupported HIDDEN / FEATURE_STRIDE / CLASSES / LAYERS / THREADS"
@@ -266,12 +262,9 @@ __device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterp
 __device__ __forceinline__ float4 load_q4(const QElem* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ void store_q2(QElem* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
 #endif
-// The dynamic shared memory, carved for a batch of BATCH rows. Keep in step with the launcher's
-// byte count (kernels/persistent_mlp.py: shared_bytes).
-#define INBOX_FLOATS (CLUSTER * BATCH * S * (int)sizeof(QElem) / 4)
-#define PARTIAL_FLOATS (WARPS * ROWS16 * WST)
-#define ZIN_FLOATS (CLUSTER * R_OWN * CS)
-#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+// The dynamic shared memory, carved from its layout table (kernels/persistent_mlp.py:
+// MlpShape.layout_with, which gives the launcher its byte count too).
+#define INBOX_FLOATS (CLUSTER * BATCH * S * (int)sizeof(QElem) / 4)  // an inbox (inbox_of)
 struct Smem {
     unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L; the images' copies
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
@@ -282,7 +275,8 @@ struct Smem {
     float* b;         // [LAYERS][S]          b_l[U_c]
     float* bh;        // [CS]                 the head's bias (every block's copy)
     HElem* h_full;    // [LAYERS−1][CLUSTER][BATCH][S]  h_l of the whole batch, l < LAYERS, by owning block
-    float* zin;       // [CLUSTER][R_OWN][CS]  partial logits of the owned rows, per sending block
+    float* zin;       // [CLUSTER][R_OWN][CS]  partial logits of the owned rows, per sending block;
+                      //   with LAYERS ≥ 3 also inbox[1]
     float* inbox_mid; // [LAYERS−3][CLUSTER][BATCH][S]  inbox[l] for 2 ≤ l ≤ LAYERS−2
     float* last;      // inbox[LAYERS−1] [CLUSTER][BATCH][S] and the partial sums [WARPS][ROWS16][WST]
     float* h_own;     // [LAYERS][BATCH][S]   h_l[:, U_c]: the ReLU masks, the head's input
@@ -292,33 +286,33 @@ struct Smem {
     Pixel* x;         // [X_BUFFERS][BATCH][X_STRIDE]  a step's images, where they fit (X_STRIDE > 0)
     int* order;       // [3][BATCH]           sample indices of this step and the next two
     int* labels;      // [2][BATCH]           labels of this step and the next
-    long long* phase_cycles;  // [PHASE_SLOTS][LAYERS + 1]  PHASE_CYCLES builds only (8-byte aligned)
+    long long* probe_counts;  // [PROBE_PHASES][PROBE_LAYERS]  probe builds only (probes.cuh)
 };
 
 __device__ Smem carve(unsigned char* base) {
     Smem s;
-    s.bars = reinterpret_cast<unsigned long long*>(base);
-    double* d = reinterpret_cast<double*>(s.bars + (NBARS + 1) / 2 * 2);  // 16-byte aligned after
-    s.totals = d; d += 2 + 2 * WARPS;
-    float* f = reinterpret_cast<float*>(d);  // every region below is a multiple of 16 bytes
-    s.w1 = f; f += BF16 ? 0 : FEATURE_STRIDE * WST;
-    s.w = f; f += (LAYERS - 1) * HIDDEN * WST;
-    s.wh = f; f += CS * S;
-    s.b = f; f += LAYERS * S;
-    s.bh = f; f += CS;
-    s.h_full = reinterpret_cast<HElem*>(f); f += (LAYERS - 1) * BATCH * HIDDEN * (int)sizeof(HElem) / 4;
-    s.zin = f; f += MAX2(ZIN_FLOATS, LAYERS >= 3 ? INBOX_FLOATS : 0);
-    s.inbox_mid = f; f += (LAYERS >= 3 ? LAYERS - 3 : 0) * INBOX_FLOATS;
-    s.last = f; f += MAX2(LAYERS >= 2 ? INBOX_FLOATS : 0, PARTIAL_FLOATS);
-    s.h_own = f; f += LAYERS * BATCH * S;
-    s.dh = f; f += 2 * ROWS16 * DST;
-    s.dl = f; f += BATCH * CS;
-    s.gwh = f; f += CS * S + CS;
-    s.x = reinterpret_cast<Pixel*>(f); f += (X_BUFFERS * BATCH * X_STRIDE * sizeof(Pixel) + 15) / 16 * 4;
-    int* i = reinterpret_cast<int*>(f);
-    s.order = i; i += 3 * BATCH;
-    s.labels = i; i += 2 * BATCH;
-    s.phase_cycles = reinterpret_cast<long long*>((reinterpret_cast<unsigned long long>(i) + 7) & ~7ull);
+    SMEM_REGION(s, base, bars, BARS);
+    SMEM_REGION(s, base, totals, TOTALS);
+    SMEM_REGION(s, base, w1, W1);
+    SMEM_REGION(s, base, w, W);
+    SMEM_REGION(s, base, wh, WH);
+    SMEM_REGION(s, base, b, B);
+    SMEM_REGION(s, base, bh, BH);
+    SMEM_REGION(s, base, h_full, H_FULL);
+    SMEM_REGION(s, base, zin, ZIN);
+    SMEM_REGION(s, base, inbox_mid, INBOX_MID);
+    SMEM_REGION(s, base, last, LAST);
+    SMEM_REGION(s, base, h_own, H_OWN);
+    SMEM_REGION(s, base, dh, DH);
+    SMEM_REGION(s, base, dl, DL);
+    SMEM_REGION(s, base, gwh, GWH);
+    SMEM_REGION(s, base, x, X);
+    SMEM_REGION(s, base, order, ORDER);
+    SMEM_REGION(s, base, labels, LABELS);
+#ifdef PROBES
+    SMEM_REGION(s, base, probe_counts, PROBE_COUNTS);
+#endif
+    check_shared_bytes(SMEM_BYTES);
     return s;
 }
 
@@ -1097,24 +1091,6 @@ __device__ void gather_input_grad(float* inbox, const float* h_own, float* dh, i
     }
 }
 
-// With PHASE_CYCLES=1 (scripts/persistent_mlp_phases.py), thread 0 of block 0 adds up the SM
-// cycles of each phase of a step (a phase ending at a block barrier or at an exchange's wait takes
-// the slowest thread's time, or the slowest sender's; the others are thread 0's own) and prints
-// them per step, as a markdown table, at the end of a launch of two steps or more. Off, it is
-// nothing. The phases in step order (a forward phase once per layer):
-enum Phase { START_WAIT, START_EXPECT, START_IMAGES, PRODUCTS, FINISH, FENCE_SYNC, SENDS, EXCHANGE,
-             HEAD_PRODUCT, HEAD_WAIT, SOFTMAX_EXP, SOFTMAX_ROWS, SOFTMAX, SOFTMAX_WAIT, HEAD_TILES, HEAD_TILES_SYNC, HEAD_GRADIENT, BACKWARD_PRODUCTS, GATHER_GRADIENT, UPDATE,
-             PHASES };
-static_assert(PHASES <= PHASE_SLOTS, "persistent_mlp.cu: more phases than rows of phase counts");
-#if PHASE_CYCLES
-#define PHASE_END(phase, layer) do { if (rank == 0 && tid == 0) { const long long now = clock64(); \
-        s.phase_cycles[(phase) * (LAYERS + 1) + (layer)] += now - phase_mark; phase_mark = now; } } while (0)
-#define PHASE_SYNC() __syncthreads()  // splits a phase that ends without a barrier of its own
-#else
-#define PHASE_END(phase, layer) do {} while (0)
-#define PHASE_SYNC() do {} while (0)
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsigned long long* params, int bias,
           int num_samples, int num_steps, float lr, double* metrics, int measure) {
@@ -1169,12 +1145,9 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
     // block of the cluster runs and has set up its barriers.
     cluster_sync();
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by the softmax's lanes of class 0, over the owned rows
-#if PHASE_CYCLES
-    // In shared memory (carved after the rest, the launcher adding their bytes), not local: a local
-    // array misses L1 behind the images' loads, and each count would cost an L2 round trip.
-    if (tid == 0)
-        for (int i = 0; i < PHASE_SLOTS * (LAYERS + 1); ++i) s.phase_cycles[i] = 0;
-    long long phase_mark = clock64();
+    Probes probes(metrics);  // (a probe build's table, where the metrics would go)
+#ifdef PROBES
+    probes.start(s.probe_counts, PROBE_PHASES * PROBE_LAYERS);
 #endif
 
     for (int step = 0; step < num_steps; ++step) {
@@ -1187,7 +1160,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         const ImageRows x_rows{images, step_order};
 
         async_wait_all();
-        PHASE_END(START_WAIT, 0);
+        PROBE_END(probes, START_WAIT, 0);
         // This step's labels, the next step's indices (and, copied a step ahead, this step's images)
         // have landed; the last step's reads are done (among them those of the image buffer that
         // is refilled next).
@@ -1200,10 +1173,10 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             mbarrier_expect(zin_bar(s), owned * CLUSTER * CLASSES * 4);  // (to itself alike)
             mbarrier_expect(dl_bar(s), (rows - owned) * CS * 4);
         }
-        PHASE_END(START_EXPECT, 0);
+        PROBE_END(probes, START_EXPECT, 0);
         if (X_STRIDE && X_LEAD == 0) copy_images_in(s, images, step_order, step, rows);  // float images: this step's
         async_commit();
-        PHASE_END(START_IMAGES, 0);
+        PROBE_END(probes, START_IMAGES, 0);
         // The copies for the steps ahead: the next step's labels (and images, copied a step ahead),
         // the indices of the one after, by every warp but the first. Issued where they cost the
         // step least (H100, H = 128 and 256): with the images staged, at the wait for the partial
@@ -1261,24 +1234,24 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 forward_hidden(h_of(s, l - 1), layer_weights(s, l), s.last, rows);
             }
             __syncthreads();
-            PHASE_END(PRODUCTS, l);
+            PROBE_END(probes, PRODUCTS, l);
             const bool gather = l < LAYERS;
             float* h_own = s.h_own + (l - 1) * BATCH * S;
             HElem* slice = h_of(s, l) + rank * BATCH * S;  // this block's in h_full[l]
             forward_finish(s.last, s.b + (l - 1) * S, l == 1 ? X_UNIT : 1.0f, h_own, gather ? slice : nullptr, rows);
-            PHASE_END(FINISH, l);
+            PROBE_END(probes, FINISH, l);
             if (gather) fence_proxy_async();  // the slice, written here, is the copies' source
             __syncthreads();  // h_own is whole; the partial sums are read before the next product writes them
-            PHASE_END(FENCE_SYNC, l);
+            PROBE_END(probes, FENCE_SYNC, l);
             const int dest = send_dest();
             if (gather && dest >= 0 && dest != rank)  // this block's h_l[:, U_c] to block dest's h_full[l]
                 send_bulk(remote(slice, dest), slice, rows * S * sizeof(HElem), remote(gather_bar(s, l), dest));
-            PHASE_SYNC();
-            PHASE_END(SENDS, l);
+            PROBE_SYNC();
+            PROBE_END(probes, SENDS, l);
             if (l == 1 && gather && !X_STRIDE) copy_ahead();
             if (gather) mbarrier_wait(gather_bar(s, l), parity);  // h_full[l] is whole
-            PHASE_SYNC();
-            PHASE_END(EXCHANGE, l);
+            PROBE_SYNC();
+            PROBE_END(probes, EXCHANGE, l);
         }
 
         // ---- head: partial logits of this block's units, to each row's owner ---------------------
@@ -1304,12 +1277,12 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 }
             }
         }
-        PHASE_SYNC();
-        PHASE_END(HEAD_PRODUCT, 0);
+        PROBE_SYNC();
+        PROBE_END(probes, HEAD_PRODUCT, 0);
         if (LAYERS == 1 || X_STRIDE) copy_ahead();
         mbarrier_wait(zin_bar(s), parity);  // every block's partial logits of the owned rows
-        PHASE_SYNC();
-        PHASE_END(HEAD_WAIT, 0);
+        PROBE_SYNC();
+        PROBE_END(probes, HEAD_WAIT, 0);
 
         // ---- softmax of the owned rows, their dlogits to every block -------------------------------
         // ROW_LANES lanes a row (lane j its class j): z = Σ_c P_c + b_h, the partials added as a fixed
@@ -1333,7 +1306,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 const float z = valid ? p[0] + s.bh[j] : -__int_as_float(0x7f800000);  // −∞ past the classes
                 float m, sum;
                 const float dz = warp_softmax_grad<ROW_LANES>(z, valid, j, label, rows, m, sum);
-                PHASE_END(SOFTMAX_EXP, 0);
+                PROBE_END(probes, SOFTMAX_EXP, 0);
                 if (row_owned && j < CS) s.dl[r * CS + j] = dz;
                 __syncwarp();  // the row is whole in dl
                 if (row_owned && j < CLUSTER && j != (int)rank) {  // to block j
@@ -1350,14 +1323,14 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                         correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
                     }
                 }
-                PHASE_END(SOFTMAX_ROWS, 0);
+                PROBE_END(probes, SOFTMAX_ROWS, 0);
             }
         }
-        PHASE_SYNC();
-        PHASE_END(SOFTMAX, 0);
+        PROBE_SYNC();
+        PROBE_END(probes, SOFTMAX, 0);
         mbarrier_wait(dl_bar(s), parity);  // every owner's rows of dlogits
         __syncthreads();  // (and this block's own)
-        PHASE_END(SOFTMAX_WAIT, 0);
+        PROBE_END(probes, SOFTMAX_WAIT, 0);
         // dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L > 0] (W_h before its update; zero past the rows and
         // S) and the head's gradient dW_h[:, U_c] = dzᵀ h_L[:, U_c], a warp a tile of either; the
         // bias's Σ_r dz by the last warp.
@@ -1388,14 +1361,14 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             }
             if (bias && warp == WARPS - 1 && lane < CLASSES)
                 s.gwh[CS * S + lane] = sum_rows(rows, [&](int r) { return s.dl[r * CS + lane]; });
-            PHASE_END(HEAD_TILES, 0);
+            PROBE_END(probes, HEAD_TILES, 0);
             __syncthreads();
-            PHASE_END(HEAD_TILES_SYNC, 0);
+            PROBE_END(probes, HEAD_TILES_SYNC, 0);
             for (int i = tid; i < CLASSES * S; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
             if (bias && tid < CLASSES) s.bh[tid] = fmaf(-lr, s.gwh[CS * S + tid], s.bh[tid]);
         }
-        PHASE_SYNC();
-        PHASE_END(HEAD_GRADIENT, 0);
+        PROBE_SYNC();
+        PROBE_END(probes, HEAD_GRADIENT, 0);
 
         // ---- backward ---------------------------------------------------------------------------
         for (int l = LAYERS; l >= 2; --l) {
@@ -1403,7 +1376,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
             backward_layer(h_of(s, l - 1), layer_weights(s, l), dh_of(s, l), inbox,
                            inbox_bar(s, l - 1), lr, rows, rank);
             if (bias) update_bias(s.b + (l - 1) * S, dh_of(s, l), lr, rows);
-            PHASE_END(BACKWARD_PRODUCTS, l);
+            PROBE_END(probes, BACKWARD_PRODUCTS, l);
             // Warp 0 issues D_l's bulk copies and then updates its tiles of W_l; the others do not
             // wait for it (a block barrier here cost 1.5 to 2.5% of a step at H = 128, H100): they wait for
             // the inbox and sum dh_{l−1} into the other buffer of dh.
@@ -1412,7 +1385,7 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
                 gather_input_grad(inbox, s.h_own + (l - 2) * BATCH * S, dh_of(s, l - 1), rows, 32);
             }
             __syncthreads();
-            PHASE_END(GATHER_GRADIENT, l - 1);
+            PROBE_END(probes, GATHER_GRADIENT, l - 1);
         }
 #if BF16
         w1.update(dh_of(s, 1), lr * X_UNIT);
@@ -1421,32 +1394,13 @@ mlp_epoch(const Pixel* images, const int* labels, const int* order, const unsign
         else update_first_layer(x_rows, s.w1, dh_of(s, 1), lr * X_UNIT, rows);
 #endif
         if (bias) update_bias(s.b, dh_of(s, 1), lr, rows);
-        PHASE_SYNC();
-        PHASE_END(UPDATE, 1);
+        PROBE_SYNC();
+        PROBE_END(probes, UPDATE, 1);
         // The next step's first __syncthreads orders these updates before its forward reads them.
     }
 
-#if PHASE_CYCLES
-    if (rank == 0 && tid == 0 && num_steps > 1) {
-        const char* names[PHASES] = {
-            "start: the last step's copies landed", "start: barrier, expected bytes",
-            "start: float images' copies issued", "forward: products", "forward: sums, bias, ReLU", "forward: proxy fence, barrier",
-            "forward: bulk sends issued", "forward: wait for the gather (layer 1: and the copies ahead)",
-            "head: partial logits, sent to the rows' owners", "head: wait for the owned rows' partial logits",
-            "softmax: logits, exp, sums (thread 0)", "softmax: dlogits sent, loss (thread 0)",
-            "softmax: the block's other warps", "softmax: wait for every row's dlogits", "head gradient: tiles (thread 0)", "head gradient: the other warps",
-            "head gradient: update of W_h", "backward: products, sends, update (thread 0)",
-            "backward: the other warps' wait for the inbox and input gradient sums", "update of W_1"};
-        long long all = 0;
-        for (int p = 0; p < PHASES; ++p)
-            for (int l = 0; l <= LAYERS; ++l) all += s.phase_cycles[p * (LAYERS + 1) + l];
-        printf("\n%d steps of %d rows:\n\n| phase (block 0) | layer | cycles a step |\n|---|---:|---:|\n", num_steps, BATCH);
-        for (int p = 0; p < PHASES; ++p)
-            for (int l = 0; l <= LAYERS; ++l)
-                if (s.phase_cycles[p * (LAYERS + 1) + l])
-                    printf("| %s | %d | %lld |\n", names[p], l, s.phase_cycles[p * (LAYERS + 1) + l] / num_steps);
-        printf("| **step** | | **%lld** |\n", all / num_steps);
-    }
+#ifdef PROBES
+    probes.finish(PROBE_PHASES * PROBE_LAYERS);
 #endif
     // ---- parameters back to global memory; the metrics of block 0 ------------------------------
     __syncthreads();
