@@ -21,10 +21,18 @@ MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory a Hopper block may opt in to
 # The probe build's clock stamps (probes.cuh; scripts/persistent_phases.py), in the order a step
 # passes them: each names the phase that ends there. The bf16 build has no separate barrier in C.
-STAMPS = (("C_LAST_BARRIER", "C: second barrier (of the step before)"), ("TILE_WAIT", "tile wait"),
-          ("A_PRODUCTS", "A: products"), ("A_SENDS", "A: sends"), ("INBOX_WAIT", "inbox wait"), ("B", "B"),
-          ("DLOGITS_WAIT", "dlogits wait"), ("C_PRODUCTS", "C: products"), ("C_BARRIER", "C: barrier"),
-          ("C_UPDATE", "C: update"))
+STAMPS = tuple(tuple(line.split(None, 1)) for line in """
+C_LAST_BARRIER  C: second barrier (of the step before)
+TILE_WAIT       tile wait
+A_PRODUCTS      A: products
+A_SENDS         A: sends
+INBOX_WAIT      inbox wait
+B               B
+DLOGITS_WAIT    dlogits wait
+C_PRODUCTS      C: products
+C_BARRIER       C: barrier
+C_UPDATE        C: update
+""".strip().splitlines())
 PROBE_STEPS = 64  # steps stamped
 
 

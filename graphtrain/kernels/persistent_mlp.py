@@ -18,23 +18,29 @@ from graphtrain.kernels.persistent import (CLUSTER, ELEMENT_BYTES, MAX_CLASSES, 
 THREADS = 256  # per block
 UNIT_QUAD = 4 * CLUSTER  # a hidden size is whole float4 quads of units in every block
 # The probe build's phases (probes.cuh; scripts/persistent_mlp_phases.py) in step order, each counted
-# per layer (0: none), the cycles from the probe before to its own.
-PHASES = (
-    ("START_WAIT", "start: the last step's copies landed"), ("START_EXPECT", "start: barrier, expected bytes"),
-    ("START_IMAGES", "start: float images' copies issued"), ("PRODUCTS", "forward: products"),
-    ("FINISH", "forward: sums, bias, ReLU"), ("FENCE_SYNC", "forward: proxy fence, barrier"),
-    ("SENDS", "forward: bulk sends issued"),
-    ("EXCHANGE", "forward: wait for the gather (layer 1: and the copies ahead)"),
-    ("HEAD_PRODUCT", "head: partial logits, sent to the rows' owners"),
-    ("HEAD_WAIT", "head: wait for the owned rows' partial logits"),
-    ("SOFTMAX_EXP", "softmax: logits, exp, sums (thread 0)"), ("SOFTMAX_ROWS", "softmax: dlogits sent, loss (thread 0)"),
-    ("SOFTMAX", "softmax: the block's other warps"), ("SOFTMAX_WAIT", "softmax: wait for every row's dlogits"),
-    ("HEAD_TILES", "head gradient: tiles (thread 0)"), ("HEAD_TILES_SYNC", "head gradient: the other warps"),
-    ("HEAD_GRADIENT", "head gradient: update of W_h"),
-    ("BACKWARD_PRODUCTS", "backward: products, sends, update (thread 0)"),
-    ("GATHER_GRADIENT", "backward: the other warps' wait for the inbox and input gradient sums"),
-    ("UPDATE", "update of W_1"),
-)
+# per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
+PHASES = tuple(tuple(line.split(None, 1)) for line in """
+START_WAIT         start: the last step's copies landed
+START_EXPECT       start: barrier, expected bytes
+START_IMAGES       start: float images' copies issued
+PRODUCTS           forward: products
+FINISH             forward: sums, bias, ReLU
+FENCE_SYNC         forward: proxy fence, barrier
+SENDS              forward: bulk sends issued
+EXCHANGE           forward: wait for the gather (layer 1: and the copies ahead)
+HEAD_PRODUCT       head: partial logits, sent to the rows' owners
+HEAD_WAIT          head: wait for the owned rows' partial logits
+SOFTMAX_EXP        softmax: logits, exp, sums (thread 0)
+SOFTMAX_ROWS       softmax: dlogits sent, loss (thread 0)
+SOFTMAX            softmax: the block's other warps
+SOFTMAX_WAIT       softmax: wait for every row's dlogits
+HEAD_TILES         head gradient: tiles (thread 0)
+HEAD_TILES_SYNC    head gradient: the other warps
+HEAD_GRADIENT      head gradient: update of W_h
+BACKWARD_PRODUCTS  backward: products, sends, update (thread 0)
+GATHER_GRADIENT    backward: the other warps' wait for the inbox and input gradient sums
+UPDATE             update of W_1
+""".strip().splitlines())
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,8 @@ class MlpShape:
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "warp_softmax.cuh")
+    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "warp_softmax.cuh",
+               "persistent_mlp_shape.cuh", "persistent_mlp_products.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.
     defines = {"CLUSTER": CLUSTER, "THREADS": THREADS, **MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).defines}

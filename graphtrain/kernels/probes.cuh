@@ -11,6 +11,8 @@
 //   PROBE_END(p, NAME, layer)       the cycles since the last probe added to slot (NAME, layer) of
 //                                   a table in shared memory (the layout's probe region; PROBE_LAYERS
 //                                   layers a name), copied out by p.finish at the end of the launch.
+//   PROBE_START(p, counts), PROBE_FINISH(p)  zero the shared counts (PROBE_PHASES × PROBE_LAYERS)
+//                                   and start the clock; copy the counts out.
 //   PROBE_SYNC()                    a block barrier, so that a phase that ends without one takes the
 //                                   slowest thread's time (probe builds only: it slows the step).
 
@@ -51,6 +53,8 @@ struct Probes {
 #define PROBE_STAMP(p, step, name) (p).stamp((step), PROBE_##name)
 #define PROBE_END(p, name, layer) (p).end(PROBE_##name * PROBE_LAYERS + (layer))
 #define PROBE_SYNC() __syncthreads()
+#define PROBE_START(p, shared_counts) (p).start((shared_counts), PROBE_PHASES * PROBE_LAYERS)
+#define PROBE_FINISH(p) (p).finish(PROBE_PHASES * PROBE_LAYERS)
 #else
 struct Probes {
     __device__ explicit Probes(void*) {}
@@ -58,4 +62,6 @@ struct Probes {
 #define PROBE_STAMP(p, step, name) ((void)0)
 #define PROBE_END(p, name, layer) ((void)0)
 #define PROBE_SYNC() ((void)0)
+#define PROBE_START(p, shared_counts) ((void)0)
+#define PROBE_FINISH(p) ((void)0)
 #endif
