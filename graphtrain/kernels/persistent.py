@@ -38,7 +38,7 @@ PROBE_STEPS = 64  # steps stamped
 
 def probe_defines(names) -> dict[str, int]:
     """-D defines of a probe build (probes.cuh): PROBES, and each probe's slot."""
-    return {"PROBES": 1, **{f"PROBE_{name}": slot for slot, name in enumerate(names)}}
+    return {"PROBES": 1, **{f"PROBE_SLOT_{name}": slot for slot, name in enumerate(names)}}
 
 
 # Bytes of each element type a layout's regions hold (the C type names the kernels use).

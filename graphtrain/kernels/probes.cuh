@@ -4,7 +4,7 @@
 // Not a kernel file: a launcher lists it in `headers`.
 //
 // A probe build takes its probe table where the kernel's `metrics` would go (it is never run with
-// measure on), and its slots from the launcher's list: `-DPROBE_<NAME>=slot` for each name, so a
+// measure on), and its slots from the launcher's list: `-DPROBE_SLOT_<NAME>=slot` for each name, so a
 // probe the list lacks fails to compile. Two kinds:
 //   PROBE_STAMP(p, step, NAME)      table[step][slot] = the clock, for the first PROBE_STEPS steps
 //                                   (PROBE_SLOTS a step): the script takes the differences.
@@ -50,8 +50,8 @@ struct Probes {
             for (int i = 0; i < slots; ++i) table[i] = counts[i];
     }
 };
-#define PROBE_STAMP(p, step, name) (p).stamp((step), PROBE_##name)
-#define PROBE_END(p, name, layer) (p).end(PROBE_##name * PROBE_LAYERS + (layer))
+#define PROBE_STAMP(p, step, name) (p).stamp((step), PROBE_SLOT_##name)
+#define PROBE_END(p, name, layer) (p).end(PROBE_SLOT_##name * PROBE_LAYERS + (layer))
 #define PROBE_SYNC() __syncthreads()
 #define PROBE_START(p, shared_counts) (p).start((shared_counts), PROBE_PHASES * PROBE_LAYERS)
 #define PROBE_FINISH(p) (p).finish(PROBE_PHASES * PROBE_LAYERS)
