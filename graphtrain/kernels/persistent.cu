@@ -87,23 +87,21 @@
 #define C_M_PAIRS ((C_M_TILES + 1) / 2)
 #define FETCH_ROWS ((BATCH + FETCH_WARPS - 1) / FETCH_WARPS)  // a fetch warp's rows of a tile
 
-#if BF16
-// Tiles, W's copy for phase A and dlogits hold bf16 values (their 16 bits); each is read by
-// ldmatrix (the strides: Shape.strides).
-typedef unsigned short Elem;
-#define N_PAIRS ((N_TILES + 1) / 2)           // the classes in pairs of mma columns (one ldmatrix.x4)
-#define A_K ((SLICE + 15) / 16 * 16)          // phase A's k range: the slice in k-steps of 16
-#define W16_SIZE (16 * N_PAIRS * W16_STRIDE)  // ... a buffer of it
-#define DL_PIECE 8                            // dlogits sent 8 (16 bytes) a store
-#define C_K_STEPS (ROWS16 / 16)               // phase C's k-steps of 16 rows
-typedef Sums1 Sums;
-#else
-typedef float Elem;
-#define DL_PIECE 4                            // dlogits sent 4 (16 bytes) a store
-#define C_K_STEPS (ROWS16 / 8)                // phase C's k-steps of 8 rows (an even number)
-#define W16_SIZE 0                            // no bf16 copy of W
-typedef Sums3 Sums;
-#endif
+#define N_PAIRS ((N_TILES + 1) / 2)           // the classes in pairs of mma columns (bf16: one ldmatrix.x4)
+#define W16_SIZE (16 * N_PAIRS * W16_STRIDE)  // a buffer of W's bf16 copy (none in the TF32 build: W16_STRIDE = 0)
+// The values of the tiles, W's copy and dlogits as kept: floats in the TF32 build, their bf16 bits
+// (rounded to nearest even) in the BF16 one, each read by ldmatrix (the strides: Shape.strides).
+template <bool IS_BF16> struct Values {
+    typedef float Elem;
+    __device__ static __forceinline__ float of(float v) { return v; }
+};
+template <> struct Values<true> {
+    typedef unsigned short Elem;
+    __device__ static __forceinline__ unsigned short of(float v) { return (unsigned short)(bf16x2(v, 0.0f) & 0xffffu); }
+};
+typedef Values<BF16 != 0>::Elem Elem;
+__device__ __forceinline__ Elem to_elem(float v) { return Values<BF16 != 0>::of(v); }
+#define DL_PIECE (16 / (int)sizeof(Elem))     // dlogits sent 16 bytes a store: 4 floats or 8 bf16
 #define DL_PIECES ((CLASSES + DL_PIECE - 1) / DL_PIECE)  // a row's dlogits in 16-byte stores
 #define CHUNK (16 / (int)sizeof(Elem))        // values a 16-byte copy of a tile row carries
 #define CHUNKS_PER_ROW (SLICE / CHUNK)        // 16-byte copies per row of a tile
@@ -183,43 +181,6 @@ __device__ __forceinline__ float2 split_pair(float v) {
     const float hi = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
     return make_float2(hi, v - hi);
 }
-// A value of a tile or of dlogits as kept: in the BF16 build its bf16 bits (rounded to nearest even).
-__device__ __forceinline__ Elem to_elem(float v) {
-#if BF16
-    return (Elem)(bf16x2(v, 0.0f) & 0xffffu);
-#else
-    return v;
-#endif
-}
-// W[j][f] of the slice, and W[j][f] = v where `keep`: kept as hi + lo (TF32 build), or as v with a
-// bf16 copy in `w16` (a buffer of s.w16) for phase A where j is a class (BF16 build). The stores
-// are predicated, not branched around: the update's tiles hold padding and the bias's row, where
-// branches diverge. (Why two buffers of the copy: a step's phase A reads one while its phase C
-// writes the other, so the reads and writes of a buffer are always a compute barrier apart;
-// with one, only the exchanges between them would order them, which compute-sanitizer's
-// racecheck cannot follow.)
-__device__ __forceinline__ float load_w(const Smem& s, int f, int j) {
-    const float hi = reinterpret_cast<const float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j)[f & 1];
-#if BF16
-    return hi;
-#else
-    return hi + reinterpret_cast<const float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j)[f & 1];
-#endif
-}
-__device__ __forceinline__ void store_w(const Smem& s, int f, int j, float v, bool keep, Elem* w16) {
-    float* hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-#if BF16
-    Elem* copy = w16 + j * W16_STRIDE + f;
-    const Elem v16 = to_elem(v);
-    if (keep) *hi = v;
-    if (keep && j < CLASSES) *copy = v16;
-#else
-    float* lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
-    const float2 parts = split_pair(v);
-    if (keep) { *hi = parts.x; *lo = parts.y; }
-#endif
-}
-
 // A fetch warp's loop: rows [FETCH_ROWS·warp, FETCH_ROWS·(warp + 1)) of every step's tile
 // (16-byte cp.async copies of this block's columns) and the labels of the owned rows among them;
 // each lane arrives on the buffer's `tile_full` barrier once its copies have landed. Each lane
@@ -277,117 +238,10 @@ struct Compute {
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by the threads of phase B of class 0
 };
 
-// ---- The products of phases A and C, in the build's precision -------------------------------
-#if !BF16
-// A: the partial logits of the 16 rows of tile m, k over the slice's features. Within a k-step
-// of 8 features, mma slot t takes feature 2t and slot t + 4 feature 2t + 1 (any order of k gives
-// the same sum), so each operand pair is one 8-byte load.
-__device__ __forceinline__ void a_products(Sums (&sums)[N_TILES], const Smem& s, const Elem* x, const Elem* w16,
-                                           int m, const Compute& me) {
-    const int g = me.g, t = me.t;
-    const float* xa = x + (16 * m + g) * X_STRIDE + 2 * t;
-    const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
-    const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
-#pragma unroll
-    for (int k = 0; k < SLICE; k += 8) {
-        const float2 top = *reinterpret_cast<const float2*>(xa + k), bottom = *reinterpret_cast<const float2*>(xa + 8 * X_STRIDE + k);
-        const float a[4] = {top.x, bottom.x, top.y, bottom.y};
-#pragma unroll
-        for (int n = 0; n < N_TILES; ++n) {
-            // Lanes of padding classes load nothing (their columns' sums are never sent): with
-            // 10 classes, half the second tile's loads, a sixth of A's shared-memory traffic.
-            const bool live = 8 * n + g < CLASSES;
-            const float2 hi = live ? wb_hi[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
-            const float2 lo = live ? wb_lo[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
-            const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
-            const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
-            mma_x(sums[n], a, b_hi, b_lo);
-        }
-    }
-}
-// C: dW_sliceᵀ of the 16-feature tiles m0 and m1 (A[f][r] = x[r][f]) over part `part` of the
-// tile's rows, loading each dlogits fragment once for both tiles.
-__device__ __forceinline__ void c_products(Sums (&sums)[2][N_TILES], const Smem& s, const Elem* x, int m0,
-                                           int m1, int part, const Compute& me) {
-    const int g = me.g, t = me.t;
-    const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;
-    const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
-    const float* db = s.dl + t * DL_STRIDE + g;
-#pragma unroll
-    for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
-        const int k = 8 * (part * (C_K_STEPS / C_K_PARTS) + i);
-        const float* x0 = xa0 + k * X_STRIDE;
-        const float* x1 = xa1 + k * X_STRIDE;
-        const float a0[4] = {x0[0], x0[8], x0[4 * X_STRIDE], x0[4 * X_STRIDE + 8]};
-        const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
-#pragma unroll
-        for (int n = 0; n < N_TILES; ++n) {
-            const bool live = 8 * n + g < CLASSES;  // as in A: padding classes load nothing
-            const float d[2] = {live ? db[k * DL_STRIDE + 8 * n] : 0.0f, live ? db[(k + 4) * DL_STRIDE + 8 * n] : 0.0f};
-            unsigned b_hi[2], b_lo[2];
-            split_tf32(d, b_hi, b_lo);
-            mma_x(sums[0][n], a0, b_hi, b_lo);
-            mma_x(sums[1][n], a1, b_hi, b_lo);
-        }
-    }
-}
-#else
-// The same products from bf16 operands in one m16n8k16 pass, every fragment one ldmatrix.x4:
-// lanes 8q..8q+7 give the rows of the fragment's matrix q (see bf16_mma.cuh).
-// A: a = x[16m + 8(q & 1) + ·][k + 8(q >> 1) + ·]; b for column tiles 2p, 2p + 1 = W16 rows
-// 16p + 8(q >> 1) + ·, features k + 8(q & 1) + · (W16's features past SLICE are zero).
-__device__ __forceinline__ void a_products(Sums (&sums)[N_TILES], const Smem& s, const Elem* x, const Elem* w16,
-                                           int m, const Compute& me) {
-    const int lane = me.lane, q = lane >> 3, i = lane & 7;
-    const unsigned xa = smem_addr(x + (16 * m + 8 * (q & 1) + i) * X_STRIDE + 8 * (q >> 1));
-    const unsigned wb = smem_addr(w16 + (8 * (q >> 1) + i) * W16_STRIDE + 8 * (q & 1));
-#pragma unroll
-    for (int k = 0; k < A_K; k += 16) {
-        unsigned a[4];
-        ldmatrix_x4(a, xa + 2 * k);
-#pragma unroll
-        for (int p = 0; p < N_PAIRS; ++p) {
-            unsigned b[4];
-            ldmatrix_x4(b, wb + 2 * (16 * p * W16_STRIDE + k));
-            mma_bf16(sums[2 * p].d, a, {b[0], b[1]});
-            if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1].d, a, {b[2], b[3]});
-        }
-    }
-}
-// C: dW_sliceᵀ of the 16 features of tile row m, all classes, over all the tile's rows. A[f][r] =
-// x[r][f] and B[r][j] = dlogits[r][j] are both row-major in r, so both fragments come from
-// ldmatrix.trans: a = x rows k + 8(q >> 1) + ·, features 16m + 8(q & 1) + ·; b for column tiles
-// 2p, 2p + 1 = dlogits rows k + 8(q & 1) + ·, classes 16p + 8(q >> 1) + ·. Even and odd k-steps
-// in two sums (two chains of dependent mma a tile), added last.
-__device__ __forceinline__ void c_products(float (&grads)[N_TILES][4], const Smem& s, const Elem* x, int m,
-                                           const Compute& me) {
-    const int lane = me.lane, q = lane >> 3, i = lane & 7;
-    const unsigned xa = smem_addr(x + (8 * (q >> 1) + i) * X_STRIDE + 16 * m + 8 * (q & 1));
-    const unsigned db = smem_addr(s.dl + (8 * (q & 1) + i) * DL_STRIDE + 8 * (q >> 1));
-    Sums1 sums[N_TILES][2];
-#pragma unroll
-    for (int step = 0; step < C_K_STEPS; ++step) {
-        const int k = 16 * step;
-        unsigned a[4];
-        ldmatrix_x4_trans(a, xa + 2 * k * X_STRIDE);
-#pragma unroll
-        for (int p = 0; p < N_PAIRS; ++p) {
-            unsigned b[4];
-            ldmatrix_x4_trans(b, db + 2 * (k * DL_STRIDE + 16 * p));
-            mma_bf16(sums[2 * p][step % 2].d, a, {b[0], b[1]});
-            if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1][step % 2].d, a, {b[2], b[3]});
-        }
-    }
-#pragma unroll
-    for (int n = 0; n < N_TILES; ++n)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) grads[n][v] = sums[n][0].d[v] + sums[n][1].d[v];
-}
-#endif
-
 // Phase C's step for output tile (m, n): W[j][f] −= lr · X_UNIT · dW[j][f] and, where the tile
 // holds the bias's row (f = SLICE), b[j] likewise; grads is the tile's mma fragment of dW_sliceᵀ:
 // D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+template <class Build>
 __device__ __forceinline__ void update_tile(const Smem& s, const Compute& me, int m, int n, const float (&grads)[4],
                                             int bias, float lr, Elem* w16_next) {
     const int g = me.g, t = me.t;
@@ -396,12 +250,12 @@ __device__ __forceinline__ void update_tile(const Smem& s, const Compute& me, in
     for (int i = 0; i < 4; ++i) {  // every load before any store: stores through the same pointers
         // would otherwise hold each load back until the store before it (about 100 cycles a step)
         const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-        w_now[i] = load_w(s, min(f, SLICE - 1), j);  // past the slice: a value in range, never stored
+        w_now[i] = Build::load_w(s, min(f, SLICE - 1), j);  // past the slice: a value in range, never stored
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // W's fp32 update (TF32 build: W = hi + lo exactly, split again)
         const int f = 16 * m + g + (i < 2 ? 0 : 8), j = 8 * n + 2 * t + (i & 1);
-        store_w(s, f, j, w_now[i] - lr * X_UNIT * grads[i], j < CLASSES && f < SLICE, w16_next);
+        Build::store_w(s, f, j, w_now[i] - lr * X_UNIT * grads[i], j < CLASSES && f < SLICE, w16_next);
     }
     if (bias && m == SLICE / 16)  // the tile holding the bias's row (the same for the whole warp)
 #pragma unroll
@@ -410,6 +264,220 @@ __device__ __forceinline__ void update_tile(const Smem& s, const Compute& me, in
             if (f == SLICE && j < CLASSES) s.b[j] -= lr * X_UNIT * grads[i];
         }
 }
+
+// ---- The build's precision, a type: Tf32Build or Bf16Build (Build, picked by BF16) ---------------
+// Each says how W is kept (load_w: W[j][f] of the slice; store_w: W[j][f] = v where `keep`), how
+// phase A's and phase C's products run, and how phase C sums its tiles and updates W (phase_c).
+// The stores of store_w are predicated, not branched around: the update's tiles hold padding and
+// the bias's row, where branches diverge.
+
+// TF32 passes: W kept as hi + lo (split_pair), so only dlogits and (for other inputs than 8-bit
+// pixels) x are split in the loop.
+template <class V>  // V: Elem (a template, so that only the build's own precision is compiled)
+struct Tf32Build {
+    typedef Sums3 Sums;
+    static constexpr int C_K_STEPS = ROWS16 / 8;  // phase C's k-steps of 8 rows (an even number)
+    __device__ static __forceinline__ float load_w(const Smem& s, int f, int j) {
+        const float hi = reinterpret_cast<const float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j)[f & 1];
+        return hi + reinterpret_cast<const float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j)[f & 1];
+    }
+    __device__ static __forceinline__ void store_w(const Smem& s, int f, int j, float v, bool keep, V*) {
+        float* hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+        float* lo = reinterpret_cast<float*>(s.w_lo + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+        const float2 parts = split_pair(v);
+        if (keep) { *hi = parts.x; *lo = parts.y; }
+    }
+    __device__ static __forceinline__ void zero_w_copy(const Smem&) {}  // (no bf16 copy of W)
+    // A: the partial logits of the 16 rows of tile m, k over the slice's features. Within a k-step
+    // of 8 features, mma slot t takes feature 2t and slot t + 4 feature 2t + 1 (any order of k gives
+    // the same sum), so each operand pair is one 8-byte load.
+    __device__ static __forceinline__ void a_products(Sums3 (&sums)[N_TILES], const Smem& s, const V* x, const V* w16,
+                                               int m, const Compute& me) {
+        const int g = me.g, t = me.t;
+        const float* xa = x + (16 * m + g) * X_STRIDE + 2 * t;
+        const float2* wb_hi = s.w_hi + t * PAIR_STRIDE + g;
+        const float2* wb_lo = s.w_lo + t * PAIR_STRIDE + g;
+#pragma unroll
+        for (int k = 0; k < SLICE; k += 8) {
+            const float2 top = *reinterpret_cast<const float2*>(xa + k), bottom = *reinterpret_cast<const float2*>(xa + 8 * X_STRIDE + k);
+            const float a[4] = {top.x, bottom.x, top.y, bottom.y};
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) {
+                // Lanes of padding classes load nothing (their columns' sums are never sent): with
+                // 10 classes, half the second tile's loads, a sixth of A's shared-memory traffic.
+                const bool live = 8 * n + g < CLASSES;
+                const float2 hi = live ? wb_hi[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
+                const float2 lo = live ? wb_lo[k / 2 * PAIR_STRIDE + 8 * n] : make_float2(0.0f, 0.0f);
+                const unsigned b_hi[2] = {__float_as_uint(hi.x), __float_as_uint(hi.y)};
+                const unsigned b_lo[2] = {__float_as_uint(lo.x), __float_as_uint(lo.y)};
+                mma_x(sums[n], a, b_hi, b_lo);
+            }
+        }
+    }
+    // C: dW_sliceᵀ of the 16-feature tiles m0 and m1 (A[f][r] = x[r][f]) over part `part` of the
+    // tile's rows, loading each dlogits fragment once for both tiles.
+    __device__ static __forceinline__ void c_products(Sums3 (&sums)[2][N_TILES], const Smem& s, const V* x, int m0,
+                                               int m1, int part, const Compute& me) {
+        const int g = me.g, t = me.t;
+        const float* xa0 = x + t * X_STRIDE + 16 * m0 + g;
+        const float* xa1 = x + t * X_STRIDE + 16 * m1 + g;
+        const float* db = s.dl + t * DL_STRIDE + g;
+#pragma unroll
+        for (int i = 0; i < C_K_STEPS / C_K_PARTS; ++i) {
+            const int k = 8 * (part * (C_K_STEPS / C_K_PARTS) + i);
+            const float* x0 = xa0 + k * X_STRIDE;
+            const float* x1 = xa1 + k * X_STRIDE;
+            const float a0[4] = {x0[0], x0[8], x0[4 * X_STRIDE], x0[4 * X_STRIDE + 8]};
+            const float a1[4] = {x1[0], x1[8], x1[4 * X_STRIDE], x1[4 * X_STRIDE + 8]};
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) {
+                const bool live = 8 * n + g < CLASSES;  // as in A: padding classes load nothing
+                const float d[2] = {live ? db[k * DL_STRIDE + 8 * n] : 0.0f, live ? db[(k + 4) * DL_STRIDE + 8 * n] : 0.0f};
+                unsigned b_hi[2], b_lo[2];
+                split_tf32(d, b_hi, b_lo);
+                mma_x(sums[0][n], a0, b_hi, b_lo);
+                mma_x(sums[1][n], a1, b_hi, b_lo);
+            }
+        }
+    }
+    // C: W's update from the parts' sums.
+    __device__ static __forceinline__ void phase_c(const Smem& s, const Compute& me, const V* x, int bias, float lr,
+                                                   V* w16_next, int step, Probes& probes) {
+        const int lane = me.lane, warp = me.warp;
+        // A warp takes two 16-feature tiles of all classes over one of C_K_PARTS parts of the k range
+        // (fewer loads of shared memory than a tile a warp); the parts meet in shared memory and are
+        // added in order.
+        for (int task = warp; task < C_M_PAIRS * C_K_PARTS; task += COMPUTE_WARPS) {
+            const int part = task / C_M_PAIRS, pair = task - part * C_M_PAIRS;
+            const int m0 = 2 * pair, m1 = min(m0 + 1, C_M_TILES - 1);  // m1 = m0: one tile, done twice
+            Sums3 sums[2][N_TILES];
+            c_products(sums, s, x, m0, m1, part, me);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                if (mi == 1 && m1 == m0) break;
+#pragma unroll
+                for (int n = 0; n < N_TILES; ++n) {
+                    const int tile = (mi ? m1 : m0) * N_TILES + n;
+                    const float4 v = make_float4(total(sums[mi][n], 0), total(sums[mi][n], 1), total(sums[mi][n], 2),
+                                                 total(sums[mi][n], 3));
+                    reinterpret_cast<float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane] = v;
+                }
+            }
+        }
+        PROBE_STAMP(probes, step, C_PRODUCTS);
+        compute_sync();  // every part's sums are in
+        PROBE_STAMP(probes, step, C_BARRIER);
+        for (int tile = warp; tile < C_TILES; tile += COMPUTE_WARPS) {
+            const int m = tile / N_TILES, n = tile - m * N_TILES;
+            float grads[4] = {};
+#pragma unroll
+            for (int part = 0; part < C_K_PARTS; ++part) {
+                const float4 v = reinterpret_cast<const float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane];
+                grads[0] += v.x; grads[1] += v.y; grads[2] += v.z; grads[3] += v.w;
+            }
+            update_tile<Tf32Build>(s, me, m, n, grads, bias, lr, w16_next);
+        }
+    }
+};
+
+// bf16 operands in one pass: W kept in fp32 in w_hi, with a bf16 copy in `w16` (a buffer of s.w16)
+// for phase A where j is a class. (Why two buffers of the copy: a step's phase A reads one while its
+// phase C writes the other, so the reads and writes of a buffer are always a compute barrier apart;
+// with one, only the exchanges between them would order them, which compute-sanitizer's racecheck
+// cannot follow.)
+template <class V>
+struct Bf16Build {
+    typedef Sums1 Sums;
+    static constexpr int A_K = (SLICE + 15) / 16 * 16;  // phase A's k range: the slice in k-steps of 16
+    static constexpr int C_K_STEPS = ROWS16 / 16;       // phase C's k-steps of 16 rows
+    __device__ static __forceinline__ float load_w(const Smem& s, int f, int j) {
+        return reinterpret_cast<const float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j)[f & 1];
+    }
+    __device__ static __forceinline__ void store_w(const Smem& s, int f, int j, float v, bool keep, V* w16) {
+        float* hi = reinterpret_cast<float*>(s.w_hi + (f / 2) * PAIR_STRIDE + j) + (f & 1);
+        V* copy = w16 + j * W16_STRIDE + f;
+        const V v16 = to_elem(v);
+        if (keep) *hi = v;
+        if (keep && j < CLASSES) *copy = v16;
+    }
+    // Both buffers of W's bf16 copy zero past the classes and the slice (store_w writes the rest).
+    __device__ static __forceinline__ void zero_w_copy(const Smem& s) {
+        for (int i = threadIdx.x; i < 2 * W16_SIZE; i += THREADS)
+            if (i % W16_SIZE / W16_STRIDE >= CLASSES || i % W16_STRIDE >= SLICE) s.w16[i] = 0;
+    }
+    // The same products from bf16 operands in one m16n8k16 pass, every fragment one ldmatrix.x4:
+    // lanes 8q..8q+7 give the rows of the fragment's matrix q (see bf16_mma.cuh).
+    // A: a = x[16m + 8(q & 1) + ·][k + 8(q >> 1) + ·]; b for column tiles 2p, 2p + 1 = W16 rows
+    // 16p + 8(q >> 1) + ·, features k + 8(q & 1) + · (W16's features past SLICE are zero).
+    __device__ static __forceinline__ void a_products(Sums1 (&sums)[N_TILES], const Smem& s, const V* x, const V* w16,
+                                               int m, const Compute& me) {
+        const int lane = me.lane, q = lane >> 3, i = lane & 7;
+        const unsigned xa = smem_addr(x + (16 * m + 8 * (q & 1) + i) * X_STRIDE + 8 * (q >> 1));
+        const unsigned wb = smem_addr(w16 + (8 * (q >> 1) + i) * W16_STRIDE + 8 * (q & 1));
+#pragma unroll
+        for (int k = 0; k < A_K; k += 16) {
+            unsigned a[4];
+            ldmatrix_x4(a, xa + 2 * k);
+#pragma unroll
+            for (int p = 0; p < N_PAIRS; ++p) {
+                unsigned b[4];
+                ldmatrix_x4(b, wb + 2 * (16 * p * W16_STRIDE + k));
+                mma_bf16(sums[2 * p].d, a, {b[0], b[1]});
+                if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1].d, a, {b[2], b[3]});
+            }
+        }
+    }
+    // C: dW_sliceᵀ of the 16 features of tile row m, all classes, over all the tile's rows. A[f][r] =
+    // x[r][f] and B[r][j] = dlogits[r][j] are both row-major in r, so both fragments come from
+    // ldmatrix.trans: a = x rows k + 8(q >> 1) + ·, features 16m + 8(q & 1) + ·; b for column tiles
+    // 2p, 2p + 1 = dlogits rows k + 8(q & 1) + ·, classes 16p + 8(q >> 1) + ·. Even and odd k-steps
+    // in two sums (two chains of dependent mma a tile), added last.
+    __device__ static __forceinline__ void c_products(float (&grads)[N_TILES][4], const Smem& s, const V* x, int m,
+                                               const Compute& me) {
+        const int lane = me.lane, q = lane >> 3, i = lane & 7;
+        const unsigned xa = smem_addr(x + (8 * (q >> 1) + i) * X_STRIDE + 16 * m + 8 * (q & 1));
+        const unsigned db = smem_addr(s.dl + (8 * (q & 1) + i) * DL_STRIDE + 8 * (q >> 1));
+        Sums1 sums[N_TILES][2];
+#pragma unroll
+        for (int step = 0; step < C_K_STEPS; ++step) {
+            const int k = 16 * step;
+            unsigned a[4];
+            ldmatrix_x4_trans(a, xa + 2 * k * X_STRIDE);
+#pragma unroll
+            for (int p = 0; p < N_PAIRS; ++p) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, db + 2 * (k * DL_STRIDE + 16 * p));
+                mma_bf16(sums[2 * p][step % 2].d, a, {b[0], b[1]});
+                if (2 * p + 1 < N_TILES) mma_bf16(sums[2 * p + 1][step % 2].d, a, {b[2], b[3]});
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < N_TILES; ++n)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) grads[n][v] = sums[n][0].d[v] + sums[n][1].d[v];
+    }
+    __device__ static __forceinline__ void phase_c(const Smem& s, const Compute& me, const V* x, int bias, float lr,
+                                                   V* w16_next, int step, Probes& probes) {
+        const int lane = me.lane, warp = me.warp;
+        // A warp a row of tiles (16 features, all classes) over all the rows, updated from its
+        // registers. (Measured slower: a warp a single tile, ~150 cycles more a step, each x fragment
+        // loaded once per class tile; two warps a tile row, each over half the rows, its halves met
+        // through shared memory, ~7% more an epoch: with twice the warps in C at once, each phase of
+        // it took about as long as before for half the work. Phase C is bound by the SM's shared-
+        // memory and issue throughput more than by its chains of mma.)
+        for (int m = warp; m < C_M_TILES; m += COMPUTE_WARPS) {
+            float grads[N_TILES][4];
+            c_products(grads, s, x, m, me);
+            PROBE_STAMP(probes, step, C_PRODUCTS);
+#pragma unroll
+            for (int n = 0; n < N_TILES; ++n) update_tile<Bf16Build>(s, me, m, n, grads[n], bias, lr, w16_next);
+        }
+    }
+};
+
+template <bool IS_BF16> struct BuildOf { typedef Tf32Build<Elem> type; };
+template <> struct BuildOf<true> { typedef Bf16Build<Elem> type; };
+typedef BuildOf<BF16 != 0>::type Build;
 
 // One step of `rows` samples (BATCH for all but a short last one; inlined, so that a full step's
 // row counts are constants).
@@ -443,8 +511,8 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     // W's fragments half as often, but leave each warp twice the sends to issue, which costs more.)
     const int m_tiles = (rows + 15) / 16;
     for (int m = warp; m < m_tiles; m += COMPUTE_WARPS) {
-        Sums sums[N_TILES];
-        a_products(sums, s, x, w16_now, m, me);
+        Build::Sums sums[N_TILES];
+        Build::a_products(sums, s, x, w16_now, m, me);
         PROBE_STAMP(probes, step, A_PRODUCTS);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the tile
@@ -508,55 +576,7 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
     // dW_sliceᵀ = xᵀ·dlogits: rows are the slice's features and then the bias (a feature whose
     // input, X_LEVELS, is the tile's column SLICE), k runs over the tile's rows (past the step's
     // rows, dlogits are zero); update_tile applies each 16 × 8 tile of it.
-#if BF16
-    // A warp a row of tiles (16 features, all classes) over all the rows, updated from its
-    // registers. (Measured slower: a warp a single tile, ~150 cycles more a step, each x fragment
-    // loaded once per class tile; two warps a tile row, each over half the rows, its halves met
-    // through shared memory, ~7% more an epoch: with twice the warps in C at once, each phase of
-    // it took about as long as before for half the work. Phase C is bound by the SM's shared-
-    // memory and issue throughput more than by its chains of mma.)
-    for (int m = warp; m < C_M_TILES; m += COMPUTE_WARPS) {
-        float grads[N_TILES][4];
-        c_products(grads, s, x, m, me);
-        PROBE_STAMP(probes, step, C_PRODUCTS);
-#pragma unroll
-        for (int n = 0; n < N_TILES; ++n) update_tile(s, me, m, n, grads[n], bias, lr, w16_next);
-    }
-#else
-    // A warp takes two 16-feature tiles of all classes over one of C_K_PARTS parts of the k range
-    // (fewer loads of shared memory than a tile a warp); the parts meet in shared memory and are
-    // added in order.
-    for (int task = warp; task < C_M_PAIRS * C_K_PARTS; task += COMPUTE_WARPS) {
-        const int part = task / C_M_PAIRS, pair = task - part * C_M_PAIRS;
-        const int m0 = 2 * pair, m1 = min(m0 + 1, C_M_TILES - 1);  // m1 = m0: one tile, done twice
-        Sums sums[2][N_TILES];
-        c_products(sums, s, x, m0, m1, part, me);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-            if (mi == 1 && m1 == m0) break;
-#pragma unroll
-            for (int n = 0; n < N_TILES; ++n) {
-                const int tile = (mi ? m1 : m0) * N_TILES + n;
-                const float4 v = make_float4(total(sums[mi][n], 0), total(sums[mi][n], 1), total(sums[mi][n], 2),
-                                             total(sums[mi][n], 3));
-                reinterpret_cast<float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane] = v;
-            }
-        }
-    }
-    PROBE_STAMP(probes, step, C_PRODUCTS);
-    compute_sync();  // every part's sums are in
-    PROBE_STAMP(probes, step, C_BARRIER);
-    for (int tile = warp; tile < C_TILES; tile += COMPUTE_WARPS) {
-        const int m = tile / N_TILES, n = tile - m * N_TILES;
-        float grads[4] = {};
-#pragma unroll
-        for (int part = 0; part < C_K_PARTS; ++part) {
-            const float4 v = reinterpret_cast<const float4*>(s.dw_parts)[(part * C_TILES + tile) * 32 + lane];
-            grads[0] += v.x; grads[1] += v.y; grads[2] += v.z; grads[3] += v.w;
-        }
-        update_tile(s, me, m, n, grads, bias, lr, w16_next);
-    }
-#endif
+    Build::phase_c(s, me, x, bias, lr, w16_next, step, probes);
     mbarrier_arrive(s.tile_free + cur);  // this thread's last read of the tile is behind it
     PROBE_STAMP(probes, step, C_UPDATE);
     compute_sync();  // the updates before the next step's phase A reads W and b
@@ -573,12 +593,9 @@ softmax_epoch(const void* images, const int* labels, const int* order, float* w,
 
     for (int i = tid; i < SLICE * PAIR_STRIDE; i += THREADS) {
         const int f = i / PAIR_STRIDE, j = i - f * PAIR_STRIDE;
-        store_w(s, f, j, j < CLASSES && col0 + f < FEATURES ? w[j * FEATURES + col0 + f] : 0.0f, true, s.w16);
+        Build::store_w(s, f, j, j < CLASSES && col0 + f < FEATURES ? w[j * FEATURES + col0 + f] : 0.0f, true, s.w16);
     }
-#if BF16  // both buffers of W's bf16 copy are zero past the classes and the slice (store_w writes the rest)
-    for (int i = tid; i < 2 * W16_SIZE; i += THREADS)
-        if (i % W16_SIZE / W16_STRIDE >= CLASSES || i % W16_STRIDE >= SLICE) s.w16[i] = 0;
-#endif
+    Build::zero_w_copy(s);
     // Tiles and dlogits start at zero: the mma tiles read rows past a step's last one (and
     // dlogits' columns past the classes), whose products are discarded but must be finite. A
     // tile row's column SLICE is the bias's input, X_LEVELS (1 in x's unit); the copies never
@@ -615,7 +632,7 @@ softmax_epoch(const void* images, const int* labels, const int* order, float* w,
     __syncthreads();
     for (int i = tid; i < SLICE * CLASSES; i += THREADS) {
         const int f = i / CLASSES, j = i - f * CLASSES;
-        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = load_w(s, f, j);
+        if (col0 + f < FEATURES) w[j * FEATURES + col0 + f] = Build::load_w(s, f, j);
     }
     if (bias && rank == 0 && tid < CLASSES) b[tid] = s.b[tid];
     if (measure) cluster_metrics(s.totals, COMPUTE_WARPS, me.loss_sum, me.correct_sum, metrics);
