@@ -13,65 +13,33 @@
 //      on its slice, and b[j] −= lr · Σ_r dlogits[r, j] on its copy of b
 //
 // No block needs another's slice of W or of dW, so a step exchanges only the partial logits and
-// dlogits (rows × classes each). The exchanges are st.async stores that count their bytes on
-// the receiver's mbarrier (one for the inbox, one for dlogits, a phase a step), so a block
-// waits only for the bytes it needs: no cluster barrier and no memory fence in the loop. Why
-// one buffer of each suffices: a block sends step t+1's partials only after all of step t's
-// dlogits reached it, which their owners sent after reading their inboxes; an owner sends step
-// t+1's dlogits only after every block's partials of t+1 reached it, which each block sent after
-// finishing its phase C of step t.
+// dlogits (rows × classes each): st.async stores that count their bytes on the receiver's mbarrier
+// (one for the inbox, one for dlogits, a phase a step), with no cluster barrier and no memory fence
+// in the loop. Warps have two roles: COMPUTE_WARPS run the phases, FETCH_WARPS copy the next step's
+// tile of this block's columns (and the labels of its owned rows) into the second of two buffers
+// while the step trains.
 //
-// Warps have two roles. COMPUTE_WARPS run the phases; FETCH_WARPS only copy batches in: step
-// t+1's tile of this block's columns (and the labels of its owned rows) goes into the second of
-// two buffers with cp.async while step t trains; each fetch thread arrives on that buffer's
-// `tile_full` mbarrier once its copies have landed. A buffer is refilled as soon as every compute
-// thread is done with it (its `tile_free` mbarrier: step t − 1's phase C has read it), which
-// leaves the copies a whole step to land. So no copy is issued and no dependent global load
-// (order → bytes, order → label) waits on a step's path; within a step the compute warps meet
-// only at named barriers in phase C (a short last step adds one). (Bulk copies, one a row, were
-// slower: they held up the exchanges.)
-//
-// The products of A and C run on tensor cores with fp32 sums, in one of two builds:
+// The products of A and C run on tensor cores with fp32 sums, in one of two builds (the type
+// Build: Bf16Build or Tf32Build, picked by BF16):
 //   BF16 = 1   bf16 operands (mma.sync m16n8k16), one pass (the bf16 rung's precision): the
 //              images come as bf16 (8-bit pixels k, exact), phase A reads a bf16 copy of W
-//              (rounded when the fp32 W is updated; two buffers, see store_w), and the owners
-//              send dlogits as bf16 (half the bytes). W and b are kept and updated in fp32.
-//              Every fragment is one ldmatrix (.trans for C's, whose operands are both
-//              row-major in the batch's rows). At 784 features, 10 classes and batch 128, A
-//              is 64 mma a step and C 64, against the TF32 build's 224 and 256: with the
-//              products ~1,100 cycles shorter, a step is ~3,850 cycles against ~5,150.
+//              (rounded when the fp32 W is updated), and the owners send dlogits as bf16.
+//              W and b are kept and updated in fp32.
 //   BF16 = 0   TF32 inputs (m16n8k8) in three passes, which keeps near-fp32 accuracy: each
 //              operand is split as v = hi + lo (hi its top 19 bits), and a·b ≈ hi·hi + (hi·lo +
 //              lo·hi), the dropped lo·lo term and the operands' truncation ~2⁻²⁰ of the
 //              product; with 8-bit inputs (PIXEL_LEVELS) x needs no split, and the products
-//              with x take two passes. W is kept split (hi, lo), so only dlogits and (for other
-//              inputs) x are split in the loop.
-// Shared memory and latency bound the TF32 products more than the tensor cores do: an SM
-// sub-partition issues an m16n8k8 TF32 mma every ~6 cycles (scripts/mma_rate.py), so A's 224
-// mma need ~340 cycles and C's 256 ~380, about 40% of each phase, while A's fragment loads
-// alone keep shared memory busy ~560 cycles. So a warp takes a 16-row tile of all classes (A);
-// in C two 16-feature tiles of all classes over a part of the k range (TF32, loading each operand
-// fragment once for both), or one 16-feature tile of all classes over all of it (BF16, updating
-// W from its registers, no barrier between the products and the update); lanes of padding
-// classes load nothing (TF32). (Measured no faster: A or C over twice the warps; x or W
-// fragments loaded ahead during the waits; W held in registers, each warp updating its copy from
-// dW; predicated instead of branched-around stores of partial logits and dlogits.) Every sum
-// runs in a fixed order, without atomics: the same seed gives the same weights bit for bit.
+//              with x take two passes.
+// Every sum runs in a fixed order, without atomics: the same seed gives the same weights bit for
+// bit.
 //
-// Measured no faster: taking both products off the path from one step's dlogits to the next's.
-// For softmax regression z_{t+1} = x_{t+1}·W_tᵀ + b_t − lr·G_t·dlogits_t with G_t = x_{t+1}·x_tᵀ
-// + 1 (the bias), so step t + 1's partials can use the weights before step t's update and be
-// computed while step t trains, given the products of consecutive batches (a kernel on every SM
-// ahead of the epoch: 0.06 ms in integer mma). With warps in three roles (the owned rows with
-// G·dlogits on tensor cores; C and the partials two steps ahead; the copies in), a step took
-// ~4,500 cycles against the TF32 build's 5,144, but the epoch 1.33 ms against 1.315: the roles share
-// the SM's issue slots and shared-memory pipe, so each phase ran 30-50% slower than alone (C and
-// A alone took ~4,350 cycles a step with the G product dropped), and the copies in of random rows
-// take ~3,000 cycles a step however issued (cp.async, a bulk copy a row, bytes).
+// Why one buffer of each exchange suffices (the exchange order), how the batches come in, how the
+// products are spread over the warps, and what was measured slower: docs/persistent.md.
 //
 // Compile-time (from kernels/persistent.py): CLUSTER, COMPUTE_WARPS, FETCH_WARPS, SLICE (a
 // multiple of 8), CLASSES (≤ 32), FEATURES, BATCH (the rows of a full step; a short last step
-// takes the same code with fewer rows), PIXEL_LEVELS (below), BF16. Images are rows of
+// takes the same code with fewer rows), PIXEL_LEVELS (below), BF16; the strides and the layout of
+// shared memory (Shape.strides, Shape.layout). Images are rows of
 // CLUSTER·SLICE values (bf16 bits in the BF16 build, else float32), zero past FEATURES (as W
 // is there). Without a bias (bias = 0), b stays zero.
 

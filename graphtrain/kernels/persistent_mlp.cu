@@ -108,7 +108,7 @@ __device__ void update_bias(float* bias, const float* dh, float lr, int rows) {
 //   W_l[U_c, k0..] −= lr · (h_{l−1}[:, k0..]ᵀ dh_l)ᵀ (m = inputs, k = rows, n = units),
 // and Q's columns sent to their owners' inbox `inbox` (at [rank][r][u − u_o]) on barrier `bar`:
 // Q[:, k] is staged where h_{l−1}[:, k] lies (h_prev, h_full[l − 1], the same element type: owner o's
-// columns at o's slot, see the header), which only the warp's own products read, and goes by a
+// columns at o's slot, see docs/persistent-mlp.md), which only the warp's own products read, and goes by a
 // bulk copy an owner; this block's own columns go straight into its inbox. A warp reads and writes
 // only its own inputs' weights and columns of h_{l−1}. The bf16 build updates W_l after the sends
 // are issued: the other warps update while the sending warp waits on the copy engine.

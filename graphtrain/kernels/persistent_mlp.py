@@ -119,8 +119,8 @@ class MlpShape:
     def layout_with(self, x_stride: int, probe_counts: int = 0) -> Layout:
         """persistent_mlp.cu's shared memory with `x_stride` inputs a staged image row (0: none
         staged) and `probe_counts` int64 phase counts (a probe build's); its struct Smem says what
-        each region holds. Where two buffers' lives do not overlap they share a region (the kernel's
-        header says why): the partial logits' inbox and dh_1's inbox (three layers or more), and dh_L's
+        each region holds. Where two buffers' lives do not overlap they share a region (why that is
+        safe: docs/persistent-mlp.md): the partial logits' inbox and dh_1's inbox (three layers or more), and dh_L's
         inbox and the forward's partial sums."""
         h, s, b, layers = self.hidden[0], self.units, self.batch, self.layers
         cs, wst, dst = ceil_div(self.classes, 4) * 4, self.strides["WST"], self.strides["DST"]

@@ -193,7 +193,7 @@ __device__ Smem carve(unsigned char* base) {
 __device__ __forceinline__ float* layer_weights(const Smem& s, int l) {  // wt of hidden layer l (1-based)
     return l == 1 ? s.w1 : s.w + (l - 2) * HIDDEN * WST;
 }
-// dh_l's inbox, 1 ≤ l ≤ LAYERS − 1 (see the header), and its barrier.
+// dh_l's inbox, 1 ≤ l ≤ LAYERS − 1 (which buffers share memory: docs/persistent-mlp.md), and its barrier.
 __device__ __forceinline__ float* inbox_of(const Smem& s, int l) {
     return l == LAYERS - 1 ? s.last : l == 1 ? s.zin : s.inbox_mid + (l - 2) * INBOX_FLOATS;
 }
