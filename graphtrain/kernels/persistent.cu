@@ -125,20 +125,20 @@ struct Smem {
 
 __device__ Smem carve(unsigned char* base) {
     Smem s;
-    SMEM_REGION(s, base, bars, BARS);
+    SMEM_REGION(s, base, bars, SMEM_BARS);
     s.inbox_full = s.bars; s.dl_full = s.bars + 1; s.tile_full = s.bars + 2; s.tile_free = s.bars + 4;
-    SMEM_REGION(s, base, totals, TOTALS);
-    SMEM_REGION(s, base, w_hi, W_HI);
-    SMEM_REGION(s, base, w_lo, W_LO);
-    SMEM_REGION(s, base, b, B);
-    SMEM_REGION(s, base, inbox, INBOX);
-    SMEM_REGION(s, base, dw_parts, DW_PARTS);
-    SMEM_REGION(s, base, w16, W16);
-    SMEM_REGION(s, base, x, X);
-    SMEM_REGION(s, base, dl, DL);
-    SMEM_REGION(s, base, dl_row, DL_ROW);
-    SMEM_REGION(s, base, order, ORDER);
-    SMEM_REGION(s, base, labels, LABELS);
+    SMEM_REGION(s, base, totals, SMEM_TOTALS);
+    SMEM_REGION(s, base, w_hi, SMEM_W_HI);
+    SMEM_REGION(s, base, w_lo, SMEM_W_LO);
+    SMEM_REGION(s, base, b, SMEM_B);
+    SMEM_REGION(s, base, inbox, SMEM_INBOX);
+    SMEM_REGION(s, base, dw_parts, SMEM_DW_PARTS);
+    SMEM_REGION(s, base, w16, SMEM_W16);
+    SMEM_REGION(s, base, x, SMEM_X);
+    SMEM_REGION(s, base, dl, SMEM_DL);
+    SMEM_REGION(s, base, dl_row, SMEM_DL_ROW);
+    SMEM_REGION(s, base, order, SMEM_ORDER);
+    SMEM_REGION(s, base, labels, SMEM_LABELS);
     check_shared_bytes(SMEM_BYTES);
     return s;
 }

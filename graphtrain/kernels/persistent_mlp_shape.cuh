@@ -165,26 +165,26 @@ struct Smem {
 
 __device__ Smem carve(unsigned char* base) {
     Smem s;
-    SMEM_REGION(s, base, bars, BARS);
-    SMEM_REGION(s, base, totals, TOTALS);
-    SMEM_REGION(s, base, w1, W1);
-    SMEM_REGION(s, base, w, W);
-    SMEM_REGION(s, base, wh, WH);
-    SMEM_REGION(s, base, b, B);
-    SMEM_REGION(s, base, bh, BH);
-    SMEM_REGION(s, base, h_full, H_FULL);
-    SMEM_REGION(s, base, zin, ZIN);
-    SMEM_REGION(s, base, inbox_mid, INBOX_MID);
-    SMEM_REGION(s, base, last, LAST);
-    SMEM_REGION(s, base, h_own, H_OWN);
-    SMEM_REGION(s, base, dh, DH);
-    SMEM_REGION(s, base, dl, DL);
-    SMEM_REGION(s, base, gwh, GWH);
-    SMEM_REGION(s, base, x, X);
-    SMEM_REGION(s, base, order, ORDER);
-    SMEM_REGION(s, base, labels, LABELS);
+    SMEM_REGION(s, base, bars, SMEM_BARS);
+    SMEM_REGION(s, base, totals, SMEM_TOTALS);
+    SMEM_REGION(s, base, w1, SMEM_W1);
+    SMEM_REGION(s, base, w, SMEM_W);
+    SMEM_REGION(s, base, wh, SMEM_WH);
+    SMEM_REGION(s, base, b, SMEM_B);
+    SMEM_REGION(s, base, bh, SMEM_BH);
+    SMEM_REGION(s, base, h_full, SMEM_H_FULL);
+    SMEM_REGION(s, base, zin, SMEM_ZIN);
+    SMEM_REGION(s, base, inbox_mid, SMEM_INBOX_MID);
+    SMEM_REGION(s, base, last, SMEM_LAST);
+    SMEM_REGION(s, base, h_own, SMEM_H_OWN);
+    SMEM_REGION(s, base, dh, SMEM_DH);
+    SMEM_REGION(s, base, dl, SMEM_DL);
+    SMEM_REGION(s, base, gwh, SMEM_GWH);
+    SMEM_REGION(s, base, x, SMEM_X);
+    SMEM_REGION(s, base, order, SMEM_ORDER);
+    SMEM_REGION(s, base, labels, SMEM_LABELS);
 #ifdef PROBES
-    SMEM_REGION(s, base, probe_counts, PROBE_COUNTS);
+    SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
 #endif
     check_shared_bytes(SMEM_BYTES);
     return s;

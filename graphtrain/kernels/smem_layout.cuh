@@ -3,10 +3,11 @@
 // the bytes of its elements, and SMEM_BYTES, the bytes it launches with. Not a kernel file: a
 // launcher lists it in `headers`.
 
-// s.member = the region NAME of the block's shared memory `base` (its element size checked).
-#define SMEM_REGION(s, base, member, NAME) do {                                                     \
-        static_assert(sizeof(*s.member) == SMEM_##NAME##_ELEMENT, "the layout table's element type of " #NAME); \
-        s.member = reinterpret_cast<decltype(s.member)>((base) + SMEM_##NAME);                      \
+// s.member = the region at OFFSET (its SMEM_<NAME>) of the block's shared memory `base`, its element
+// size checked against OFFSET's _ELEMENT.
+#define SMEM_REGION(s, base, member, OFFSET) do {                                                   \
+        static_assert(sizeof(*s.member) == OFFSET##_ELEMENT, "the layout table's element type of " #OFFSET); \
+        s.member = reinterpret_cast<decltype(s.member)>((base) + OFFSET);                           \
     } while (0)
 
 // Launched with other than the table's byte count, the kernel stops (the launch fails with an
