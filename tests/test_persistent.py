@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from graphtrain.data import images as images_mod
-from graphtrain.kernels.persistent import Layout, Persistent, Region, Shape, kernel_images, pixel_levels
+from graphtrain.kernels.persistent import (ELEMENT_BYTES, Layout, Persistent, Region, Shape, kernel_images,
+                                          pixel_levels)
+from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -70,22 +72,27 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, bf16):
-    """Shape.layout is the only place the shared memory is laid out: grow one buffer there, and
-    the launcher's byte count and the offsets the kernel is compiled with both move by its size,
-    and the kernel compiled from them changes."""
-    shape = Shape(784, 10, 128, 255, bf16=bf16)
-    before = shape.layout
-    plain_defines, plain = shape.defines, Persistent.cubin("sm_90", shape.defines)
-    grown = Layout([dataclasses.replace(r, count=r.count + 64) if r.name == "inbox" else r for r in before.regions])
-    monkeypatch.setattr(Shape, "layout", property(lambda self: grown))
-    assert shape.shared_bytes == before.bytes + 64 * 4 == shape.defines["SMEM_BYTES"]
+@pytest.mark.parametrize("launcher,shape,region", [
+    (Persistent, Shape(784, 10, 128, 255, bf16=True), "inbox"), (Persistent, Shape(784, 10, 128, 255), "inbox"),
+    (PersistentMlp, MlpShape(784, (128,) * 3, 10, 32, 255, bf16=True), "dh"),
+    (PersistentMlp, MlpShape(784, (128,) * 3, 10, 32, 255), "dh"),
+])
+def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, launcher, shape,
+                                                                 region):
+    """A shape's layout is the only place its kernel's shared memory is laid out: grow one buffer
+    there, and the launcher's byte count and the offsets the kernel is compiled with both move by its
+    size, and the kernel compiled from them changes."""
+    before, plain_defines = shape.layout, shape.defines
+    plain = launcher.cubin("sm_90", plain_defines)
+    grown = Layout([dataclasses.replace(r, count=r.count + 64) if r.name == region else r for r in before.regions])
+    monkeypatch.setattr(type(shape), "layout", property(lambda self: grown))
+    moved = 64 * ELEMENT_BYTES[next(r.ctype for r in before.regions if r.name == region)]
+    assert shape.shared_bytes == before.bytes + moved == shape.defines["SMEM_BYTES"]
     names = [r.name for r in before.regions]
     for name in names:
-        moved = 64 * 4 if names.index(name) > names.index("inbox") else 0
-        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + moved, name
-    assert Persistent.cubin("sm_90", shape.defines) != plain
+        shift = moved if names.index(name) > names.index(region) else 0
+        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + shift, name
+    assert launcher.cubin("sm_90", shape.defines) != plain
 
 
 def test_a_layout_aligns_each_region_and_sums_the_bytes():

@@ -14,7 +14,7 @@ from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import GpuUnavailableError, UsageError
-from graphtrain.kernels.persistent import Layout, kernel_images, pixel_levels
+from graphtrain.kernels.persistent import kernel_images, pixel_levels
 from graphtrain.kernels.persistent_mlp import PHASES, MlpShape, PersistentMlp
 from graphtrain.libs import cuda
 from graphtrain.plan import RunPlan
@@ -43,27 +43,6 @@ def test_the_probe_build_compiles(nvrtc_available, cache):
     plain, probed = PersistentMlp.build_layout(shape), PersistentMlp.build_layout(shape, probes=True)
     assert probed.bytes == plain.bytes + 8 * len(PHASES) * 4 and probed.offsets["probe_counts"] == plain.bytes
     assert PersistentMlp.cubin("sm_90", PersistentMlp.build_defines(shape, probes=True)).startswith(ELF_MAGIC)
-
-
-def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch):
-    """MlpShape.layout_with is the only place the shared memory is laid out: grow one buffer there,
-    and the launcher's byte count and the offsets the kernel is compiled with both move by its size."""
-    shape = MlpShape(784, (128,) * 3, 10, 32, 255, bf16=True)
-    before, plain_defines = shape.layout, shape.defines
-    plain = PersistentMlp.cubin("sm_90", plain_defines)
-    original = MlpShape.layout_with
-
-    def grown(self, x_stride, probe_counts=0):
-        layout = original(self, x_stride, probe_counts)
-        return Layout([dataclasses.replace(r, count=r.count + 32) if r.name == "dh" else r for r in layout.regions])
-
-    monkeypatch.setattr(MlpShape, "layout_with", grown)
-    assert shape.shared_bytes == before.bytes + 32 * 4 == shape.defines["SMEM_BYTES"]
-    names = [r.name for r in before.regions]
-    for name in names:
-        moved = 32 * 4 if names.index(name) > names.index("dh") else 0
-        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + moved, name
-    assert PersistentMlp.cubin("sm_90", shape.defines) != plain
 
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
