@@ -42,7 +42,7 @@ typedef float Pixel;
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
 // Steps ahead whose images a step copies in: bf16 or bytes one, floats none (copied at the step's
 // start). The BF16 build keeps a step's images in registers once layer 1's forward has read them
-// (W1Regs), so one buffer serves; the TF32 build reads them again for W_1's update: two buffers.
+// (Bf16Ops::FirstLayer), so one buffer serves; the TF32 build reads them again for W_1's update: two buffers.
 #define X_LEAD (X_STRIDE && sizeof(Pixel) < 4 ? 1 : 0)
 #define X_BUFFERS (BF16 ? 1 : X_LEAD + 1)
 #define W1_TILES_PER_WARP ((F_MTILES + WARPS - 1) / WARPS)  // a warp's input tiles of 16 of layer 1
@@ -143,7 +143,7 @@ struct Smem {
     unsigned long long* bars;  // [NBARS]  G_1..G_{L−1}; Z; Y; D_2..D_L; the images' copies
     double* totals;   // [2 + 2·WARPS]        block totals of loss and correct, then per warp
     float* w1;        // [FEATURE_STRIDE][WST]  W_1[U_c, :] in quads of inputs (w1_at), zero past S;
-                      //   none in the BF16 build, whose W_1 lives in registers (W1Regs)
+                      //   none in the BF16 build, whose W_1 lives in registers (Bf16Ops::FirstLayer)
     float* w;         // [LAYERS−1][HIDDEN][WST]  W_l[U_c, :] for l = 2..LAYERS
     float* wh;        // [CS][S]              W_h[:, U_c], zero past CLASSES
     float* b;         // [LAYERS][S]          b_l[U_c]
