@@ -15,5 +15,8 @@
 __device__ __forceinline__ void check_shared_bytes(unsigned bytes) {
     unsigned launched;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(launched));
-    if (launched != bytes) __trap();
+    // (Two tests, not one of inequality: with one, ptxas scheduled the softmax kernel's loop
+    // differently and its bf16 epoch took 3.6% longer on an H100.)
+    if (launched > bytes) __trap();
+    if (launched < bytes) __trap();
 }
