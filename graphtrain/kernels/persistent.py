@@ -216,7 +216,7 @@ class Persistent(KernelFile):
     def __init__(self, device, shape: Shape, probes: bool = False):
         """`probes`: the probe build (probes.cuh), which writes its clock stamps, PROBE_STEPS × STAMPS
         int64, where train_epoch's `metrics` points (and is never to measure)."""
-        self.shape = shape
+        self.shape, self.shared_bytes = shape, shape.shared_bytes  # (the table is read once, not per launch)
         super().__init__(device, self.build_defines(shape, probes))
 
     @staticmethod
@@ -233,4 +233,4 @@ class Persistent(KernelFile):
         batch may be shorter), W (classes × features) and b (0: no bias) updated in place;
         metrics += (Σ loss, #correct) when measuring. `images`: num_samples × padded_features."""
         self._softmax_epoch(stream, CLUSTER, THREADS, images, labels, order, w, b, int(b != 0), num_samples,
-                            num_steps, lr, metrics, measure, shared_bytes=self.shape.shared_bytes)
+                            num_steps, lr, metrics, measure, shared_bytes=self.shared_bytes)
