@@ -264,9 +264,11 @@ def main():
                    "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
                    "more to train.")
 @PROFILE_OPTION
-def run(stage, workload, json_path, save_path, init_path, profile):
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print where the command's time went, phase by phase (the record's `phases`).")
+def run(stage, workload, json_path, save_path, init_path, profile, verbose):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
-    from graphtrain import model_io
+    from graphtrain import model_io, phases
     from graphtrain.training import plan_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
@@ -281,13 +283,16 @@ def run(stage, workload, json_path, save_path, init_path, profile):
                 files.check_writable(path)
         check_profile(profile)
         stage_cls = require(stage)
+        phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
+        phases.advance("setup")
         length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress, profile=profile)
+        phases.advance("writing")
         record.command = command_line()
         record.init = None if init_path is None else str(init_path)
         if save_path is not None:
@@ -295,13 +300,23 @@ def run(stage, workload, json_path, save_path, init_path, profile):
             log(f"model saved to {save_path}")
         for warning in record.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        # With the record on stdout, the table goes to stderr, so stdout is the JSON alone; it is
+        # printed first so that the record's phases cover it.
+        (err if to_stdout else out).print(summary_table(record))
+        record.phases = phases.snapshot()
+        if verbose:
+            err.print(phases_text(record.phases), highlight=False, soft_wrap=True)
         if to_stdout:
             sys.stdout.write(json.dumps(record.to_json(), indent=2, default=str) + "\n")
         elif json_path is not None:
             files.write_json(json_path, record.to_json())
             log(f"run record written to {json_path}")
-    # With the record on stdout, the table goes to stderr, so stdout is the JSON alone.
-    (err if to_stdout else out).print(summary_table(record))
+
+
+def phases_text(ms: dict[str, float]) -> str:
+    """One line: each phase's ms, then their sum (the wall time since the process started)."""
+    parts = [f"{name.replace('_', ' ')} {value:.0f}" for name, value in ms.items()]
+    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f}"
 
 
 @contextmanager

@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from graphtrain import phases
 from graphtrain.libs import cuda
 from graphtrain.libs.nvrtc import (F32, F64, I32, I64, PTR, U32, U64, KernelArgumentError, KernelSpec, Module,
                                    compile_cubin)
@@ -180,7 +181,8 @@ class KernelFile:
 
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
         specs = self.specs()
-        self.module = Module(f"{self.stem}.cu", self.cubin(device.arch, defines), specs.values(), device)
+        with phases.inside("kernels"):
+            self.module = Module(f"{self.stem}.cu", self.cubin(device.arch, defines), specs.values(), device)
         for attr, spec in specs.items():
             setattr(self, attr, self.module[spec.name])  # the Kernel shadows its declaration
 

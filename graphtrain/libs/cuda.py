@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from graphtrain import phases
 from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, UsageError
 
 
@@ -140,6 +141,15 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
     """Initialise CUDA on GPU `ordinal` and make its primary context current on this thread (the
     context the driver API's modules and launches then use). Cached per ordinal; cudaSetDevice
     runs on every call because the current device is per host thread."""
+    cached = _devices.get(ordinal)
+    if cached is not None:
+        check(runtime_api().cudaSetDevice(ordinal), "cudaSetDevice")
+        return cached
+    with phases.inside("cuda_context"):
+        return _open_device(ordinal)
+
+
+def _open_device(ordinal: int) -> DeviceInfo:
     runtime, driver = runtime_api(), driver_api()
     with _device_lock:
         cached = _devices.get(ordinal)
