@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
@@ -29,6 +27,14 @@ from graphtrain.stages import LADDER, PEERS, check_names, get_stage, row_names
 
 out, err = terminal.out, terminal.err
 log = terminal.log
+
+
+def escape(text: str) -> str:
+    """`text` with rich's markup escaped (rich is imported when first printed with)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
 
 # Environment variables that change what a run does; a recorded command names those that are set.
 BEHAVIOUR_VARIABLES = ("GRAPHTRAIN_TORCH_COMPILE_MODE",)
@@ -342,7 +348,9 @@ def loss_text(loss: float) -> str:
     return f"{loss:.4f}" if abs(loss) < 1e4 else f"{loss:.4g}"
 
 
-def summary_table(record) -> Table:
+def summary_table(record):
+    from rich.table import Table
+
     def pct(value):
         return "" if value is None else f"{100 * value:.2f}%"
 
@@ -366,6 +374,8 @@ def summary_table(record) -> Table:
 def info():
     """What this machine offers: Python, numpy, GPU and driver, CUDA libraries, peers."""
     import importlib.util
+
+    from rich.table import Table
 
     from graphtrain import environment
 

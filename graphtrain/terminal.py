@@ -7,19 +7,49 @@ warnings, progress bars and errors go to stderr.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 Log = Callable[[str], None]
 
+
+class LazyConsole:
+    """A rich Console made when first used: importing rich costs tens of milliseconds that a
+    command printing nothing through it (`--help`, a usage error) need not pay. Attributes are
+    read from and written to the console itself."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        object.__setattr__(self, "_stderr", stderr)
+        object.__setattr__(self, "_console", None)
+
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            object.__setattr__(self, "_console", Console(stderr=self._stderr))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.console(), name, value)
+
+
+def real_console(console: Console | LazyConsole) -> Console:
+    """The rich Console itself, for rich's own classes (a progress display) to hold."""
+    return console.console() if isinstance(console, LazyConsole) else console
+
+
 # Both look up sys.stdout / sys.stderr when they print, so redirections made later still apply.
-out = Console()
-err = Console(stderr=True)
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 
 
-def logger(console: Console) -> Log:
+def logger(console: Console | LazyConsole) -> Log:
     """A logger printing plain lines to `console`: no markup, no highlighting, no wrapping, so
     paths and names like graphtrain[cu13] appear exactly as written."""
 
@@ -32,9 +62,11 @@ def logger(console: Console) -> Log:
 log: Log = logger(err)  # the default logger of every module: stderr
 
 
-def progress_bar(console: Console | None = None) -> Progress:
+def progress_bar(console: Console | LazyConsole | None = None) -> Progress:
     """A progress display on stderr: per task its description, a bar, done/total, a status
     text (the task's `status` field) and the time elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                    console=console or err)
+                    console=real_console(console or err))

@@ -14,8 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from graphtrain import phases
 from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, UsageError
 
@@ -146,7 +144,39 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
         check(runtime_api().cudaSetDevice(ordinal), "cudaSetDevice")
         return cached
     with phases.inside("cuda_context"):
+        background = _background.pop(ordinal, None)
+        if background is not None:
+            background.join()
+            if background.error is not None:
+                raise background.error
         return _open_device(ordinal)
+
+
+class _Opening(threading.Thread):
+    """`_open_device` on a thread of its own; what it raised is kept for `open_device` to raise."""
+
+    def __init__(self, ordinal: int) -> None:
+        super().__init__(name=f"graphtrain-open-device-{ordinal}", daemon=True)
+        self.ordinal, self.error = ordinal, None
+
+    def run(self) -> None:
+        try:
+            _open_device(self.ordinal)
+        except BaseException as exc:  # raised again, in the caller's thread, by open_device
+            self.error = exc
+
+
+_background: dict[int, _Opening] = {}
+
+
+def open_device_in_background(ordinal: int = 0) -> None:
+    """Start `open_device(ordinal)`'s work (cuInit, the primary context) on a thread of its own and
+    return at once: the driver holds no Python lock meanwhile, so the caller's imports go on beside
+    it. The next `open_device(ordinal)` waits for it (and raises what it raised); the context is
+    the device's one primary context either way, made current there on the caller's thread."""
+    if ordinal not in _devices and ordinal not in _background:
+        _background[ordinal] = opening = _Opening(ordinal)
+        opening.start()
 
 
 def _open_device(ordinal: int) -> DeviceInfo:
@@ -279,6 +309,8 @@ def _copy(dst: int, src: int, nbytes: int, kind: str, stream: Stream) -> None:
 
 def copy_to_device(dst_ptr: int, src: np.ndarray, stream: Stream) -> None:
     """Copy a host array to device memory at `dst_ptr` and wait (a counted sync). Setup-time only."""
+    import numpy as np  # here, not at the top: open_device_in_background runs before numpy is imported
+
     host = np.ascontiguousarray(src)
     if host.nbytes:
         _copy(int(dst_ptr), host.ctypes.data, host.nbytes, "HostToDevice", stream)
