@@ -185,5 +185,5 @@ def test_run_records_its_phases(tmp_path):
     phases = json.loads(record_path.read_text())["phases"]
     assert list(phases) == list(NAMES)
     assert all(value >= 0 for value in phases.values()), phases
-    assert phases["training"] > 0 and phases["data"] > 0 and phases["cuda_context"] == 0
+    assert phases["training"] > 0 and phases["data"] > 0
     assert "phases (ms): startup" in result.output

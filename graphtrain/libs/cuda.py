@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -338,6 +338,15 @@ def memset(ptr: int, byte_value: int, nbytes: int, stream: Stream) -> None:
 # CUDA Graphs
 
 
+_before_capture: list[Callable[[], None]] = []
+
+
+def before_capture(work: Callable[[], None]) -> None:
+    """Have `work` done before the next stream capture begins: what may not happen inside one
+    (loading a module whose kernels are still compiling, at their first launch)."""
+    _before_capture.append(work)
+
+
 def conditional_nodes() -> bool:
     """Whether the runtime and driver both have conditional graph nodes built by stream capture
     (CUDA 12.4)."""
@@ -365,6 +374,8 @@ class Graph:
     @classmethod
     @contextmanager
     def capture(cls, stream: Stream) -> Iterator[Graph]:
+        while _before_capture:
+            _before_capture.pop(0)()
         runtime = runtime_api()
         handle = stream.handle
         graph = cls()
