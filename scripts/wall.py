@@ -128,6 +128,10 @@ def markdown(records: list[dict], args: argparse.Namespace, command: str, revisi
     lines += ["wall ms: median process wall; range: its lowest and highest; Σ phases: the median run's phases "
               "(graphtrain.phases, from the process's start as the kernel records it to the record's writing); "
               "Δ: their sum against that run's wall (the rest is starting the process and its exit).", ""]
+    ladder = report.ladder_rows(records)
+    columns = report.ladder_columns(ladder)
+    lines += ["## As the ladder shows it", "", *report.markdown_table(
+        columns, [report.ladder_cells(row, columns) for row in ladder]), "", report.ladder_legend(ladder), ""]
     lines += ["## Command", "", "```sh", command, "```", ""]
     return "\n".join(lines)
 

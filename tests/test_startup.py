@@ -187,3 +187,16 @@ def test_run_records_its_phases(tmp_path):
     assert all(value >= 0 for value in phases.values()), phases
     assert phases["training"] > 0 and phases["data"] > 0
     assert "phases (ms): startup" in result.output
+
+
+def test_the_ladder_table_shows_each_rows_wall_when_measured():
+    from graphtrain import report
+
+    record = {"stage": "persistent", "kind": "stage", "epoch_ms": 1.0, "total_ms": 120.0, "test_accuracy": 0.92}
+    plain = report.ladder_rows([record])
+    assert report.WALL_COLUMN not in report.ladder_columns(plain)
+    timed = report.ladder_rows([{**record, "wall_ms": 640.0}])
+    columns = report.ladder_columns(timed)
+    assert columns.index(report.WALL_COLUMN) == columns.index("total ms") + 1
+    assert "640" in report.ladder_cells(timed[0], columns)[columns.index(report.WALL_COLUMN)]
+    assert "wall ms:" in report.ladder_legend(timed)
