@@ -32,9 +32,9 @@ def gpu_stage(argv: list[str]) -> str | None:
 
 def main() -> None:
     if gpu_stage(sys.argv[1:]) is not None:
-        from graphtrain.libs.cuda import open_device_in_background
+        from graphtrain.libs import cuda, nvrtc
 
-        open_device_in_background()
+        cuda.open_device_in_background(then=nvrtc.version)  # NVRTC keys the kernel cache
     from graphtrain.cli import main as cli_main
 
     cli_main()

@@ -155,27 +155,35 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
 class _Opening(threading.Thread):
     """`_open_device` on a thread of its own; what it raised is kept for `open_device` to raise."""
 
-    def __init__(self, ordinal: int) -> None:
+    def __init__(self, ordinal: int, then: Callable[[], Any] | None) -> None:
         super().__init__(name=f"graphtrain-open-device-{ordinal}", daemon=True)
-        self.ordinal, self.error = ordinal, None
+        self.ordinal, self.then, self.error = ordinal, then, None
 
     def run(self) -> None:
         try:
             _open_device(self.ordinal)
         except BaseException as exc:  # raised again, in the caller's thread, by open_device
             self.error = exc
+            return
+        if self.then is not None:
+            try:
+                self.then()
+            except Exception:  # noqa: S110: only a head start; the caller's own call raises it again
+                pass
 
 
 _background: dict[int, _Opening] = {}
 
 
-def open_device_in_background(ordinal: int = 0) -> None:
+def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None = None) -> None:
     """Start `open_device(ordinal)`'s work (cuInit, the primary context) on a thread of its own and
     return at once: the driver holds no Python lock meanwhile, so the caller's imports go on beside
     it. The next `open_device(ordinal)` waits for it (and raises what it raised); the context is
-    the device's one primary context either way, made current there on the caller's thread."""
+    the device's one primary context either way, made current there on the caller's thread.
+    `then`, once the context is there, gets a head start on other work whose result is cached
+    (loading NVRTC, say): what it raises is dropped, because the caller's own call raises it."""
     if ordinal not in _devices and ordinal not in _background:
-        _background[ordinal] = opening = _Opening(ordinal)
+        _background[ordinal] = opening = _Opening(ordinal, then)
         opening.start()
 
 

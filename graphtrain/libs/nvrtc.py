@@ -8,6 +8,7 @@ without a JIT step. ``--use_fast_math`` is deliberately not used: the losses nee
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -86,8 +87,10 @@ def _nvrtc_call(call: str, fn: Any, *args: Any) -> Any:
     return values[0] if len(values) == 1 else (values or None)
 
 
+@functools.cache  # a failure is not cached: it raises again at the next call
 def version() -> str:
-    """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded)."""
+    """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded). Asked once:
+    it keys the cubin cache, and loading the library is the costly part of asking."""
     nvrtc = cuda.bindings("nvrtc")  # compiling needs no driver and no GPU
     major, minor = _nvrtc_call("nvrtcVersion", nvrtc.nvrtcVersion)
     return f"{major}.{minor}"
