@@ -47,6 +47,7 @@ class Row:
     status: str  # "ok", "failed" or "skipped"
     epoch_ms: float | None = None
     total_ms: float | None = None
+    setup_ms: float | None = None  # compile, allocate, upload, warm up, capture: before the first epoch
     vs_prev: float | None = None
     vs_baseline: float | None = None
     test_accuracy: float | None = None
@@ -85,7 +86,7 @@ def ladder_rows(records: list[dict]) -> list[Row]:
             if kind == "stage" and prev_stage is not None and is_ok(prev_stage):
                 vs_prev = _ratio(prev_stage["epoch_ms"], ms)
             rows.append(Row(
-                record["stage"], kind, "ok", epoch_ms=ms, total_ms=record.get("total_ms"),
+                record["stage"], kind, "ok", epoch_ms=ms, total_ms=record.get("total_ms"), setup_ms=record.get("setup_ms"),
                 vs_prev=vs_prev,
                 vs_baseline=_ratio(baseline_ms, ms) if baseline_ms is not None else None,
                 test_accuracy=record.get("test_accuracy"), train_loss=record.get("train_loss"),
@@ -156,10 +157,11 @@ SPREAD_COLUMN = "epoch ms range"
 WALL_COLUMN = "wall ms"
 NODES_COLUMN = "nodes / step"
 PROFILE_COLUMNS = ("kernels /step", "launches /step", "GPU busy ms", "GPU idle")
-LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "× prev", "× baseline", "test acc", "train loss",
+LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "setup ms", "× prev", "× baseline", "test acc", "train loss",
                   "note")
 LADDER_LEGEND = ("epoch ms: median epoch time over the second half of the epochs; total ms: wall time "
-                 "of the whole run, setup included; × prev: the rung before's epoch ms over this "
+                 "of the whole run, setup included; setup ms: its setup (compiling, "
+                 "allocating, uploading, warming up, capturing) before the first epoch; × prev: the rung before's epoch ms over this "
                  "one's (consecutive successful stages); × baseline: `baseline`'s epoch ms over this "
                  "one's; test acc and train loss: after the last epoch.")
 SPREAD_LEGEND = ("With --repeat, each row ran several times from a fresh setup: epoch ms is the median "
@@ -179,10 +181,10 @@ def ladder_columns(rows: list[Row]) -> list[str]:
     columns = list(LADDER_COLUMNS[:2])
     if any(row.epoch_ms_min is not None for row in rows):
         columns.append(SPREAD_COLUMN)
-    columns.append(LADDER_COLUMNS[2])
+    columns += LADDER_COLUMNS[2:4]  # total ms, setup ms
     if any(row.wall_ms is not None for row in rows):
         columns.append(WALL_COLUMN)
-    columns += LADDER_COLUMNS[3:-1]
+    columns += LADDER_COLUMNS[4:-1]
     if any(row.nodes_per_step is not None for row in rows):
         columns.append(NODES_COLUMN)
     if any(row.profile for row in rows):
@@ -207,6 +209,7 @@ def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS
         "epoch ms": fmt_ms(row.epoch_ms),
         SPREAD_COLUMN: fmt_range(row.epoch_ms_min, row.epoch_ms_max),
         "total ms": fmt_ms(row.total_ms),
+        "setup ms": fmt_ms(row.setup_ms),
         WALL_COLUMN: fmt_ms(row.wall_ms),
         "× prev": fmt_speedup(row.vs_prev),
         "× baseline": fmt_speedup(row.vs_baseline),
