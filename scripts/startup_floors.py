@@ -24,6 +24,9 @@ PIECES = [
     ("+ cuInit", "from cuda.bindings import driver; driver.cuInit(0)"),
     ("+ primary context, cudaMalloc", "from cuda.bindings import driver, runtime; driver.cuInit(0); "
                                       "runtime.cudaSetDevice(0); runtime.cudaFree(0); runtime.cudaMalloc(1 << 20)"),
+    ("  the same, leaving by os._exit (no teardown)", "import os; from cuda.bindings import driver, runtime; "
+                                                   "driver.cuInit(0); runtime.cudaSetDevice(0); runtime.cudaFree(0); "
+                                                   "runtime.cudaMalloc(1 << 20); os._exit(0)"),
     ("import graphtrain.cli", "import graphtrain.cli"),
 ]
 
