@@ -200,3 +200,25 @@ def test_the_ladder_table_shows_each_rows_wall_when_measured():
     assert columns.index(report.WALL_COLUMN) == columns.index("setup ms") + 1
     assert "640" in report.ladder_cells(timed[0], columns)[columns.index(report.WALL_COLUMN)]
     assert "wall ms:" in report.ladder_legend(timed)
+
+
+def tiny_npz(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(7)
+    npz = tmp_path / "tiny.npz"
+    np.savez(npz, x_train=rng.integers(0, 256, (256, 8, 8), dtype=np.uint8), y_train=rng.integers(0, 4, 256),
+             x_test=rng.integers(0, 256, (64, 8, 8), dtype=np.uint8), y_test=rng.integers(0, 4, 64))
+    return npz
+
+
+def test_a_run_leaving_without_teardown_still_flushes_and_says_its_status(tmp_path):
+    """`python -m graphtrain run` ends by os._exit: the record on stdout is whole, the exit code
+    the command's, for a good run (0) and a bad option (2)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "graphtrain", "run", "--stage", "numpy", "--data", str(tiny_npz(tmp_path)),
+               "--epochs", "1", "--batch", "32", "--json", "-"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["stage"] == "numpy" and set(record["phases"]) == set(NAMES)
+    bad = subprocess.run([*command, "--lr", "fast"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert bad.returncode == 2 and "fast" in bad.stderr and not bad.stdout

@@ -146,7 +146,7 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
     with phases.inside("cuda_context"):
         background = _background.pop(ordinal, None)
         if background is not None:
-            background.join()
+            background.opened.wait()  # not for its `then`, which goes on beside the caller
             if background.error is not None:
                 raise background.error
         return _open_device(ordinal)
@@ -158,6 +158,7 @@ class _Opening(threading.Thread):
     def __init__(self, ordinal: int, then: Callable[[], Any] | None) -> None:
         super().__init__(name=f"graphtrain-open-device-{ordinal}", daemon=True)
         self.ordinal, self.then, self.error = ordinal, then, None
+        self.opened = threading.Event()  # set once the device is open, or failed to open
 
     def run(self) -> None:
         try:
@@ -165,6 +166,8 @@ class _Opening(threading.Thread):
         except BaseException as exc:  # raised again, in the caller's thread, by open_device
             self.error = exc
             return
+        finally:
+            self.opened.set()
         if self.then is not None:
             try:
                 self.then()
@@ -181,7 +184,8 @@ def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None =
     it. The next `open_device(ordinal)` waits for it (and raises what it raised); the context is
     the device's one primary context either way, made current there on the caller's thread.
     `then`, once the context is there, gets a head start on other work whose result is cached
-    (loading NVRTC, say): what it raises is dropped, because the caller's own call raises it."""
+    (loading NVRTC and the libraries the rung uses): the caller does not wait for it, and what it
+    raises is dropped, because the caller's own call raises it again."""
     if ordinal not in _devices and ordinal not in _background:
         _background[ordinal] = opening = _Opening(ordinal, then)
         opening.start()

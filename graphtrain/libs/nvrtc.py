@@ -133,6 +133,14 @@ def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()
 _compiling: ThreadPoolExecutor | None = None
 
 
+def finish_compiles() -> None:
+    """Wait for every compile still running (its cubin then in the cache, whole)."""
+    global _compiling
+    if _compiling is not None:
+        _compiling.shutdown(wait=True)
+        _compiling = None
+
+
 def compile_cubin_async(source: str, name: str, arch: str, options: Iterable[str] = ()) -> Future:
     """`compile_cubin`, with the compile (on a cache miss) run by a pool of threads: the Future is
     done at once on a cache hit, and otherwise while the caller goes on, several files compiling
