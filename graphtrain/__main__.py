@@ -77,7 +77,7 @@ def leave(code: object) -> None:
 def main() -> None:
     rung = run_rung(sys.argv[1:])
     if rung is not None and rung != "numpy":
-        from graphtrain.libs import cuda
+        from graphtrain.libs import cuda, nvrtc  # noqa: F401: imported here, not by both threads at once
 
         cuda.open_device_in_background(then=head_start)
     from graphtrain.cli import main as cli_main
