@@ -77,9 +77,10 @@ def leave(code: object) -> None:
 def main() -> None:
     rung = run_rung(sys.argv[1:])
     if rung is not None and rung != "numpy":
-        from graphtrain.libs import cuda, nvrtc  # noqa: F401: imported here, not by both threads at once
+        from graphtrain.libs import cuda
 
         cuda.open_device_in_background(then=head_start)
+        from graphtrain.libs import nvrtc  # noqa: F401: here, so that the two threads never import it at once
     from graphtrain.cli import main as cli_main
 
     if rung is None:

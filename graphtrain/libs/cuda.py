@@ -161,6 +161,7 @@ class _Opening(threading.Thread):
         self.opened = threading.Event()  # set once the device is open, or failed to open
 
     def run(self) -> None:
+        _retain_primary_context(self.ordinal)
         try:
             _open_device(self.ordinal)
         except BaseException as exc:  # raised again, in the caller's thread, by open_device
@@ -178,6 +179,23 @@ class _Opening(threading.Thread):
 _background: dict[int, _Opening] = {}
 
 
+def _retain_primary_context(ordinal: int) -> None:
+    """cuInit and the device's primary context straight through libcuda (ctypes releases the GIL
+    during each call, and there is no Python module to import first), so that the driver's few
+    hundred ms begin at once while the caller imports cuda.bindings and the rest. The context is
+    the one the runtime then finds and makes current, retained once more for the process's life.
+    A head start only: where a call fails, `_open_device` makes the same calls and says why."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if libcuda.cuInit(0) == 0 and libcuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+        libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
 def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None = None) -> None:
     """Start `open_device(ordinal)`'s work (cuInit, the primary context) on a thread of its own and
     return at once: the driver holds no Python lock meanwhile, so the caller's imports go on beside
@@ -189,6 +207,7 @@ def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None =
     if ordinal not in _devices and ordinal not in _background:
         _background[ordinal] = opening = _Opening(ordinal, then)
         opening.start()
+        runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
 
 
 def _open_device(ordinal: int) -> DeviceInfo:
