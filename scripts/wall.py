@@ -34,15 +34,18 @@ DEFAULT_STAGES = "persistent,device-loop,graphs,numpy"
 
 
 def git_revision() -> str:
-    """The checkout's commit (with -dirty when files differ from it); GRAPHTRAIN_REVISION where there
-    is no git checkout (a copy of the tree), else "unknown"."""
+    """GRAPHTRAIN_REVISION where set (a copy of a tree, which git would place in whatever checkout
+    holds the copy), else the checkout's commit (with -dirty when files differ from it), else
+    "unknown"."""
+    if os.environ.get("GRAPHTRAIN_REVISION"):
+        return os.environ["GRAPHTRAIN_REVISION"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, check=True).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GRAPHTRAIN_REVISION", "unknown")
+        return "unknown"
 
 
 def run_once(row: str, args: argparse.Namespace, cache: str | None) -> dict:
@@ -151,7 +154,8 @@ def main() -> None:
     command = shlex.join(["python3", "scripts/wall.py", *sys.argv[1:]])
     revision, date = git_revision(), report.utc_now()
     records = [time_row(row, args) for row in rows]
-    label = args.preset + (f"-epochs{args.epochs}" if args.epochs is not None else "") + ("-cold" if args.cold else "")
+    label = (args.preset + (f"-epochs{args.epochs}" if args.epochs is not None else "") + ("-cold" if args.cold else "")
+             + ("-peers" if rows == args.peer_list else ""))  # a peers-only table beside the rungs' one
     stem = f"wall-{label}-{report.device_tag(records)}"
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{stem}.json", {"report": "wall", "label": label, "command": command, "date": date,
