@@ -4,35 +4,33 @@ ladder, from naive NVRTC kernels to whole training steps captured in CUDA Graphs
     from graphtrain import train, TrainConfig, save
     record = train(TrainConfig(hidden=(784,)), stage="graphs")   # a RunRecord
     save("model.safetensors", record)          # load(path), to_torch(path) read it back
-
-The names below are imported when first used, so that `import graphtrain` (and with it every
-`graphtrain` command) starts without loading numpy and the trainer until they are needed.
 """
 
 from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
-
-# name -> the module that defines it
+# The public names and the modules that define them, imported on first use: `import graphtrain`
+# (and so the `graphtrain` command, see __main__.py) loads no numpy until something needs it.
 _EXPORTS = {
     "PRESETS": "graphtrain.config", "TrainConfig": "graphtrain.config", "Dataset": "graphtrain.data",
     "Model": "graphtrain.model_io", "load": "graphtrain.model_io", "save": "graphtrain.model_io",
     "to_torch": "graphtrain.model_io", "RunPlan": "graphtrain.plan", "RunRecord": "graphtrain.record",
     "train": "graphtrain.training",
 }
-__all__ = [*sorted(_EXPORTS), "__version__"]
+
+__version__ = "0.1.0"
+__all__ = ["PRESETS", "Dataset", "Model", "RunPlan", "RunRecord", "TrainConfig", "load", "save", "to_torch",
+           "train", "__version__"]
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in _EXPORTS:
         raise AttributeError(f"module 'graphtrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # looked up once
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted(set(globals()) | set(__all__))

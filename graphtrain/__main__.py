@@ -1,24 +1,38 @@
-"""The `graphtrain` command (`python -m graphtrain` and the console entry).
+"""The `graphtrain` command's entry point (and `python -m graphtrain`).
+
+Before anything imports numpy: numpy's BLAS (OpenBLAS) starts one thread per core and spins them
+on every product, so with another busy process on the machine the numpy stage's epochs run many
+times slower (jhu on 2 busy cores: 0.10-0.36 s an epoch at 1 thread, 1.9-15.7 s at 2; the 784^3
+MLP 6.5-17 s at 1, 52-159 s at 2). graphtrain's products on the CPU are small (a batch of 128
+rows; jhu on an idle machine: 206 ms an epoch at 1 thread, 200 ms at all), so the command sets
+OPENBLAS_NUM_THREADS=1, unless the user set OPENBLAS_NUM_THREADS, OMP_NUM_THREADS or
+MKL_NUM_THREADS. Library users keep their own settings (`import graphtrain` loads no numpy until
+a name from it is used).
+
+A Ctrl-C from the moment this module runs, while graphtrain.cli and its modules load included,
+ends the command with one line, "interrupted", and exit code 130.
 
 Two things here are about the time a user waits for `graphtrain run`:
 
 - With a rung that trains on the GPU, CUDA starts (cuInit and the primary context: a few hundred
-  ms of driver work that holds no Python lock) on a thread of its own before anything else is
-  imported, so that it runs while the interpreter imports numpy, click, rich and the rung; that
-  thread then loads NVRTC and the NVIDIA libraries the rung's modules use. Where starting CUDA
-  fails (no GPU, no bindings), the command's own first use of the GPU fails as it always has.
+  ms of driver work that holds no Python lock) on a thread of its own before numpy and the rest
+  are imported, so that it runs while the interpreter imports them; that thread then loads NVRTC
+  and the NVIDIA libraries the rung's modules use. Where starting CUDA fails (no GPU, no
+  bindings), the command's own first use of the GPU fails as it always has.
 - A run of a rung ends, once its output is flushed and any kernel compile still running has
   finished, without the interpreter's teardown (os._exit): freeing every module and the CUDA
-  context object by object takes 100 ms or more that the process's exit does at once. Peers
-  (torch, jax) and the other commands exit the ordinary way.
+  context object by object took 50-170 ms. Peers (torch, jax) and the other commands exit the
+  ordinary way.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+EXIT_INTERRUPTED = 130
 LIBRARIES = ("cublas", "cublaslt", "cudnn")  # graphtrain.libs modules of NVIDIA libraries
+
+_leave_without_teardown = False  # set once the command is known to be a run of a rung
 
 
 def run_rung(argv: list[str]) -> str | None:
@@ -74,23 +88,55 @@ def leave(code: object) -> None:
     os._exit(code or 0)
 
 
-def main() -> None:
-    rung = run_rung(sys.argv[1:])
+def interrupted() -> None:
+    sys.stderr.write("interrupted\n")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def start(argv: list[str]) -> None:
+    """Note a run of a rung, and for one on the GPU start CUDA on its own thread."""
+    global _leave_without_teardown
+    rung = run_rung(argv)
+    _leave_without_teardown = rung is not None
     if rung is not None and rung != "numpy":
         from graphtrain.libs import cuda
 
         cuda.open_device_in_background(then=head_start)
         from graphtrain.libs import nvrtc  # noqa: F401: here, so that the two threads never import it at once
-    from graphtrain.cli import main as cli_main
 
-    if rung is None:
-        cli_main()
-        return
+
+def command() -> None:
     try:
-        cli_main()
-    except SystemExit as done:  # click ends every command with one
-        leave(done.code)
-    leave(0)
+        if not any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
+            os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        start(sys.argv[1:])
+        import click
+
+        from graphtrain.cli import main as cli_main
+
+        try:
+            # standalone_mode=False: click would turn a Ctrl-C into "Aborted!" and exit code 1.
+            code = cli_main.main(standalone_mode=False)
+        except click.exceptions.Abort:
+            raise KeyboardInterrupt from None
+        except click.exceptions.ClickException as error:  # bad usage: click's message, exit 2
+            error.show()
+            sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        interrupted()
+    except BrokenPipeError:  # the reader left (`| head`): say nothing more, on a stdout that is gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def main() -> None:
+    try:
+        command()
+    except SystemExit as done:
+        if _leave_without_teardown:
+            leave(done.code)
+        raise
 
 
 if __name__ == "__main__":

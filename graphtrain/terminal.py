@@ -2,11 +2,13 @@
 
 One console per stream, one logger for progress notes, one progress-bar factory. Results
 (tables, a JSON record written to `-`) go to stdout so that it can be piped; downloads, notes,
-warnings, progress bars and errors go to stderr.
+warnings, progress bars and errors go to stderr. rich is imported when a console is first used.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -15,9 +17,34 @@ if TYPE_CHECKING:
 
 Log = Callable[[str], None]
 
+# Output that is not a terminal (a pipe, a file) is this wide: a table keeps every value whole
+# instead of being cut to 80 columns with "…"; $COLUMNS, where set, still rules.
+UNBOUNDED_WIDTH = 10_000
+
+
+@functools.cache
+def stream_console_class() -> type:
+    """StreamConsole: a console as wide as its terminal, and unbounded where it writes to a pipe
+    or a file (made on first use, as a subclass of rich's Console)."""
+    from rich.console import Console, ConsoleDimensions
+
+    class StreamConsole(Console):
+        @property
+        def size(self) -> ConsoleDimensions:
+            size = super().size
+            if self._width is None and not self.is_terminal and not os.environ.get("COLUMNS"):
+                return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
+            return size
+
+        @size.setter
+        def size(self, new_size: tuple[int, int]) -> None:
+            Console.size.fset(self, new_size)
+
+    return StreamConsole
+
 
 class LazyConsole:
-    """A rich Console made when first used: importing rich costs tens of milliseconds that a
+    """A StreamConsole made when first used: importing rich costs tens of milliseconds that a
     command printing nothing through it (`--help`, a usage error) need not pay. Attributes are
     read from and written to the console itself."""
 
@@ -27,9 +54,7 @@ class LazyConsole:
 
     def console(self) -> Console:
         if self._console is None:
-            from rich.console import Console
-
-            object.__setattr__(self, "_console", Console(stderr=self._stderr))
+            object.__setattr__(self, "_console", stream_console_class()(stderr=self._stderr))
         return self._console
 
     def __getattr__(self, name: str) -> Any:
@@ -60,6 +85,11 @@ def logger(console: Console | LazyConsole) -> Log:
 
 
 log: Log = logger(err)  # the default logger of every module: stderr
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 epoch', '20 epochs'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def progress_bar(console: Console | LazyConsole | None = None) -> Progress:

@@ -105,7 +105,7 @@ def markdown(records: list[dict], args: argparse.Namespace, command: str, revisi
     length = f"{args.epochs} epoch(s)" if args.epochs is not None else "the preset's length"
     cache = ("an empty kernel cache for each run (GRAPHTRAIN_CACHE), the dataset cache warm" if args.cold
              else "warm kernel and dataset caches (one untimed run first)")
-    items = [f"Date: {date}", f"Git revision: {revision}", *report.environment_lines(records)]
+    items = [f"Date: {date}", f"Revision: {revision}", f"Command: `{command}`", *report.environment_lines(records)]
     workload = report.workload_line(records)
     if workload:
         items.append(workload)
@@ -135,7 +135,6 @@ def markdown(records: list[dict], args: argparse.Namespace, command: str, revisi
     columns = report.ladder_columns(ladder)
     lines += ["## As the ladder shows it", "", *report.markdown_table(
         columns, [report.ladder_cells(row, columns) for row in ladder]), "", report.ladder_legend(ladder), ""]
-    lines += ["## Command", "", "```sh", command, "```", ""]
     return "\n".join(lines)
 
 
@@ -148,6 +147,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="An empty kernel cache for every timed run.")
     parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--tag", default="", help="Added to the file names (e.g. the tree measured).")
     args = parser.parse_args()
     args.peer_list = [p for p in args.peers.split(",") if p]
     rows = [s for s in args.stages.split(",") if s] + args.peer_list
@@ -156,7 +156,7 @@ def main() -> None:
     records = [time_row(row, args) for row in rows]
     label = (args.preset + (f"-epochs{args.epochs}" if args.epochs is not None else "") + ("-cold" if args.cold else "")
              + ("-peers" if rows == args.peer_list else ""))  # a peers-only table beside the rungs' one
-    stem = f"wall-{label}-{report.device_tag(records)}"
+    stem = f"wall-{label}-{report.device_tag(records)}" + (f"-{args.tag}" if args.tag else "")
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{stem}.json", {"report": "wall", "label": label, "command": command, "date": date,
                                            "revision": revision, "records": records})
