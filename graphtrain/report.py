@@ -64,7 +64,7 @@ class Row:
     profile: dict | None = None  # graphtrain.profile's summary of the profiled epoch
     precision: str | None = None
     nodes_per_step: int | None = None  # CUDA-graph nodes of one step, for rungs that capture one
-    wall_ms: float | None = None  # the row's `graphtrain run` as a process of its own (scripts/wall.py)
+    wall_ms: float | None = None  # its `graphtrain run` as a process of its own (scripts/benchmarks/wall.py)
 
 
 def is_ok(record: dict) -> bool:
@@ -173,7 +173,7 @@ LADDER_LEGEND = ("epoch ms: median epoch time over the second half of the epochs
 SPREAD_LEGEND = ("With --repeat, each row ran several times from a fresh setup: epoch ms is the median "
                  "of the runs' and epoch ms range their lowest and highest.")
 WALL_LEGEND = ("wall ms: the row's `graphtrain run` as a process of its own, from its start to its exit "
-               "(scripts/wall.py).")
+               "(scripts/benchmarks/wall.py).")
 NODES_LEGEND = "nodes / step: the CUDA-graph nodes of one training step, for the rungs that capture one."
 PROFILE_LEGEND = ("From one extra epoch under CUPTI: kernels and host launches per training step, "
                   "GPU busy ms per epoch (the union of kernel, memcpy and memset intervals) and the "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to result: each row's `graphtrain run` as a process of its own, timed from outside.
 
-    python3 scripts/wall.py [--stages persistent,graphs,device-loop,numpy] [--peers torch-graph,jax-scan]
+    python3 scripts/benchmarks/wall.py [--stages persistent,graphs,device-loop,numpy] [--peers torch-graph,jax-scan]
                             [--preset jhu] [--epochs N] [--repeat 3] [--cold] [--out results]
 
 For each row, `python -m graphtrain run --stage ROW --json F` runs `--repeat` times; the wall time
@@ -151,7 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     args.peer_list = [p for p in args.peers.split(",") if p]
     rows = [s for s in args.stages.split(",") if s] + args.peer_list
-    command = shlex.join(["python3", "scripts/wall.py", *sys.argv[1:]])
+    command = shlex.join(["python3", "scripts/benchmarks/wall.py", *sys.argv[1:]])
     revision, date = git_revision(), report.utc_now()
     records = [time_row(row, args) for row in rows]
     label = (args.preset + (f"-epochs{args.epochs}" if args.epochs is not None else "") + ("-cold" if args.cold else "")

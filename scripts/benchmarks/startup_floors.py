@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floors under graphtrain's time to result, piece by piece: each a process of its own.
 
-    python3 scripts/startup_floors.py [--repeat 5]
+    python3 scripts/benchmarks/startup_floors.py [--repeat 5]
 
 Prints the median wall (ms, from before the process starts to after it exits) of: a bare
 interpreter; importing numpy; importing the CUDA bindings; cuInit; the primary context and a first
