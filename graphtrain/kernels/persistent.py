@@ -6,7 +6,11 @@ so a `Persistent` is made per workload, and `fits` says beforehand why one canno
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -178,13 +182,30 @@ class Shape:
         return None
 
 
+ROWS_PER_BLOCK = 2048  # images converted per task: a few MB, so each task's temporaries stay in cache
+
+
+def by_row_blocks(num_rows: int, work: Callable[[slice], Any]) -> list:
+    """`work(rows)` over blocks of rows, on a pool of threads (numpy releases the GIL in its loops):
+    the whole training set in a few ms instead of a few hundred."""
+    blocks = [slice(lo, lo + ROWS_PER_BLOCK) for lo in range(0, num_rows, ROWS_PER_BLOCK)]
+    if len(blocks) <= 1:
+        return [work(rows) for rows in blocks]
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1, len(blocks))) as pool:
+        return list(pool.map(work, blocks))
+
+
 def pixel_levels(images: np.ndarray) -> int:
     """255 where every value is k/255 for an integer k (8-bit pixels, as loaded from uint8), else 0.
 
     With 255 the kernel is given k itself, exact in TF32, so its products with the images take
     two tensor-core passes instead of three (persistent.cu: PIXEL_LEVELS)."""
-    levels = np.rint(images * np.float32(255))
-    return 255 if np.array_equal(levels / np.float32(255), images) else 0
+
+    def exact(rows: slice) -> bool:
+        block = images[rows]
+        return np.array_equal(np.rint(block * np.float32(255)) / np.float32(255), block)
+
+    return 255 if all(by_row_blocks(len(images), exact)) else 0
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -198,8 +219,12 @@ def kernel_images(images: np.ndarray, shape) -> np.ndarray:
     rows of `shape.padded_features` (zero past the features) of `shape.image_dtype` (uint16: bf16
     bits), in units of 1/pixel_levels where the shape has them (k, exact in bf16 as in TF32)."""
     rows = np.zeros((len(images), shape.padded_features), shape.image_dtype)
-    values = np.rint(images * np.float32(shape.pixel_levels)) if shape.pixel_levels else images
-    rows[:, :shape.features] = bf16_bits(values) if shape.image_dtype == np.uint16 else values
+
+    def fill(block: slice) -> None:
+        values = np.rint(images[block] * np.float32(shape.pixel_levels)) if shape.pixel_levels else images[block]
+        rows[block, :shape.features] = bf16_bits(values) if shape.image_dtype == np.uint16 else values
+
+    by_row_blocks(len(images), fill)
     return rows
 
 
