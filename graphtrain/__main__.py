@@ -11,6 +11,18 @@ a name from it is used).
 
 A Ctrl-C from the moment this module runs, while graphtrain.cli and its modules load included,
 ends the command with one line, "interrupted", and exit code 130.
+
+Two things here are about the time a user waits for `graphtrain run`:
+
+- With a rung that trains on the GPU, CUDA starts (cuInit and the primary context: a few hundred
+  ms of driver work that holds no Python lock) on a thread of its own before numpy and the rest
+  are imported, so that it runs while the interpreter imports them; that thread then loads NVRTC
+  and the NVIDIA libraries the rung's modules use. Where starting CUDA fails (no GPU, no
+  bindings), the command's own first use of the GPU fails as it always has.
+- A run of a rung ends, once its output is flushed and any kernel compile still running has
+  finished, without the interpreter's teardown (os._exit): freeing every module and the CUDA
+  context object by object took 50-170 ms. Peers (torch, jax) and the other commands exit the
+  ordinary way.
 """
 
 import os
@@ -18,6 +30,62 @@ import sys
 
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 EXIT_INTERRUPTED = 130
+LIBRARIES = ("cublas", "cublaslt", "cudnn")  # graphtrain.libs modules of NVIDIA libraries
+
+_leave_without_teardown = False  # set once the command is known to be a run of a rung
+
+
+def run_rung(argv: list[str]) -> str | None:
+    """The rung `graphtrain run` trains with (numpy, its default, included); None for another
+    command, a peer or --help. A look at the words before click parses them: a wrong guess costs
+    only the head start or the quick exit."""
+    from graphtrain.stages import LADDER
+
+    words = [word for word in argv if word not in ("-v", "--verbose")]
+    if not words or words[0] != "run" or "--help" in words or "-h" in words:
+        return None
+    stage = "numpy"  # run's default
+    for i, word in enumerate(words):
+        if word == "--stage" and i + 1 < len(words):
+            stage = words[i + 1]
+        elif word.startswith("--stage="):
+            stage = word.split("=", 1)[1]
+    return stage if stage in LADDER else None
+
+
+def gpu_stage(argv: list[str]) -> str | None:
+    """The rung of a `graphtrain run` on the GPU (not the CPU's numpy, not a peer, which makes its
+    own context), else None."""
+    stage = run_rung(argv)
+    return stage if stage != "numpy" else None
+
+
+def head_start() -> None:
+    """On the CUDA thread, once the context is made: load NVRTC (it keys the kernel cache) and the
+    NVIDIA libraries whose modules the rung has imported by then (dlopen holds no Python lock)."""
+    from graphtrain.libs import nvrtc
+
+    nvrtc.version()
+    for name in LIBRARIES:
+        module = sys.modules.get(f"graphtrain.libs.{name}")
+        if module is not None:
+            module.library.load()
+
+
+def leave(code: object) -> None:
+    """End the process with `code` as `sys.exit(code)` would, without the interpreter's teardown."""
+    nvrtc = sys.modules.get("graphtrain.libs.nvrtc")
+    if nvrtc is not None:
+        nvrtc.finish_compiles()  # a compile still running writes its cubin to the cache whole
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it, as at any exit
+            pass
+    os._exit(code or 0)
 
 
 def interrupted() -> None:
@@ -25,17 +93,30 @@ def interrupted() -> None:
     sys.exit(EXIT_INTERRUPTED)
 
 
-def main() -> None:
+def start(argv: list[str]) -> None:
+    """Note a run of a rung, and for one on the GPU start CUDA on its own thread."""
+    global _leave_without_teardown
+    rung = run_rung(argv)
+    _leave_without_teardown = rung is not None
+    if rung is not None and rung != "numpy":
+        from graphtrain.libs import cuda
+
+        cuda.open_device_in_background(then=head_start)
+        from graphtrain.libs import nvrtc  # noqa: F401: here, so that the two threads never import it at once
+
+
+def command() -> None:
     try:
         if not any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
             os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        start(sys.argv[1:])
         import click
 
-        from graphtrain.cli import main as command
+        from graphtrain.cli import main as cli_main
 
         try:
             # standalone_mode=False: click would turn a Ctrl-C into "Aborted!" and exit code 1.
-            code = command.main(standalone_mode=False)
+            code = cli_main.main(standalone_mode=False)
         except click.exceptions.Abort:
             raise KeyboardInterrupt from None
         except click.exceptions.ClickException as error:  # bad usage: click's message, exit 2
@@ -47,6 +128,15 @@ def main() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def main() -> None:
+    try:
+        command()
+    except SystemExit as done:
+        if _leave_without_teardown:
+            leave(done.code)
+        raise
 
 
 if __name__ == "__main__":

@@ -20,10 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from rich.console import Group
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
@@ -33,6 +29,14 @@ from graphtrain.stages import LADDER, PEERS, check_names, get_stage, row_names
 
 out, err = terminal.out, terminal.err
 log = terminal.log
+
+
+def escape(text: str) -> str:
+    """`text` with rich's markup escaped (rich is imported when first printed with)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
 
 # Environment variables that change what a run does; a recorded command names those that are set.
 BEHAVIOUR_VARIABLES = ("GRAPHTRAIN_TORCH_COMPILE_MODE",)
@@ -268,9 +272,11 @@ def main():
                    "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
                    "more to train.")
 @PROFILE_OPTION
-def run(stage, workload, json_path, save_path, init_path, profile):
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print where the command's time went, phase by phase (the record's `phases`).")
+def run(stage, workload, json_path, save_path, init_path, profile, verbose):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
-    from graphtrain import model_io
+    from graphtrain import model_io, phases
     from graphtrain.training import plan_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
@@ -289,13 +295,16 @@ def run(stage, workload, json_path, save_path, init_path, profile):
         check_profile(profile)
         stage_cls = require(stage)
         stage_cls.check_precision(cfg.precision)
+        phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
+        phases.advance("setup")
         length = terminal.counted(cfg.epochs, "epoch") if cfg.epochs else terminal.counted(cfg.steps, "step")
         log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress, profile=profile)
+        phases.advance("writing")
         record.command = command_line()
         record.init = None if init_path is None else str(init_path)
         if save_path is not None:
@@ -303,13 +312,23 @@ def run(stage, workload, json_path, save_path, init_path, profile):
             log(f"model saved to {save_path}")
         for warning in record.warnings:
             err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+        # With the record on stdout, the table goes to stderr, so stdout is the JSON alone; it is
+        # printed first so that the record's phases cover it.
+        (err if to_stdout else out).print(summary_table(record))
+        record.phases = phases.snapshot()
+        if verbose:
+            err.print(phases_text(record.phases), highlight=False, soft_wrap=True)
         if to_stdout:
             sys.stdout.write(json.dumps(record.to_json(), indent=2, default=str) + "\n")
         elif json_path is not None:
             files.write_json(json_path, record.to_json())
             log(f"run record written to {json_path}")
-    # With the record on stdout, the table goes to stderr, so stdout is the JSON alone.
-    (err if to_stdout else out).print(summary_table(record))
+
+
+def phases_text(ms: dict[str, float]) -> str:
+    """One line: each phase's ms, then their sum (the wall time since the process started)."""
+    parts = [f"{name.replace('_', ' ')} {value:.0f}" for name, value in ms.items()]
+    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f}"
 
 
 @contextmanager
@@ -335,9 +354,13 @@ def loss_text(loss: float) -> str:
     return f"{loss:.4f}" if abs(loss) < 1e4 else f"{loss:.4g}"
 
 
-def summary_table(record) -> Group:
+def summary_table(record):
     """The per-epoch table, then its footer as lines of their own (wrapped at the terminal's
-    width, not squeezed into the table's)."""
+    width, not squeezed into the table's): a rich Group."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     def pct(value):
         return "" if value is None else f"{100 * value:.2f}%"
 
@@ -361,6 +384,8 @@ def summary_table(record) -> Group:
 def info():
     """What this machine offers: Python, numpy, GPU and driver, CUDA libraries, peers."""
     import importlib.util
+
+    from rich.table import Table
 
     from graphtrain import environment
 

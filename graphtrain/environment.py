@@ -109,7 +109,18 @@ def gpu(device: Any) -> dict[str, Any]:
     major, minor = device.compute_capability
     return {"gpu": device.name, "compute_capability": f"{major}.{minor}", "driver": driver_version(),
             "driver_cuda": device.driver_cuda_version, "runtime": device.runtime_version,
-            "cuda_bindings": package_version("cuda-bindings")}
+            "cuda_bindings": bindings_version()}
+
+
+def bindings_version() -> str | None:
+    """cuda-bindings' version, from the package itself where it says (no scan of the installed
+    distributions, which takes tens of ms in a large environment), else from its metadata."""
+    try:
+        import cuda.bindings
+
+        return str(cuda.bindings.__version__)
+    except (ImportError, AttributeError):
+        return package_version("cuda-bindings")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,7 +15,9 @@ a `UsageError`, raised before anything large is allocated.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +75,14 @@ class RunPlan:
         sizes = {hi - lo for count in set(batches) for lo, hi in bounds[:count]}
 
         orders = np.empty((num_epochs, num_train), np.int32)
-        for epoch in range(num_epochs):
+
+        def draw(epoch: int) -> None:
             orders[epoch] = reference.epoch_order(config.seed, first_epoch + epoch, num_train)
+
+        # Each epoch's order from its own generator, so a pool of threads draws them at once
+        # (numpy shuffles without the GIL): the same orders in a fraction of the time.
+        with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1, max(num_epochs, 1))) as pool:
+            list(pool.map(draw, range(num_epochs)))
         if initial is None:
             initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
         else:

@@ -64,6 +64,7 @@ class Row:
     profile: dict | None = None  # graphtrain.profile's summary of the profiled epoch
     precision: str | None = None
     nodes_per_step: int | None = None  # CUDA-graph nodes of one step, for rungs that capture one
+    wall_ms: float | None = None  # its `graphtrain run` as a process of its own (scripts/benchmarks/wall.py)
 
 
 def is_ok(record: dict) -> bool:
@@ -98,6 +99,7 @@ def ladder_rows(records: list[dict]) -> list[Row]:
                 note=record.get("note", ""), epoch_ms_min=record.get("epoch_ms_min"),
                 epoch_ms_max=record.get("epoch_ms_max"), profile=record.get("profile"),
                 precision=record.get("precision"), nodes_per_step=record.get("nodes_per_step"),
+                wall_ms=record.get("wall_ms"),
             ))
         if kind == "stage":
             prev_stage = record
@@ -158,6 +160,7 @@ def fmt_range(low: float | None, high: float | None) -> str:
 
 
 SPREAD_COLUMN = "epoch ms range"
+WALL_COLUMN = "wall ms"
 NODES_COLUMN = "nodes / step"
 PROFILE_COLUMNS = ("kernels /step", "launches /step", "GPU busy ms", "GPU idle")
 LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "setup ms", "× prev", "× baseline", "test acc", "train loss",
@@ -169,6 +172,8 @@ LADDER_LEGEND = ("epoch ms: median epoch time over the second half of the epochs
                  "one's; test acc and train loss: after the last epoch.")
 SPREAD_LEGEND = ("With --repeat, each row ran several times from a fresh setup: epoch ms is the median "
                  "of the runs' and epoch ms range their lowest and highest.")
+WALL_LEGEND = ("wall ms: the row's `graphtrain run` as a process of its own, from its start to its exit "
+               "(scripts/benchmarks/wall.py).")
 NODES_LEGEND = "nodes / step: the CUDA-graph nodes of one training step, for the rungs that capture one."
 PROFILE_LEGEND = ("From one extra epoch under CUPTI: kernels and host launches per training step, "
                   "GPU busy ms per epoch (the union of kernel, memcpy and memset intervals) and the "
@@ -182,7 +187,10 @@ def ladder_columns(rows: list[Row]) -> list[str]:
     columns = list(LADDER_COLUMNS[:2])
     if any(row.epoch_ms_min is not None for row in rows):
         columns.append(SPREAD_COLUMN)
-    columns += LADDER_COLUMNS[2:-1]
+    columns += LADDER_COLUMNS[2:4]  # total ms, setup ms
+    if any(row.wall_ms is not None for row in rows):
+        columns.append(WALL_COLUMN)
+    columns += LADDER_COLUMNS[4:-1]
     if any(row.nodes_per_step is not None for row in rows):
         columns.append(NODES_COLUMN)
     if any(row.profile for row in rows):
@@ -193,6 +201,7 @@ def ladder_columns(rows: list[Row]) -> list[str]:
 def ladder_legend(rows: list[Row]) -> str:
     columns = ladder_columns(rows)
     extra = [SPREAD_LEGEND] if SPREAD_COLUMN in columns else []
+    extra += [WALL_LEGEND] if WALL_COLUMN in columns else []
     extra += [NODES_LEGEND] if NODES_COLUMN in columns else []
     extra += [PROFILE_LEGEND] if PROFILE_COLUMNS[0] in columns else []
     return " ".join([LADDER_LEGEND, *extra])
@@ -207,6 +216,7 @@ def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS
         SPREAD_COLUMN: fmt_range(row.epoch_ms_min, row.epoch_ms_max),
         "total ms": fmt_ms(row.total_ms),
         "setup ms": fmt_ms(row.setup_ms),
+        WALL_COLUMN: fmt_ms(row.wall_ms),
         "× prev": fmt_speedup(row.vs_prev),
         "× baseline": fmt_speedup(row.vs_baseline),
         "test acc": fmt_accuracy(row.test_accuracy),

@@ -2,17 +2,18 @@
 
 One console per stream, one logger for progress notes, one progress-bar factory. Results
 (tables, a JSON record written to `-`) go to stdout so that it can be piped; downloads, notes,
-warnings, progress bars and errors go to stderr.
+warnings, progress bars and errors go to stderr. rich is imported when a console is first used.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
+import functools
 import os
+from typing import TYPE_CHECKING, Any, Callable
 
-from rich.console import Console, ConsoleDimensions
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 Log = Callable[[str], None]
 
@@ -21,27 +22,59 @@ Log = Callable[[str], None]
 UNBOUNDED_WIDTH = 10_000
 
 
-class StreamConsole(Console):
-    """A console as wide as its terminal, and unbounded where it writes to a pipe or a file."""
+@functools.cache
+def stream_console_class() -> type:
+    """StreamConsole: a console as wide as its terminal, and unbounded where it writes to a pipe
+    or a file (made on first use, as a subclass of rich's Console)."""
+    from rich.console import Console, ConsoleDimensions
 
-    @property
-    def size(self) -> ConsoleDimensions:
-        size = super().size
-        if self._width is None and not self.is_terminal and not os.environ.get("COLUMNS"):
-            return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
-        return size
+    class StreamConsole(Console):
+        @property
+        def size(self) -> ConsoleDimensions:
+            size = super().size
+            if self._width is None and not self.is_terminal and not os.environ.get("COLUMNS"):
+                return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
+            return size
 
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        Console.size.fset(self, new_size)
+        @size.setter
+        def size(self, new_size: tuple[int, int]) -> None:
+            Console.size.fset(self, new_size)
+
+    return StreamConsole
+
+
+class LazyConsole:
+    """A StreamConsole made when first used: importing rich costs tens of milliseconds that a
+    command printing nothing through it (`--help`, a usage error) need not pay. Attributes are
+    read from and written to the console itself."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        object.__setattr__(self, "_stderr", stderr)
+        object.__setattr__(self, "_console", None)
+
+    def console(self) -> Console:
+        if self._console is None:
+            object.__setattr__(self, "_console", stream_console_class()(stderr=self._stderr))
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.console(), name, value)
+
+
+def real_console(console: Console | LazyConsole) -> Console:
+    """The rich Console itself, for rich's own classes (a progress display) to hold."""
+    return console.console() if isinstance(console, LazyConsole) else console
 
 
 # Both look up sys.stdout / sys.stderr when they print, so redirections made later still apply.
-out = StreamConsole()
-err = StreamConsole(stderr=True)
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 
 
-def logger(console: Console) -> Log:
+def logger(console: Console | LazyConsole) -> Log:
     """A logger printing plain lines to `console`: no markup, no highlighting, no wrapping, so
     paths and names like graphtrain[cu13] appear exactly as written."""
 
@@ -59,9 +92,11 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def progress_bar(console: Console | None = None) -> Progress:
+def progress_bar(console: Console | LazyConsole | None = None) -> Progress:
     """A progress display on stderr: per task its description, a bar, done/total, a status
     text (the task's `status` field) and the time elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                    console=console or err)
+                    console=real_console(console or err))

@@ -22,7 +22,7 @@ import numpy as np
 
 from graphtrain import data as data_mod
 from graphtrain import environment as environment_mod
-from graphtrain import model_io
+from graphtrain import model_io, phases
 from graphtrain.config import TrainConfig
 from graphtrain.errors import TrainingError
 from graphtrain.model_io import Model
@@ -90,9 +90,11 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     name, config = stage_cls.name, plan.config
     plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()
+    phases.advance("setup")
     with stage_cls(plan, data) as runner:
         runner.setup()
         setup_ms = (time.perf_counter() - run_start) * 1e3
+        phases.advance("training")
         epochs: list[EpochRecord] = []
         warnings: list[str] = []
         unchecked_since = 0  # first epoch whose loss has not been looked at yet
@@ -115,10 +117,14 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
                 if warning and not warnings:
                     warnings.append(warning)
                 unchecked_since = epoch + 1
+                phases.advance("evaluation")
                 entry.test_accuracy = runner.test_accuracy()
             epochs.append(entry)
+            phases.advance("writing")
             if progress:
                 progress(epoch, plan.num_epochs, entry)
+            phases.advance("training")
+        phases.advance("evaluation")
         weights = runner.weights()
         if not all(np.isfinite(layer.w).all() for layer in weights):
             raise TrainingError(f"the weights became NaN or Inf with {name}: try a lower --lr")

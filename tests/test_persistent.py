@@ -3,6 +3,7 @@ products, the images as the kernel reads them, and that it compiles for each kin
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 from graphtrain.data import images as images_mod
-from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
+from graphtrain.kernels.persistent import (ELEMENT_BYTES, Layout, Persistent, Region, Shape, kernel_images,
+                                          pixel_levels)
+from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -66,6 +69,36 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert Persistent.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
+@pytest.mark.parametrize("launcher,shape,region", [
+    (Persistent, Shape(784, 10, 128, 255, bf16=True), "inbox"), (Persistent, Shape(784, 10, 128, 255), "inbox"),
+    (PersistentMlp, MlpShape(784, (128,) * 3, 10, 32, 255, bf16=True), "dh"),
+    (PersistentMlp, MlpShape(784, (128,) * 3, 10, 32, 255), "dh"),
+])
+def test_one_table_gives_the_launch_size_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, launcher, shape,
+                                                                 region):
+    """A shape's layout is the only place its kernel's shared memory is laid out: grow one buffer
+    there, and the launcher's byte count and the offsets the kernel is compiled with both move by its
+    size, and the kernel compiled from them changes."""
+    before, plain_defines = shape.layout, shape.defines
+    plain = launcher.cubin("sm_90", plain_defines)
+    grown = Layout([dataclasses.replace(r, count=r.count + 64) if r.name == region else r for r in before.regions])
+    monkeypatch.setattr(type(shape), "layout", property(lambda self: grown))
+    moved = 64 * ELEMENT_BYTES[next(r.ctype for r in before.regions if r.name == region)]
+    assert shape.shared_bytes == before.bytes + moved == shape.defines["SMEM_BYTES"]
+    names = [r.name for r in before.regions]
+    for name in names:
+        shift = moved if names.index(name) > names.index(region) else 0
+        assert shape.defines[f"SMEM_{name.upper()}"] == plain_defines[f"SMEM_{name.upper()}"] + shift, name
+    assert launcher.cubin("sm_90", shape.defines) != plain
+
+
+def test_a_layout_aligns_each_region_and_sums_the_bytes():
+    layout = Layout([Region("a", "unsigned char", 3), Region("b", "float", 2), Region("c", "unsigned short", 1, 16),
+                     Region("d", "double", 0)])
+    assert layout.offsets == {"a": 0, "b": 4, "c": 16, "d": 24} and layout.bytes == 24
+    assert layout.defines["SMEM_C"] == 16 and layout.defines["SMEM_B_ELEMENT"] == 4 and layout.defines["SMEM_BYTES"] == 24
+
+
 def load_script(name: str):
     path = next((Path(__file__).parents[1] / "scripts").rglob(f"{name}.py"))  # scripts/<purpose>/<name>.py
     spec = importlib.util.spec_from_file_location(name, path)
@@ -74,11 +107,19 @@ def load_script(name: str):
     return module
 
 
-def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
-    """scripts/persistent_phases.py's instrumented build: every line it stamps is still in the kernel."""
-    module = load_script("persistent_phases")
+def test_the_probe_build_compiles(nvrtc_available, cache):
+    """scripts/probes/persistent_phases.py's build: the kernel with -DPROBES (probes.cuh), a slot for every
+    stamp it makes from the launcher's STAMPS; the plain build has no probe code."""
     for bf16 in (True, False):
-        assert module.PhaseCycles.cubin("sm_90", Shape(784, 10, 128, 255, bf16=bf16).defines).startswith(ELF_MAGIC)
+        shape = Shape(784, 10, 128, 255, bf16=bf16)
+        probed = Persistent.cubin("sm_90", Persistent.build_defines(shape, probes=True))
+        assert probed.startswith(ELF_MAGIC) and probed != Persistent.cubin("sm_90", shape.defines)
+    assert "PROBE_STEPS" not in Persistent.build_defines(shape)
+
+
+def test_the_phase_script_reads_the_stamps_it_names():
+    module = load_script("persistent_phases")
+    assert module.STAMPS and module.PROBE_STEPS >= 16
 
 
 def test_the_dsmem_exchange_benchmark_compiles(nvrtc_available, cache):

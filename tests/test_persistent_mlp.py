@@ -11,7 +11,7 @@ from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import UsageError
 from graphtrain.kernels.persistent import kernel_images, pixel_levels
-from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
+from graphtrain.kernels.persistent_mlp import PHASES, MlpShape, PersistentMlp
 from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage
 
@@ -31,9 +31,13 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert PersistentMlp.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
-def test_the_phase_cycles_build_compiles(nvrtc_available, cache):
-    """scripts/persistent_mlp_phases.py's instrumented build of the kernel."""
-    assert PersistentMlp.cubin("sm_90", {"PHASE_CYCLES": 1}).startswith(ELF_MAGIC)
+def test_the_probe_build_compiles(nvrtc_available, cache):
+    """scripts/probes/persistent_mlp_phases.py's build: the kernel with -DPROBES (probes.cuh), its phase
+    counts carved after the rest of the layout."""
+    shape = MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True)
+    plain, probed = PersistentMlp.build_layout(shape), PersistentMlp.build_layout(shape, probes=True)
+    assert probed.bytes == plain.bytes + 8 * len(PHASES) * 4 and probed.offsets["probe_counts"] == plain.bytes
+    assert PersistentMlp.cubin("sm_90", PersistentMlp.build_defines(shape, probes=True)).startswith(ELF_MAGIC)
 
 
 def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
@@ -49,8 +53,8 @@ def test_the_cuda_mnist_preset_fits_at_h128_and_h256():
     # read), and the gathered activations (two layers of 32 × 256) and the input gradients' pieces
     # (two inboxes of 16 × 32 × 16) as bf16: at H = 256 the batch's images fit beside the rest, which
     # they do not in the TF32 build.
-    fp32 = MlpShape(784, (256,) * 3, 10, 32, 255).bytes_with(0)
-    assert fp32 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).bytes_with(0) == (784 * 16 * 4 + 2 * 32 * 256 * 2
+    fp32 = MlpShape(784, (256,) * 3, 10, 32, 255).layout_with(0).bytes
+    assert fp32 - MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True).layout_with(0).bytes == (784 * 16 * 4 + 2 * 32 * 256 * 2
                                                                                        + 2 * 16 * 32 * 16 * 2)
     assert MlpShape(784, (256,) * 3, 10, 32, bf16=True).x_buffers == 1
     assert MlpShape(30, (64,), 3, 8, bf16=True).x_stride == 40  # 64 bytes a row: 4 pieces, padded to 5
@@ -89,7 +93,7 @@ def test_images_go_to_the_bf16_kernel_as_bf16_bits():
 
 
 @pytest.mark.parametrize("shape,needle", [
-    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 969180 bytes of shared "
+    (MlpShape(784, (784,) * 3, 10, 32), "784-784-784-784-10 MLP at batch 32: a block needs 969184 bytes of shared "
                                         "memory (at most 232448)"),
     (MlpShape(784, (256,) * 3, 10, 64), "at batch 64: a block needs 374000 bytes"),
     (MlpShape(784, (128, 64), 10, 32), "784-128-64-10 MLP: its hidden layers must all have the same size"),

@@ -12,8 +12,10 @@ Every problem with the data raises `DataError` (a `UsageError`), whose message n
 and what is wrong; a download that fails raises `DownloadError`.
 """
 
-from graphtrain.data.fetch import download, verify_file
-from graphtrain.data.idx import read_idx
+from __future__ import annotations
+
+import importlib
+
 from graphtrain.data.load import Dataset, FileLookup, find_files, load, load_npz
 from graphtrain.data.registry import (
     DATASET_NAMES,
@@ -23,6 +25,10 @@ from graphtrain.data.registry import (
     FileSpec,
     cache_dir,
 )
+
+# Imported when first used: downloading needs http.client, reading IDX files numpy.
+_EXPORTS = {"download": "graphtrain.data.fetch", "verify_file": "graphtrain.data.fetch",
+            "read_idx": "graphtrain.data.idx"}
 
 __all__ = [
     "DATASETS",
@@ -40,3 +46,12 @@ __all__ = [
     "read_idx",
     "verify_file",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphtrain.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

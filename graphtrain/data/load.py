@@ -19,15 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from graphtrain import terminal
-from graphtrain.data.fetch import check_identity, download
-from graphtrain.data.idx import read_idx
-from graphtrain.data.images import arrays_to_splits, read_npz, to_features
 from graphtrain.data.registry import AXES, ROLES, DatasetSpec, cache_dir, get_spec
 from graphtrain.errors import DataError, DownloadError
 from graphtrain.terminal import Log
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy and the readers are imported where they are used, so that the command line, which names
+# the datasets, starts without them.
 
 # --------------------------------------------------------------------------------------------
 # Finding the files
@@ -155,6 +158,8 @@ class Dataset:
         Images are (N, ...) uint8 pixels 0-255 or floats in [0, 1] (see `graphtrain.data.images`);
         labels are integers 0 to classes - 1, the classes being counted from y_train.
         """
+        from graphtrain.data.images import arrays_to_splits
+
         train_images, train_labels, test_images, test_labels, classes, image_shape = arrays_to_splits(
             x_train, y_train, x_test, y_test, label=str(source or name))
         return cls(name=name, train_images=train_images, train_labels=train_labels,
@@ -173,6 +178,8 @@ class Dataset:
         """A small random dataset a classifier can learn, for tests that need no files."""
         if min(n_train, n_test) < 0 or num_features < 1 or num_classes < 1:
             raise ValueError("synthetic: sizes must be non-negative, features and classes >= 1")
+        import numpy as np
+
         rng = np.random.default_rng(seed)
         # Each class has its own mean image and samples are that mean plus noise: learnable
         # by a linear model, yet not so clean that a broken trainer would look fine.
@@ -201,6 +208,11 @@ def _read_split(
     spec: DatasetSpec, files: Mapping[str, Path], split: str
 ) -> tuple[np.ndarray, np.ndarray]:
     images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
+    import numpy as np
+
+    from graphtrain.data.idx import read_idx
+    from graphtrain.data.images import to_features
+
     images = read_idx(images_path, AXES["images"])
     labels = read_idx(labels_path, AXES["labels"])
     for path, array, role in ((images_path, images, "images"), (labels_path, labels, "labels")):
@@ -240,7 +252,8 @@ def load(
 
     Downloads only when nothing points at a folder (no `data_dir`, no GRAPHTRAIN_DATA) and
     `offline` is False. Checks the files' structure, then that they are the dataset named: their
-    md5 sums against the recorded ones (see `check_identity`).
+    md5 sums against the recorded ones (see `check_identity`), when it decodes them; the decoded
+    arrays are then cached, and read back while the files stay as they were (graphtrain.data.cache).
     """
     spec = get_spec(dataset)
     lookup = find_files(spec, data_dir)
@@ -253,6 +266,8 @@ def load(
                     "Not downloading: a folder was given (--data-dir or GRAPHTRAIN_DATA)."
                 )
             )
+        from graphtrain.data.fetch import download  # http.client, only when downloading
+
         dest = cache_dir(spec)
         log(f"graphtrain: downloading {spec.name} into {dest}")
         try:
@@ -262,23 +277,31 @@ def load(
                                                        downloaded=True)) from exc
         lookup = find_files(spec)
 
-    try:
-        train_images, train_labels = _read_split(spec, lookup.found, "train")
-        test_images, test_labels = _read_split(spec, lookup.found, "test")
-    except DataError as exc:
-        # The user's own files are theirs to replace; the cache's, graphtrain fetches again.
-        raise DataError(f"{exc}: {'replace it with a good copy' if lookup.explicit else CACHE_ADVICE}") from exc
-    try:  # well-formed files: are they the dataset named?
-        for role in ROLES:
-            check_identity(lookup.found[role], spec, role)
-    except DataError as exc:
-        raise DataError(str(exc) if lookup.explicit else f"{exc}: {CACHE_ADVICE}") from exc
+    def decode() -> dict[str, np.ndarray]:
+        from graphtrain.data.fetch import check_identity  # reads every file's sums: on a decode only
+
+        try:
+            train_images, train_labels = _read_split(spec, lookup.found, "train")
+            test_images, test_labels = _read_split(spec, lookup.found, "test")
+        except DataError as exc:
+            # The user's own files are theirs to replace; the cache's, graphtrain fetches again.
+            raise DataError(f"{exc}: {'replace it with a good copy' if lookup.explicit else CACHE_ADVICE}") from exc
+        try:  # well-formed files: are they the dataset named?
+            for role in ROLES:
+                check_identity(lookup.found[role], spec, role)
+        except DataError as exc:
+            raise DataError(str(exc) if lookup.explicit else f"{exc}: {CACHE_ADVICE}") from exc
+        return {"train_images": train_images, "train_labels": train_labels, "test_images": test_images,
+                "test_labels": test_labels}
+
+    from graphtrain.data import cache as array_cache
+
+    # Decoded and checked once, then read back from the dataset cache while the files keep their
+    # size and modification time (graphtrain.data.cache).
+    arrays = array_cache.load(array_cache.cache_path(spec.name, lookup.folder), lookup.found, decode, log)
     return Dataset(
         name=spec.name,
-        train_images=train_images,
-        train_labels=train_labels,
-        test_images=test_images,
-        test_labels=test_labels,
+        **arrays,
         num_classes=spec.num_classes,
         source=lookup.folder,
         image_shape=spec.files["train_images"].shape[1:],
@@ -288,4 +311,6 @@ def load(
 def load_npz(path: str | os.PathLike[str]) -> Dataset:
     """A dataset from one .npz file in the mnist.npz layout: x_train, y_train, x_test, y_test."""
     path = Path(path).expanduser().absolute()
+    from graphtrain.data.images import read_npz
+
     return Dataset.from_arrays(**read_npz(path), name=path.stem, source=path)

@@ -52,12 +52,14 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
 
+from graphtrain import phases
 from graphtrain.libs import cuda
-from graphtrain.libs.nvrtc import (F32, F64, I32, I64, PTR, U32, U64, KernelArgumentError, KernelSpec, Module,
-                                   compile_cubin)
+from graphtrain.libs.nvrtc import (F32, F64, I32, I64, PTR, U32, U64, Kernel, KernelArgumentError, KernelSpec,
+                                   Module, compile_cubin, compile_cubin_async)
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
@@ -175,14 +177,59 @@ class KernelFile:
     def cubin(cls, arch: str, defines: Mapping[str, int | str] | None = None) -> bytes:
         """The file compiled for `arch` ("sm_90"), its declarations checked (cached on disk);
         `defines` add to or replace the class's (a kernel specialised for one model's sizes)."""
-        return compile_kernels(cls.source(), f"{cls.stem}.cu", arch + cls.arch_suffix, cls.specs().values(),
-                               {**cls.defines, **(defines or {})}, cls.options)
+        return cls.cubin_async(arch, defines).result()
+
+    @classmethod
+    def cubin_async(cls, arch: str, defines: Mapping[str, int | str] | None = None) -> Future:
+        """`cubin` as a Future: done at once from the cache, else compiling on a thread of its own."""
+        define_options = [f"-D{key}={value}" for key, value in {**cls.defines, **(defines or {})}.items()]
+        return compile_cubin_async(cls.source() + declarations_check(cls.specs().values()), f"{cls.stem}.cu",
+                                   arch + cls.arch_suffix, [*define_options, *cls.options])
 
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
+        """Loads the file's cubin from the cache; where it must be compiled, the compile starts
+        here and the module is loaded at the first launch of one of its kernels, so that the files
+        a rung sets up compile at once, while its setup goes on."""
+        self.module: Module | None = None
+        self._device = device
+        with phases.inside("kernels"):
+            self._cubin = self.cubin_async(device.arch, defines)
+        if self._cubin.done():
+            self._load()
+        else:
+            for attr in self.specs():
+                setattr(self, attr, _Pending(self, attr))
+            cuda.before_capture(self._load)  # a stream capture must not be where a module loads
+
+    def _load(self) -> None:
+        """Wait for the cubin, load the module, and bind each declared kernel to its slot (once)."""
+        if self.module is not None:
+            return
         specs = self.specs()
-        self.module = Module(f"{self.stem}.cu", self.cubin(device.arch, defines), specs.values(), device)
+        with phases.inside("kernels"):
+            self.module = Module(f"{self.stem}.cu", self._cubin.result(), specs.values(), self._device)
         for attr, spec in specs.items():
             setattr(self, attr, self.module[spec.name])  # the Kernel shadows its declaration
 
     def close(self) -> None:
-        self.module.close()
+        """Unload the module. One still compiling was never launched: its compile finishes (and
+        is cached) on its thread, and nothing was loaded to unload."""
+        if self.module is not None:
+            self.module.close()
+
+
+class _Pending:
+    """A kernel of a file still compiling: its first use waits for the compile and loads the file."""
+
+    def __init__(self, file: KernelFile, attr: str):
+        self._file, self._attr = file, attr
+
+    def _kernel(self) -> Kernel:
+        self._file._load()
+        return getattr(self._file, self._attr)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self._kernel()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel(), name)

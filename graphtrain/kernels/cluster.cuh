@@ -44,6 +44,12 @@ __device__ __forceinline__ void send4(unsigned addr, float4 v, unsigned bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
                  :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar) : "memory");
 }
+// `bar` ready for `count` arrivals a phase. After every barrier is set up, one thread makes them
+// visible to the cluster (mbarrier_init_fence) before the cluster barrier that lets others use them.
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // This block's one arrival of a phase, with the bytes the phase will receive.
 __device__ __forceinline__ void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
@@ -61,6 +67,27 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned 
                  "wait_%=:\n\t"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n\t"
                  "@!done bra wait_%=;\n}" :: "r"(smem_addr(bar)), "r"(parity), "r"(10000000) : "memory");
+}
+
+// A bulk copy (the SM's copy engine) of `bytes` (a multiple of 16, both ends 16-byte aligned) of
+// this block's shared memory into cluster block memory (`dst`, `bar` from remote()), counted on
+// the receiver's barrier `bar`. The source must have been made visible to the copy engine:
+// written, then fence_proxy_async by the writers, then a block barrier.
+__device__ __forceinline__ void send_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "r"(smem_addr(src)), "r"(bytes), "r"(bar) : "memory");
+}
+// A bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) of global memory into this
+// block's shared memory, counted on its barrier `bar`.
+__device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+// Orders this thread's writes to shared memory before the copy engine's reads of them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
 
 // metrics[0], metrics[1] += Σ loss, Σ correct over the threads of every block of the cluster, in a

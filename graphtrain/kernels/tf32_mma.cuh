@@ -42,3 +42,16 @@ __device__ __forceinline__ void mma_x(Sums3& d, const float (&x)[4], const unsig
     mma_tf32(d.hl, x_hi, v_lo);
     mma_tf32(d.hh, x_hi, v_hi);
 }
+// The three passes of a tile's product, each into its own sum of a Sums3 (three independent chains).
+__device__ __forceinline__ void mma_3xtf32(Sums3& d, const unsigned (&a_hi)[4], const unsigned (&a_lo)[4],
+                                           const unsigned (&b_hi)[2], const unsigned (&b_lo)[2]) {
+    mma_tf32(d.lh, a_lo, b_hi);
+    mma_tf32(d.hl, a_hi, b_lo);
+    mma_tf32(d.hh, a_hi, b_hi);
+}
+__device__ __forceinline__ void mma_split(Sums3& d, const float (&a)[4], const float (&b)[2]) {
+    unsigned a_hi[4], a_lo[4], b_hi[2], b_lo[2];
+    split_tf32(a, a_hi, a_lo);
+    split_tf32(b, b_hi, b_lo);
+    mma_3xtf32(d, a_hi, a_lo, b_hi, b_lo);
+}

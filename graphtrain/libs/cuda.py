@@ -9,13 +9,12 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from graphtrain import phases
 from graphtrain.errors import INSTALL_HINTS, GpuUnavailableError, UsageError
 
 
@@ -152,6 +151,78 @@ def open_device(ordinal: int = 0) -> DeviceInfo:
     """Initialise CUDA on GPU `ordinal` and make its primary context current on this thread (the
     context the driver API's modules and launches then use). Cached per ordinal; cudaSetDevice
     runs on every call because the current device is per host thread."""
+    cached = _devices.get(ordinal)
+    if cached is not None:
+        check(runtime_api().cudaSetDevice(ordinal), "cudaSetDevice")
+        return cached
+    with phases.inside("cuda_context"):
+        background = _background.pop(ordinal, None)
+        if background is not None:
+            background.opened.wait()  # not for its `then`, which goes on beside the caller
+            if background.error is not None:
+                raise background.error
+        return _open_device(ordinal)
+
+
+class _Opening(threading.Thread):
+    """`_open_device` on a thread of its own; what it raised is kept for `open_device` to raise."""
+
+    def __init__(self, ordinal: int, then: Callable[[], Any] | None) -> None:
+        super().__init__(name=f"graphtrain-open-device-{ordinal}", daemon=True)
+        self.ordinal, self.then, self.error = ordinal, then, None
+        self.opened = threading.Event()  # set once the device is open, or failed to open
+
+    def run(self) -> None:
+        _retain_primary_context(self.ordinal)
+        try:
+            _open_device(self.ordinal)
+        except BaseException as exc:  # raised again, in the caller's thread, by open_device
+            self.error = exc
+            return
+        finally:
+            self.opened.set()
+        if self.then is not None:
+            try:
+                self.then()
+            except Exception:  # noqa: S110: only a head start; the caller's own call raises it again
+                pass
+
+
+_background: dict[int, _Opening] = {}
+
+
+def _retain_primary_context(ordinal: int) -> None:
+    """cuInit and the device's primary context straight through libcuda (ctypes releases the GIL
+    during each call, and there is no Python module to import first), so that the driver's few
+    hundred ms begin at once while the caller imports cuda.bindings and the rest. The context is
+    the one the runtime then finds and makes current, retained once more for the process's life.
+    A head start only: where a call fails, `_open_device` makes the same calls and says why."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    if libcuda.cuInit(0) == 0 and libcuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+        libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+
+
+def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None = None) -> None:
+    """Start `open_device(ordinal)`'s work (cuInit, the primary context) on a thread of its own and
+    return at once: the driver holds no Python lock meanwhile, so the caller's imports go on beside
+    it. The next `open_device(ordinal)` waits for it (and raises what it raised); the context is
+    the device's one primary context either way, made current there on the caller's thread.
+    `then`, once the context is there, gets a head start on other work whose result is cached
+    (loading NVRTC and the libraries the rung uses): the caller does not wait for it, and what it
+    raises is dropped, because the caller's own call raises it again."""
+    if ordinal not in _devices and ordinal not in _background:
+        _background[ordinal] = opening = _Opening(ordinal, then)
+        opening.start()
+        runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
+
+
+def _open_device(ordinal: int) -> DeviceInfo:
     runtime, driver = runtime_api(), driver_api()
     with _device_lock:
         cached = _devices.get(ordinal)
@@ -281,6 +352,8 @@ def _copy(dst: int, src: int, nbytes: int, kind: str, stream: Stream) -> None:
 
 def copy_to_device(dst_ptr: int, src: np.ndarray, stream: Stream) -> None:
     """Copy a host array to device memory at `dst_ptr` and wait (a counted sync). Setup-time only."""
+    import numpy as np  # here, not at the top: open_device_in_background runs before numpy is imported
+
     host = np.ascontiguousarray(src)
     if host.nbytes:
         _copy(int(dst_ptr), host.ctypes.data, host.nbytes, "HostToDevice", stream)
@@ -306,6 +379,15 @@ def memset(ptr: int, byte_value: int, nbytes: int, stream: Stream) -> None:
 
 # --------------------------------------------------------------------------------------------
 # CUDA Graphs
+
+
+_before_capture: list[Callable[[], None]] = []
+
+
+def before_capture(work: Callable[[], None]) -> None:
+    """Have `work` done before the next stream capture begins: what may not happen inside one
+    (loading a module whose kernels are still compiling, at their first launch)."""
+    _before_capture.append(work)
 
 
 def conditional_nodes() -> bool:
@@ -335,6 +417,8 @@ class Graph:
     @classmethod
     @contextmanager
     def capture(cls, stream: Stream) -> Iterator[Graph]:
+        while _before_capture:
+            _before_capture.pop(0)()
         runtime = runtime_api()
         handle = stream.handle
         graph = cls()

@@ -8,11 +8,13 @@ without a JIT step. ``--use_fast_math`` is deliberately not used: the losses nee
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import re
 import struct
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,8 +87,10 @@ def _nvrtc_call(call: str, fn: Any, *args: Any) -> Any:
     return values[0] if len(values) == 1 else (values or None)
 
 
+@functools.cache  # a failure is not cached: it raises again at the next call
 def version() -> str:
-    """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded)."""
+    """NVRTC's version, e.g. "13.0" (GpuUnavailableError if NVRTC cannot be loaded). Asked once:
+    it keys the cubin cache, and loading the library is the costly part of asking."""
     nvrtc = cuda.bindings("nvrtc")  # compiling needs no driver and no GPU
     major, minor = _nvrtc_call("nvrtcVersion", nvrtc.nvrtcVersion)
     return f"{major}.{minor}"
@@ -123,6 +127,25 @@ def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
     """Compile CUDA C++ `source` (called `name` in messages) to a cubin for `arch` ("sm_90"), cached
     under `cache_dir()` by source, options, architecture and NVRTC version (a corrupt entry is redone)."""
+    return compile_cubin_async(source, name, arch, options).result()
+
+
+_compiling: ThreadPoolExecutor | None = None
+
+
+def finish_compiles() -> None:
+    """Wait for every compile still running (its cubin then in the cache, whole)."""
+    global _compiling
+    if _compiling is not None:
+        _compiling.shutdown(wait=True)
+        _compiling = None
+
+
+def compile_cubin_async(source: str, name: str, arch: str, options: Iterable[str] = ()) -> Future:
+    """`compile_cubin`, with the compile (on a cache miss) run by a pool of threads: the Future is
+    done at once on a cache hit, and otherwise while the caller goes on, several files compiling
+    at once (NVRTC holds no Python lock while it compiles). Its result raises what the compile did."""
+    global _compiling
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise ValueError(f"GPU architecture must look like 'sm_90' (a real architecture), not {arch!r}")
     all_options = (f"--gpu-architecture={arch}", "-std=c++17", *options)
@@ -133,11 +156,19 @@ def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()
     cubin = files.read_cached(path, _CACHE_MAGIC)
     if cubin is not None:
         counters.cache_hits += 1
-        return cubin
-    cubin = _compile(source, name, all_options)
-    counters.compiles += 1
-    files.write_cached(path, _CACHE_MAGIC, cubin)  # when it cannot be written, the next run compiles again
-    return cubin
+        done: Future = Future()
+        done.set_result(cubin)
+        return done
+
+    def compile_and_keep() -> bytes:
+        compiled = _compile(source, name, all_options)
+        counters.compiles += 1
+        files.write_cached(path, _CACHE_MAGIC, compiled)  # when it cannot be written, the next run compiles again
+        return compiled
+
+    if _compiling is None:
+        _compiling = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="graphtrain-nvrtc")
+    return _compiling.submit(compile_and_keep)
 
 
 # --------------------------------------------------------------------------------------------

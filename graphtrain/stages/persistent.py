@@ -35,7 +35,7 @@ k), near fp32's accuracy, with every exchange in fp32. It trains equal hidden si
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset
 at H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A step
 of three hidden layers is a chain of six exchanges and the short products between them, bound by
-latency and instruction issue more than by arithmetic (scripts/persistent_mlp_phases.py counts the
+latency and instruction issue more than by arithmetic (scripts/probes/persistent_mlp_phases.py counts the
 cycles of each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
 """
 
@@ -65,7 +65,6 @@ class PersistentStage(Stage):
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
     uses_gpu = True
     precisions = ("bf16", "fp32")
-    mlp_kernel = PersistentMlp  # scripts/persistent_mlp_phases.py swaps in its instrumented build
 
     def measures(self, epoch: int) -> bool:
         return self.plan.metrics_due[epoch]
@@ -109,7 +108,7 @@ class PersistentStage(Stage):
         finally:
             images_cu.close()
         if cfg.hidden:
-            self.persistent_cu = self.mlp_kernel(self.device, self.shape)
+            self.persistent_cu = PersistentMlp(self.device, self.shape)
             biases = [b.ptr if b is not None else 0 for b in self.b]
             self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
         else:

@@ -2,21 +2,38 @@
 # The new rungs' kernels under compute-sanitizer: memcheck for every rung from `fused` on, and
 # racecheck and synccheck (shared memory, clusters) for the fused head kernels and the persistent
 # cluster kernels. A few steps each: the tools slow kernels down by orders of magnitude.
-# Usage (GPU machine, MNIST reachable): scripts/sanitize.sh OUT_DIR
+# Usage (GPU machine, MNIST reachable): scripts/checks/sanitize.sh OUT_DIR [persistent]
+# With `persistent`, only the persistent kernels: memcheck over one whole epoch of each build
+# (softmax regression, jhu; the MLP at H = 128), then racecheck and synccheck as below (a few
+# steps: under racecheck an epoch of the cluster kernels takes hours).
 set -uo pipefail
-out=${1:?usage: scripts/sanitize.sh OUT_DIR}
+out=${1:?usage: scripts/checks/sanitize.sh OUT_DIR [persistent]}
+only=${2:-}
 mkdir -p "$out"
 status=0
 short=(--steps 3)
-check() {  # check TOOL NAME graphtrain-run-args...
+sanitize() {  # sanitize TOOL NAME graphtrain-run-args... (the run's length among them)
   local tool=$1 name=$2; shift 2
-  if compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" "${short[@]}" \
+  if compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" \
       > "$out/$tool-$name.log" 2>&1; then
     echo "ok      $tool $name"
   else
     echo "FAILED  $tool $name (see $tool-$name.log)"; status=1
   fi
 }
+check() { sanitize "$@" "${short[@]}"; }  # check TOOL NAME graphtrain-run-args...: a few steps
+if [ "$only" = persistent ]; then
+  for precision in bf16 fp32; do
+    sanitize memcheck "persistent-epoch-$precision" --stage persistent --precision $precision --epochs 1
+    sanitize memcheck "persistent-mlp128-epoch-$precision" --stage persistent --preset cuda-mnist --hidden 128,128,128 \
+      --precision $precision --epochs 1
+    check racecheck "persistent-$precision" --stage persistent --precision $precision
+    check synccheck "persistent-$precision" --stage persistent --precision $precision
+    check racecheck "persistent-mlp64-$precision" --stage persistent --preset cuda-mnist --hidden 64,64,64 --precision $precision
+    check synccheck "persistent-mlp128-$precision" --stage persistent --preset cuda-mnist --hidden 128,128,128 --precision $precision
+  done
+  exit $status
+fi
 for stage in fused bf16 device-loop; do
   check memcheck "$stage-mlp" --stage "$stage" --hidden 256,128
   check memcheck "$stage-jhu" --stage "$stage"
