@@ -44,12 +44,16 @@ if "one-gpu" not in runs:
     sys.exit("the one-GPU sweep wrote no records: see one-gpu.log")
 base_doc, base_wall = runs["one-gpu"]
 base = [r.get("weights_sha256") for r in base_doc["records"]]
-lines = [f"# Sweeps over several GPUs: `graphtrain sweep {grid}`", ""]
-env = next(r["environment"] for r in base_doc["records"] if "environment" in r)
-lines += [f"- Device: {env.get('gpu')} ×{len((out / 'gpus.txt').read_text().splitlines())}, driver {env.get('driver')}",
-          f"- Models: {len(base)}; wall time from process start to exit (setup, worker start-up and data loading included)",
-          "", "| engine | wall s | vs one GPU | sum of train ms | failed rows | weights equal to one GPU's |",
-          "|---|---:|---:|---:|---:|---|"]
+from graphtrain import report
+
+gpus = len((out / "gpus.txt").read_text().splitlines())
+items = report.provenance_lines(base_doc["records"], f"scripts/benchmarks/multi_gpu_sweep.sh OUT {grid}",
+                                report.utc_now())
+items += [f"GPUs on this host: {gpus}",
+          f"Models: {len(base)}; wall time from process start to exit (setup, worker start-up and data loading included)"]
+lines = ["# Sweeps over several GPUs", "", *(f"- {item}" for item in items),
+         "", "| engine | wall s | vs one GPU | sum of train ms | failed rows | weights equal to one GPU's |",
+         "|---|---:|---:|---:|---:|---|"]
 for name, (doc, wall) in runs.items():
     rows = doc["records"]
     digests = [r.get("weights_sha256") for r in rows]
