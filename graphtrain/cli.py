@@ -530,27 +530,91 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
 
 @main.command()
 @workload_options
-@click.option("--hidden-sizes", required=True, metavar="H1,H2,...",
-              help="Hidden widths to sweep, e.g. 128,256,512,1024,2048,4096.")
+@click.option("--hidden-sizes", default=None, metavar="H1,H2,...",
+              help="Hidden widths to sweep, e.g. 128,256,512 (every hidden layer that wide).")
+@click.option("--lrs", default=None, metavar="LR1,LR2,...", help="Learning rates to sweep, e.g. 0.05,0.1,0.2.")
+@click.option("--seeds", default=None, metavar="S1,S2,... or A-B",
+              help="Seeds to sweep (initial weights and sample order), e.g. 0,1,2 or 0-7.")
 @click.option("--stages", default="graphs", show_default=True, metavar="S1,S2", help="Stages to time.")
 @row_options
-def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir, force):
-    """Total training time against hidden size, for chosen stages and peers."""
-    from graphtrain import ladder as ladder_mod
+@click.option("--gpus", default=None, metavar="all|N",
+              help="One worker process per GPU (all of this host's, or the first N); rows are "
+                   "scheduled over them and gathered into one table.")
+@click.option("--cluster", default=None, metavar="local|ADDRESS",
+              help="Run the rows as tasks on a Dask cluster: 'local' starts one on this host (one "
+                   "worker per GPU; --gpus says how many), else a scheduler's address "
+                   "(needs graphtrain[cluster]).")
+@click.option("--pack/--no-pack", default=True, show_default=True,
+              help="Train the persistent rung's softmax regressions that differ only in lr and seed "
+                   "together on one GPU, one thread-block cluster each (each bit-identical to its run alone).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              default=None, help="Write every row's record (and the sweep's wall time) here; '-' prints it on stdout.")
+def sweep(workload, hidden_sizes, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster, pack,
+          json_path):
+    """Train the cross product of hidden sizes, learning rates and seeds with chosen stages and peers."""
+    from graphtrain import report
+    from graphtrain import sweep as sweep_mod
+    from graphtrain.plan import RunPlan
 
+    to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
-        sizes = config_mod.parse_hidden(hidden_sizes)
-        if not sizes:
+        cfg = workload.config()
+        stage_list = name_list(stages, ["graphs"])
+        peer_list = name_list(peer_names, list(PEERS)) if peers_flag else []
+        ordinary_peers = [p for p in peer_list if p not in sweep_mod.PACKED_PEERS]
+        if stage_list or ordinary_peers:
+            check_names(stage_list, ordinary_peers)
+        sizes = config_mod.parse_hidden(hidden_sizes) if hidden_sizes is not None else ()
+        if hidden_sizes is not None and not sizes:
             raise UsageError("--hidden-sizes needs at least one size")
-        cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, ["graphs"], peers_flag,
-                                                           peer_names, out_dir)
+        points = sweep_mod.expand_grid(cfg, stage_list, peer_list, sizes, sweep_mod.parse_floats("--lrs", lrs),
+                                       sweep_mod.parse_seeds(seeds))
+        if json_path is not None:
+            files.check_writable(json_path)
+        files.check_writable(out_dir, folder=True)
         out_dir = where_to_write(out_dir)
-        with removed_unless_finished(out_dir):
-            records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
-                                           data=dataset, out_dir=out_dir, command=command_line(), console=err,
-                                           force=force)
-    out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
-    exit_if_nothing_ran(records)
+        if cluster is not None:
+            from graphtrain.cluster import DaskCluster
+
+            engine = DaskCluster.for_request(cluster, gpus)
+        elif gpus is not None:
+            from graphtrain.workers import GpuWorkers
+
+            engine = GpuWorkers.for_request(gpus)
+        else:
+            engine = sweep_mod.InProcess()
+        source = sweep_mod.DataSource(cfg.dataset if workload.data_file is None else "npz", workload.data_file,
+                                      workload.data_dir, workload.offline)
+        data = workload.load(cfg)  # checked here, once, before any worker starts
+        for point in points:
+            RunPlan.check_workload(point.config.replace(in_features=data.num_features, classes=data.num_classes),
+                                   len(data.train_images), len(data.test_images))
+        log(f"graphtrain sweep: {len(points)} models on {engine.description}")
+        with removed_unless_finished(out_dir), terminal.progress_bar(err) as bar:
+            progress = bar.add_task("sweep", total=len(points), status="models")
+
+            def on_task(task, rows):
+                bar.update(progress, advance=len(rows), status=escape(task.label))
+
+            rows, summary = sweep_mod.run_sweep(points, engine, source, data=data, pack=pack, on_task=on_task)
+            for row in rows:
+                row["command"] = command_line()
+            if out_dir is not None:
+                label = sweep_mod.grid_label(cfg, bool(sizes), lrs is not None, seeds is not None)
+                partial = not force and report.has_problems(rows)
+                write = report.write_sweep if sweep_mod.only_sizes_vary(points, rows) else sweep_mod.write_grid
+                for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial):
+                    err.print(f"wrote {escape(str(path))}")
+        document = {"sweep": summary, "command": command_line(), "records": rows}
+        if to_stdout:
+            sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+        elif json_path is not None:
+            files.write_json(json_path, document)
+            log(f"sweep records written to {json_path}")
+    (err if to_stdout else out).print(sweep_mod.grid_table(rows, summary))
+    if not any(report.is_ok(row) for row in rows):
+        err.print("[bold red]error:[/] no row of the table ran; see the notes above")
+        sys.exit(1)
 
 
 # --------------------------------------------------------------------------------------------

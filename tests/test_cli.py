@@ -311,15 +311,15 @@ def test_error_messages_keep_square_brackets(monkeypatch, tmp_path):
     assert "graphtrain[cu13]" in result.output
 
 
-def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch):
-    from graphtrain import ladder
-    from graphtrain.record import FailedRun
+def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch, tmp_path):
+    from graphtrain import sweep
 
-    def every_row_skipped(config, **kwargs):
-        return [FailedRun("graphs", "stage", config, "no GPU", skipped=True, hidden_size=8)]
+    def every_row_skipped(task, data, device):
+        return [sweep._failed(point, "no GPU", skipped=True) for point in task.points]
 
-    monkeypatch.setattr(ladder, "run_sweep", every_row_skipped)
-    result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers")
+    monkeypatch.setattr(sweep, "run_task", every_row_skipped)
+    result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers",
+                    "--out", str(tmp_path))
     assert result.exit_code == 1 and "no row" in result.output
 
 

@@ -135,6 +135,18 @@ def _unavailable(status: Any, runtime: Any) -> GpuUnavailableError:
         f"bindings that match the driver ({INSTALL_HINTS['cuda_bindings']}) or update the driver")
 
 
+def device_count() -> int:
+    """GPUs the runtime can see (after CUDA_VISIBLE_DEVICES); 0 where the driver reports none.
+    GpuUnavailableError when there is no usable driver at all."""
+    runtime = runtime_api()
+    status, count = runtime.cudaGetDeviceCount()
+    if getattr(status, "name", "") == "cudaErrorNoDevice":
+        return 0
+    if status:
+        raise _unavailable(status, runtime)
+    return int(count)
+
+
 def open_device(ordinal: int = 0) -> DeviceInfo:
     """Initialise CUDA on GPU `ordinal` and make its primary context current on this thread (the
     context the driver API's modules and launches then use). Cached per ordinal; cudaSetDevice
