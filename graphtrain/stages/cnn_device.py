@@ -1,0 +1,309 @@
+"""The convolutional model on the device: one arena, the cuDNN plans, and the training step and
+the evaluation recorded onto a stream. The cnn rungs compose it: `graphs` captures the step
+once and replays it per batch, `device-loop` captures the epoch (a WHILE node over the steps)
+and the evaluation into one graph.
+
+    model = CnnDevice(device, spec, recipe, train_images, train_labels, test_images, test_labels)
+    model.load(params, orders)        # a run's initial weights and sample orders (uploads)
+    model.reset(stream)               # cursor, step counter, optimizer state and count to zero
+    model.record_step(stream)         # gather → forward → loss step → backward → optimizer
+    model.record_eval(stream)         # the test set's forward passes and the correct count
+    model.read_correct()              # the one read of a run
+
+One step, every launch on one stream (nothing allocated or chosen in it, so it captures as is):
+
+    gather          x, y = the batch's rows through the order, from the device cursor
+    conv i          cuDNN forward (TF32 on the tensor cores, or fp32), then one kernel:
+                    a_i = ReLU(maxpool(c_i + b_i)) with each window's argmax
+    head            cuBLAS products, bias + ReLU kernels
+    loss step       dlogits of the valid rows; the cursor moves on by them
+    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel
+    conv i back     the pooled gradient routed to the argmaxes, the bias gradient, then cuDNN's
+                    backward filter and (past the first layer) backward data
+    optimizer       one kernel over every parameter, its rate from the device's step counter
+
+Every batch is `batch` rows: the epoch's tail batch is the first rows of a full one, the rows
+past the epoch's end reading padding of the order and given zero gradient by the loss step, so
+one captured step serves every batch of the run and the result is exactly the tail batch's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphtrain.kernels import ceil_div
+from graphtrain.kernels.cnn import Cnn
+from graphtrain.kernels.fused import Fused
+from graphtrain.kernels.gather import Gather
+from graphtrain.kernels.layers import Layers
+from graphtrain.kernels.optim import STATE_INTS, Optim
+from graphtrain.libs import cublas, cuda, cudnn
+from graphtrain.libs.cublas import Cublas
+from graphtrain.libs.cudnn import ConvPlan, Cudnn
+from graphtrain.libs.memory import Arena
+from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+PARAM_ALIGN = 64  # floats: each parameter starts 256-byte aligned inside the packed span
+MAX_EVAL_ROWS = 10_000  # test rows per forward pass: the whole MNIST test set at once
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the model is trained: batch, epochs, optimizer and learning-rate schedule, precision."""
+
+    batch: int = 256
+    epochs: int = 1
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    schedule: Schedule = field(default_factory=Schedule)  # its `total` is the run's step count
+    precision: str = "tf32"
+
+    def steps(self, num_train: int) -> int:
+        return self.epochs * ceil_div(num_train, self.batch)
+
+
+def packed_layout(shapes) -> tuple[list[int], int]:
+    """Offsets (in floats) of each parameter inside one span, each PARAM_ALIGN-aligned; the span's size."""
+    offsets, end = [], 0
+    for shape in shapes:
+        offsets.append(end)
+        end += ceil_div(int(np.prod(shape)), PARAM_ALIGN) * PARAM_ALIGN
+    return offsets, end
+
+
+class CnnDevice:
+    def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
+                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray):
+        self.device, self.spec, self.recipe = device, spec, recipe
+        self.num_train, self.num_test = len(train_images), len(test_images)
+        self.batch = b = recipe.batch
+        self.features = spec.channels * spec.height * spec.width
+        self.eval_rows = e = min(self.num_test, MAX_EVAL_ROWS)
+        self.eval_chunks = ceil_div(self.num_test, e)
+        rows = max(b, e)
+        self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
+        self.cnn_cu, self.optim_cu, self.gather_cu = Cnn(device), Optim(device), Gather(device)
+        self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
+        self.dnn = Cudnn(self.stream)
+
+        # ---- the arena: data, parameters and their gradients and state, activations ----
+        arena = self.arena = Arena()
+        f = self.features
+        self.train_x = arena.reserve("train_images", (self.num_train, f))
+        self.train_y = arena.reserve("train_labels", (self.num_train,), np.int32)
+        self.test_x = arena.reserve("test_images", (self.eval_chunks * e, f))  # padded to whole chunks
+        self.test_y = arena.reserve("test_labels", (self.eval_chunks * e,), np.int32)
+        # Every epoch's order back to back, then a batch of padding read by the tail batch's extra rows.
+        self.order = arena.reserve("order", (recipe.epochs * self.num_train + b,), np.int32)
+        shapes = spec.param_shapes()
+        self.offsets, span = packed_layout(shapes)
+        self.shapes = shapes
+        self.params = arena.reserve("params", (span,))
+        self.grads = arena.reserve("grads", (span,))
+        slots = recipe.optimizer.slots
+        self.slot1 = arena.reserve("slot1", (span,)) if slots >= 1 else None
+        self.slot2 = arena.reserve("slot2", (span,)) if slots >= 2 else None
+        self.opt_state = arena.reserve("opt_state", (STATE_INTS,), np.int32)
+        self.lr_used = arena.reserve("lr_used", (1,))
+        self.cursor = arena.reserve("cursor", (1,), np.int32)
+        self.correct = arena.reserve("correct", (1,), np.int32)
+        self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
+        self.x = arena.reserve("x", (b, f))
+        self.y = arena.reserve("y", (b,), np.int32)
+        self.conv_shapes = spec.conv_shapes()
+        self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
+        for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+            hp, wp = hc // layer.pool, wc // layer.pool
+            self.c.append(arena.reserve(f"c{i}", (rows, co, hc, wc)))
+            self.a.append(arena.reserve(f"a{i}", (rows, co, hp, wp)))
+            self.arg.append(arena.reserve(f"arg{i}", (rows, co, hp, wp), np.uint8))
+            self.dc.append(arena.reserve(f"dc{i}", (b, co, hc, wc)))
+            self.da.append(arena.reserve(f"da{i}", (b, co, hp, wp)))
+        dims = spec.dims
+        self.h = [arena.reserve(f"h{j}", (rows, d)) for j, d in enumerate(dims[1:], 1)]  # h[-1]: logits
+        self.dh = [arena.reserve(f"dh{j}", (b, d)) for j, d in enumerate(dims[1:], 1)]  # dh[-1]: dlogits
+
+        # ---- cuDNN: one plan per conv layer for the training batch, one for the evaluation ----
+        self.train_plans, self.eval_plans = [], []
+        for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+            passes = ("forward", "backward_filter") + (("backward_data",) if i > 0 else ())
+            self.train_plans.append(ConvPlan(self.dnn, b, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
+                                             recipe.precision, passes))
+            self.eval_plans.append(ConvPlan(self.dnn, e, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
+                                            recipe.precision, ("forward",)))
+        self.conv_workspace_bytes = max(p.workspace_bytes for p in self.train_plans + self.eval_plans)
+        self.conv_workspace = arena.reserve("conv_workspace", (max(self.conv_workspace_bytes, 1),), np.uint8)
+        self.blas_workspace = arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
+        arena.allocate()
+        self.blas = Cublas(self.stream, self.blas_workspace.ptr, self.blas_workspace.nbytes, recipe.precision)
+
+        # ---- the data, once ----
+        s = self.stream
+        self.train_x.upload(np.ascontiguousarray(train_images, np.float32), s)
+        self.train_y.upload(train_labels.astype(np.int32), s)
+        pad = self.test_x.shape[0] - self.num_test
+        self.test_x.upload(np.concatenate([test_images.astype(np.float32), np.zeros((pad, f), np.float32)]), s)
+        self.test_y.upload(np.concatenate([test_labels.astype(np.int32), np.zeros(pad, np.int32)]), s)
+        self.grads.zero(s)  # the padding between packed parameters is never written: its gradient stays 0
+
+        # ---- algorithms, timed on the real buffers (their contents are overwritten here) ----
+        for i, (tp, ep) in enumerate(zip(self.train_plans, self.eval_plans)):
+            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
+            eval_src = self.test_x.ptr if i == 0 else self.a[i - 1].ptr
+            ws, wsb = self.conv_workspace.ptr, self.conv_workspace.nbytes
+            tp.choose(src, self.param(2 * i), self.c[i].ptr, ws, wsb)
+            ep.choose(eval_src, self.param(2 * i), self.c[i].ptr, ws, wsb)
+        self.stream.synchronize()
+
+    # ---- per run --------------------------------------------------------------------------------
+
+    def param(self, index: int) -> int:
+        return self.params.at(self.offsets[index])
+
+    def grad(self, index: int) -> int:
+        return self.grads.at(self.offsets[index])
+
+    def pack(self, params: list[np.ndarray]) -> np.ndarray:
+        span = np.zeros(self.params.shape, np.float32)
+        for offset, p, shape in zip(self.offsets, params, self.shapes):
+            if p.shape != shape:
+                raise ValueError(f"parameter of shape {p.shape} where the model has {shape}")
+            span[offset:offset + p.size] = p.ravel()
+        return span
+
+    def load(self, params: list[np.ndarray], orders: np.ndarray) -> None:
+        """A run's initial parameters and its epochs' sample orders (two uploads)."""
+        self.params.upload(self.pack(params), self.stream)
+        order = np.zeros(self.order.shape, np.int32)
+        order[:orders.size] = orders.ravel()
+        self.order.upload(order, self.stream)
+
+    def reset(self, stream: cuda.Stream) -> None:
+        """Queue zeroing the cursor, the optimizer's step counter and state, the loss sum and the
+        correct count: the start of a run (capturable)."""
+        for buf in (self.cursor, self.opt_state, self.slot1, self.slot2, self.loss_sum, self.correct):
+            if buf is not None:
+                buf.zero(stream)
+
+    def weights(self) -> list[np.ndarray]:
+        span = self.params.download(self.stream)
+        return [span[o:o + int(np.prod(s))].reshape(s).copy() for o, s in zip(self.offsets, self.shapes)]
+
+    def read_correct(self) -> int:
+        return int(self.correct.download(self.stream)[0])
+
+    def read_loss_sum(self) -> float:
+        return float(self.loss_sum.download(self.stream)[0])
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def _check_stream(self, stream: cuda.Stream) -> None:
+        if stream is not self.stream:
+            raise ValueError("the cnn records on its own stream (cuDNN and cuBLAS are bound to it)")
+
+    def forward(self, stream, x: int, rows: int, plans) -> None:
+        """Conv layers, then the head: logits of `rows` samples from x into h[-1]."""
+        spec, cnn = self.spec, self.cnn_cu
+        src = x
+        for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+            plans[i].forward(src, self.param(2 * i), self.c[i].ptr)
+            cnn.pool_bias_relu(stream, self.c[i].ptr, self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
+                               rows, co, hc, wc, layer.pool)
+            src = self.a[i].ptr
+        dims, base = spec.dims, 2 * len(spec.convs)
+        for j in range(len(dims) - 1):
+            fan_in, fan_out = dims[j], dims[j + 1]
+            out = self.h[j].ptr
+            self.blas.gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, self.param(base + 2 * j), fan_in,
+                           0.0, out, fan_out)
+            self.layers_cu.bias_relu(stream, out, self.param(base + 2 * j + 1), rows, fan_out, j < len(dims) - 2)
+            src = out
+
+    def record_step(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> None:
+        """One training step on the batch at the cursor; inside a device loop (loop ≠ 0) the
+        optimizer sets the loop's condition to `step < stop_step`."""
+        self._check_stream(stream)
+        spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
+        self.gather_cu.gather_batch_at(stream, self.train_x.ptr, self.train_y.ptr, self.order.ptr, self.cursor.ptr,
+                                       self.features, b, self.x.ptr, self.y.ptr)
+        self.forward(stream, self.x.ptr, b, self.train_plans)
+        dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
+        cnn.softmax_xent_step(stream, self.h[-1].ptr, self.y.ptr, self.dh[-1].ptr, self.cursor.ptr, b,
+                              self.num_train, spec.classes, self.loss_sum.ptr)
+        # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
+        last = len(dims) - 2
+        self.layers_cu.bias_grad(stream, self.dh[last].ptr, self.grad(base + 2 * last + 1), b, dims[-1])
+        for j in range(last, -1, -1):
+            fan_in, fan_out = dims[j], dims[j + 1]
+            inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
+            dy = self.dh[j].ptr
+            self.blas.gemm(True, False, fan_out, fan_in, b, 1.0, dy, fan_out, inp, fan_in, 0.0,
+                           self.grad(base + 2 * j), fan_in)
+            dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
+            self.blas.gemm(False, False, b, fan_in, fan_out, 1.0, dy, fan_out, self.param(base + 2 * j), fan_in, 0.0,
+                           dx, fan_in)
+            if j > 0:  # through the ReLU of h[j-1], with its layer's bias gradient
+                self.fused_cu.relu_bias_grad(stream, self.h[j - 1].ptr, dx, self.grad(base + 2 * (j - 1) + 1),
+                                             fan_in, b)
+        # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
+        for i in range(nconv - 1, -1, -1):
+            (_, _, _, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
+            cnn.pool_relu_backward(stream, self.da[i].ptr, self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc, layer.pool)
+            cnn.channel_bias_grad(stream, self.da[i].ptr, self.arg[i].ptr, self.grad(2 * i + 1), b, co,
+                                  (hc // layer.pool) * (wc // layer.pool))
+            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
+            self.train_plans[i].backward_filter(src, self.dc[i].ptr, self.grad(2 * i))
+            if i > 0:
+                self.train_plans[i].backward_data(self.param(2 * i), self.dc[i].ptr, self.da[i - 1].ptr)
+        self.optim_cu.step(stream, self.params.ptr, self.grads.ptr, self.slot1.ptr if self.slot1 else 0,
+                           self.slot2.ptr if self.slot2 else 0, self.params.size, self.opt_state.ptr,
+                           self.lr_used.ptr, recipe.optimizer, recipe.schedule, loop, stop_step)
+
+    def record_eval(self, stream: cuda.Stream) -> None:
+        """correct += the test samples classified right; forward passes of eval_rows rows."""
+        self._check_stream(stream)
+        self.correct.zero(stream)
+        e = self.eval_rows
+        for chunk in range(self.eval_chunks):
+            self.forward(stream, self.test_x.at(chunk * e, 0), e, self.eval_plans)
+            rows = min(e, self.num_test - chunk * e)
+            self.cnn_cu.count_correct(stream, self.h[-1].ptr, self.test_y.at(chunk * e), rows, self.spec.classes,
+                                      self.correct.ptr)
+
+    # ---- whole runs as graphs -------------------------------------------------------------------
+
+    def capture_run(self, steps: int, per_body: int, outer: cuda.Stream) -> cuda.Graph:
+        """One graph for a whole run: reset, a WHILE node whose body is `per_body` steps (run
+        ⌊steps / per_body⌋ times), the remaining steps unrolled, then the evaluation. Captured
+        from `outer`; the model's launches stay on its own stream (the one cuDNN and cuBLAS are
+        bound to), joined into the capture. Without conditional nodes every step is unrolled."""
+        iterations = steps // per_body if cuda.conditional_nodes() else 0
+        unrolled = steps - iterations * per_body
+        with cuda.Graph.capture(outer) as graph:
+            self.reset(outer)
+            if iterations:
+                with cuda.Graph.while_loop(outer, self.stream) as loop:
+                    for k in range(per_body):
+                        last = k == per_body - 1
+                        self.record_step(self.stream, loop=loop if last else 0, stop_step=iterations * per_body)
+            cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
+            for _ in range(unrolled):
+                self.record_step(self.stream)
+            self.record_eval(self.stream)
+            cuda.stream_wait(outer, self.stream)  # and back: the capture ends on `outer`
+        return graph
+
+    def environment(self) -> dict:
+        algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) for name, algo in plan.algo.items()}
+        return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.recipe.precision,
+                "cudnn_algorithms": algos}
+
+    def close(self) -> None:
+        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()
