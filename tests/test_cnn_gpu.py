@@ -26,7 +26,8 @@ def stream(gpu_device):
     s.close()
 
 
-@pytest.mark.parametrize("precision,tol", [("fp32", 1e-5), ("tf32", 5e-3)])
+# fp32: cuDNN may pick an FFT or Winograd algorithm, which rounds more than a direct sum does.
+@pytest.mark.parametrize("precision,tol", [("fp32", 2e-3), ("tf32", 5e-3)])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
 def test_conv_passes_match_reference(stream, case, precision, tol):
     from graphtrain.libs.cudnn import ConvPlan, Cudnn

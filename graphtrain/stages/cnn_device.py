@@ -29,7 +29,9 @@ one captured step serves every batch of the run and the result is exactly the ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -203,63 +205,82 @@ class CnnDevice:
         if stream is not self.stream:
             raise ValueError("the cnn records on its own stream (cuDNN and cuBLAS are bound to it)")
 
-    def forward(self, stream, x: int, rows: int, plans) -> None:
+    def forward_ops(self, stream, x: int, rows: int, plans) -> list[tuple[str, Callable[[], None]]]:
         """Conv layers, then the head: logits of `rows` samples from x into h[-1]."""
-        spec, cnn = self.spec, self.cnn_cu
+        spec, cnn, ops = self.spec, self.cnn_cu, []
         src = x
         for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            plans[i].forward(src, self.param(2 * i), self.c[i].ptr)
-            cnn.pool_bias_relu(stream, self.c[i].ptr, self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
-                               rows, co, hc, wc, layer.pool)
+            ops.append((f"conv{i} forward", partial(plans[i].forward, src, self.param(2 * i), self.c[i].ptr)))
+            ops.append((f"conv{i} bias+pool+relu", partial(cnn.pool_bias_relu, stream, self.c[i].ptr,
+                                                             self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
+                                                             rows, co, hc, wc, layer.pool)))
             src = self.a[i].ptr
         dims, base = spec.dims, 2 * len(spec.convs)
         for j in range(len(dims) - 1):
             fan_in, fan_out = dims[j], dims[j + 1]
             out = self.h[j].ptr
-            self.blas.gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, self.param(base + 2 * j), fan_in,
-                           0.0, out, fan_out)
-            self.layers_cu.bias_relu(stream, out, self.param(base + 2 * j + 1), rows, fan_out, j < len(dims) - 2)
+            ops.append((f"linear{j} product", partial(self.blas.gemm, False, True, rows, fan_out, fan_in, 1.0, src,
+                                                      fan_in, self.param(base + 2 * j), fan_in, 0.0, out, fan_out)))
+            ops.append((f"linear{j} bias{'+relu' if j < len(dims) - 2 else ''}",
+                        partial(self.layers_cu.bias_relu, stream, out, self.param(base + 2 * j + 1), rows, fan_out,
+                                j < len(dims) - 2)))
             src = out
+        return ops
+
+    def step_ops(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> list[tuple[str, Callable[[], None]]]:
+        """The launches of one training step, named, in order (record_step runs them; a profile
+        times them one by one)."""
+        spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
+        ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
+                                  self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
+        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans)
+        dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
+        ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr, self.dh[-1].ptr,
+                                         self.cursor.ptr, b, self.num_train, spec.classes, self.loss_sum.ptr)))
+        # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
+        last = len(dims) - 2
+        ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
+                                                       self.grad(base + 2 * last + 1), b, dims[-1])))
+        for j in range(last, -1, -1):
+            fan_in, fan_out = dims[j], dims[j + 1]
+            inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
+            dy = self.dh[j].ptr
+            ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0, dy,
+                                                          fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j), fan_in)))
+            dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
+            ops.append((f"linear{j} input grad", partial(self.blas.gemm, False, False, b, fan_in, fan_out, 1.0, dy,
+                                                         fan_out, self.param(base + 2 * j), fan_in, 0.0, dx, fan_in)))
+            if j > 0:  # through the ReLU of h[j-1], with its layer's bias gradient
+                ops.append((f"linear{j - 1} relu+bias grad", partial(
+                    self.fused_cu.relu_bias_grad, stream, self.h[j - 1].ptr, dx, self.grad(base + 2 * (j - 1) + 1),
+                    fan_in, b)))
+        # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
+        for i in range(nconv - 1, -1, -1):
+            (_, _, _, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
+            ops.append((f"conv{i} pool+relu backward", partial(cnn.pool_relu_backward, stream, self.da[i].ptr,
+                                                               self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc,
+                                                               layer.pool)))
+            ops.append((f"conv{i} bias grad", partial(cnn.channel_bias_grad, stream, self.da[i].ptr, self.arg[i].ptr,
+                                                      self.grad(2 * i + 1), b, co,
+                                                      (hc // layer.pool) * (wc // layer.pool))))
+            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
+            ops.append((f"conv{i} backward filter", partial(self.train_plans[i].backward_filter, src,
+                                                            self.dc[i].ptr, self.grad(2 * i))))
+            if i > 0:
+                ops.append((f"conv{i} backward data", partial(self.train_plans[i].backward_data, self.param(2 * i),
+                                                              self.dc[i].ptr, self.da[i - 1].ptr)))
+        ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
+                                         self.slot1.ptr if self.slot1 else 0, self.slot2.ptr if self.slot2 else 0,
+                                         self.params.size, self.opt_state.ptr, self.lr_used.ptr, recipe.optimizer,
+                                         recipe.schedule, loop, stop_step)))
+        return ops
 
     def record_step(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> None:
         """One training step on the batch at the cursor; inside a device loop (loop ≠ 0) the
         optimizer sets the loop's condition to `step < stop_step`."""
         self._check_stream(stream)
-        spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
-        self.gather_cu.gather_batch_at(stream, self.train_x.ptr, self.train_y.ptr, self.order.ptr, self.cursor.ptr,
-                                       self.features, b, self.x.ptr, self.y.ptr)
-        self.forward(stream, self.x.ptr, b, self.train_plans)
-        dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
-        cnn.softmax_xent_step(stream, self.h[-1].ptr, self.y.ptr, self.dh[-1].ptr, self.cursor.ptr, b,
-                              self.num_train, spec.classes, self.loss_sum.ptr)
-        # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
-        last = len(dims) - 2
-        self.layers_cu.bias_grad(stream, self.dh[last].ptr, self.grad(base + 2 * last + 1), b, dims[-1])
-        for j in range(last, -1, -1):
-            fan_in, fan_out = dims[j], dims[j + 1]
-            inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
-            dy = self.dh[j].ptr
-            self.blas.gemm(True, False, fan_out, fan_in, b, 1.0, dy, fan_out, inp, fan_in, 0.0,
-                           self.grad(base + 2 * j), fan_in)
-            dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
-            self.blas.gemm(False, False, b, fan_in, fan_out, 1.0, dy, fan_out, self.param(base + 2 * j), fan_in, 0.0,
-                           dx, fan_in)
-            if j > 0:  # through the ReLU of h[j-1], with its layer's bias gradient
-                self.fused_cu.relu_bias_grad(stream, self.h[j - 1].ptr, dx, self.grad(base + 2 * (j - 1) + 1),
-                                             fan_in, b)
-        # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
-        for i in range(nconv - 1, -1, -1):
-            (_, _, _, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
-            cnn.pool_relu_backward(stream, self.da[i].ptr, self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc, layer.pool)
-            cnn.channel_bias_grad(stream, self.da[i].ptr, self.arg[i].ptr, self.grad(2 * i + 1), b, co,
-                                  (hc // layer.pool) * (wc // layer.pool))
-            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
-            self.train_plans[i].backward_filter(src, self.dc[i].ptr, self.grad(2 * i))
-            if i > 0:
-                self.train_plans[i].backward_data(self.param(2 * i), self.dc[i].ptr, self.da[i - 1].ptr)
-        self.optim_cu.step(stream, self.params.ptr, self.grads.ptr, self.slot1.ptr if self.slot1 else 0,
-                           self.slot2.ptr if self.slot2 else 0, self.params.size, self.opt_state.ptr,
-                           self.lr_used.ptr, recipe.optimizer, recipe.schedule, loop, stop_step)
+        for _, op in self.step_ops(stream, loop, stop_step):
+            op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
         """correct += the test samples classified right; forward passes of eval_rows rows."""
@@ -267,7 +288,8 @@ class CnnDevice:
         self.correct.zero(stream)
         e = self.eval_rows
         for chunk in range(self.eval_chunks):
-            self.forward(stream, self.test_x.at(chunk * e, 0), e, self.eval_plans)
+            for _, op in self.forward_ops(stream, self.test_x.at(chunk * e, 0), e, self.eval_plans):
+                op()
             rows = min(e, self.num_test - chunk * e)
             self.cnn_cu.count_correct(stream, self.h[-1].ptr, self.test_y.at(chunk * e), rows, self.spec.classes,
                                       self.correct.ptr)
