@@ -216,14 +216,17 @@ def reference_run(task, seed, steps):
     return params
 
 
+@pytest.mark.parametrize("fused_first", [True, False], ids=["first-layer-fused", "first-layer-cudnn"])
 @pytest.mark.parametrize("optimizer", [R.Optimizer("sgd"), R.Optimizer("adam", betas=(0.7, 0.9))], ids=["sgd", "adam"])
-def test_training_steps_match_reference(gpu_device, optimizer):
-    """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included, in fp32."""
+def test_training_steps_match_reference(gpu_device, optimizer, fused_first):
+    """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included, in fp32; the first
+    conv layer through our fused kernels or through cuDNN."""
     from graphtrain.stages.cnn_device import CnnDevice
 
     task = small_task(optimizer=optimizer)
     model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
-                      task.test_labels)
+                      task.test_labels, fused_first=fused_first)
+    assert model.fused_first == fused_first
     try:
         seed = 4
         model.load(task.initial(seed), task.orders(seed))

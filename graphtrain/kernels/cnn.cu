@@ -132,3 +132,109 @@ extern "C" __global__ void count_correct(const float* __restrict__ logits, const
     int block_hits = __syncthreads_count(hit);
     if (threadIdx.x == 0 && block_hits) atomicAdd(correct, block_hits);
 }
+
+// ---- the first conv layer as one kernel each way (stride 1, no padding, few input channels) ----
+// For a layer this small (MNIST's 1→24 5×5: 25 taps, K = 25 for a product) cuDNN's kernels leave
+// the tensor cores mostly idle and write the full conv output (24×24 per channel) only for the
+// pool to read it back; here the conv output never leaves registers. FIRST_C and FIRST_K (the
+// layer's input channels and kernel size) come from cnn.py: the loops unroll, and the backward
+// pass keeps its FIRST_TAPS accumulators in registers.
+#define FIRST_TAPS (FIRST_C * FIRST_K * FIRST_K)
+
+// out[s, o, i, j] = ReLU(max_{u,v<P} Σ_{c,a,b} x[s, c, i·P+u+a, j·P+v+b]·w[o, c, a, b] + bias[o]),
+// arg = the window's first argmax (or RELU_OFF). One block per sample: its image and every filter
+// in shared memory, the threads over (o, i, j).
+extern "C" __global__ void first_conv_pool_forward(const float* __restrict__ x, const float* __restrict__ w,
+                                                   const float* __restrict__ bias, float* __restrict__ out,
+                                                   unsigned char* __restrict__ arg, int outs, int h, int wd,
+                                                   int p) {
+    constexpr int c = FIRST_C, k = FIRST_K;
+    extern __shared__ float smem[];
+    const int image = c * h * wd, taps = c * k * k;
+    float* xs = smem;
+    float* ws = smem + image;
+    const int s = blockIdx.x;
+    for (int t = threadIdx.x; t < image; t += blockDim.x) xs[t] = x[(long long)s * image + t];
+    for (int t = threadIdx.x; t < outs * taps; t += blockDim.x) ws[t] = w[t];
+    __syncthreads();
+    const int ho = (h - k + 1) / p, wo = (wd - k + 1) / p;
+    for (int q = threadIdx.x; q < outs * ho * wo; q += blockDim.x) {
+        const int o = q / (ho * wo), i = (q / wo) % ho, j = q % wo;
+        const float* wf = ws + o * taps;
+        float best = -__int_as_float(0x7f800000);  // −∞
+        int where = 0;
+        for (int u = 0; u < p; ++u)
+            for (int v = 0; v < p; ++v) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int ch = 0; ch < c; ++ch)
+#pragma unroll
+                    for (int a = 0; a < k; ++a)
+#pragma unroll
+                        for (int b = 0; b < k; ++b)
+                            acc = fmaf(xs[(ch * h + i * p + u + a) * wd + j * p + v + b], wf[(ch * k + a) * k + b], acc);
+                if (acc > best) { best = acc; where = u * p + v; }
+            }
+        const float y = best + bias[o];
+        const long long at = (long long)s * outs * ho * wo + q;
+        out[at] = y > 0.0f ? y : 0.0f;
+        arg[at] = y > 0.0f ? (unsigned char)where : (unsigned char)RELU_OFF;
+    }
+}
+
+// The weight and bias gradients of that layer straight from the pooled gradient: each pooled
+// gradient g (where the ReLU passed) came from one conv output, at the window's argmax (du, dv),
+//   dW[o, c, a, b] += g · x[s, c, i·P+du+a, j·P+dv+b],   db[o] += g.
+// Grid (outs, chunks): block (o, chunk) sums the samples [chunk·per_chunk, ...) into
+// partial[(o·chunks + chunk)·(FIRST_TAPS+1) + t] in a fixed order (a tree over its threads);
+// first_conv_reduce adds the chunks, in order.
+extern "C" __global__ void first_conv_weight_grad(const float* __restrict__ x, const float* __restrict__ dout,
+                                                  const unsigned char* __restrict__ arg, float* __restrict__ partial,
+                                                  int n, int outs, int h, int wd, int p, int per_chunk) {
+    constexpr int c = FIRST_C, k = FIRST_K;
+    __shared__ float part[CNN_REDUCE_THREADS];
+    const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+    const int ho = (h - k + 1) / p, wo = (wd - k + 1) / p, plane = ho * wo;
+    float acc[FIRST_TAPS + 1];
+#pragma unroll
+    for (int t = 0; t <= FIRST_TAPS; ++t) acc[t] = 0.0f;
+    const int first = chunk * per_chunk, last = min(n, first + per_chunk);
+    for (int q = threadIdx.x; q < (last - first) * plane; q += CNN_REDUCE_THREADS) {
+        const int s = first + q / plane, pos = q % plane;
+        const long long at = ((long long)s * outs + o) * plane + pos;
+        const int where = arg[at];
+        if (where == RELU_OFF) continue;
+        const float g = dout[at];
+        const int y0 = (pos / wo) * p + where / p, x0 = (pos % wo) * p + where % p;
+        const float* xs = x + (long long)s * c * h * wd;
+#pragma unroll
+        for (int t = 0; t < FIRST_TAPS; ++t) {
+            const int ch = t / (k * k), a = (t / k) % k, b = t % k;
+            acc[t] = fmaf(g, xs[(ch * h + y0 + a) * wd + x0 + b], acc[t]);
+        }
+        acc[FIRST_TAPS] += g;
+    }
+    float* dst = partial + ((long long)o * chunks + chunk) * (FIRST_TAPS + 1);
+    for (int t = 0; t <= FIRST_TAPS; ++t) {
+        part[threadIdx.x] = acc[t];
+        __syncthreads();
+        for (int stride = CNN_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
+            if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) dst[t] = part[0];
+        __syncthreads();
+    }
+}
+
+// dw[o, t] = Σ_chunk partial[o, chunk, t] (t < FIRST_TAPS), db[o] = the same at t = FIRST_TAPS.
+extern "C" __global__ void first_conv_reduce(const float* __restrict__ partial, float* __restrict__ dw,
+                                             float* __restrict__ db, int outs, int chunks) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= outs * (FIRST_TAPS + 1)) return;
+    const int o = idx / (FIRST_TAPS + 1), t = idx % (FIRST_TAPS + 1);
+    float sum = 0.0f;
+    for (int chunk = 0; chunk < chunks; ++chunk) sum += partial[((long long)o * chunks + chunk) * (FIRST_TAPS + 1) + t];
+    if (t < FIRST_TAPS) dw[o * FIRST_TAPS + t] = sum;
+    else db[o] = sum;
+}

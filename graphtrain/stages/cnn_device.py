@@ -36,7 +36,7 @@ from functools import partial
 import numpy as np
 
 from graphtrain.kernels import ceil_div
-from graphtrain.kernels.cnn import Cnn
+from graphtrain.kernels.cnn import Cnn, first_layer_fits
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.layers import Layers
@@ -76,8 +76,12 @@ def packed_layout(shapes) -> tuple[list[int], int]:
 
 
 class CnnDevice:
+    """`fused_first`: the first conv layer through kernels/cnn.cu's first_conv_* (conv, bias, pool
+    and ReLU in one kernel; the weight and bias gradients from the pooled gradient in two), where
+    the layer fits them (stride 1, no padding, at most 32 taps); False: through cuDNN like the rest."""
+
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
-                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray):
+                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused_first: bool = True):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch
@@ -86,7 +90,12 @@ class CnnDevice:
         self.eval_chunks = ceil_div(self.num_test, e)
         rows = max(b, e)
         self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
-        self.cnn_cu, self.optim_cu, self.gather_cu = Cnn(device), Optim(device), Gather(device)
+        first = spec.convs[0]
+        self.fused_first = fused_first and first_layer_fits(spec.channels, spec.height, spec.width,
+                                                            first.out_channels, first.kernel, first.stride,
+                                                            first.padding)
+        self.cnn_cu = Cnn(device, (spec.channels, first.kernel))
+        self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
 
@@ -118,11 +127,15 @@ class CnnDevice:
         self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
         for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
             hp, wp = hc // layer.pool, wc // layer.pool
-            self.c.append(arena.reserve(f"c{i}", (rows, co, hc, wc)))
+            through_cudnn = i > 0 or not self.fused_first  # the fused first layer keeps its conv output in registers
+            self.c.append(arena.reserve(f"c{i}", (rows, co, hc, wc)) if through_cudnn else None)
             self.a.append(arena.reserve(f"a{i}", (rows, co, hp, wp)))
             self.arg.append(arena.reserve(f"arg{i}", (rows, co, hp, wp), np.uint8))
-            self.dc.append(arena.reserve(f"dc{i}", (b, co, hc, wc)))
+            self.dc.append(arena.reserve(f"dc{i}", (b, co, hc, wc)) if through_cudnn else None)
             self.da.append(arena.reserve(f"da{i}", (b, co, hp, wp)))
+        if self.fused_first:
+            taps = spec.channels * first.kernel ** 2 + 1
+            self.first_partial = arena.reserve("first_partial", (first.out_channels, Cnn.first_chunks(b), taps))
         dims = spec.dims
         self.h = [arena.reserve(f"h{j}", (rows, d)) for j, d in enumerate(dims[1:], 1)]  # h[-1]: logits
         self.dh = [arena.reserve(f"dh{j}", (b, d)) for j, d in enumerate(dims[1:], 1)]  # dh[-1]: dlogits
@@ -130,12 +143,16 @@ class CnnDevice:
         # ---- cuDNN: one plan per conv layer for the training batch, one for the evaluation ----
         self.train_plans, self.eval_plans = [], []
         for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+            if i == 0 and self.fused_first:
+                self.train_plans.append(None)
+                self.eval_plans.append(None)
+                continue
             passes = ("forward", "backward_filter") + (("backward_data",) if i > 0 else ())
             self.train_plans.append(ConvPlan(self.dnn, b, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
                                              recipe.precision, passes))
             self.eval_plans.append(ConvPlan(self.dnn, e, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
                                             recipe.precision, ("forward",)))
-        self.conv_workspace_bytes = max(p.workspace_bytes for p in self.train_plans + self.eval_plans)
+        self.conv_workspace_bytes = max([p.workspace_bytes for p in self.train_plans + self.eval_plans if p] + [0])
         self.conv_workspace = arena.reserve("conv_workspace", (max(self.conv_workspace_bytes, 1),), np.uint8)
         self.blas_workspace = arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
         arena.allocate()
@@ -152,6 +169,8 @@ class CnnDevice:
 
         # ---- algorithms, timed on the real buffers (their contents are overwritten here) ----
         for i, (tp, ep) in enumerate(zip(self.train_plans, self.eval_plans)):
+            if tp is None:
+                continue
             src = self.x.ptr if i == 0 else self.a[i - 1].ptr
             eval_src = self.test_x.ptr if i == 0 else self.a[i - 1].ptr
             ws, wsb = self.conv_workspace.ptr, self.conv_workspace.nbytes
@@ -209,7 +228,13 @@ class CnnDevice:
         """Conv layers, then the head: logits of `rows` samples from x into h[-1]."""
         spec, cnn, ops = self.spec, self.cnn_cu, []
         src = x
-        for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+        for i, ((cin, h, w, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
+            if plans[i] is None:  # the fused first layer
+                ops.append((f"conv{i}+bias+pool+relu", partial(cnn.first_conv_pool_forward, stream, src,
+                                                                 self.param(0), self.param(1), self.a[0].ptr,
+                                                                 self.arg[0].ptr, rows, co, h, w, layer.pool)))
+                src = self.a[0].ptr
+                continue
             ops.append((f"conv{i} forward", partial(plans[i].forward, src, self.param(2 * i), self.c[i].ptr)))
             ops.append((f"conv{i} bias+pool+relu", partial(cnn.pool_bias_relu, stream, self.c[i].ptr,
                                                              self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
@@ -256,7 +281,12 @@ class CnnDevice:
                     fan_in, b)))
         # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
         for i in range(nconv - 1, -1, -1):
-            (_, _, _, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
+            (_, h, w, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
+            if self.train_plans[i] is None:  # the fused first layer
+                ops.append((f"conv{i} weight+bias grad", partial(
+                    cnn.first_conv_weight_grad, stream, self.x.ptr, self.da[0].ptr, self.arg[0].ptr,
+                    self.first_partial.ptr, self.grad(0), self.grad(1), b, co, h, w, layer.pool)))
+                continue
             ops.append((f"conv{i} pool+relu backward", partial(cnn.pool_relu_backward, stream, self.da[i].ptr,
                                                                self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc,
                                                                layer.pool)))
@@ -318,7 +348,10 @@ class CnnDevice:
         return graph
 
     def environment(self) -> dict:
-        algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) for name, algo in plan.algo.items()}
+        algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
+                 for name, algo in plan.algo.items()}
+        if self.fused_first:
+            algos["conv0"] = "first_conv_* kernels (fp32 FMA)"
         return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.recipe.precision,
                 "cudnn_algorithms": algos}
 
