@@ -28,8 +28,9 @@ def stream(gpu_device):
 
 # fp32: cuDNN may pick an FFT or Winograd algorithm, which rounds more than a direct sum does.
 @pytest.mark.parametrize("precision,tol", [("fp32", 2e-3), ("tf32", 5e-3)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
-def test_conv_passes_match_reference(stream, case, precision, tol):
+def test_conv_passes_match_reference(stream, case, precision, tol, layout):
     from graphtrain.libs.cudnn import ConvPlan, Cudnn
 
     name, n, c, h, w, k, kernel, stride, padding = case
@@ -39,30 +40,35 @@ def test_conv_passes_match_reference(stream, case, precision, tol):
     wt = rng.standard_normal((k, c, kernel, kernel)) / np.sqrt(c * kernel * kernel)
     dnn = Cudnn(stream)
     try:
-        plan = ConvPlan(dnn, n, c, h, w, k, kernel, stride, padding, precision)
+        plan = ConvPlan(dnn, n, c, h, w, k, kernel, stride, padding, precision, layout=layout)
         out_shape = plan.out_shape
         dy = rng.standard_normal(out_shape)
-        with Scratch(stream, x=x.astype(np.float32), w=wt.astype(np.float32), y=np.zeros(out_shape, np.float32),
-                     dy=dy.astype(np.float32), dx=np.zeros(x.shape, np.float32), dw=np.zeros(wt.shape, np.float32),
+        # NHWC tensors and KHWC filters on the device; the reference keeps NCHW and KCHW.
+        to_dev = (lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "nhwc" else np.ascontiguousarray
+        from_dev = (lambda a: a.transpose(0, 3, 1, 2)) if layout == "nhwc" else (lambda a: a)
+        with Scratch(stream, x=to_dev(x).astype(np.float32), w=to_dev(wt).astype(np.float32),
+                     y=to_dev(np.zeros(out_shape, np.float32)), dy=to_dev(dy).astype(np.float32),
+                     dx=to_dev(np.zeros(x.shape, np.float32)), dw=to_dev(np.zeros(wt.shape, np.float32)),
                      ws=np.zeros(max(plan.workspace_bytes, 1), np.uint8)) as s:
             # choose() overwrites its buffers: give it scratch copies, then upload the inputs again.
             plan.choose(s["dx"], s["dw"], s["y"], s["ws"], plan.workspace_bytes)
             plan.forward(s["x"], s["w"], s["y"])
             plan.backward_data(s["w"], s["dy"], s["dx"])
             plan.backward_filter(s["x"], s["dy"], s["dw"])
-            y, dx, dw = s.get("y"), s.get("dx"), s.get("dw")
+            y, dx, dw = (from_dev(s.get(name)) for name in ("y", "dx", "dw"))
     finally:
         dnn.close()
     ref_y = R.conv_forward(x, wt, stride, padding)
     assert out_shape == ref_y.shape
-    msg = f"{name}, {precision}, seed {seed}"
+    msg = f"{name}, {precision}, {layout}, seed {seed}"
     assert rel_err(y, ref_y) < tol, msg
     assert rel_err(dx, R.conv_backward_data(dy, wt, x.shape, stride, padding)) < tol, msg
     assert rel_err(dw, R.conv_backward_filter(x, dy, kernel, stride, padding)) < tol, msg
 
 
+@pytest.mark.parametrize("conv_nhwc,out_nhwc", [(False, False), (True, True), (True, False)])
 @pytest.mark.parametrize("pool", [2, 3])
-def test_pool_kernels_match_reference(stream, gpu_device, pool):
+def test_pool_kernels_match_reference(stream, gpu_device, pool, conv_nhwc, out_nhwc):
     from graphtrain.kernels.cnn import Cnn
 
     seed = 5
@@ -74,13 +80,22 @@ def test_pool_kernels_match_reference(stream, gpu_device, pool):
     dout = rng.standard_normal((n, c, ho, wo)).astype(np.float32)
     cu = Cnn(gpu_device)
     try:
-        with Scratch(stream, conv=conv, bias=bias, out=np.zeros((n, c, ho, wo), np.float32),
-                     arg=np.zeros((n, c, ho, wo), np.uint8), dout=dout, dconv=np.full(conv.shape, 7, np.float32),
-                     db=np.zeros(c, np.float32)) as s:
-            cu.pool_bias_relu(stream, s["conv"], s["bias"], s["out"], s["arg"], n, c, h, w, pool)
-            cu.pool_relu_backward(stream, s["dout"], s["arg"], s["dconv"], n, c, h, w, pool)
-            cu.channel_bias_grad(stream, s["dout"], s["arg"], s["db"], n, c, ho * wo)
-            out, dconv, db = s.get("out"), s.get("dconv"), s.get("db")
+        def nhwc(a, flag):
+            return np.ascontiguousarray(a.transpose(0, 2, 3, 1) if flag else a)
+
+        def nchw(a, flag):
+            return a.transpose(0, 3, 1, 2) if flag else a
+
+        with Scratch(stream, conv=nhwc(conv, conv_nhwc), bias=bias, out=np.zeros(dout.size, np.float32),
+                     arg=np.zeros(dout.size, np.uint8), dout=nhwc(dout, out_nhwc),
+                     dconv=np.full(conv.size, 7, np.float32), db=np.zeros(c, np.float32)) as s:
+            cu.pool_bias_relu(stream, s["conv"], s["bias"], s["out"], s["arg"], n, c, h, w, pool, conv_nhwc, out_nhwc)
+            cu.pool_relu_backward(stream, s["dout"], s["arg"], s["dconv"], n, c, h, w, pool, conv_nhwc, out_nhwc)
+            cu.channel_bias_grad(stream, s["dout"], s["arg"], s["db"], n, c, ho * wo, out_nhwc)
+            pooled_shape = (n, ho, wo, c) if out_nhwc else (n, c, ho, wo)
+            out = nchw(s.get("out").reshape(pooled_shape), out_nhwc)
+            dconv = nchw(s.get("dconv").reshape((n, h, w, c) if conv_nhwc else conv.shape), conv_nhwc)
+            db = s.get("db")
     finally:
         cu.close()
     c64 = conv.astype(np.float64) + bias[None, :, None, None]
@@ -216,16 +231,17 @@ def reference_run(task, seed, steps):
     return params
 
 
+@pytest.mark.parametrize("nhwc", [True, False], ids=["nhwc", "nchw"])
 @pytest.mark.parametrize("fused_first", [True, False], ids=["first-layer-fused", "first-layer-cudnn"])
 @pytest.mark.parametrize("optimizer", [R.Optimizer("sgd"), R.Optimizer("adam", betas=(0.7, 0.9))], ids=["sgd", "adam"])
-def test_training_steps_match_reference(gpu_device, optimizer, fused_first):
+def test_training_steps_match_reference(gpu_device, optimizer, fused_first, nhwc):
     """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included, in fp32; the first
     conv layer through our fused kernels or through cuDNN."""
     from graphtrain.stages.cnn_device import CnnDevice
 
     task = small_task(optimizer=optimizer)
     model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
-                      task.test_labels, fused_first=fused_first)
+                      task.test_labels, fused_first=fused_first, nhwc=nhwc)
     assert model.fused_first == fused_first
     try:
         seed = 4

@@ -2,7 +2,7 @@
 // one pass, its backward pass, the conv bias gradient, the loss step of a batch whose valid rows
 // are known only on the device, and the count of correct test predictions.
 //
-// Layout: NCHW, fp32. A pool window is P×P with stride P; rows and columns past the last whole
+// Layout: fp32, each tensor NCHW or NHWC as its flag says. A pool window is P×P with stride P; rows and columns past the last whole
 // window are dropped (PyTorch's MaxPool2d without padding). Each pooled value remembers which
 // of its window's P² inputs was the (first) largest in a byte, or RELU_OFF when the ReLU after
 // the pool zeroed it: the backward pass then needs neither the conv output nor the activation.
@@ -10,23 +10,33 @@
 
 #define RELU_OFF 255
 
+// Where element (n, c, y, x) of an N×C×H×W tensor lies: NCHW, or NHWC (channels innermost, the
+// layout cuDNN's tensor-core convolutions read and write without transposing).
+__device__ __forceinline__ long long at4(int n, int c, int y, int x, int C, int H, int W, int nhwc) {
+    return nhwc ? (((long long)n * H + y) * W + x) * C + c : (((long long)n * C + c) * H + y) * W + x;
+}
+// The inverse for the pooled tensors' thread mapping: element `idx` in the given layout.
+__device__ __forceinline__ void coords4(long long idx, int C, int H, int W, int nhwc, int& n, int& c, int& y, int& x) {
+    if (nhwc) { c = idx % C; idx /= C; x = idx % W; idx /= W; y = idx % H; n = idx / H; }
+    else { x = idx % W; idx /= W; y = idx % H; idx /= H; c = idx % C; n = idx / C; }
+}
+
 // a[n, c, i, j] = ReLU(max_{u,v < P} conv[n, c, i·P + u, j·P + v] + b[c]);  arg = argmax (u·P + v).
 // max(x) + b = max(x + b), and ReLU commutes with max: this is conv → +b → pool → ReLU.
+// conv in layout in_nhwc, a and arg in out_nhwc; one thread per pooled value, in a's order.
 extern "C" __global__ void pool_bias_relu(const float* __restrict__ conv, const float* __restrict__ bias,
                                           float* __restrict__ out, unsigned char* __restrict__ arg,
-                                          int n, int c, int h, int w, int p) {
+                                          int n, int c, int h, int w, int p, int in_nhwc, int out_nhwc) {
     const int ho = h / p, wo = w / p;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * c * ho * wo) return;
-    int j = idx % wo, i = (idx / wo) % ho;
-    long long plane = idx / ((long long)ho * wo);  // n·c + channel
-    int ch = plane % c;
-    const float* src = conv + plane * h * w + (long long)(i * p) * w + j * p;
-    float best = src[0];
+    int s, ch, i, j;
+    coords4(idx, c, ho, wo, out_nhwc, s, ch, i, j);
+    float best = conv[at4(s, ch, i * p, j * p, c, h, w, in_nhwc)];
     int where = 0;
     for (int u = 0; u < p; ++u)
         for (int v = 0; v < p; ++v) {
-            float x = src[u * w + v];
+            float x = conv[at4(s, ch, i * p + u, j * p + v, c, h, w, in_nhwc)];
             if (x > best) { best = x; where = u * p + v; }
         }
     float y = best + bias[ch];
@@ -35,18 +45,20 @@ extern "C" __global__ void pool_bias_relu(const float* __restrict__ conv, const 
 }
 
 // dconv[n, c, y, x] = dout[n, c, y/P, x/P] where (y, x) is that window's recorded maximum and the
-// ReLU passed it, else 0. One thread per conv element: every element is written, coalesced.
+// ReLU passed it, else 0. One thread per conv element, in dconv's layout (conv_nhwc): every
+// element is written, coalesced. dout and arg are in layout out_nhwc.
 extern "C" __global__ void pool_relu_backward(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
-                                              float* __restrict__ dconv, int n, int c, int h, int w, int p) {
+                                              float* __restrict__ dconv, int n, int c, int h, int w, int p,
+                                              int conv_nhwc, int out_nhwc) {
     const int ho = h / p, wo = w / p;
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * c * h * w) return;
-    int x = idx % w, y = (idx / w) % h;
-    long long plane = idx / ((long long)h * w);
-    int i = y / p, j = x / p;
+    int s, ch, y, x;
+    coords4(idx, c, h, w, conv_nhwc, s, ch, y, x);
+    const int i = y / p, j = x / p;
     float g = 0.0f;
     if (i < ho && j < wo) {
-        long long k = plane * ho * wo + i * wo + j;
+        long long k = at4(s, ch, i, j, c, ho, wo, out_nhwc);
         if (arg[k] == (y - i * p) * p + (x - j * p)) g = dout[k];
     }
     dconv[idx] = g;
@@ -54,14 +66,15 @@ extern "C" __global__ void pool_relu_backward(const float* __restrict__ dout, co
 
 // db[ch] = Σ_{n, i, j} dout[n, ch, i, j] · [ReLU passed]  (= Σ of dconv over the channel: each
 // pooled gradient lands on exactly one conv element). One block per channel, its threads
-// strided over (n, i·j), then a tree in shared memory: a fixed order.
+// strided over (n, position) in 32-bit arithmetic, then a tree in shared memory: a fixed order.
 extern "C" __global__ void channel_bias_grad(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
-                                             float* __restrict__ db, int n, int c, int hw) {
+                                             float* __restrict__ db, int n, int c, int hw, int nhwc) {
     __shared__ float part[CNN_REDUCE_THREADS];
     const int ch = blockIdx.x;
     float acc = 0.0f;
-    for (long long k = threadIdx.x; k < (long long)n * hw; k += CNN_REDUCE_THREADS) {
-        long long at = (k / hw * c + ch) * hw + k % hw;
+    for (int k = threadIdx.x; k < n * hw; k += CNN_REDUCE_THREADS) {
+        const int s = k / hw, pos = k - s * hw;
+        const int at = nhwc ? k * c + ch : (s * c + ch) * hw + pos;
         if (arg[at] != RELU_OFF) acc += dout[at];
     }
     part[threadIdx.x] = acc;
@@ -147,7 +160,7 @@ extern "C" __global__ void count_correct(const float* __restrict__ logits, const
 extern "C" __global__ void first_conv_pool_forward(const float* __restrict__ x, const float* __restrict__ w,
                                                    const float* __restrict__ bias, float* __restrict__ out,
                                                    unsigned char* __restrict__ arg, int outs, int h, int wd,
-                                                   int p) {
+                                                   int p, int out_nhwc) {
     constexpr int c = FIRST_C, k = FIRST_K;
     extern __shared__ float smem[];
     const int image = c * h * wd, taps = c * k * k;
@@ -159,7 +172,8 @@ extern "C" __global__ void first_conv_pool_forward(const float* __restrict__ x, 
     __syncthreads();
     const int ho = (h - k + 1) / p, wo = (wd - k + 1) / p;
     for (int q = threadIdx.x; q < outs * ho * wo; q += blockDim.x) {
-        const int o = q / (ho * wo), i = (q / wo) % ho, j = q % wo;
+        int s_, o, i, j;  // q: the pooled value's index within the sample, in the output's layout
+        coords4(q, outs, ho, wo, out_nhwc, s_, o, i, j);
         const float* wf = ws + o * taps;
         float best = -__int_as_float(0x7f800000);  // −∞
         int where = 0;
@@ -190,7 +204,8 @@ extern "C" __global__ void first_conv_pool_forward(const float* __restrict__ x, 
 // first_conv_reduce adds the chunks, in order.
 extern "C" __global__ void first_conv_weight_grad(const float* __restrict__ x, const float* __restrict__ dout,
                                                   const unsigned char* __restrict__ arg, float* __restrict__ partial,
-                                                  int n, int outs, int h, int wd, int p, int per_chunk) {
+                                                  int n, int outs, int h, int wd, int p, int per_chunk,
+                                                  int nhwc) {
     constexpr int c = FIRST_C, k = FIRST_K;
     __shared__ float part[CNN_REDUCE_THREADS];
     const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
@@ -201,7 +216,7 @@ extern "C" __global__ void first_conv_weight_grad(const float* __restrict__ x, c
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int q = threadIdx.x; q < (last - first) * plane; q += CNN_REDUCE_THREADS) {
         const int s = first + q / plane, pos = q % plane;
-        const long long at = ((long long)s * outs + o) * plane + pos;
+        const long long at = at4(s, o, pos / wo, pos % wo, outs, ho, wo, nhwc);
         const int where = arg[at];
         if (where == RELU_OFF) continue;
         const float g = dout[at];

@@ -22,7 +22,8 @@ from graphtrain.libs import cuda
 from graphtrain.libs.shared_lib import SharedLibrary
 
 # Enum values from cudnn_graph.h / cudnn_ops.h.
-CUDNN_TENSOR_NCHW = 0
+CUDNN_TENSOR_NCHW, CUDNN_TENSOR_NHWC = 0, 1
+LAYOUTS = {"nchw": CUDNN_TENSOR_NCHW, "nhwc": CUDNN_TENSOR_NHWC}
 CUDNN_DATA_FLOAT = 0
 CUDNN_CROSS_CORRELATION = 1  # what deep-learning frameworks call convolution (no kernel flip)
 CUDNN_DETERMINISTIC = 1
@@ -130,14 +131,14 @@ class Cudnn:
             raise cuda.ClosedError("this cuDNN handle was closed")
         return self._handle
 
-    def tensor_4d(self, n: int, c: int, h: int = 1, w: int = 1) -> ctypes.c_void_p:
-        """A float32 NCHW tensor descriptor, destroyed by `close`. For row-wise softmax over a
-        rows×classes matrix use tensor_4d(rows, classes, 1, 1)."""
+    def tensor_4d(self, n: int, c: int, h: int = 1, w: int = 1, layout: str = "nchw") -> ctypes.c_void_p:
+        """A float32 tensor descriptor, NCHW (or NHWC: channels innermost), destroyed by `close`.
+        For row-wise softmax over a rows×classes matrix use tensor_4d(rows, classes, 1, 1)."""
         self._require()
         desc = ctypes.c_void_p()
         library.check(self._lib.cudnnCreateTensorDescriptor(ctypes.byref(desc)), "cudnnCreateTensorDescriptor")
         self._descs.append(desc)  # destroyed by close(), also when setting it fails below
-        library.check(self._lib.cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w),
+        library.check(self._lib.cudnnSetTensor4dDescriptor(desc, LAYOUTS[layout], CUDNN_DATA_FLOAT, n, c, h, w),
                       "cudnnSetTensor4dDescriptor")
         return desc
 
@@ -155,13 +156,14 @@ class Cudnn:
         if status:
             library.check(status, "cudnnSoftmaxBackward")
 
-    def filter_4d(self, k: int, c: int, h: int, w: int) -> ctypes.c_void_p:
-        """A float32 filter descriptor (k outputs × c inputs × h × w, NCHW), destroyed by `close`."""
+    def filter_4d(self, k: int, c: int, h: int, w: int, layout: str = "nchw") -> ctypes.c_void_p:
+        """A float32 filter descriptor, k outputs × c inputs × h × w, stored KCHW ("nchw") or KHWC
+        ("nhwc"), destroyed by `close`."""
         self._require()
         desc = ctypes.c_void_p()
         library.check(self._lib.cudnnCreateFilterDescriptor(ctypes.byref(desc)), "cudnnCreateFilterDescriptor")
         self._filters.append(desc)
-        library.check(self._lib.cudnnSetFilter4dDescriptor(desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, h, w),
+        library.check(self._lib.cudnnSetFilter4dDescriptor(desc, CUDNN_DATA_FLOAT, LAYOUTS[layout], k, c, h, w),
                       "cudnnSetFilter4dDescriptor")
         return desc
 
@@ -263,17 +265,18 @@ class ConvPlan:
         plan.forward(x, w, y)                              # in the step: one queued call
 
     `passes` names the passes the layer runs ("forward", "backward_data", "backward_filter"):
-    the first layer of a network needs no backward-data pass.
+    the first layer of a network needs no backward-data pass. `layout` is every tensor's, "nchw"
+    or "nhwc" (the filter then KHWC): cuDNN's tensor-core kernels read NHWC without transposing.
     """
 
     def __init__(self, dnn: Cudnn, n: int, c: int, h: int, w: int, k: int, kernel: int, stride: int, padding: int,
-                 precision: str, passes=tuple(_PASSES)):
-        self.dnn, self.passes = dnn, tuple(passes)
-        self.x_desc = dnn.tensor_4d(n, c, h, w)
-        self.w_desc = dnn.filter_4d(k, c, kernel, kernel)
+                 precision: str, passes=tuple(_PASSES), layout: str = "nchw"):
+        self.dnn, self.passes, self.layout = dnn, tuple(passes), layout
+        self.x_desc = dnn.tensor_4d(n, c, h, w, layout)
+        self.w_desc = dnn.filter_4d(k, c, kernel, kernel, layout)
         self.conv = dnn.convolution_2d(padding, stride, precision)
-        self.out_shape = dnn.output_dim(self.conv, self.x_desc, self.w_desc)
-        self.y_desc = dnn.tensor_4d(*self.out_shape)
+        self.out_shape = dnn.output_dim(self.conv, self.x_desc, self.w_desc)  # (n, c, h, w) whatever the layout
+        self.y_desc = dnn.tensor_4d(*self.out_shape, layout)
         self.candidates = {name: _usable(self._heuristics(name), MAX_WORKSPACE_BYTES) for name in self.passes}
         for name, found in self.candidates.items():
             if not found:

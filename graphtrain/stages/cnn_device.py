@@ -78,10 +78,14 @@ def packed_layout(shapes) -> tuple[list[int], int]:
 class CnnDevice:
     """`fused_first`: the first conv layer through kernels/cnn.cu's first_conv_* (conv, bias, pool
     and ReLU in one kernel; the weight and bias gradients from the pooled gradient in two), where
-    the layer fits them (stride 1, no padding, at most 32 taps); False: through cuDNN like the rest."""
+    the layer fits them (stride 1, no padding, at most 32 taps); False: through cuDNN like the rest.
+    `nhwc`: cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels
+    need no transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the
+    last conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten)."""
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
-                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused_first: bool = True):
+                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused_first: bool = True,
+                 nhwc: bool = True):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch
@@ -94,6 +98,11 @@ class CnnDevice:
         self.fused_first = fused_first and first_layer_fits(spec.channels, spec.height, spec.width,
                                                             first.out_channels, first.kernel, first.stride,
                                                             first.padding)
+        # NHWC images for a cuDNN first layer only where one channel makes NCHW the same bytes.
+        self.layout = "nhwc" if nhwc and (self.fused_first or spec.channels == 1) else "nchw"
+        nconv = len(spec.convs)
+        self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
+        self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
         self.cnn_cu = Cnn(device, (spec.channels, first.kernel))
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
@@ -149,9 +158,9 @@ class CnnDevice:
                 continue
             passes = ("forward", "backward_filter") + (("backward_data",) if i > 0 else ())
             self.train_plans.append(ConvPlan(self.dnn, b, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
-                                             recipe.precision, passes))
+                                             recipe.precision, passes, self.layout))
             self.eval_plans.append(ConvPlan(self.dnn, e, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
-                                            recipe.precision, ("forward",)))
+                                            recipe.precision, ("forward",), self.layout))
         self.conv_workspace_bytes = max([p.workspace_bytes for p in self.train_plans + self.eval_plans if p] + [0])
         self.conv_workspace = arena.reserve("conv_workspace", (max(self.conv_workspace_bytes, 1),), np.uint8)
         self.blas_workspace = arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
@@ -186,12 +195,18 @@ class CnnDevice:
     def grad(self, index: int) -> int:
         return self.grads.at(self.offsets[index])
 
+    def _khwc(self, index: int) -> bool:
+        """Whether parameter `index` is a conv filter cuDNN reads as KHWC."""
+        return index < 2 * len(self.spec.convs) and index % 2 == 0 and self.conv_nhwc and \
+            self.train_plans[index // 2] is not None
+
     def pack(self, params: list[np.ndarray]) -> np.ndarray:
+        """The parameters (PyTorch's shapes: filters KCHW) as the device's span."""
         span = np.zeros(self.params.shape, np.float32)
-        for offset, p, shape in zip(self.offsets, params, self.shapes):
+        for i, (offset, p, shape) in enumerate(zip(self.offsets, params, self.shapes)):
             if p.shape != shape:
                 raise ValueError(f"parameter of shape {p.shape} where the model has {shape}")
-            span[offset:offset + p.size] = p.ravel()
+            span[offset:offset + p.size] = (p.transpose(0, 2, 3, 1) if self._khwc(i) else p).ravel()
         return span
 
     def load(self, params: list[np.ndarray], orders: np.ndarray) -> None:
@@ -209,8 +224,16 @@ class CnnDevice:
                 buf.zero(stream)
 
     def weights(self) -> list[np.ndarray]:
-        span = self.params.download(self.stream)
-        return [span[o:o + int(np.prod(s))].reshape(s).copy() for o, s in zip(self.offsets, self.shapes)]
+        """The parameters in PyTorch's shapes (filters KCHW), float32."""
+        span, out = self.params.download(self.stream), []
+        for i, (o, shape) in enumerate(zip(self.offsets, self.shapes)):
+            flat = span[o:o + int(np.prod(shape))]
+            if self._khwc(i):
+                k, c, h, w = shape
+                out.append(flat.reshape(k, h, w, c).transpose(0, 3, 1, 2).copy())
+            else:
+                out.append(flat.reshape(shape).copy())
+        return out
 
     def read_correct(self) -> int:
         return int(self.correct.download(self.stream)[0])
@@ -232,13 +255,15 @@ class CnnDevice:
             if plans[i] is None:  # the fused first layer
                 ops.append((f"conv{i}+bias+pool+relu", partial(cnn.first_conv_pool_forward, stream, src,
                                                                  self.param(0), self.param(1), self.a[0].ptr,
-                                                                 self.arg[0].ptr, rows, co, h, w, layer.pool)))
+                                                                 self.arg[0].ptr, rows, co, h, w, layer.pool,
+                                                                 self.act_nhwc[0])))
                 src = self.a[0].ptr
                 continue
             ops.append((f"conv{i} forward", partial(plans[i].forward, src, self.param(2 * i), self.c[i].ptr)))
             ops.append((f"conv{i} bias+pool+relu", partial(cnn.pool_bias_relu, stream, self.c[i].ptr,
                                                              self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
-                                                             rows, co, hc, wc, layer.pool)))
+                                                             rows, co, hc, wc, layer.pool, self.conv_nhwc,
+                                                             self.act_nhwc[i])))
             src = self.a[i].ptr
         dims, base = spec.dims, 2 * len(spec.convs)
         for j in range(len(dims) - 1):
@@ -285,14 +310,15 @@ class CnnDevice:
             if self.train_plans[i] is None:  # the fused first layer
                 ops.append((f"conv{i} weight+bias grad", partial(
                     cnn.first_conv_weight_grad, stream, self.x.ptr, self.da[0].ptr, self.arg[0].ptr,
-                    self.first_partial.ptr, self.grad(0), self.grad(1), b, co, h, w, layer.pool)))
+                    self.first_partial.ptr, self.grad(0), self.grad(1), b, co, h, w, layer.pool,
+                    self.act_nhwc[0])))
                 continue
             ops.append((f"conv{i} pool+relu backward", partial(cnn.pool_relu_backward, stream, self.da[i].ptr,
                                                                self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc,
-                                                               layer.pool)))
+                                                               layer.pool, self.conv_nhwc, self.act_nhwc[i])))
             ops.append((f"conv{i} bias grad", partial(cnn.channel_bias_grad, stream, self.da[i].ptr, self.arg[i].ptr,
                                                       self.grad(2 * i + 1), b, co,
-                                                      (hc // layer.pool) * (wc // layer.pool))))
+                                                      (hc // layer.pool) * (wc // layer.pool), self.act_nhwc[i])))
             src = self.x.ptr if i == 0 else self.a[i - 1].ptr
             ops.append((f"conv{i} backward filter", partial(self.train_plans[i].backward_filter, src,
                                                             self.dc[i].ptr, self.grad(2 * i))))
