@@ -52,6 +52,9 @@ for name, op in model.step_ops(s):
 print(f"{'sum':32} {total:8.2f}")
 print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
 print("algorithms:", model.environment()["cudnn_algorithms"])
+for i, plan in enumerate(model.train_plans):
+    for name, results in (plan.timed.items() if plan else ()):
+        print(f"conv{i} {name} timed (algo, status, ms, bytes, deterministic, math):", results)
 outer = cuda.Stream()
 for rep in range(3):
     model.load(task.initial(0), task.orders(0))

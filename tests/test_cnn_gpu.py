@@ -149,7 +149,7 @@ def test_optimizer_kernel_matches_reference(stream, gpu_device, optimizer, steps
     finally:
         cu.close()
     msg = f"{optimizer}, {steps} steps, seed {seed}"
-    assert rel_err(p - p0, ref[0] - p0) < 2e-5, msg  # the change, so the update's error is seen
+    assert rel_err(p - p0, ref[0] - p0) < 5e-5, msg  # the change, so the update's error is seen
     assert list(st) == [steps, 0], msg
     assert abs(lr[0] - schedule.at(steps - 1)) <= 1e-6 * schedule.lr, msg
 

@@ -171,24 +171,38 @@ extern "C" __global__ void first_conv_pool_forward(const float* __restrict__ x, 
     for (int t = threadIdx.x; t < outs * taps; t += blockDim.x) ws[t] = w[t];
     __syncthreads();
     const int ho = (h - k + 1) / p, wo = (wd - k + 1) / p;
+    constexpr int P = FIRST_POOL, span = FIRST_K + FIRST_POOL - 1;  // the window's input patch
     for (int q = threadIdx.x; q < outs * ho * wo; q += blockDim.x) {
         int s_, o, i, j;  // q: the pooled value's index within the sample, in the output's layout
         coords4(q, outs, ho, wo, out_nhwc, s_, o, i, j);
         const float* wf = ws + o * taps;
-        float best = -__int_as_float(0x7f800000);  // −∞
+        // The P×P conv outputs of the window share one (k+P−1)² patch per channel: read it once.
+        float acc[P * P];
+#pragma unroll
+        for (int t = 0; t < P * P; ++t) acc[t] = 0.0f;
+#pragma unroll
+        for (int ch = 0; ch < c; ++ch) {
+            float patch[span][span];
+#pragma unroll
+            for (int a = 0; a < span; ++a)
+#pragma unroll
+                for (int b = 0; b < span; ++b) patch[a][b] = xs[(ch * h + i * P + a) * wd + j * P + b];
+#pragma unroll
+            for (int a = 0; a < k; ++a)
+#pragma unroll
+                for (int b = 0; b < k; ++b) {
+                    const float wv = wf[(ch * k + a) * k + b];
+#pragma unroll
+                    for (int u = 0; u < P; ++u)
+#pragma unroll
+                        for (int v = 0; v < P; ++v) acc[u * P + v] = fmaf(patch[u + a][v + b], wv, acc[u * P + v]);
+                }
+        }
+        float best = acc[0];
         int where = 0;
-        for (int u = 0; u < p; ++u)
-            for (int v = 0; v < p; ++v) {
-                float acc = 0.0f;
 #pragma unroll
-                for (int ch = 0; ch < c; ++ch)
-#pragma unroll
-                    for (int a = 0; a < k; ++a)
-#pragma unroll
-                        for (int b = 0; b < k; ++b)
-                            acc = fmaf(xs[(ch * h + i * p + u + a) * wd + j * p + v + b], wf[(ch * k + a) * k + b], acc);
-                if (acc > best) { best = acc; where = u * p + v; }
-            }
+        for (int t = 1; t < P * P; ++t)
+            if (acc[t] > best) { best = acc[t]; where = t; }
         const float y = best + bias[o];
         const long long at = (long long)s * outs * ho * wo + q;
         out[at] = y > 0.0f ? y : 0.0f;

@@ -23,7 +23,7 @@ def first_layer_fits(c: int, h: int, w: int, outs: int, k: int, stride: int, pad
 
 class Cnn(KernelFile):
     stem = "cnn"
-    defines = {"CNN_REDUCE_THREADS": REDUCE_THREADS, "FIRST_C": 1, "FIRST_K": 5}
+    defines = {"CNN_REDUCE_THREADS": REDUCE_THREADS, "FIRST_C": 1, "FIRST_K": 5, "FIRST_POOL": 2}
     _pool_bias_relu = kernel("pool_bias_relu", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)
     _pool_relu_backward = kernel("pool_relu_backward", PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)
     _channel_bias_grad = kernel("channel_bias_grad", PTR, PTR, PTR, I32, I32, I32, I32)
@@ -34,10 +34,10 @@ class Cnn(KernelFile):
                                      I32)
     _first_conv_reduce = kernel("first_conv_reduce", PTR, PTR, PTR, I32, I32)
 
-    def __init__(self, device, first_layer: tuple[int, int] = (1, 5)):
-        """`first_layer`: (input channels, kernel size) of the layer first_conv_* compile for."""
-        super().__init__(device, {"FIRST_C": first_layer[0], "FIRST_K": first_layer[1]})
-        self.first_c, self.first_k = first_layer
+    def __init__(self, device, first_layer: tuple[int, int, int] = (1, 5, 2)):
+        """`first_layer`: (input channels, kernel size, pool) of the layer first_conv_* compile for."""
+        super().__init__(device, dict(zip(("FIRST_C", "FIRST_K", "FIRST_POOL"), first_layer)))
+        self.first_c, self.first_k, self.first_pool = first_layer
 
     @staticmethod
     def first_chunks(n: int) -> int:
@@ -46,6 +46,8 @@ class Cnn(KernelFile):
     def first_conv_pool_forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
                                 wd: int, pool: int, out_nhwc: bool) -> None:
         """out = ReLU(maxpool(conv(x, w) + b)) with each window's argmax, the conv never stored."""
+        if pool != self.first_pool:
+            raise ValueError(f"first_conv_* are compiled for a {self.first_pool}x{self.first_pool} pool, not {pool}")
         shared = 4 * (self.first_c * h * wd + outs * self.first_c * self.first_k ** 2)
         self._first_conv_pool_forward(stream, n, FIRST_THREADS, x, w, b, out, arg, outs, h, wd, pool, out_nhwc,
                                       shared_bytes=shared)

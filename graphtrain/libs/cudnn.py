@@ -286,6 +286,7 @@ class ConvPlan:
         # Room for every candidate, so the timed search below can try them all.
         self.workspace_bytes = max(r.memory for found in self.candidates.values() for r in found)
         self.algo: dict[str, int] = {}
+        self.timed: dict[str, list[tuple]] = {}
         self.workspace, self.workspace_size = 0, 0
 
     def _heuristics(self, name: str) -> list[AlgoPerf]:
@@ -303,7 +304,10 @@ class ConvPlan:
             args = {"forward": (d.x_desc, x, d.w_desc, w, d.conv, d.y_desc, y),
                     "backward_data": (d.w_desc, w, d.y_desc, y, d.conv, d.x_desc, x),
                     "backward_filter": (d.x_desc, x, d.y_desc, y, d.conv, d.w_desc, w)}[name]
-            timed = _usable(self.dnn.algorithms(_PASSES[name][1], *args, workspace, workspace_bytes), workspace_bytes)
+            results = self.dnn.algorithms(_PASSES[name][1], *args, workspace, workspace_bytes)
+            self.timed[name] = [(r.algo, r.status, round(r.time, 4), r.memory, r.determinism, r.math_type)
+                                for r in results]  # what cuDNN measured, for a profile to show
+            timed = _usable(results, workspace_bytes)
             if not timed:
                 raise ConvAlgorithmError(f"cuDNN timed no deterministic {name.replace('_', ' ')} algorithm that fits "
                                          f"{workspace_bytes} bytes of workspace")

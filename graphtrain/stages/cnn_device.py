@@ -103,7 +103,7 @@ class CnnDevice:
         nconv = len(spec.convs)
         self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
         self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
-        self.cnn_cu = Cnn(device, (spec.channels, first.kernel))
+        self.cnn_cu = Cnn(device, (spec.channels, first.kernel, first.pool))
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
