@@ -146,7 +146,6 @@ class NumpyRow(Row):
 
 
 class _CnnGpuRow(Row):
-    note = "TF32 convolutions and products (cuDNN, cuBLAS), fp32 elsewhere"
 
     def setup(self, task: Task) -> None:
         from graphtrain.libs import cuda
@@ -156,7 +155,7 @@ class _CnnGpuRow(Row):
         self.device = cuda.open_device()
         self.model = CnnDevice(self.device, task.spec, task.recipe, task.train_images, task.train_labels,
                                task.test_images, task.test_labels)
-        self.note = self.note.replace("TF32", task.recipe.precision.upper())
+        self.note = self.model.precision_note()
         self.outer = cuda.Stream()
         # Warm-up: first launches of every kernel and library call (undone by the next load).
         self.model.load(task.initial(0), task.orders(0))

@@ -14,12 +14,12 @@ from graphtrain.stages.cnn_device import CnnDevice
 parser = argparse.ArgumentParser()
 parser.add_argument("--precision", default="tf32")
 parser.add_argument("--body", type=int, default=5)
-parser.add_argument("--cudnn-first", action="store_true", help="the first conv layer through cuDNN too")
+parser.add_argument("--cudnn", action="store_true", help="the conv layers through cuDNN, not convpool.cu")
 parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on NCHW tensors")
 args = parser.parse_args()
 task = make_task(config.preset("speedrun"), data.load("mnist"), precision=args.precision)
 model = CnnDevice(cuda.open_device(), task.spec, task.recipe, task.train_images, task.train_labels,
-                  task.test_images, task.test_labels, fused_first=not args.cudnn_first,
+                  task.test_images, task.test_labels, fused=not args.cudnn,
                   nhwc=not args.nchw)
 s = model.stream
 model.load(task.initial(0), task.orders(0))

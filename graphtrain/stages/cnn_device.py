@@ -36,7 +36,9 @@ from functools import partial
 import numpy as np
 
 from graphtrain.kernels import ceil_div
-from graphtrain.kernels.cnn import Cnn, first_layer_fits
+from graphtrain.kernels import convpool
+from graphtrain.kernels.cnn import Cnn
+from graphtrain.kernels.convpool import ConvPool
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.layers import Layers
@@ -76,15 +78,16 @@ def packed_layout(shapes) -> tuple[list[int], int]:
 
 
 class CnnDevice:
-    """`fused_first`: the first conv layer through kernels/cnn.cu's first_conv_* (conv, bias, pool
-    and ReLU in one kernel; the weight and bias gradients from the pooled gradient in two), where
-    the layer fits them (stride 1, no padding, at most 32 taps); False: through cuDNN like the rest.
-    `nhwc`: cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels
-    need no transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the
-    last conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten)."""
+    """`fused`: every conv layer as kernels/convpool.cu's fused kernels (conv + bias + pool + ReLU
+    in one, the weight and bias gradients from the pooled gradient, the input gradient), where all
+    layers fit them (stride 1, no padding, one sample and the filters in shared memory); NCHW.
+    Otherwise (or False) cuDNN's convolutions and kernels/cnn.cu's pooling kernels. `nhwc`: then
+    cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels need no
+    transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the last
+    conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten)."""
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
-                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused_first: bool = True,
+                 train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
                  nhwc: bool = True):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
@@ -94,16 +97,17 @@ class CnnDevice:
         self.eval_chunks = ceil_div(self.num_test, e)
         rows = max(b, e)
         self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
-        first = spec.convs[0]
-        self.fused_first = fused_first and first_layer_fits(spec.channels, spec.height, spec.width,
-                                                            first.out_channels, first.kernel, first.stride,
-                                                            first.padding)
-        # NHWC images for a cuDNN first layer only where one channel makes NCHW the same bytes.
-        self.layout = "nhwc" if nhwc and (self.fused_first or spec.channels == 1) else "nchw"
+        self.conv_shapes = spec.conv_shapes()
+        self.fused = fused and all(convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool)
+                                   for (cin, h, w, co, _, _), layer in zip(self.conv_shapes, spec.convs))
+        # NHWC images for cuDNN's first layer only where one channel makes NCHW the same bytes.
+        self.layout = "nhwc" if nhwc and not self.fused and spec.channels == 1 else "nchw"
         nconv = len(spec.convs)
         self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
         self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
-        self.cnn_cu = Cnn(device, (spec.channels, first.kernel, first.pool))
+        self.cnn_cu = Cnn(device)
+        self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool) if self.fused else None
+                         for (cin, *_), layer in zip(self.conv_shapes, spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
@@ -132,19 +136,18 @@ class CnnDevice:
         self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
-        self.conv_shapes = spec.conv_shapes()
         self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
         for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
             hp, wp = hc // layer.pool, wc // layer.pool
-            through_cudnn = i > 0 or not self.fused_first  # the fused first layer keeps its conv output in registers
-            self.c.append(arena.reserve(f"c{i}", (rows, co, hc, wc)) if through_cudnn else None)
+            # The fused layers keep the conv output in registers: no c_i, no dc_i.
+            self.c.append(None if self.fused else arena.reserve(f"c{i}", (rows, co, hc, wc)))
             self.a.append(arena.reserve(f"a{i}", (rows, co, hp, wp)))
             self.arg.append(arena.reserve(f"arg{i}", (rows, co, hp, wp), np.uint8))
-            self.dc.append(arena.reserve(f"dc{i}", (b, co, hc, wc)) if through_cudnn else None)
+            self.dc.append(None if self.fused else arena.reserve(f"dc{i}", (b, co, hc, wc)))
             self.da.append(arena.reserve(f"da{i}", (b, co, hp, wp)))
-        if self.fused_first:
-            taps = spec.channels * first.kernel ** 2 + 1
-            self.first_partial = arena.reserve("first_partial", (first.out_channels, Cnn.first_chunks(b), taps))
+        # The fused weight gradients' per-chunk partial sums (taps and the bias), per layer.
+        self.partial = [arena.reserve(f"partial{i}", (co, ConvPool.chunks(b), cp.taps + 1)) if cp else None
+                        for i, ((_, _, _, co, _, _), cp) in enumerate(zip(self.conv_shapes, self.convpool))]
         dims = spec.dims
         self.h = [arena.reserve(f"h{j}", (rows, d)) for j, d in enumerate(dims[1:], 1)]  # h[-1]: logits
         self.dh = [arena.reserve(f"dh{j}", (b, d)) for j, d in enumerate(dims[1:], 1)]  # dh[-1]: dlogits
@@ -152,7 +155,7 @@ class CnnDevice:
         # ---- cuDNN: one plan per conv layer for the training batch, one for the evaluation ----
         self.train_plans, self.eval_plans = [], []
         for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            if i == 0 and self.fused_first:
+            if self.fused:
                 self.train_plans.append(None)
                 self.eval_plans.append(None)
                 continue
@@ -252,12 +255,11 @@ class CnnDevice:
         spec, cnn, ops = self.spec, self.cnn_cu, []
         src = x
         for i, ((cin, h, w, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            if plans[i] is None:  # the fused first layer
-                ops.append((f"conv{i}+bias+pool+relu", partial(cnn.first_conv_pool_forward, stream, src,
-                                                                 self.param(0), self.param(1), self.a[0].ptr,
-                                                                 self.arg[0].ptr, rows, co, h, w, layer.pool,
-                                                                 self.act_nhwc[0])))
-                src = self.a[0].ptr
+            if self.fused:
+                ops.append((f"conv{i}+bias+pool+relu", partial(self.convpool[i].forward, stream, src,
+                                                                 self.param(2 * i), self.param(2 * i + 1),
+                                                                 self.a[i].ptr, self.arg[i].ptr, rows, co, h, w)))
+                src = self.a[i].ptr
                 continue
             ops.append((f"conv{i} forward", partial(plans[i].forward, src, self.param(2 * i), self.c[i].ptr)))
             ops.append((f"conv{i} bias+pool+relu", partial(cnn.pool_bias_relu, stream, self.c[i].ptr,
@@ -307,11 +309,15 @@ class CnnDevice:
         # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
         for i in range(nconv - 1, -1, -1):
             (_, h, w, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
-            if self.train_plans[i] is None:  # the fused first layer
+            if self.fused:
+                src = self.x.ptr if i == 0 else self.a[i - 1].ptr
                 ops.append((f"conv{i} weight+bias grad", partial(
-                    cnn.first_conv_weight_grad, stream, self.x.ptr, self.da[0].ptr, self.arg[0].ptr,
-                    self.first_partial.ptr, self.grad(0), self.grad(1), b, co, h, w, layer.pool,
-                    self.act_nhwc[0])))
+                    self.convpool[i].weight_grad, stream, src, self.da[i].ptr, self.arg[i].ptr, self.partial[i].ptr,
+                    self.grad(2 * i), self.grad(2 * i + 1), b, co, h, w)))
+                if i > 0:
+                    ops.append((f"conv{i} input grad", partial(
+                        self.convpool[i].backward_data, stream, self.da[i].ptr, self.arg[i].ptr, self.param(2 * i),
+                        self.da[i - 1].ptr, b, co, h, w)))
                 continue
             ops.append((f"conv{i} pool+relu backward", partial(cnn.pool_relu_backward, stream, self.da[i].ptr,
                                                                self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc,
@@ -373,12 +379,21 @@ class CnnDevice:
             cuda.stream_wait(outer, self.stream)  # and back: the capture ends on `outer`
         return graph
 
+    def precision_note(self) -> str:
+        """What ran in which precision, from the code path taken."""
+        products = "TF32" if self.recipe.precision == "tf32" else "fp32"
+        if self.fused:
+            convs = "convolutions fp32 (convpool.cu's fused conv+bias+pool+ReLU kernels)"
+        else:
+            convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
+        return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
+
     def environment(self) -> dict:
         algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
                  for name, algo in plan.algo.items()}
-        if self.fused_first:
-            algos["conv0"] = "first_conv_* kernels (fp32 FMA)"
-        return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.recipe.precision,
+        if self.fused:
+            algos = {"conv": "kernels/convpool.cu (fused conv+bias+pool+ReLU, fp32 FMA)"}
+        return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.precision_note(),
                 "cudnn_algorithms": algos}
 
     def close(self) -> None:
@@ -386,5 +401,8 @@ class CnnDevice:
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
+        for cp in getattr(self, "convpool", []):
+            if cp is not None:
+                cp.close()
         if getattr(self, "stream", None) is not None:
             self.stream.close()
