@@ -4,7 +4,8 @@
 // 20–45 µs a pass, writing the full conv output for the pool to read back; here the conv output
 // never leaves registers, and the backward passes read only the pooled gradient and each
 // window's argmax. fp32 on the CUDA cores. CP_C (input channels), CP_K (kernel) and CP_P (pool
-// window and stride) come from convpool.py, one build per layer: every loop over them unrolls.
+// window and stride) and CP_OUTS (output channels) come from convpool.py, one build per layer:
+// every loop over them unrolls.
 //
 // Tensors are NCHW. Pooled value (s, o, i, j) keeps in arg the position u·P + v of its window's
 // first maximum, or RELU_OFF where the ReLU after the pool zeroed it (no gradient flows there).
@@ -74,31 +75,35 @@ extern "C" __global__ void convpool_forward(const float* __restrict__ x, const f
 // partial[(o·chunks + chunk)·(TAPS + 1) + t], t = TAPS being the bias; convpool_reduce adds the
 // chunks in order.
 
-// Few taps (a first layer): the accumulators in registers, the threads over (sample, window),
-// then a tree over the threads per tap.
+// Few taps (a first layer): the chunk's inputs staged in shared memory, the accumulators in
+// registers, the threads over (sample, window), then a tree over the threads per tap.
 extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
                                                      int per_chunk) {
+    extern __shared__ float xs[];  // per_chunk samples of CP_C·h·wd
     __shared__ float part[CP_REDUCE_THREADS];
     const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-    const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo;
+    const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo, image = CP_C * h * wd;
+    const int first = chunk * per_chunk, last = min(n, first + per_chunk);
+    for (int t = threadIdx.x; t < (last - first) * image; t += CP_REDUCE_THREADS)
+        xs[t] = x[(long long)first * image + t];
+    __syncthreads();
     float acc[TAPS + 1];
 #pragma unroll
     for (int t = 0; t <= TAPS; ++t) acc[t] = 0.0f;
-    const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int q = threadIdx.x; q < (last - first) * plane; q += CP_REDUCE_THREADS) {
-        const int s = first + q / plane, pos = q % plane;
-        const long long at = ((long long)s * outs + o) * plane + pos;
+        const int s = q / plane, pos = q % plane;
+        const long long at = ((long long)(first + s) * outs + o) * plane + pos;
         const int where = arg[at];
         if (where == RELU_OFF) continue;
         const float g = dout[at];
         const int cy = (pos / wo) * CP_P + where / CP_P, cx = (pos % wo) * CP_P + where % CP_P;
-        const float* xs = x + (long long)s * CP_C * h * wd;
+        const float* src = xs + s * image + cy * wd + cx;
 #pragma unroll
         for (int t = 0; t < TAPS; ++t) {
             const int ch = t / (CP_K * CP_K), a = (t / CP_K) % CP_K, b = t % CP_K;
-            acc[t] = fmaf(g, xs[(ch * h + cy + a) * wd + cx + b], acc[t]);
+            acc[t] = fmaf(g, src[(ch * h + a) * wd + b], acc[t]);
         }
         acc[TAPS] += g;
     }
@@ -115,41 +120,52 @@ extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x
     }
 }
 
-// Many taps: one thread per tap (and thread TAPS for the bias), each summing its own term over
-// the chunk's samples and windows in order; the window's g and argmax are read by every thread
-// (staged in shared memory per sample).
+// Many taps: one thread per tap (and thread TAPS for the bias) holding its sums for every output
+// channel in registers (CP_OUTS of them); a block per chunk of samples, each sample's input and
+// its windows' g and argmax origin staged in shared memory, every sum in a fixed order.
+// partial[(o·chunks + chunk)·(TAPS + 1) + t] as for the register variant.
 extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
                                                      int per_chunk) {
-    extern __shared__ float window[];  // plane values of g (0 where the ReLU was off), then plane offsets
-    const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-    const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo;
-    int* origin = reinterpret_cast<int*>(window + plane);  // (cy·wd + cx) of each window's argmax
+    extern __shared__ float smem[];
+    const int chunk = blockIdx.x, chunks = gridDim.x;
+    const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo, image = CP_C * h * wd;
+    float* xs = smem;
+    float* g = xs + image;                                     // CP_OUTS·plane pooled gradients (0: ReLU off)
+    int* origin = reinterpret_cast<int*>(g + CP_OUTS * plane);  // cy·wd + cx of each window's argmax
     const int t = threadIdx.x;
     const int ch = t / (CP_K * CP_K), a = (t / CP_K) % CP_K, b = t % CP_K;
     const int tap_offset = t < TAPS ? (ch * h + a) * wd + b : 0;
-    float acc = 0.0f;
+    float acc[CP_OUTS];
+#pragma unroll
+    for (int o = 0; o < CP_OUTS; ++o) acc[o] = 0.0f;
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int s = first; s < last; ++s) {
-        __syncthreads();  // the previous sample's window is no longer read
-        for (int pos = t; pos < plane; pos += blockDim.x) {
-            const long long at = ((long long)s * outs + o) * plane + pos;
-            const int where = arg[at];
-            window[pos] = where == RELU_OFF ? 0.0f : dout[at];
-            const int cy = (pos / wo) * CP_P + (where == RELU_OFF ? 0 : where / CP_P);
-            const int cx = (pos % wo) * CP_P + (where == RELU_OFF ? 0 : where % CP_P);
-            origin[pos] = cy * wd + cx;
+        __syncthreads();  // the previous sample's staging is no longer read
+        for (int e = t; e < image; e += blockDim.x) xs[e] = x[(long long)s * image + e];
+        for (int q = t; q < CP_OUTS * plane; q += blockDim.x) {
+            const long long at = (long long)s * CP_OUTS * plane + q;
+            const int where = arg[at], pos = q % plane;
+            g[q] = where == RELU_OFF ? 0.0f : dout[at];
+            origin[q] = ((pos / wo) * CP_P + (where == RELU_OFF ? 0 : where / CP_P)) * wd +
+                        (pos % wo) * CP_P + (where == RELU_OFF ? 0 : where % CP_P);
         }
         __syncthreads();
         if (t < TAPS) {
-            const float* xs = x + (long long)s * CP_C * h * wd + tap_offset;
-            for (int pos = 0; pos < plane; ++pos) acc = fmaf(window[pos], xs[origin[pos]], acc);
+#pragma unroll
+            for (int o = 0; o < CP_OUTS; ++o)
+                for (int pos = 0; pos < plane; ++pos)
+                    acc[o] = fmaf(g[o * plane + pos], xs[origin[o * plane + pos] + tap_offset], acc[o]);
         } else if (t == TAPS) {
-            for (int pos = 0; pos < plane; ++pos) acc += window[pos];
+#pragma unroll
+            for (int o = 0; o < CP_OUTS; ++o)
+                for (int pos = 0; pos < plane; ++pos) acc[o] += g[o * plane + pos];
         }
     }
-    if (t <= TAPS) partial[((long long)o * chunks + chunk) * (TAPS + 1) + t] = acc;
+    if (t <= TAPS)
+#pragma unroll
+        for (int o = 0; o < CP_OUTS; ++o) partial[((long long)o * chunks + chunk) * (TAPS + 1) + t] = acc[o];
 }
 
 // dw[o, t] = Σ_chunk partial[o, chunk, t] (t < TAPS), db[o] = the same at t = TAPS, in order.
@@ -164,45 +180,49 @@ extern "C" __global__ void convpool_reduce(const float* __restrict__ partial, fl
     else db[o] = sum;
 }
 
-// dx[s, c, y, x] = Σ_o Σ_windows g[s, o, window] · w[o, c, y − cy, x − cx] over the windows whose
-// argmax (cy, cx) has (y, x) inside its K×K footprint: the gradient of the layer's input (the
-// previous layer's pooled, ReLU'd output). One block per sample: every filter, the sample's
-// pooled gradient (0 where the ReLU was off) and window origins in shared memory; the threads
-// over (c, y, x), each a fixed-order sum.
+// dx[s, c, y, x] = Σ_o Σ_{a,b} dconv[s, o, y − a, x − b] · w[o, c, a, b]: the gradient of the
+// layer's input (the previous layer's pooled, ReLU'd output), where dconv is the pooled gradient
+// put back at each window's argmax (0 elsewhere, and where the ReLU was off). One block per
+// sample: every filter and the sample's dense dconv in shared memory; the threads over (c, y, x),
+// each a fixed-order sum of CP_OUTS·K² terms.
 extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
                                                   const float* __restrict__ w, float* __restrict__ dx, int outs,
                                                   int h, int wd) {
     extern __shared__ float smem[];
-    const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo;
+    const int hc = h - CP_K + 1, wc = wd - CP_K + 1;
+    const int ho = hc / CP_P, wo = wc / CP_P, plane = ho * wo;
     float* ws = smem;
-    float* g = ws + outs * TAPS;
-    int* origin = reinterpret_cast<int*>(g + outs * plane);  // (cy << 16) | cx
+    float* dc = ws + CP_OUTS * TAPS;  // CP_OUTS × hc × wc
     const int s = blockIdx.x;
-    for (int t = threadIdx.x; t < outs * TAPS; t += blockDim.x) ws[t] = w[t];
-    for (int q = threadIdx.x; q < outs * plane; q += blockDim.x) {
-        const long long at = (long long)s * outs * plane + q;
-        const int where = arg[at], pos = q % plane;
-        g[q] = where == RELU_OFF ? 0.0f : dout[at];
-        const int cy = (pos / wo) * CP_P + (where == RELU_OFF ? 0 : where / CP_P);
-        const int cx = (pos % wo) * CP_P + (where == RELU_OFF ? 0 : where % CP_P);
-        origin[q] = (cy << 16) | cx;
+    for (int t = threadIdx.x; t < CP_OUTS * TAPS; t += blockDim.x) ws[t] = w[t];
+    for (int t = threadIdx.x; t < CP_OUTS * hc * wc; t += blockDim.x) dc[t] = 0.0f;
+    __syncthreads();
+    for (int q = threadIdx.x; q < CP_OUTS * plane; q += blockDim.x) {
+        const long long at = (long long)s * CP_OUTS * plane + q;
+        const int where = arg[at];
+        if (where == RELU_OFF) continue;
+        const int o = q / plane, pos = q % plane;
+        const int cy = (pos / wo) * CP_P + where / CP_P, cx = (pos % wo) * CP_P + where % CP_P;
+        dc[(o * hc + cy) * wc + cx] = dout[at];  // each conv position lies in one window: no collisions
     }
     __syncthreads();
     for (int e = threadIdx.x; e < CP_C * h * wd; e += blockDim.x) {
         const int c = e / (h * wd), y = (e / wd) % h, xx = e % wd;
-        // Windows whose footprint can hold (y, x): argmax rows cy in (y − K, y], so window rows
-        // i with i·P ≤ y and i·P + P − 1 > y − K.
-        const int i_lo = max(0, (y - CP_K - CP_P + 2 + CP_P - 1) / CP_P), i_hi = min(ho - 1, y / CP_P);
-        const int j_lo = max(0, (xx - CP_K - CP_P + 2 + CP_P - 1) / CP_P), j_hi = min(wo - 1, xx / CP_P);
         float acc = 0.0f;
-        for (int o = 0; o < outs; ++o) {
+#pragma unroll 4
+        for (int o = 0; o < CP_OUTS; ++o) {
             const float* wf = ws + (o * CP_C + c) * CP_K * CP_K;
-            for (int i = i_lo; i <= i_hi; ++i)
-                for (int j = j_lo; j <= j_hi; ++j) {
-                    const int q = o * plane + i * wo + j;
-                    const int dy = y - (origin[q] >> 16), dxx = xx - (origin[q] & 0xffff);
-                    if (dy >= 0 && dy < CP_K && dxx >= 0 && dxx < CP_K) acc = fmaf(g[q], wf[dy * CP_K + dxx], acc);
+            const float* d = dc + o * hc * wc;
+#pragma unroll
+            for (int a = 0; a < CP_K; ++a) {
+                const int cy = y - a;
+                if (cy < 0 || cy >= hc) continue;
+#pragma unroll
+                for (int b = 0; b < CP_K; ++b) {
+                    const int cx = xx - b;
+                    if (cx >= 0 && cx < wc) acc = fmaf(d[cy * wc + cx], wf[a * CP_K + b], acc);
                 }
+            }
         }
         dx[(long long)s * CP_C * h * wd + e] = acc;
     }

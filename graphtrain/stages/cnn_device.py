@@ -98,16 +98,17 @@ class CnnDevice:
         rows = max(b, e)
         self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
         self.conv_shapes = spec.conv_shapes()
-        self.fused = fused and all(convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool)
-                                   for (cin, h, w, co, _, _), layer in zip(self.conv_shapes, spec.convs))
+        self.fused = fused and all(
+            convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool, first=i == 0)
+            for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)))
         # NHWC images for cuDNN's first layer only where one channel makes NCHW the same bytes.
         self.layout = "nhwc" if nhwc and not self.fused and spec.channels == 1 else "nchw"
         nconv = len(spec.convs)
         self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
         self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
         self.cnn_cu = Cnn(device)
-        self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool) if self.fused else None
-                         for (cin, *_), layer in zip(self.conv_shapes, spec.convs)]
+        self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool, co) if self.fused else None
+                         for (cin, _, _, co, _, _), layer in zip(self.conv_shapes, spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
@@ -146,7 +147,7 @@ class CnnDevice:
             self.dc.append(None if self.fused else arena.reserve(f"dc{i}", (b, co, hc, wc)))
             self.da.append(arena.reserve(f"da{i}", (b, co, hp, wp)))
         # The fused weight gradients' per-chunk partial sums (taps and the bias), per layer.
-        self.partial = [arena.reserve(f"partial{i}", (co, ConvPool.chunks(b), cp.taps + 1)) if cp else None
+        self.partial = [arena.reserve(f"partial{i}", (co, cp.chunks(b), cp.taps + 1)) if cp else None
                         for i, ((_, _, _, co, _, _), cp) in enumerate(zip(self.conv_shapes, self.convpool))]
         dims = spec.dims
         self.h = [arena.reserve(f"h{j}", (rows, d)) for j, d in enumerate(dims[1:], 1)]  # h[-1]: logits
