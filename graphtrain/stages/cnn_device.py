@@ -359,23 +359,37 @@ class CnnDevice:
 
     # ---- whole runs as graphs -------------------------------------------------------------------
 
-    def capture_run(self, steps: int, per_body: int, outer: cuda.Stream) -> cuda.Graph:
-        """One graph for a whole run: reset, a WHILE node whose body is `per_body` steps (run
-        ⌊steps / per_body⌋ times), the remaining steps unrolled, then the evaluation. Captured
-        from `outer`; the model's launches stay on its own stream (the one cuDNN and cuBLAS are
-        bound to), joined into the capture. Without conditional nodes every step is unrolled."""
+    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int, first: int) -> None:
+        """Inside a capture of `outer`: `steps` training steps, the first one the run's step
+        `first` (0-based): a WHILE node whose body is `per_body` steps, run ⌊steps / per_body⌋
+        times (the body's last optimizer step ends it at step first + that many), then the rest
+        unrolled on the model's stream, joined into the capture. Without conditional nodes every
+        step is unrolled. Ends with the model's stream joined back into `outer`."""
         iterations = steps // per_body if cuda.conditional_nodes() else 0
-        unrolled = steps - iterations * per_body
+        if iterations:
+            with cuda.Graph.while_loop(outer, self.stream) as loop:
+                for k in range(per_body):
+                    last = k == per_body - 1
+                    self.record_step(self.stream, loop=loop if last else 0, stop_step=first + iterations * per_body)
+        cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
+        for _ in range(steps - iterations * per_body):
+            self.record_step(self.stream)
+
+    def capture_steps(self, steps: int, per_body: int, outer: cuda.Stream, first: int = 0) -> cuda.Graph:
+        """One graph of `steps` training steps from the run's step `first` (see _record_steps),
+        captured from `outer` and launched there."""
+        with cuda.Graph.capture(outer) as graph:
+            self._record_steps(outer, steps, per_body, first)
+            cuda.stream_wait(outer, self.stream)
+        return graph
+
+    def capture_run(self, steps: int, per_body: int, outer: cuda.Stream) -> cuda.Graph:
+        """One graph for a whole run: reset, the steps (a WHILE node over bodies of `per_body`),
+        then the evaluation. Captured from `outer`; the model's launches stay on its own stream
+        (the one cuDNN and cuBLAS are bound to), joined into the capture."""
         with cuda.Graph.capture(outer) as graph:
             self.reset(outer)
-            if iterations:
-                with cuda.Graph.while_loop(outer, self.stream) as loop:
-                    for k in range(per_body):
-                        last = k == per_body - 1
-                        self.record_step(self.stream, loop=loop if last else 0, stop_step=iterations * per_body)
-            cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
-            for _ in range(unrolled):
-                self.record_step(self.stream)
+            self._record_steps(outer, steps, per_body, 0)
             self.record_eval(self.stream)
             cuda.stream_wait(outer, self.stream)  # and back: the capture ends on `outer`
         return graph
