@@ -82,6 +82,9 @@ class Workload:
     data_file: Path | None
     data_dir: Path | None
     offline: bool
+    conv: str | None = None
+    optimizer: str | None = None
+    schedule: str | None = None
 
     def config(self) -> config_mod.TrainConfig:
         """The preset with the options given applied (checked as it is made)."""
@@ -93,7 +96,9 @@ class Workload:
             hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
             seed=self.seed, metrics_every=self.metrics_every, precision=self.precision,
-            dataset=self.dataset if self.data_file is None else self.data_file.stem)
+            dataset=self.dataset if self.data_file is None else self.data_file.stem,
+            model="cnn" if self.conv else None, conv=config_mod.parse_conv(self.conv) if self.conv else None,
+            optimizer=self.optimizer, schedule=self.schedule)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
         return load_dataset(config.dataset, self.data_file, self.data_dir, self.offline)
@@ -163,6 +168,13 @@ WORKLOAD_OPTIONS = [
                  help="The products' operands (fp32 accumulation always); default: each stage's own. "
                       "tf32: cublas to graphs; bf16: bf16, device-loop, persistent and the bf16 peers; "
                       "fp32: persistent's TF32 passes."),
+    click.option("--conv", default=None, metavar="CxK,...",
+                 help="Conv layers before the hidden ones (the cnn model), e.g. 24x5,32x3; trains on numpy, "
+                      "graphs and device-loop."),
+    click.option("--optimizer", default=None, type=click.Choice(list(config_mod.OPTIMIZERS)),
+                 help="The update rule (the cnn rungs; the MLP rungs train with sgd)."),
+    click.option("--schedule", default=None, type=click.Choice(list(config_mod.SCHEDULES)),
+                 help="The learning-rate schedule, --lr its peak (the cnn rungs; the MLP rungs: constant)."),
     *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
@@ -276,6 +288,8 @@ def run(stage, workload, json_path, save_path, init_path, profile):
             init = model_io.load(init_path)
             workload = workload.resuming(init, init_path)
         cfg = workload.config()
+        if cfg.model == "cnn" and (save_path is not None or init_path is not None):
+            raise UsageError("--save and --init take MLPs only: a cnn model is not saved yet")
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
@@ -284,7 +298,10 @@ def run(stage, workload, json_path, save_path, init_path, profile):
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
         length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
-        log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
+        model = "-".join(map(str, plan.config.dims))
+        if cfg.model == "cnn":
+            model = "conv " + ",".join(f"{c}x{k}" for c, k in cfg.conv) + f", {model}"
+        log(f"graphtrain: stage {stage}, model {model}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress, profile=profile)

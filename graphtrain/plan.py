@@ -75,7 +75,12 @@ class RunPlan:
         orders = np.empty((num_epochs, num_train), np.int32)
         for epoch in range(num_epochs):
             orders[epoch] = reference.epoch_order(config.seed, first_epoch + epoch, num_train)
-        if initial is None:
+        if initial is None and config.model == "cnn":
+            from graphtrain import reference_cnn, speedrun
+
+            params = reference_cnn.init_params(speedrun.cnn_spec(config), config.seed, np.float32)
+            initial = [Layer(params[i], params[i + 1]) for i in range(0, len(params), 2)]  # conv, then linear
+        elif initial is None:
             initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
         else:
             initial = [layer.copy(np.float32) for layer in initial]

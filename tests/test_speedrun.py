@@ -161,3 +161,32 @@ def test_speedrun_numpy_row_and_report(mnist_dir):
     assert doc["task"]["steps"] == 4 and doc["task"]["evaluated_on"] == "test"
     text = speedrun.markdown(doc)
     assert "Git revision" in text and "graphtrain speedrun --rows numpy" in text
+
+
+def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
+    """The cnn runs on its own numpy rung through the common trainer (a slice of MNIST); MLP-only
+    rungs refuse it, and MLP rungs refuse an optimizer or schedule they cannot hold."""
+    from graphtrain import data
+    from graphtrain.stages import get_stage
+    from graphtrain.training import plan_for, run_stage
+
+    full = data.load("mnist", data_dir=mnist_dir)
+    small = data.Dataset.from_arrays(full.train_images[:600], full.train_labels[:600], full.test_images[:300],
+                                     full.test_labels[:300])
+    cfg = config.preset("speedrun").replace(batch=200)
+    plan = plan_for(cfg, small)
+    assert [layer.w.shape for layer in plan.initial] == [(24, 1, 5, 5), (32, 24, 3, 3), (256, 800), (10, 256)]
+    record = run_stage(get_stage("numpy"), plan, small)
+    assert record.test_accuracy > 0.3 and record.epochs[0].train_loss < 2.3
+    for rung in ("baseline", "fused", "persistent"):
+        with pytest.raises(UsageError, match="trains MLPs only"):
+            run_stage(get_stage(rung), plan, small)
+    mlp = plan_for(config.preset("jhu").replace(optimizer="adam", epochs=1), small)
+    with pytest.raises(UsageError, match="SGD at a constant rate"):
+        run_stage(get_stage("numpy"), mlp, small)
+
+
+def test_run_refuses_saving_a_cnn(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--preset", "speedrun", "--save", str(tmp_path / "m.safetensors")])
+    assert result.exit_code == 2 and "not saved" in result.output
+    assert not (tmp_path / "m.safetensors").exists()
