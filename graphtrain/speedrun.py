@@ -3,9 +3,9 @@
 train_mnist_fast's protocol: the data already on the GPU and the kernels compiled, the clock
 runs from model construction (the initial weights put on the device) through one epoch of
 training to the test accuracy as a number on the host; capture is inside the clock. Each row
-trains the same recipe from the same initial weights in the same sample order for every seed
-(seed s: `reference_cnn.init_params(spec, s)` and `reference.epoch_order(s, epoch, N)`), on the
-same normalised images.
+trains the same recipe from the same initial weights in the same sample order for every seed:
+seed s's run plan (graphtrain.plan.RunPlan, the preset with seed s) gives them, on the same
+normalised images.
 
 A row is set up once (untimed: compile, cuDNN's algorithm search, upload the data, warm up),
 then `run` trains one seed and returns its test accuracy; the caller times the call with
@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphtrain import reference, reference_cnn
+from graphtrain import reference_cnn
 from graphtrain.config import TrainConfig
+from graphtrain.plan import RunPlan
 from graphtrain.errors import UsageError
+from graphtrain.kernels import ceil_div
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
 # MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation.
@@ -49,18 +51,32 @@ class Task:
     test_images: np.ndarray
     test_labels: np.ndarray
     evaluated_on: str = "test"  # or "holdout"
-    extra: dict = field(default_factory=dict)
+    config: TrainConfig | None = None  # the plans' workload; None: the speedrun preset with this model and batch
+    plans: dict = field(default_factory=dict, compare=False)
 
     @property
     def steps(self) -> int:
         return self.recipe.steps(len(self.train_images))
 
+    def plan(self, seed: int) -> RunPlan:
+        """Seed `seed`'s run plan: its initial weights and sample orders (built once per seed)."""
+        if seed not in self.plans:
+            from graphtrain.config import preset
+
+            cfg = self.config or preset("speedrun").replace(
+                conv=tuple((layer.out_channels, layer.kernel) for layer in self.spec.convs), hidden=self.spec.hidden,
+                batch=self.recipe.batch, epochs=self.recipe.epochs)
+            self.plans[seed] = RunPlan.build(cfg.replace(seed=seed), len(self.train_images), len(self.test_images),
+                                             self.spec.channels * self.spec.height * self.spec.width,
+                                             self.spec.classes)
+        return self.plans[seed]
+
     def initial(self, seed: int) -> list[np.ndarray]:
-        return reference_cnn.init_params(self.spec, seed, np.float32)
+        """The parameters in order: each layer's weight, then its bias (float32 copies)."""
+        return [a.copy() for layer in self.plan(seed).initial for a in (layer.w, layer.b)]
 
     def orders(self, seed: int) -> np.ndarray:
-        n = len(self.train_images)
-        return np.stack([reference.epoch_order(seed, epoch, n) for epoch in range(self.recipe.epochs)])
+        return self.plan(seed).orders
 
 
 def cnn_spec(config: TrainConfig) -> CnnSpec:
@@ -78,7 +94,7 @@ def cnn_spec(config: TrainConfig) -> CnnSpec:
 def recipe_of(config: TrainConfig, num_train: int, precision: str = "tf32"):
     from graphtrain.stages.cnn_device import Recipe
 
-    steps = config.epochs * -(-num_train // config.batch)
+    steps = config.epochs * ceil_div(num_train, config.batch)
     return Recipe(batch=config.batch, epochs=config.epochs,
                   optimizer=Optimizer(config.optimizer, config.momentum, config.betas, 1e-8, config.weight_decay),
                   schedule=Schedule(config.schedule, config.lr, steps, config.warmup),
@@ -102,7 +118,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
 
     return Task(cnn_spec(config), recipe_of(config, len(train_x), precision), norm(train_x),
                 train_y.astype(np.int32), norm(test_x), test_y.astype(np.int32),
-                "holdout" if holdout else "test")
+                "holdout" if holdout else "test", config)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,9 +151,9 @@ class NumpyRow(Row):
         spec, recipe = task.spec, task.recipe
         params = task.initial(seed)
         state = recipe.optimizer.init_state(params)
-        n, b, t = len(task.train_images), recipe.batch, 0
-        for order in task.orders(seed):
-            for lo, hi in reference.batch_bounds(n, b):
+        plan, t = task.plan(seed), 0
+        for epoch, order in enumerate(plan.orders):
+            for lo, hi in plan.epoch_bounds(epoch):
                 idx = order[lo:hi]
                 reference_cnn.train_step(spec, params, task.train_images[idx], task.train_labels[idx],
                                          recipe.optimizer, state, t + 1, recipe.schedule.at(t))
