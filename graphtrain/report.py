@@ -47,6 +47,7 @@ class Row:
     status: str  # "ok", "failed" or "skipped"
     epoch_ms: float | None = None
     total_ms: float | None = None
+    setup_ms: float | None = None  # compile, allocate, upload, warm up, capture: before the first epoch
     vs_prev: float | None = None
     vs_baseline: float | None = None
     test_accuracy: float | None = None
@@ -84,7 +85,7 @@ def ladder_rows(records: list[dict]) -> list[Row]:
             if kind == "stage" and prev_stage is not None and is_ok(prev_stage):
                 vs_prev = _ratio(prev_stage["epoch_ms"], ms)
             rows.append(Row(
-                record["stage"], kind, "ok", epoch_ms=ms, total_ms=record.get("total_ms"),
+                record["stage"], kind, "ok", epoch_ms=ms, total_ms=record.get("total_ms"), setup_ms=record.get("setup_ms"),
                 vs_prev=vs_prev,
                 vs_baseline=_ratio(baseline_ms, ms) if baseline_ms is not None else None,
                 test_accuracy=record.get("test_accuracy"), train_loss=record.get("train_loss"),
@@ -153,10 +154,11 @@ def fmt_range(low: float | None, high: float | None) -> str:
 SPREAD_COLUMN = "epoch ms range"
 NODES_COLUMN = "nodes / step"
 PROFILE_COLUMNS = ("kernels /step", "launches /step", "GPU busy ms", "GPU idle")
-LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "× prev", "× baseline", "test acc", "train loss",
+LADDER_COLUMNS = ("stage", "epoch ms", "total ms", "setup ms", "× prev", "× baseline", "test acc", "train loss",
                   "note")
 LADDER_LEGEND = ("epoch ms: median epoch time over the second half of the epochs; total ms: wall time "
-                 "of the whole run, setup included; × prev: the rung before's epoch ms over this "
+                 "of the whole run, setup included; setup ms: its setup (compiling, "
+                 "allocating, uploading, warming up, capturing) before the first epoch; × prev: the rung before's epoch ms over this "
                  "one's (consecutive successful stages); × baseline: `baseline`'s epoch ms over this "
                  "one's; test acc and train loss: after the last epoch.")
 SPREAD_LEGEND = ("With --repeat, each row ran several times from a fresh setup: epoch ms is the median "
@@ -198,6 +200,7 @@ def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS
         "epoch ms": fmt_ms(row.epoch_ms),
         SPREAD_COLUMN: fmt_range(row.epoch_ms_min, row.epoch_ms_max),
         "total ms": fmt_ms(row.total_ms),
+        "setup ms": fmt_ms(row.setup_ms),
         "× prev": fmt_speedup(row.vs_prev),
         "× baseline": fmt_speedup(row.vs_baseline),
         "test acc": fmt_accuracy(row.test_accuracy),

@@ -135,7 +135,7 @@ def test_ladder_markdown_has_rows_device_versions_and_command(records):
     assert "cuBLAS 13.1.0" in md and "cuDNN 9.13.0" in md and "NVRTC 13.0" in md
     assert "PyTorch: 2.9.0+cu130 (CUDA 13.0, cuDNN 9.13.0)" in md
     assert f"```sh\n{COMMAND}\n```" in md
-    assert "| baseline | 40.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 |  |" in md
+    assert "| baseline | 40.00 | 260.00 | 100.00 | 5.00× | 1.00× | 92.00% | 0.1250 |  |" in md
     assert "| graphs | 2.500 |" in md and "| 4.00× | 16.00× |" in md
     assert "| torch-eager (peer) | 100.00 |" in md and "fp32, TF32 off" in md
     assert "failed: CudaError: cublasGemmEx failed: CUBLAS_STATUS_NOT_SUPPORTED" in md
@@ -561,7 +561,7 @@ def test_nodes_per_step_column_for_the_rungs_that_have_it(records):
     md = report.ladder_markdown(records, "jhu", COMMAND)
     assert "| test acc | train loss | nodes / step | note |" in md
     assert "| graphs | 2.500 |" in md and "| 0.1250 | 12 |  |" in md
-    assert "| baseline | 40.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 | — |  |" in md
+    assert "| baseline | 40.00 | 260.00 | 100.00 | 5.00× | 1.00× | 92.00% | 0.1250 | — |  |" in md
     assert "nodes / step: the CUDA-graph nodes of one training step" in md
     console = Console(file=io.StringIO(), width=250)
     console.print(ladder.ladder_table(records))
@@ -573,9 +573,9 @@ def test_repeated_and_profiled_rows_get_their_columns(records):
                       profile={"busy_ms": 10.0, "epoch_ms": 40.0, "idle_share": 0.75, "kernels_per_step": 11.0,
                                "launches_per_step": 13.0})
     md = report.ladder_markdown(records, "jhu", COMMAND)
-    assert ("| stage | epoch ms | epoch ms range | total ms | × prev | × baseline | test acc | train loss "
+    assert ("| stage | epoch ms | epoch ms range | total ms | setup ms | × prev | × baseline | test acc | train loss "
             "| kernels /step | launches /step | GPU busy ms | GPU idle | note |") in md
-    assert "| baseline | 40.00 | 38.00–45.00 | 260.00 | 5.00× | 1.00× | 92.00% | 0.1250 | 11 | 13 | 10.00 | 75% |  |" in md
+    assert "| baseline | 40.00 | 38.00–45.00 | 260.00 | 100.00 | 5.00× | 1.00× | 92.00% | 0.1250 | 11 | 13 | 10.00 | 75% |  |" in md
     assert "| fewer-syncs | 20.00 | — |" in md
     assert "## Where the time goes" in md and "`baseline` (75% idle)" in md
     plain = report.ladder_markdown([r for r in records if r["stage"] != "baseline"], "jhu", COMMAND)

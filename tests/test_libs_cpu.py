@@ -275,6 +275,20 @@ def test_arena_offsets_are_aligned_and_disjoint():
     assert bufs[5].shape == (300,)
 
 
+def test_a_buffer_view_is_the_same_bytes_and_never_more(fake_device_memory):
+    """Room reserved for one of several forms (persistent's images) is seen as the one chosen."""
+    arena = memory.Arena()
+    room = arena.reserve("room", (10, 16), np.uint8)
+    after = arena.reserve("after", (4,), np.float32)
+    arena.allocate()
+    as_bf16 = room.view((10, 8), np.uint16)
+    assert (as_bf16.ptr, as_bf16.nbytes, as_bf16.dtype, as_bf16.shape) == (room.ptr, 160, np.uint16, (10, 8))
+    assert room.view((10, 4), np.float32).at(9, 3) == room.ptr + 156 < after.ptr
+    with pytest.raises(memory.ArenaError, match="too few"):
+        room.view((10, 5), np.float32)
+    arena.close()
+
+
 def test_arena_misuse_is_a_bug_not_a_usage_error(fake_device_memory):
     arena = memory.Arena()
     arena.reserve("w", (4, 4))

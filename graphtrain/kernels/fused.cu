@@ -16,8 +16,6 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) { return to_bf16(v); }
 
-extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
-
 // dst[0:n] = src[0:n] by the whole block, 16 bytes a copy and eight copies in flight per thread.
 template <int THREADS>
 __device__ __forceinline__ void copy_to_shared(float4* dst, const float* __restrict__ src, int n) {
@@ -121,16 +119,14 @@ __device__ __forceinline__ float sum_over_warps(float v, float (*part)[32]) {
     return total;
 }
 
-// ---- the head's update: W and b of the logits layer, the metrics, the cursor, the loop ----------
+// ---- the head's update: W and b of the logits layer, the metrics, the cursor --------------------
 // Blocks over the columns: W[j, c] −= lr · Σ_r dlogits[r, j] · x[r, c] for every class j.
 // The last block: b[j] −= lr · Σ_r dlogits[r, j]; totals += (Σ_r row_loss, Σ_r row_correct) when
-// measured; cursor += rows (every reader of the cursor ran before this kernel); and in a device
-// loop, one step fewer to go: the loop goes on while steps remain.
+// measured; cursor += rows (every reader of the cursor ran before this kernel).
 template <typename T>
 __device__ void head_update(const T* __restrict__ x, const float* __restrict__ dlogits, float* __restrict__ w,
                             float* __restrict__ b, int k, int rows, float lr, const float* __restrict__ row_loss,
-                            const float* __restrict__ row_correct, double* totals, int* cursor,
-                            cudaGraphConditionalHandle loop, int* steps_left) {
+                            const float* __restrict__ row_correct, double* totals, int* cursor) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
         __shared__ float part[COL_WARPS][32];
@@ -179,10 +175,7 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
             }
             if (lane == 0) { totals[0] += loss; totals[1] += correct; }
         }
-        if (lane == 0) {
-            *cursor += rows;
-            if (steps_left != nullptr) cudaGraphSetConditional(loop, --*steps_left > 0);
-        }
+        if (lane == 0) *cursor += rows;
     }
 }
 
@@ -248,9 +241,8 @@ extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step_##suffix(  
 }                                                                                                       \
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update_##suffix(                        \
         const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,                \
-        const float* row_loss, const float* row_correct, double* totals, int* cursor,                   \
-        cudaGraphConditionalHandle loop, int* steps_left) {                                             \
-    head_update<T>(x, dlogits, w, b, k, rows, lr, row_loss, row_correct, totals, cursor, loop, steps_left); \
+        const float* row_loss, const float* row_correct, double* totals, int* cursor) {                 \
+    head_update<T>(x, dlogits, w, b, k, rows, lr, row_loss, row_correct, totals, cursor);               \
 }                                                                                                       \
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward_##suffix(                      \
         const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {          \

@@ -54,6 +54,14 @@ class Buffer:
             raise IndexError(f"buffer {self.name!r} of shape {self.shape} has no element {flat}")
         return self.ptr + flat * self.dtype.itemsize
 
+    def view(self, shape: tuple[int, ...], dtype: np.dtype | type) -> Buffer:
+        """The same bytes seen as another shape and dtype (no more bytes than this buffer has):
+        room reserved before the arena's user knows which of several forms it will hold."""
+        out = Buffer(self._arena, self.name, tuple(int(d) for d in shape), np.dtype(dtype), self.offset)
+        if out.nbytes > self.nbytes:
+            raise ArenaError(f"buffer {self.name!r} has {self.nbytes} bytes, too few for {out.shape} of {out.dtype}")
+        return out
+
     def upload(self, array: np.ndarray, stream: cuda.Stream) -> None:
         """Copy a host array of exactly this shape and dtype into the buffer (waits for it)."""
         host = np.asarray(array)

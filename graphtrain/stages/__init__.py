@@ -27,6 +27,11 @@ LADDER: dict[str, str] = {
     "persistent": "graphtrain.stages.persistent:PersistentStage",
 }
 
+# The ladder's chain runs from `baseline` to CHAIN_END, each rung deriving from the one before; the
+# rungs after it are their own programs, composing the device pieces (graphtrain.stages.device)
+# with their own kernels instead of inheriting a rung's setup.
+CHAIN_END = "device-loop"
+
 # The same workload trained by frameworks, in the order the ladder runs them.
 PEERS: dict[str, str] = {
     "torch-eager": "graphtrain.peers.torch_eager:TorchEagerPeer",

@@ -32,17 +32,26 @@ class Stage:
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
     note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
     # The products' operand precisions this row can train in, its own first (fp32 accumulation
-    # always); `config.precision` picks one, and `self.precision` is the one it trains in.
+    # always); `config.precision` picks one, and `self.precision` is the one it trains in
+    # (`precision_run`), what its record states.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
         self.config = plan.config
         self.data = data
-        self.precision = self.config.precision or self.precisions[0]
-        if self.precision not in self.precisions:
+        chosen = self.config.precision or self.precisions[0]
+        if chosen not in self.precisions:
             raise UsageError(f"{self.name} trains in {' or '.join(self.precisions)}, not --precision "
-                             f"{self.precision}")
+                             f"{chosen}")
+        self.precision = self.precision_run(self.config, chosen)
+
+    @classmethod
+    def precision_run(cls, config, chosen: str) -> str:
+        """The precision this row's code path trains `config`'s model in, `chosen` being the one
+        picked from `precisions`: the same unless the path for this model has no product in it
+        (a rung overrides this beside the code that decides)."""
+        return chosen
 
     @classmethod
     def check_available(cls) -> int | None:

@@ -1,16 +1,22 @@
 """`baseline`: the first GPU rung. Naive NVRTC kernels for everything, metrics read every step.
 
-This file is also the skeleton every later GPU rung reuses: the device arena, the dataset on the
-device, forward, backward and SGD. Later rungs override one method each:
+This file is also the skeleton every later rung of the chain reuses, built on the device pieces of
+graphtrain.stages.device (the arena with the dataset, the parameters): forward, backward and SGD.
+Later rungs override one method each:
 
     train_step    gather → forward → [metrics] → softmax → dlogits → backward → SGD
     gemm          the matrix products               (cublas replaces it)
     softmax       probabilities from logits         (cudnn-softmax replaces it)
     record_metrics / read_metrics                   (fewer-syncs, sparse-metrics replace them)
     run_batches   the loop over an epoch's batches  (graphs replaces it)
+
+and each states in `uses` what its setup makes beyond the device pieces, so that no rung compiles,
+creates or reserves what its steps never touch.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,64 +29,65 @@ from graphtrain.kernels.softmax import Softmax
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
 from graphtrain.reference import Layer
+from graphtrain.stages import device
 from graphtrain.stages.base import EpochResult, Stage
-
-EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
 
 
 class BaselineStage(Stage):
     name = "baseline"
     summary = "naive NVRTC kernels for everything; loss and accuracy copied to the host every step"
     uses_gpu = True
+    # What the setup makes beyond the device pieces and the kernels every rung of the chain runs
+    # (gather.cu, layers.cu, metrics.cu); a rung adds what it brings and drops what it replaced:
+    #   "matmul"   the naive product kernel (matmul.cu)
+    #   "softmax"  the softmax and its loss gradient (softmax.cu), and the probabilities' buffer
+    #   "cublas"   a cuBLAS handle and its workspace          "cudnn"  a cuDNN handle
+    #   "fused"    the fused rungs' kernels (fused.cu)        "cublaslt"  cuBLASLt and its plans
+    uses: ClassVar[frozenset[str]] = frozenset({"matmul", "softmax"})
+
+    def needs(self, what: str) -> bool:
+        """Whether this rung, training this model, sets up `what` (one of `uses`'s names)."""
+        return what in self.uses
 
     # ---- setup -------------------------------------------------------------------------------
 
     def setup(self) -> None:
         cfg, data, plan = self.config, self.data, self.plan
-        self.device = cuda.open_device()
-        self.stream = cuda.Stream()
-        self.start_event, self.end_event = cuda.Event(), cuda.Event()
+        self.context = device.DeviceContext()
+        self.device, self.stream = self.context.device, self.context.stream
         # One launcher object per kernels/*.cu file, named after it.
-        self.gather_cu, self.matmul_cu, self.layers_cu = Gather(self.device), Matmul(self.device), Layers(self.device)
-        self.softmax_cu, self.metrics_cu = Softmax(self.device), Metrics(self.device)
+        self.gather_cu, self.layers_cu, self.metrics_cu = Gather(self.device), Layers(self.device), Metrics(self.device)
+        self.matmul_cu = Matmul(self.device) if self.needs("matmul") else None
+        self.softmax_cu = Softmax(self.device) if self.needs("softmax") else None
 
         self.num_train, self.num_test = plan.num_train, plan.num_test
-        self.max_rows = max(cfg.batch, min(EVAL_ROWS, self.num_test))
+        self.max_rows = max(cfg.batch, min(device.EVAL_ROWS, self.num_test))
         dims, features, rows = cfg.dims, cfg.in_features, self.max_rows
 
         # One allocation for the whole run: plan every buffer, then allocate once.
         arena = self.arena = Arena()
-        self.train_images = arena.reserve("train_images", (self.num_train, features))
-        self.train_labels = arena.reserve("train_labels", (self.num_train,), np.int32)
-        self.test_images = arena.reserve("test_images", (self.num_test, features))
-        self.test_labels = arena.reserve("test_labels", (self.num_test,), np.int32)
-        # Every epoch's sample order, uploaded once: epoch e's batch at `lo` starts at e·N + lo.
-        self.order = arena.reserve("order", (plan.orders.size,), np.int32)
-        # Weights, then biases, then their gradients, each kind in layer order: the fused rungs
-        # update or convert a kind in one pass over its span.
-        layers = list(enumerate(zip(dims[:-1], dims[1:]), 1))
-        self.w = [arena.reserve(f"w{i}", (fan_out, fan_in)) for i, (fan_in, fan_out) in layers]
-        self.b = [arena.reserve(f"b{i}", (fan_out,)) if cfg.bias else None for i, (_, fan_out) in layers]
-        self.dw = [arena.reserve(f"dw{i}", (fan_out, fan_in)) for i, (fan_in, fan_out) in layers]
-        self.db = [arena.reserve(f"db{i}", (fan_out,)) if cfg.bias else None for i, (_, fan_out) in layers]
+        self.dataset = device.DatasetOnDevice(arena, plan, data)
+        self.train_images, self.train_labels = self.dataset.train_images, self.dataset.train_labels
+        self.test_images, self.test_labels, self.order = self.dataset.test_images, self.dataset.test_labels, self.dataset.order
+        # Weights, then biases (graphtrain.stages.device.Parameters), then their gradients, each
+        # kind in layer order: the fused rungs update or convert a kind in one pass over its span.
+        self.params = device.Parameters(arena, cfg)
+        self.w, self.b = self.params.w, self.params.b
+        self.dw = [arena.reserve(f"d{w.name}", w.shape) for w in self.w]
+        self.db = [arena.reserve(f"d{b.name}", b.shape) if b is not None else None for b in self.b]
         # acts[0] is the batch x, acts[i] layer i's output (after ReLU), acts[-1] the logits;
         # grads[i] is dL/dacts[i] for i >= 1.
         self.acts = [arena.reserve("x", (rows, features))]
         self.acts += [arena.reserve(f"h{i}", (rows, d)) for i, d in enumerate(dims[1:-1], 1)]
         self.acts.append(arena.reserve("logits", (rows, cfg.classes)))
         self.grads = [None] + [arena.reserve(f"d{buf.name}", buf.shape) for buf in self.acts[1:]]
-        self.probs = arena.reserve("probs", (rows, cfg.classes))
+        self.probs = arena.reserve("probs", (rows, cfg.classes)) if self.needs("softmax") else None
         self.y = arena.reserve("y", (rows,), np.int32)
         self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
         self.reserve_extra(arena)
         arena.allocate()
 
-        stream = self.stream
-        self.train_images.upload(data.train_images, stream)
-        self.train_labels.upload(data.train_labels.astype(np.int32), stream)
-        self.test_images.upload(data.test_images, stream)
-        self.test_labels.upload(data.test_labels.astype(np.int32), stream)
-        self.order.upload(plan.orders.ravel(), stream)
+        self.dataset.upload(self.stream)
         self.setup_extra()
         self.reset_metrics()
 
@@ -104,10 +111,7 @@ class BaselineStage(Stage):
         """Where the graphs rung records its step graphs, after the warm-up."""
 
     def upload_initial_weights(self) -> None:
-        for i, layer in enumerate(self.plan.initial):
-            self.w[i].upload(layer.w, self.stream)
-            if layer.b is not None:
-                self.b[i].upload(layer.b, self.stream)
+        self.params.upload(self.plan.initial, self.stream)
 
     # ---- the math, one launch per line ----------------------------------------------------------
 
@@ -124,14 +128,7 @@ class BaselineStage(Stage):
 
     def forward(self, x_ptr: int, rows: int) -> None:
         """acts[i] = ReLU(acts[i-1] W_iᵀ + b_i), no ReLU on the logits."""
-        dims, last = self.config.dims, len(self.w) - 1
-        for i, (w, b) in enumerate(zip(self.w, self.b)):
-            src = x_ptr if i == 0 else self.acts[i].ptr
-            out = self.acts[i + 1]
-            fan_in, fan_out = dims[i], dims[i + 1]
-            self.gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, w.ptr, fan_in, 0.0, out.ptr, fan_out)
-            if b is not None or i < last:
-                self.layers_cu.bias_relu(self.stream, out.ptr, b.ptr if b is not None else 0, rows, fan_out, i < last)
+        device.forward(self.gemm, self.layers_cu, self.stream, self.config.dims, self.params, x_ptr, self.acts[1:], rows)
 
     def backward(self, rows: int) -> None:
         """dW_i = dyᵀ x, db_i = Σ_rows dy, dx = dy W_i masked by the ReLU below."""
@@ -190,11 +187,7 @@ class BaselineStage(Stage):
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         if measure:
             self.reset_metrics()
-        self.start_event.record(self.stream)
-        self.run_batches(epoch, num_batches, measure)
-        self.end_event.record(self.stream)
-        self.end_event.synchronize()
-        ms = self.start_event.elapsed_ms(self.end_event)
+        ms = self.context.timed(lambda: self.run_batches(epoch, num_batches, measure))
         if not measure:
             return EpochResult(ms)
         loss_sum, correct = self.read_metrics()
@@ -208,18 +201,15 @@ class BaselineStage(Stage):
 
     def test_accuracy(self) -> float:
         """Accuracy on the test set, forward passes of up to max_rows rows, one read at the end."""
-        classes = self.config.classes
-        self.metrics.zero(self.stream)
-        for lo in range(0, self.num_test, self.max_rows):
-            rows = min(self.max_rows, self.num_test - lo)
-            self.forward(self.test_images.at(lo, 0), rows)
-            self.metrics_cu.batch_correct(self.stream, self.acts[-1].ptr, self.test_labels.at(lo), rows, classes,
-                                          self.metrics.at(1), True)
-        return float(self.metrics.download(self.stream)[1]) / self.num_test
+        def forward_rows(x_ptr: int, rows: int):
+            self.forward(x_ptr, rows)
+            return self.acts[-1]
+
+        return device.count_correct(self.stream, self.metrics_cu, self.dataset, self.max_rows, forward_rows,
+                                    self.config.classes, self.metrics.at(1))
 
     def weights(self) -> list[Layer]:
-        return [Layer(w.download(self.stream), None if b is None else b.download(self.stream))
-                for w, b in zip(self.w, self.b)]
+        return self.params.download(self.stream)
 
     def environment(self) -> dict:
         return {**environment.gpu(self.device), **self.library_versions()}
@@ -228,10 +218,7 @@ class BaselineStage(Stage):
         return {"nvrtc": nvrtc.version()}
 
     def close(self) -> None:
-        for name in ("arena", "start_event", "end_event", "gather_cu", "matmul_cu", "layers_cu", "softmax_cu",
-                     "metrics_cu"):
+        for name in ("arena", "gather_cu", "matmul_cu", "layers_cu", "softmax_cu", "metrics_cu", "context"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
-        if getattr(self, "stream", None) is not None:
-            self.stream.close()

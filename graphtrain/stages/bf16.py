@@ -35,17 +35,25 @@ class Bf16Stage(FusedStage):
     precisions = ("bf16",)
     AB, ACT = R_16BF, R_16BF
 
+    @classmethod
+    def precision_run(cls, config, chosen: str) -> str:
+        # bf16 operands are read only by the hidden layers' products (AB); softmax regression is
+        # all head, the fused rung's fp32 kernels (reserve_extra and end_step skip it).
+        return chosen if config.hidden else "fp32"
+
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
         cfg, rows = self.config, self.config.batch
-        self.x16 = arena.reserve("x16", (rows, cfg.in_features), BF16)
+        self.x16 = self.w16 = self.b16 = None
         self.h16 = [arena.reserve(f"h{i}_16", (rows, d), BF16) for i, d in enumerate(cfg.dims[1:-1], 1)]
         self.dh16 = [arena.reserve(f"dh{i}_16", (rows, d), BF16) for i, d in enumerate(cfg.dims[1:-1], 1)]
+        if not self.h16:
+            return  # softmax regression: the fp32 head gathers its own batch, no bf16 operand
+        self.x16 = arena.reserve("x16", (rows, cfg.in_features), BF16)
         # Copies of the hidden layers' weights and biases, laid out like the fp32 spans (one index
         # serves both).
-        hidden = len(self.w) > 1
-        self.w16 = arena.reserve("w16", (self.span(self.w[:-1]),), BF16) if hidden else None
-        self.b16 = arena.reserve("b16", (self.span(self.b[:-1]),), BF16) if hidden and cfg.bias else None
+        self.w16 = arena.reserve("w16", (self.span(self.w[:-1]),), BF16)
+        self.b16 = arena.reserve("b16", (self.span(self.b[:-1]),), BF16) if cfg.bias else None
 
     def forward_bias(self, i: int) -> int:
         return self.b16.at((self.b[i].offset - self.b[0].offset) // 4)

@@ -20,14 +20,18 @@ class CublasStage(FewerSyncsStage):
     name = "cublas"
     summary = "all matrix products through cublasGemmEx (row-major via the transpose trick)"
     precisions = ("fp32", "tf32")  # cuBLAS's math mode; the fused rungs leave cuBLAS, and tf32, behind
+    uses = FewerSyncsStage.uses - {"matmul"} | {"cublas"}
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
-        self.workspace = arena.reserve("cublas_workspace", (WORKSPACE_BYTES,), np.uint8)
+        self.workspace = arena.reserve("cublas_workspace", (WORKSPACE_BYTES,), np.uint8) if self.needs("cublas") else None
 
     def setup_extra(self) -> None:
         super().setup_extra()
-        self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes, precision=self.cublas_precision())
+        self.blas = None
+        if self.needs("cublas"):
+            self.blas = Cublas(self.stream, self.workspace.ptr, self.workspace.nbytes,
+                               precision=self.cublas_precision())
 
     def cublas_precision(self) -> str:
         """cuBLAS's math mode: the row's precision (fp32, or tf32 with --precision tf32)."""
@@ -37,7 +41,7 @@ class CublasStage(FewerSyncsStage):
         self.blas.gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
     def library_versions(self) -> dict:
-        return {**super().library_versions(), "cublas": cublas.version()}
+        return {**super().library_versions(), **({"cublas": cublas.version()} if self.needs("cublas") else {})}
 
     def close(self) -> None:
         if getattr(self, "blas", None) is not None:

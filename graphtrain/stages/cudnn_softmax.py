@@ -14,9 +14,13 @@ from graphtrain.stages.sparse_metrics import SparseMetricsStage
 class CudnnSoftmaxStage(SparseMetricsStage):
     name = "cudnn-softmax"
     summary = "softmax through cudnnSoftmaxForward (ACCURATE, INSTANCE)"
+    uses = SparseMetricsStage.uses | {"cudnn"}
 
     def setup_extra(self) -> None:
         super().setup_extra()
+        self.dnn = None
+        if not self.needs("cudnn"):
+            return
         self.dnn = Cudnn(self.stream)
         self.softmax_desc = {rows: self.dnn.tensor_4d(rows, self.config.classes, 1, 1)
                              for rows in self.plan.batch_sizes}
@@ -25,7 +29,7 @@ class CudnnSoftmaxStage(SparseMetricsStage):
         self.dnn.softmax_forward(self.softmax_desc[rows], self.acts[-1].ptr, self.probs.ptr)
 
     def library_versions(self) -> dict:
-        return {**super().library_versions(), "cudnn": cudnn.version()}
+        return {**super().library_versions(), **({"cudnn": cudnn.version()} if self.needs("cudnn") else {})}
 
     def close(self) -> None:
         if getattr(self, "dnn", None) is not None:

@@ -36,6 +36,13 @@ class FusedStage(GraphsStage):
     summary = "fewer, fatter graph nodes: cuBLASLt epilogues, a fused head, SGD fused into the products"
     precisions = ("fp32",)
     AB, ACT = R_32F, R_32F  # the products' operand type, and the hidden activations' type
+    # The fused head replaces softmax.cu and cuDNN; cuBLAS stays for the test-set forward pass.
+    uses = GraphsStage.uses - {"softmax", "cudnn"} | {"fused", "cublaslt"}
+
+    def needs(self, what: str) -> bool:
+        if what == "cublaslt":  # only hidden layers have products wide enough for cuBLASLt
+            return len(self.config.dims) > 2 and super().needs(what)
+        return super().needs(what)
 
     # ---- setup ---------------------------------------------------------------------------------
 
@@ -55,8 +62,10 @@ class FusedStage(GraphsStage):
         super().setup_extra()
         self.fused_cu = Fused(self.device, self.config.classes, bf16=self.ACT != R_32F)
         # cuBLASLt shares cuBLAS's workspace: both run on the one stream, one call at a time.
-        self.lt = Lt(self.workspace.ptr, self.workspace.nbytes)
-        self.products = {rows: self.plan_products(rows) for rows in self.plan.batch_sizes}
+        self.lt, self.products = None, {}
+        if self.needs("cublaslt"):
+            self.lt = Lt(self.workspace.ptr, self.workspace.nbytes)
+            self.products = {rows: self.plan_products(rows) for rows in self.plan.batch_sizes}
         if self.config.bias:  # the padding between the packed biases stays zero
             for buf in (*self.b, *self.db):
                 buf.zero(self.stream)
@@ -81,6 +90,10 @@ class FusedStage(GraphsStage):
                                                         c_type=R_32F)))
         return plans
 
+    def products_for(self, rows: int) -> dict[str, list[Matmul | None]]:
+        """The planned products of a batch of `rows`; none for softmax regression (all head)."""
+        return self.products[rows] if self.lt is not None else {"forward": [], "dx": [], "sgd": []}
+
     # ---- what the operands are: fp32 buffers here, bf16 copies in the next rung ----------------
 
     def forward_bias(self, i: int) -> int:
@@ -99,8 +112,8 @@ class FusedStage(GraphsStage):
 
     # ---- the step ------------------------------------------------------------------------------
 
-    def train_step(self, offset: int, rows: int, measure: bool, loop: int = 0, steps_left: int = 0) -> None:
-        cfg, stream, fused, plans = self.config, self.stream, self.fused_cu, self.products[rows]
+    def train_step(self, offset: int, rows: int, measure: bool) -> None:
+        cfg, stream, fused, plans = self.config, self.stream, self.fused_cu, self.products_for(rows)
         handle, head = int(stream.handle), len(self.w) - 1  # cuBLASLt takes the stream's raw address
         width, lr = cfg.dims[head], cfg.lr
         w_head, b_head = self.w[head].ptr, self.b[head].ptr if cfg.bias else 0
@@ -121,7 +134,7 @@ class FusedStage(GraphsStage):
                                     self.x_copy_ptr()))
             head_input = self.x_copy_ptr()
         fused.head_update(stream, head_input, dlogits, w_head, b_head, width, rows, lr, *metrics, self.metrics.ptr,
-                          self.cursor.ptr, loop, steps_left, gathered=head == 0)
+                          self.cursor.ptr, gathered=head == 0)
         for i in reversed(range(head)):
             if i > 0:  # dX before W_i changes, then the ReLU below and that layer's bias gradient
                 plans["dx"][i](self.layer_grad(i + 1), self.product_weight(i), self.layer_grad(i), 1.0, 0.0, handle)
@@ -150,7 +163,7 @@ class FusedStage(GraphsStage):
         self.nodes_per_step = self.graphs[self.config.batch, False].num_nodes
 
     def library_versions(self) -> dict:
-        return {**super().library_versions(), "cublaslt": cublaslt.version()}
+        return {**super().library_versions(), **({"cublaslt": cublaslt.version()} if self.needs("cublaslt") else {})}
 
     def close(self) -> None:
         for plans in getattr(self, "products", {}).values():

@@ -43,67 +43,95 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphtrain import environment
 from graphtrain.errors import ModelUnsupported
-from graphtrain.kernels.persistent import Persistent, Shape, kernel_images, pixel_levels
+from graphtrain.kernels.images import Images
+from graphtrain.kernels.persistent import Persistent, Shape
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
-from graphtrain.libs import cuda
-from graphtrain.stages.device_loop import DeviceLoopStage
+from graphtrain.libs import cuda, nvrtc
+from graphtrain.libs.memory import Arena
+from graphtrain.reference import Layer
+from graphtrain.stages import device
+from graphtrain.stages.base import EpochResult, Stage
 
 
-class PersistentStage(DeviceLoopStage):
+class PersistentStage(Stage):
+    """Its own program, composed of the device pieces (graphtrain.stages.device) and its kernel:
+    the arena holds what the kernel reads (the images in its own form, made on the GPU from the
+    fp32 ones, the labels, the orders, the parameters, the metrics) and what the test-set
+    evaluation needs (the naive kernels); no cuBLAS, cuDNN, graph or stream of the ladder's chain."""
+
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
+    uses_gpu = True
     precisions = ("bf16", "fp32")
     mlp_kernel = PersistentMlp  # scripts/persistent_mlp_phases.py swaps in its instrumented build
 
+    def measures(self, epoch: int) -> bool:
+        return self.plan.metrics_due[epoch]
+
+    # ---- setup ---------------------------------------------------------------------------------
+
     def setup(self) -> None:
-        cfg, features = self.config, self.data.train_images.shape[1]
-        if cfg.hidden:
-            self.shape = MlpShape(features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels(self.data.train_images),
-                                  bf16=self.precision == "bf16")
-        else:
-            self.shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(self.data.train_images),
-                               bf16=self.precision == "bf16")
-        refusal = self.shape.refusal()
-        if refusal is not None:
-            raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
-        device = cuda.open_device()
-        if device.compute_capability < (9, 0):
+        cfg, plan, data = self.config, self.plan, self.data
+        self.context = device.DeviceContext()
+        self.device, self.stream = self.context.device, self.context.stream
+        if self.device.compute_capability < (9, 0):
             raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
-                             f"and {device.name} has {'.'.join(map(str, device.compute_capability))}")
-        super().setup()
-
-    def reserve_extra(self, arena) -> None:
-        super().reserve_extra(arena)
-        # The training images again where the kernel reads them otherwise: rows padded to whole
-        # 16-byte copies per block (softmax regression) or in all (an MLP), 8-bit pixels as k (for
-        # an MLP bf16, or bytes with --precision fp32: a half or a quarter of the floats' traffic).
-        self.padded_images = None
-        if (self.shape.padded_features != self.config.in_features or self.shape.pixel_levels
-                or self.shape.image_dtype != np.float32):
-            self.padded_images = arena.reserve("padded_images", (self.num_train, self.shape.padded_features),
-                                               self.shape.image_dtype)
-        if self.config.hidden:  # the addresses of every layer's weights, then of its biases
+                                   f"and {self.device.name} has {'.'.join(map(str, self.device.compute_capability))}")
+        self.num_train, self.num_test = plan.num_train, plan.num_test
+        # One allocation for the run. The fp32 training images go up with the dataset, only for the
+        # GPU to check them for 8-bit pixels and write them in the kernel's form (images.cu): the
+        # form depends on that check, so its room is the larger of the two candidates'.
+        candidates = [self.kernel_shape(levels, refuse=False) for levels in (0, 255)]
+        room = max(s.padded_features * np.dtype(s.image_dtype).itemsize for s in candidates)
+        arena = self.arena = Arena()
+        self.dataset = device.DatasetOnDevice(arena, plan, data)
+        self.train_labels, self.order = self.dataset.train_labels, self.dataset.order
+        images_room = arena.reserve("kernel_images", (self.num_train, room), np.uint8)
+        self.params = device.Parameters(arena, cfg)
+        self.w, self.b = self.params.w, self.params.b
+        self.metrics = arena.reserve("metrics", (2,), np.float64)  # [Σ loss, # correct]
+        self.off_levels = arena.reserve("off_levels", (1,), np.uint64)  # images.cu's count
+        if cfg.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
-
-    def setup_extra(self) -> None:
-        super().setup_extra()
-        if self.config.hidden:
+        self.evaluation = device.Evaluation(arena, cfg, self.dataset)
+        arena.allocate()
+        self.dataset.upload(self.stream)
+        images_cu, fp32 = Images(self.device), self.dataset.train_images
+        try:
+            self.shape = self.kernel_shape(images_cu.pixel_levels(self.stream, fp32.ptr, fp32.size,
+                                                                  self.off_levels.ptr))
+            self.images = images_room.view((self.num_train, self.shape.padded_features), self.shape.image_dtype)
+            images_cu.kernel_images(self.stream, fp32.ptr, self.num_train, cfg.in_features, self.shape,
+                                    self.images.ptr)
+            self.stream.synchronize()
+        finally:
+            images_cu.close()
+        if cfg.hidden:
             self.persistent_cu = self.mlp_kernel(self.device, self.shape)
             biases = [b.ptr if b is not None else 0 for b in self.b]
             self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
         else:
             self.persistent_cu = Persistent(self.device, self.shape)
-        self.images = self.train_images
-        if self.padded_images is not None:
-            self.padded_images.upload(kernel_images(self.data.train_images, self.shape), self.stream)
-            self.images = self.padded_images
-
-    def warm_up(self) -> None:
+        self.evaluation.load(self.device)
+        # Warm up (the first launch), then start again from the shared init.
         self.launch_epoch(0, 1, measure=True)
+        self.params.upload(plan.initial, self.stream)
 
-    def capture(self) -> None:
-        """Nothing to capture: an epoch is one launch."""
+    def kernel_shape(self, pixel_levels: int, refuse: bool = True) -> Shape | MlpShape:
+        """The sizes the kernel is compiled for; refused (ModelUnsupported) when it cannot train them."""
+        cfg, bf16 = self.config, self.precision == "bf16"
+        if cfg.hidden:
+            shape = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
+        else:
+            shape = Shape(cfg.in_features, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
+        refusal = shape.refusal() if refuse else None
+        if refusal is not None:
+            raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+        return shape
+
+    # ---- epochs --------------------------------------------------------------------------------
 
     def launch_epoch(self, epoch: int, num_steps: int, measure: bool) -> None:
         cfg, order = self.config, self.order.at(epoch * self.num_train)
@@ -116,12 +144,24 @@ class PersistentStage(DeviceLoopStage):
                                            self.w[0].ptr, self.b[0].ptr if cfg.bias else 0, self.num_train,
                                            num_steps, cfg.lr, self.metrics.ptr, measure)
 
-    def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
-        self.launch_epoch(epoch, num_batches, measure)
+    def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
+        if measure:
+            self.metrics.zero(self.stream)
+        ms = self.context.timed(lambda: self.launch_epoch(epoch, num_batches, measure))
+        if not measure:
+            return EpochResult(ms)
+        loss_sum, correct = self.metrics.download(self.stream)
+        seen = self.plan.samples_seen(num_batches)
+        return EpochResult(ms, loss_sum / seen, correct / seen)
+
+    def test_accuracy(self) -> float:
+        return self.evaluation.accuracy(self.stream, self.params)
+
+    def weights(self) -> list[Layer]:
+        return self.params.download(self.stream)
 
     def environment(self) -> dict:
-        env = super().environment()
-        env.pop("device_loop")  # no graph here: one kernel per epoch
+        env = {**environment.gpu(self.device), "nvrtc": nvrtc.version()}
         if self.config.hidden and self.shape.bf16:
             env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
         elif self.shape.bf16:
@@ -132,6 +172,7 @@ class PersistentStage(DeviceLoopStage):
         return env
 
     def close(self) -> None:
-        if getattr(self, "persistent_cu", None) is not None:
-            self.persistent_cu.close()
-        super().close()
+        for name in ("persistent_cu", "evaluation", "arena", "context"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()

@@ -1,0 +1,158 @@
+"""The pieces a GPU rung is made of, each setting up only itself:
+
+    DeviceContext    the GPU, the stream everything runs on, the two events that time an epoch
+    DatasetOnDevice  the training and test sets and every epoch's sample order, in the run's arena
+    Parameters       each layer's W and b in fp32, from the plan's initial weights; weights out
+    Evaluation       test accuracy on the device: a forward pass of up to EVAL_ROWS test rows at a
+                     time through the naive kernels (matmul.cu, layers.cu), then a count of the
+                     rows whose largest logit is the label (metrics.cu), read once at the end
+
+The ladder's chain (baseline … device-loop) is built on them by `BaselineStage`; a rung that is its
+own program (`persistent`) composes the ones it uses beside its own kernel, and nothing else.
+Every buffer comes from one arena: a piece reserves its buffers in the arena it is given, the
+rung allocates the arena once, then each piece uploads what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from graphtrain.config import TrainConfig
+from graphtrain.data import Dataset
+from graphtrain.kernels.layers import Layers
+from graphtrain.kernels.matmul import Matmul
+from graphtrain.kernels.metrics import Metrics
+from graphtrain.libs import cuda
+from graphtrain.libs.memory import Arena, Buffer
+from graphtrain.plan import RunPlan
+from graphtrain.reference import Layer
+
+EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
+
+# gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc): row-major C = alpha·op(A)·op(B) + beta·C
+Gemm = Callable[..., None]
+
+
+class DeviceContext:
+    """The GPU, one stream for all of a run's work, and the events that time an epoch on it."""
+
+    def __init__(self) -> None:
+        self.device = cuda.open_device()
+        self.stream = cuda.Stream()
+        self.start_event, self.end_event = cuda.Event(), cuda.Event()
+
+    def timed(self, work: Callable[[], None]) -> float:
+        """Queue `work` on the stream between the two events, wait for it; its GPU time in ms."""
+        self.start_event.record(self.stream)
+        work()
+        self.end_event.record(self.stream)
+        self.end_event.synchronize()
+        return self.start_event.elapsed_ms(self.end_event)
+
+    def close(self) -> None:
+        for obj in (self.start_event, self.end_event, self.stream):
+            obj.close()
+
+
+class DatasetOnDevice:
+    """The dataset and the plan's sample orders in the arena. `train_images=False` leaves the fp32
+    training images out, for a rung whose kernel reads them in another form of its own."""
+
+    def __init__(self, arena: Arena, plan: RunPlan, data: Dataset, train_images: bool = True):
+        self.plan, self.data = plan, data
+        self.num_train, self.num_test = plan.num_train, plan.num_test
+        features = plan.config.in_features
+        self.train_images = arena.reserve("train_images", (self.num_train, features)) if train_images else None
+        self.train_labels = arena.reserve("train_labels", (self.num_train,), np.int32)
+        self.test_images = arena.reserve("test_images", (self.num_test, features))
+        self.test_labels = arena.reserve("test_labels", (self.num_test,), np.int32)
+        # Every epoch's sample order, uploaded once: epoch e's batch at `lo` starts at e·N + lo.
+        self.order = arena.reserve("order", (plan.orders.size,), np.int32)
+
+    def upload(self, stream: cuda.Stream) -> None:
+        data = self.data
+        if self.train_images is not None:
+            self.train_images.upload(data.train_images, stream)
+        self.train_labels.upload(data.train_labels.astype(np.int32), stream)
+        self.test_images.upload(data.test_images, stream)
+        self.test_labels.upload(data.test_labels.astype(np.int32), stream)
+        self.order.upload(self.plan.orders.ravel(), stream)
+
+
+class Parameters:
+    """W_i (fan_out × fan_in) and b_i of every layer, fp32: the weights, then the biases, each kind
+    in layer order and so one span (the fused rungs update or convert a kind in one pass)."""
+
+    def __init__(self, arena: Arena, config: TrainConfig):
+        layers = list(enumerate(zip(config.dims[:-1], config.dims[1:]), 1))
+        self.w = [arena.reserve(f"w{i}", (fan_out, fan_in)) for i, (fan_in, fan_out) in layers]
+        self.b = [arena.reserve(f"b{i}", (fan_out,)) if config.bias else None for i, (_, fan_out) in layers]
+
+    def upload(self, layers: Sequence[Layer], stream: cuda.Stream) -> None:
+        for w, b, layer in zip(self.w, self.b, layers):
+            w.upload(layer.w, stream)
+            if b is not None:
+                b.upload(layer.b, stream)
+
+    def download(self, stream: cuda.Stream) -> list[Layer]:
+        return [Layer(w.download(stream), None if b is None else b.download(stream)) for w, b in zip(self.w, self.b)]
+
+
+def forward(gemm: Gemm, layers_cu: Layers, stream: cuda.Stream, dims: Sequence[int], params: Parameters,
+            x_ptr: int, outputs: Sequence[Buffer], rows: int) -> None:
+    """outputs[i] = ReLU(input_i W_iᵀ + b_i), input_0 = x, input_i = outputs[i-1]; no ReLU on the
+    logits (the last output). One product and one bias/ReLU pass a layer."""
+    last = len(params.w) - 1
+    for i, (w, b) in enumerate(zip(params.w, params.b)):
+        src = x_ptr if i == 0 else outputs[i - 1].ptr
+        out, fan_in, fan_out = outputs[i], dims[i], dims[i + 1]
+        gemm(False, True, rows, fan_out, fan_in, 1.0, src, fan_in, w.ptr, fan_in, 0.0, out.ptr, fan_out)
+        if b is not None or i < last:
+            layers_cu.bias_relu(stream, out.ptr, b.ptr if b is not None else 0, rows, fan_out, i < last)
+
+
+def count_correct(stream: cuda.Stream, metrics_cu: Metrics, dataset: DatasetOnDevice, rows_per_pass: int,
+                  forward_rows: Callable[[int, int], Buffer], classes: int, correct: int) -> float:
+    """Test accuracy: `forward_rows(x_ptr, rows)` (which returns the logits' buffer) over the test
+    set `rows_per_pass` rows at a time, each pass's correct rows added into the double at
+    `correct` on the device; one read at the end."""
+    cuda.memset(correct, 0, 8, stream)
+    for lo in range(0, dataset.num_test, rows_per_pass):
+        rows = min(rows_per_pass, dataset.num_test - lo)
+        logits = forward_rows(dataset.test_images.at(lo, 0), rows)
+        metrics_cu.batch_correct(stream, logits.ptr, dataset.test_labels.at(lo), rows, classes, correct, True)
+    count = cuda.copy_to_host(correct, np.zeros(1), stream)[0]
+    return float(count) / dataset.num_test
+
+
+class Evaluation:
+    """Test accuracy of the fp32 parameters through the naive kernels, with buffers of its own:
+    for a rung whose training loop computes no forward pass that could serve (its own program)."""
+
+    def __init__(self, arena: Arena, config: TrainConfig, dataset: DatasetOnDevice):
+        self.config, self.dataset = config, dataset
+        self.rows = min(EVAL_ROWS, dataset.num_test)
+        self.outputs = [arena.reserve(f"eval_h{i}", (self.rows, d)) for i, d in enumerate(config.dims[1:-1], 1)]
+        self.outputs.append(arena.reserve("eval_logits", (self.rows, config.classes)))
+        self.correct = arena.reserve("eval_correct", (1,), np.float64)
+        self.matmul_cu = self.layers_cu = self.metrics_cu = None
+
+    def load(self, device: cuda.DeviceInfo) -> None:
+        """Compile (or read from the cache) and load the three kernel files."""
+        self.matmul_cu, self.layers_cu, self.metrics_cu = Matmul(device), Layers(device), Metrics(device)
+
+    def accuracy(self, stream: cuda.Stream, params: Parameters) -> float:
+        def forward_rows(x_ptr: int, rows: int) -> Buffer:
+            gemm = lambda *args: self.matmul_cu.gemm(stream, *args)  # noqa: E731
+            forward(gemm, self.layers_cu, stream, self.config.dims, params, x_ptr, self.outputs, rows)
+            return self.outputs[-1]
+
+        return count_correct(stream, self.metrics_cu, self.dataset, self.rows, forward_rows, self.config.classes,
+                             self.correct.ptr)
+
+    def close(self) -> None:
+        for obj in (self.matmul_cu, self.layers_cu, self.metrics_cu):
+            if obj is not None:
+                obj.close()
