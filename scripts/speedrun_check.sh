@@ -12,6 +12,9 @@ python3 scripts/cnn_step_profile.py > "$out/step-profile.txt" 2>&1; grep -E "sum
 python3 -m graphtrain speedrun --seeds 10 --stages device-loop,graphs --peer torch-graph,jax-scan,torch-eager \
   --json "$out/speedrun-h100.json" --markdown "$out/speedrun-h100.md" > "$out/speedrun.log" 2>&1
 tail -n 30 "$out/speedrun.log"
-/usr/bin/time -f "run --preset speedrun --stage device-loop: %e s wall" python3 -m graphtrain run --preset speedrun \
-  --stage device-loop > "$out/run-speedrun.log" 2>&1; tail -n 2 "$out/run-speedrun.log"
+start=$(date +%s.%N)
+python3 -m graphtrain run --preset speedrun --stage device-loop > "$out/run-speedrun.log" 2>&1
+end=$(date +%s.%N)
+echo "run --preset speedrun --stage device-loop: $(python3 -c "print(f'{$end - $start:.2f}')") s, start to exit" \
+  | tee -a "$out/run-speedrun.log"
 bash scripts/sanitize_cnn.sh "$out/sanitize"
