@@ -13,14 +13,19 @@ and the evaluation into one graph.
 One step, every launch on one stream (nothing allocated or chosen in it, so it captures as is):
 
     gather          x, y = the batch's rows through the order, from the device cursor
-    conv i          cuDNN forward (TF32 on the tensor cores, or fp32), then one kernel:
-                    a_i = ReLU(maxpool(c_i + b_i)) with each window's argmax
+    conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
+                    kernel (convpool.cu, fp32), or cuDNN's forward (TF32 or fp32) and a pool kernel
     head            cuBLAS products, bias + ReLU kernels
     loss step       dlogits of the valid rows; the cursor moves on by them
     head backward   cuBLAS products; ReLU mask and bias gradient in one kernel
-    conv i back     the pooled gradient routed to the argmaxes, the bias gradient, then cuDNN's
-                    backward filter and (past the first layer) backward data
+    conv i back     fused: the weight and bias gradients from the pooled gradient and the argmaxes,
+                    and (past the first layer) the input gradient; cuDNN: the pooled gradient
+                    routed to the argmaxes, the bias gradient, backward filter and backward data
     optimizer       one kernel over every parameter, its rate from the device's step counter
+
+Measured on an H100 (scripts/cnn_step_profile.py), cuDNN's legacy convolutions for the speedrun's
+layers took 17–45 µs a pass whatever the layout, algorithm or math type its search picked; the
+fused kernels are the default where every layer fits them.
 
 Every batch is `batch` rows: the epoch's tail batch is the first rows of a full one, the rows
 past the epoch's end reading padding of the order and given zero gradient by the loss step, so
