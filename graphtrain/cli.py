@@ -628,12 +628,14 @@ def compare(a, b):
 @click.option("--betas", default=None, metavar="B1,B2", help="Adam's betas, e.g. 0.7,0.9.")
 @click.option("--warmup", type=int, default=None, help="Warm-up steps (the warmup schedule).")
 @click.option("--weight-decay", type=float, default=None)
+@click.option("--conv-path", default="fused", show_default=True, type=click.Choice(["fused", "cudnn"]),
+              help="graphtrain's conv layers: convpool.cu's fused kernels (where they fit), or cuDNN's.")
 @click.option("--process-wall/--no-process-wall", default=True, show_default=True,
               help="Also time one run of each row as its own process, start to exit.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Folder holding MNIST's IDX files (else $GRAPHTRAIN_DATA, else the cache).")
 def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision, conv, hidden, batch, epochs, lr,
-             optimizer, schedule, betas, warmup, weight_decay, process_wall, data_dir):
+             optimizer, schedule, betas, warmup, weight_decay, conv_path, process_wall, data_dir):
     """Time to 99% on MNIST: the speedrun preset (train_mnist_fast's recipe) N times per row.
 
     Reports per row the test accuracy's mean and spread over the seeds, the median time from
@@ -662,7 +664,7 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             raise UsageError(f"unknown speedrun row(s) {', '.join(unknown)}; choose from "
                              f"{', '.join([*sr.ROWS, *sr.PEER_ROWS])}" if unknown else "no rows to run")
         data = data_mod.load("mnist", data_dir=data_dir)
-        task = sr.make_task(cfg, data, holdout, precision)
+        task = sr.make_task(cfg, data, holdout, precision, fused_convs=conv_path == "fused")
         seed_list = list(range(seeds))
         forwarded = [a for a in sys.argv[1:] if a not in ("speedrun",)]
         results = []

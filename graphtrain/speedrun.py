@@ -53,6 +53,7 @@ class Task:
     evaluated_on: str = "test"  # or "holdout"
     config: TrainConfig | None = None  # the plans' workload; None: the speedrun preset with this model and batch
     plans: dict = field(default_factory=dict, compare=False)
+    fused_convs: bool = True  # graphtrain's rows: convpool.cu's fused conv layers, or cuDNN's
 
     @property
     def steps(self) -> int:
@@ -101,7 +102,7 @@ def recipe_of(config: TrainConfig, num_train: int, precision: str = "tf32"):
                   precision=precision)
 
 
-def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32") -> Task:
+def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> Task:
     """The task of `config` on a loaded dataset, its images normalised once here."""
     if config.epochs is None:
         raise UsageError("the speedrun trains whole epochs: give --epochs, not --steps")
@@ -118,7 +119,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
 
     return Task(cnn_spec(config), recipe_of(config, len(train_x), precision), norm(train_x),
                 train_y.astype(np.int32), norm(test_x), test_y.astype(np.int32),
-                "holdout" if holdout else "test", config)
+                "holdout" if holdout else "test", config, fused_convs=fused_convs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ class _CnnGpuRow(Row):
         super().setup(task)
         self.device = cuda.open_device()
         self.model = CnnDevice(self.device, task.spec, task.recipe, task.train_images, task.train_labels,
-                               task.test_images, task.test_labels)
+                               task.test_images, task.test_labels, fused=task.fused_convs)
         self.note = self.model.precision_note()
         self.outer = cuda.Stream()
         # Warm-up: first launches of every kernel and library call (undone by the next load).

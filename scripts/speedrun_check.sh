@@ -12,6 +12,9 @@ python3 scripts/cnn_step_profile.py > "$out/step-profile.txt" 2>&1; grep -E "sum
 python3 -m graphtrain speedrun --seeds 10 --stages device-loop,graphs --peer torch-graph,jax-scan,torch-eager \
   --json "$out/speedrun-h100.json" --markdown "$out/speedrun-h100.md" > "$out/speedrun.log" 2>&1
 tail -n 30 "$out/speedrun.log"
+python3 -m graphtrain speedrun --seeds 3 --stages device-loop,graphs --peer none --conv-path cudnn --no-process-wall \
+  --json "$out/speedrun-cudnn-h100.json" --markdown "$out/speedrun-cudnn-h100.md" > "$out/speedrun-cudnn.log" 2>&1
+grep -E "device-loop|graphs" "$out/speedrun-cudnn.log" | head -n 4
 start=$(date +%s.%N)
 python3 -m graphtrain run --preset speedrun --stage device-loop > "$out/run-speedrun.log" 2>&1
 end=$(date +%s.%N)
