@@ -340,8 +340,13 @@ def process_wall(name: str, argv: list[str]) -> float:
 
 
 def git_revision() -> str:
-    """The checkout's commit (with '+changes' when the tree differs from it), or 'unknown'."""
+    """The checkout's commit (with '+changes' when the tree differs from it), or 'unknown';
+    $GRAPHTRAIN_REVISION where the tree was copied out of its checkout to the GPU machine."""
+    import os
     from pathlib import Path
+
+    if os.environ.get("GRAPHTRAIN_REVISION"):
+        return os.environ["GRAPHTRAIN_REVISION"]
 
     root = Path(__file__).resolve().parent.parent
     try:

@@ -120,10 +120,12 @@ extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x
     }
 }
 
-// Many taps: one thread per tap (and thread TAPS for the bias) holding its sums for every output
-// channel in registers (CP_OUTS of them); a block per chunk of samples, each sample's input and
-// its windows' g and argmax origin staged in shared memory, every sum in a fixed order.
-// partial[(o·chunks + chunk)·(TAPS + 1) + t] as for the register variant.
+// Many taps: thread (t, g) of a block of TAP_LANES × CP_OUT_GROUPS threads holds, for tap t (and
+// t = TAPS for the bias), the sums of the output channels o ≡ g (mod CP_OUT_GROUPS) in registers;
+// a block per chunk of samples, each sample's input and its windows' g and argmax origin staged
+// in shared memory, every sum in a fixed order. partial as for the register variant.
+#define TAP_LANES ((TAPS + 1 + 31) / 32 * 32)
+#define OUTS_PER_GROUP ((CP_OUTS + CP_OUT_GROUPS - 1) / CP_OUT_GROUPS)
 extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
@@ -134,17 +136,17 @@ extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x
     float* xs = smem;
     float* g = xs + image;                                     // CP_OUTS·plane pooled gradients (0: ReLU off)
     int* origin = reinterpret_cast<int*>(g + CP_OUTS * plane);  // cy·wd + cx of each window's argmax
-    const int t = threadIdx.x;
+    const int t = threadIdx.x % TAP_LANES, group = threadIdx.x / TAP_LANES;
     const int ch = t / (CP_K * CP_K), a = (t / CP_K) % CP_K, b = t % CP_K;
     const int tap_offset = t < TAPS ? (ch * h + a) * wd + b : 0;
-    float acc[CP_OUTS];
+    float acc[OUTS_PER_GROUP];
 #pragma unroll
-    for (int o = 0; o < CP_OUTS; ++o) acc[o] = 0.0f;
+    for (int k = 0; k < OUTS_PER_GROUP; ++k) acc[k] = 0.0f;
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int s = first; s < last; ++s) {
         __syncthreads();  // the previous sample's staging is no longer read
-        for (int e = t; e < image; e += blockDim.x) xs[e] = x[(long long)s * image + e];
-        for (int q = t; q < CP_OUTS * plane; q += blockDim.x) {
+        for (int e = threadIdx.x; e < image; e += blockDim.x) xs[e] = x[(long long)s * image + e];
+        for (int q = threadIdx.x; q < CP_OUTS * plane; q += blockDim.x) {
             const long long at = (long long)s * CP_OUTS * plane + q;
             const int where = arg[at], pos = q % plane;
             g[q] = where == RELU_OFF ? 0.0f : dout[at];
@@ -152,20 +154,26 @@ extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x
                         (pos % wo) * CP_P + (where == RELU_OFF ? 0 : where % CP_P);
         }
         __syncthreads();
-        if (t < TAPS) {
+        if (t <= TAPS) {
 #pragma unroll
-            for (int o = 0; o < CP_OUTS; ++o)
-                for (int pos = 0; pos < plane; ++pos)
-                    acc[o] = fmaf(g[o * plane + pos], xs[origin[o * plane + pos] + tap_offset], acc[o]);
-        } else if (t == TAPS) {
-#pragma unroll
-            for (int o = 0; o < CP_OUTS; ++o)
-                for (int pos = 0; pos < plane; ++pos) acc[o] += g[o * plane + pos];
+            for (int k = 0; k < OUTS_PER_GROUP; ++k) {
+                const int o = group + k * CP_OUT_GROUPS;
+                if (o >= CP_OUTS) break;
+                const float* go = g + o * plane;
+                const int* oo = origin + o * plane;
+                if (t < TAPS)
+                    for (int pos = 0; pos < plane; ++pos) acc[k] = fmaf(go[pos], xs[oo[pos] + tap_offset], acc[k]);
+                else
+                    for (int pos = 0; pos < plane; ++pos) acc[k] += go[pos];
+            }
         }
     }
     if (t <= TAPS)
 #pragma unroll
-        for (int o = 0; o < CP_OUTS; ++o) partial[((long long)o * chunks + chunk) * (TAPS + 1) + t] = acc[o];
+        for (int k = 0; k < OUTS_PER_GROUP; ++k) {
+            const int o = group + k * CP_OUT_GROUPS;
+            if (o < CP_OUTS) partial[((long long)o * chunks + chunk) * (TAPS + 1) + t] = acc[k];
+        }
 }
 
 // dw[o, t] = Σ_chunk partial[o, chunk, t] (t < TAPS), db[o] = the same at t = TAPS, in order.
@@ -183,19 +191,22 @@ extern "C" __global__ void convpool_reduce(const float* __restrict__ partial, fl
 // dx[s, c, y, x] = Σ_o Σ_{a,b} dconv[s, o, y − a, x − b] · w[o, c, a, b]: the gradient of the
 // layer's input (the previous layer's pooled, ReLU'd output), where dconv is the pooled gradient
 // put back at each window's argmax (0 elsewhere, and where the ReLU was off). One block per
-// sample: every filter and the sample's dense dconv in shared memory; the threads over (c, y, x),
-// each a fixed-order sum of CP_OUTS·K² terms.
+// sample: every filter and the sample's dconv, zero-padded by K − 1 on each side (no bounds
+// tests), in shared memory; each thread a run of XT outputs along x for one (c, y), reusing
+// each weight and each loaded dconv row across them; each output a fixed-order sum.
+#define XT 4
 extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
                                                   const float* __restrict__ w, float* __restrict__ dx, int outs,
                                                   int h, int wd) {
     extern __shared__ float smem[];
     const int hc = h - CP_K + 1, wc = wd - CP_K + 1;
+    const int hp = hc + 2 * (CP_K - 1), wp = wc + 2 * (CP_K - 1);  // the padded conv gradient
     const int ho = hc / CP_P, wo = wc / CP_P, plane = ho * wo;
     float* ws = smem;
-    float* dc = ws + CP_OUTS * TAPS;  // CP_OUTS × hc × wc
+    float* dc = ws + CP_OUTS * TAPS;  // CP_OUTS × hp × wp
     const int s = blockIdx.x;
     for (int t = threadIdx.x; t < CP_OUTS * TAPS; t += blockDim.x) ws[t] = w[t];
-    for (int t = threadIdx.x; t < CP_OUTS * hc * wc; t += blockDim.x) dc[t] = 0.0f;
+    for (int t = threadIdx.x; t < CP_OUTS * hp * wp; t += blockDim.x) dc[t] = 0.0f;
     __syncthreads();
     for (int q = threadIdx.x; q < CP_OUTS * plane; q += blockDim.x) {
         const long long at = (long long)s * CP_OUTS * plane + q;
@@ -203,27 +214,36 @@ extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout
         if (where == RELU_OFF) continue;
         const int o = q / plane, pos = q % plane;
         const int cy = (pos / wo) * CP_P + where / CP_P, cx = (pos % wo) * CP_P + where % CP_P;
-        dc[(o * hc + cy) * wc + cx] = dout[at];  // each conv position lies in one window: no collisions
+        // each conv position lies in one window: no two threads write the same element
+        dc[(o * hp + cy + CP_K - 1) * wp + cx + CP_K - 1] = dout[at];
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < CP_C * h * wd; e += blockDim.x) {
-        const int c = e / (h * wd), y = (e / wd) % h, xx = e % wd;
-        float acc = 0.0f;
-#pragma unroll 4
+    const int runs = (wd + XT - 1) / XT;
+    for (int e = threadIdx.x; e < CP_C * h * runs; e += blockDim.x) {
+        const int c = e / (h * runs), y = (e / runs) % h, x0 = (e % runs) * XT;
+        float acc[XT];
+#pragma unroll
+        for (int u = 0; u < XT; ++u) acc[u] = 0.0f;
         for (int o = 0; o < CP_OUTS; ++o) {
             const float* wf = ws + (o * CP_C + c) * CP_K * CP_K;
-            const float* d = dc + o * hc * wc;
 #pragma unroll
             for (int a = 0; a < CP_K; ++a) {
-                const int cy = y - a;
-                if (cy < 0 || cy >= hc) continue;
+                // padded row y − a + K − 1, columns x0 − b + K − 1 for b < K and the run's XT outputs
+                const float* row = dc + (o * hp + y - a + CP_K - 1) * wp + x0;
+                float v[XT + CP_K - 1];
+#pragma unroll
+                for (int i = 0; i < XT + CP_K - 1; ++i) v[i] = x0 + i < wp ? row[i] : 0.0f;
 #pragma unroll
                 for (int b = 0; b < CP_K; ++b) {
-                    const int cx = xx - b;
-                    if (cx >= 0 && cx < wc) acc = fmaf(d[cy * wc + cx], wf[a * CP_K + b], acc);
+                    const float wv = wf[a * CP_K + b];
+#pragma unroll
+                    for (int u = 0; u < XT; ++u) acc[u] = fmaf(v[u + CP_K - 1 - b], wv, acc[u]);
                 }
             }
         }
-        dx[(long long)s * CP_C * h * wd + e] = acc;
+        float* out = dx + (long long)s * CP_C * h * wd + (c * h + y) * wd + x0;
+#pragma unroll
+        for (int u = 0; u < XT; ++u)
+            if (x0 + u < wd) out[u] = acc[u];
     }
 }

@@ -13,6 +13,8 @@ REGS_CHUNK = 8  # samples per block of the register weight gradient (their input
 TAPS_CHUNK = 2  # samples per block of the per-tap weight gradient
 MAX_OUTS = 64  # the per-tap weight gradient keeps one sum per output channel in registers
 SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
+BACKWARD_DATA_SHARED = 96 * 1024  # convpool_backward_data: every filter and a padded conv gradient (raised once)
+OUT_GROUPS = 4  # the per-tap weight gradient: threads (tap, group of output channels)
 
 
 def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, pool: int, first: bool) -> bool:
@@ -27,17 +29,19 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
     filters, image, taps = outs * c * k * k, c * h * w, c * k * k
     weight_grad = REGS_CHUNK * image if taps <= MAX_REGISTER_TAPS else image + 2 * outs * plane
     return (4 * (image + filters) <= SHARED_LIMIT and 4 * weight_grad <= SHARED_LIMIT
-            and (first or 4 * (filters + outs * conv) <= SHARED_LIMIT))
+            and (first or 4 * (filters + outs * (h + k - 1) * (w + k - 1)) <= BACKWARD_DATA_SHARED))
 
 
 class ConvPool(KernelFile):
     stem = "convpool"
-    defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_REDUCE_THREADS": REDUCE_THREADS}
+    defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_REDUCE_THREADS": REDUCE_THREADS,
+               "CP_OUT_GROUPS": OUT_GROUPS}
     _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32)
     _convpool_weight_grad_regs = kernel("convpool_weight_grad_regs", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
     _convpool_weight_grad_taps = kernel("convpool_weight_grad_taps", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
     _convpool_reduce = kernel("convpool_reduce", PTR, PTR, PTR, I32, I32)
-    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32)
+    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32,
+                                     max_shared_bytes=BACKWARD_DATA_SHARED)
 
     def __init__(self, device, c: int, k: int, pool: int, outs: int):
         super().__init__(device, {"CP_C": c, "CP_K": k, "CP_P": pool, "CP_OUTS": outs})
@@ -67,12 +71,12 @@ class ConvPool(KernelFile):
             self._convpool_weight_grad_regs(stream, (outs, chunks, 1), REDUCE_THREADS, x, dout, arg, partial, n, outs,
                                             h, wd, self.chunk, shared_bytes=4 * self.chunk * image)
         else:
-            threads = ceil_div(self.taps + 1, 32) * 32
+            threads = ceil_div(self.taps + 1, 32) * 32 * OUT_GROUPS
             self._convpool_weight_grad_taps(stream, chunks, threads, x, dout, arg, partial, n, outs, h, wd, self.chunk,
                                             shared_bytes=4 * (image + 2 * outs * self._plane(h, wd)))
         self._convpool_reduce(stream, ceil_div(outs * (self.taps + 1), THREADS), THREADS, partial, dw, db, outs, chunks)
 
     def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int) -> None:
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
-        shared = 4 * (outs * self.taps + outs * (h - self.k + 1) * (wd - self.k + 1))
+        shared = 4 * (outs * self.taps + outs * (h + self.k - 1) * (wd + self.k - 1))  # padded by k − 1
         self._convpool_backward_data(stream, n, SAMPLE_THREADS, dout, arg, w, dx, outs, h, wd, shared_bytes=shared)
