@@ -16,27 +16,23 @@
 #define SPAN (CP_K + CP_P - 1)  // a pool window's input patch, per channel
 
 // out[s, o, i, j] = ReLU(max_{u,v<P} Σ_{c,a,b} x[s, c, i·P+u+a, j·P+v+b]·w[o, c, a, b] + bias[o]).
-// Block (sample, group of per_block output channels): the sample's input and the group's filters
-// in shared memory, the threads over (o, i, j) (a batch of 256 samples is only two blocks an SM:
-// the groups give the SMs more to run at once). The P×P conv outputs of a window share one
-// SPAN×SPAN patch per channel, read once into registers.
+// One block per sample: its input and every filter in shared memory; the threads over (o, i, j).
+// The P×P conv outputs of a window share one SPAN×SPAN patch per channel, read once into registers.
 extern "C" __global__ void convpool_forward(const float* __restrict__ x, const float* __restrict__ w,
                                             const float* __restrict__ bias, float* __restrict__ out,
-                                            unsigned char* __restrict__ arg, int outs, int h, int wd,
-                                            int per_block) {
+                                            unsigned char* __restrict__ arg, int outs, int h, int wd) {
     extern __shared__ float smem[];
     const int image = CP_C * h * wd;
-    const int o0 = blockIdx.y * per_block, group = min(per_block, outs - o0);
     float* xs = smem;
     float* ws = smem + image;
     const int s = blockIdx.x;
     for (int t = threadIdx.x; t < image; t += blockDim.x) xs[t] = x[(long long)s * image + t];
-    for (int t = threadIdx.x; t < group * TAPS; t += blockDim.x) ws[t] = w[o0 * TAPS + t];
+    for (int t = threadIdx.x; t < outs * TAPS; t += blockDim.x) ws[t] = w[t];
     __syncthreads();
     const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo;
-    for (int q = threadIdx.x; q < group * plane; q += blockDim.x) {
-        const int ol = q / plane, i = (q % plane) / wo, j = q % wo;
-        const float* wf = ws + ol * TAPS;
+    for (int q = threadIdx.x; q < outs * plane; q += blockDim.x) {
+        const int o = q / plane, i = (q % plane) / wo, j = q % wo;
+        const float* wf = ws + o * TAPS;
         float acc[CP_P * CP_P];
 #pragma unroll
         for (int t = 0; t < CP_P * CP_P; ++t) acc[t] = 0.0f;
@@ -65,8 +61,8 @@ extern "C" __global__ void convpool_forward(const float* __restrict__ x, const f
 #pragma unroll
         for (int t = 1; t < CP_P * CP_P; ++t)
             if (acc[t] > best) { best = acc[t]; where = t; }
-        const float y = best + bias[o0 + ol];
-        const long long at = ((long long)s * outs + o0) * plane + q;
+        const float y = best + bias[o];
+        const long long at = (long long)s * outs * plane + q;
         out[at] = y > 0.0f ? y : 0.0f;
         arg[at] = y > 0.0f ? (unsigned char)where : (unsigned char)RELU_OFF;
     }
@@ -79,23 +75,24 @@ extern "C" __global__ void convpool_forward(const float* __restrict__ x, const f
 // partial[(o·chunks + chunk)·(TAPS + 1) + t], t = TAPS being the bias; convpool_reduce adds the
 // chunks in order.
 
-// Few taps (a first layer): a block per chunk of samples, their inputs staged in shared memory;
-// warp o (a warp per output channel) sums its channel's terms with the accumulators in
-// registers, its lanes over (sample, window), then a fixed shuffle tree over the lanes.
+// Few taps (a first layer): the chunk's inputs staged in shared memory, the accumulators in
+// registers, the threads over (sample, window), then a tree over the threads per tap.
 extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
                                                      int per_chunk) {
     extern __shared__ float xs[];  // per_chunk samples of CP_C·h·wd
-    const int chunk = blockIdx.x, chunks = gridDim.x, o = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __shared__ float part[CP_REDUCE_THREADS];
+    const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
     const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo, image = CP_C * h * wd;
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
-    for (int t = threadIdx.x; t < (last - first) * image; t += blockDim.x) xs[t] = x[(long long)first * image + t];
+    for (int t = threadIdx.x; t < (last - first) * image; t += CP_REDUCE_THREADS)
+        xs[t] = x[(long long)first * image + t];
     __syncthreads();
     float acc[TAPS + 1];
 #pragma unroll
     for (int t = 0; t <= TAPS; ++t) acc[t] = 0.0f;
-    for (int q = lane; q < (last - first) * plane; q += 32) {
+    for (int q = threadIdx.x; q < (last - first) * plane; q += CP_REDUCE_THREADS) {
         const int s = q / plane, pos = q % plane;
         const long long at = ((long long)(first + s) * outs + o) * plane + pos;
         const int where = arg[at];
@@ -110,12 +107,16 @@ extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x
         }
         acc[TAPS] += g;
     }
-#pragma unroll
+    float* dst = partial + ((long long)o * chunks + chunk) * (TAPS + 1);
     for (int t = 0; t <= TAPS; ++t) {
-        float v = acc[t];
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-        if (lane == 0) partial[((long long)o * chunks + chunk) * (TAPS + 1) + t] = v;
+        part[threadIdx.x] = acc[t];
+        __syncthreads();
+        for (int stride = CP_REDUCE_THREADS / 2; stride > 0; stride >>= 1) {
+            if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) dst[t] = part[0];
+        __syncthreads();
     }
 }
 
@@ -189,28 +190,22 @@ extern "C" __global__ void convpool_reduce(const float* __restrict__ partial, fl
 
 // dx[s, c, y, x] = Σ_o Σ_{a,b} dconv[s, o, y − a, x − b] · w[o, c, a, b]: the gradient of the
 // layer's input (the previous layer's pooled, ReLU'd output), where dconv is the pooled gradient
-// put back at each window's argmax (0 elsewhere, and where the ReLU was off). Block (sample,
-// group of per_block input channels): the group's filter slices and the sample's dconv,
-// zero-padded by K − 1 on each side (no bounds tests), in shared memory; each thread a run of XT
-// outputs along x for one (c, y), reusing each weight and each loaded dconv row across them; each
-// output a fixed-order sum.
+// put back at each window's argmax (0 elsewhere, and where the ReLU was off). One block per
+// sample: every filter and the sample's dconv, zero-padded by K − 1 on each side (no bounds
+// tests), in shared memory; each thread a run of XT outputs along x for one (c, y), reusing
+// each weight and each loaded dconv row across them; each output a fixed-order sum.
 #define XT 4
 extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
                                                   const float* __restrict__ w, float* __restrict__ dx, int outs,
-                                                  int h, int wd, int per_block) {
+                                                  int h, int wd) {
     extern __shared__ float smem[];
     const int hc = h - CP_K + 1, wc = wd - CP_K + 1;
     const int hp = hc + 2 * (CP_K - 1), wp = wc + 2 * (CP_K - 1);  // the padded conv gradient
     const int ho = hc / CP_P, wo = wc / CP_P, plane = ho * wo;
-    const int c0 = blockIdx.y * per_block, group = min(per_block, CP_C - c0);
-    constexpr int KK = CP_K * CP_K;
-    float* ws = smem;                  // [o][c − c0][a][b]
-    float* dc = ws + CP_OUTS * per_block * KK;  // CP_OUTS × hp × wp
+    float* ws = smem;
+    float* dc = ws + CP_OUTS * TAPS;  // CP_OUTS × hp × wp
     const int s = blockIdx.x;
-    for (int t = threadIdx.x; t < CP_OUTS * group * KK; t += blockDim.x) {
-        const int o = t / (group * KK), rest = t % (group * KK);
-        ws[t] = w[(o * CP_C + c0) * KK + rest];
-    }
+    for (int t = threadIdx.x; t < CP_OUTS * TAPS; t += blockDim.x) ws[t] = w[t];
     for (int t = threadIdx.x; t < CP_OUTS * hp * wp; t += blockDim.x) dc[t] = 0.0f;
     __syncthreads();
     for (int q = threadIdx.x; q < CP_OUTS * plane; q += blockDim.x) {
@@ -224,13 +219,13 @@ extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout
     }
     __syncthreads();
     const int runs = (wd + XT - 1) / XT;
-    for (int e = threadIdx.x; e < group * h * runs; e += blockDim.x) {
-        const int cl = e / (h * runs), y = (e / runs) % h, x0 = (e % runs) * XT;
+    for (int e = threadIdx.x; e < CP_C * h * runs; e += blockDim.x) {
+        const int c = e / (h * runs), y = (e / runs) % h, x0 = (e % runs) * XT;
         float acc[XT];
 #pragma unroll
         for (int u = 0; u < XT; ++u) acc[u] = 0.0f;
         for (int o = 0; o < CP_OUTS; ++o) {
-            const float* wf = ws + (o * group + cl) * KK;
+            const float* wf = ws + (o * CP_C + c) * CP_K * CP_K;
 #pragma unroll
             for (int a = 0; a < CP_K; ++a) {
                 // padded row y − a + K − 1, columns x0 − b + K − 1 for b < K and the run's XT outputs
@@ -246,7 +241,7 @@ extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout
                 }
             }
         }
-        float* out = dx + (long long)s * CP_C * h * wd + ((c0 + cl) * h + y) * wd + x0;
+        float* out = dx + (long long)s * CP_C * h * wd + (c * h + y) * wd + x0;
 #pragma unroll
         for (int u = 0; u < XT; ++u)
             if (x0 + u < wd) out[u] = acc[u];

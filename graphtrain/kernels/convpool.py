@@ -6,12 +6,10 @@ from __future__ import annotations
 from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 
 THREADS = 256  # convpool_reduce
-SAMPLE_THREADS = 256  # the kernels with a block per (sample, group of channels)
-FORWARD_GROUP = 8  # output channels per block of the forward pass
-BACKWARD_DATA_GROUP = 6  # input channels per block of the backward data pass
+SAMPLE_THREADS = 512  # the kernels with a block per sample (a batch of 256 is ~2 blocks an SM: wide blocks)
+REDUCE_THREADS = 256  # convpool_weight_grad_regs: a tree over the block
 MAX_REGISTER_TAPS = 32  # up to this many taps the weight gradient keeps them in registers
-MAX_REGISTER_OUTS = 32  # ... with a warp per output channel in a block
-REGS_CHUNK = 2  # samples per block of the register weight gradient (their inputs staged)
+REGS_CHUNK = 8  # samples per block of the register weight gradient (their inputs staged)
 TAPS_CHUNK = 2  # samples per block of the per-tap weight gradient
 MAX_OUTS = 64  # the per-tap weight gradient keeps one sum per output channel in registers
 SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
@@ -29,8 +27,6 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
     conv = (h - k + 1) * (w - k + 1)
     plane = ((h - k + 1) // pool) * ((w - k + 1) // pool)
     filters, image, taps = outs * c * k * k, c * h * w, c * k * k
-    if taps <= MAX_REGISTER_TAPS and outs > MAX_REGISTER_OUTS:
-        return False
     weight_grad = REGS_CHUNK * image if taps <= MAX_REGISTER_TAPS else image + 2 * outs * plane
     return (4 * (image + filters) <= SHARED_LIMIT and 4 * weight_grad <= SHARED_LIMIT
             and (first or 4 * (filters + outs * (h + k - 1) * (w + k - 1)) <= BACKWARD_DATA_SHARED))
@@ -38,12 +34,13 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 
 class ConvPool(KernelFile):
     stem = "convpool"
-    defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_OUT_GROUPS": OUT_GROUPS}
-    _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I32)
+    defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_REDUCE_THREADS": REDUCE_THREADS,
+               "CP_OUT_GROUPS": OUT_GROUPS}
+    _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32)
     _convpool_weight_grad_regs = kernel("convpool_weight_grad_regs", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
     _convpool_weight_grad_taps = kernel("convpool_weight_grad_taps", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
     _convpool_reduce = kernel("convpool_reduce", PTR, PTR, PTR, I32, I32)
-    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32, I32,
+    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32,
                                      max_shared_bytes=BACKWARD_DATA_SHARED)
 
     def __init__(self, device, c: int, k: int, pool: int, outs: int):
@@ -62,10 +59,8 @@ class ConvPool(KernelFile):
     def forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
                 wd: int) -> None:
         """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd."""
-        group = min(FORWARD_GROUP, outs)
-        shared = 4 * (self.c * h * wd + group * self.taps)
-        self._convpool_forward(stream, (n, ceil_div(outs, group), 1), SAMPLE_THREADS, x, w, b, out, arg, outs, h, wd,
-                               group, shared_bytes=shared)
+        shared = 4 * (self.c * h * wd + outs * self.taps)
+        self._convpool_forward(stream, n, SAMPLE_THREADS, x, w, b, out, arg, outs, h, wd, shared_bytes=shared)
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
                     h: int, wd: int) -> None:
@@ -73,8 +68,8 @@ class ConvPool(KernelFile):
         (taps + 1) floats), then their sum in order."""
         chunks, image = self.chunks(n), self.c * h * wd
         if self.taps <= MAX_REGISTER_TAPS:
-            self._convpool_weight_grad_regs(stream, chunks, 32 * outs, x, dout, arg, partial, n, outs, h, wd,
-                                            self.chunk, shared_bytes=4 * self.chunk * image)
+            self._convpool_weight_grad_regs(stream, (outs, chunks, 1), REDUCE_THREADS, x, dout, arg, partial, n, outs,
+                                            h, wd, self.chunk, shared_bytes=4 * self.chunk * image)
         else:
             threads = ceil_div(self.taps + 1, 32) * 32 * OUT_GROUPS
             self._convpool_weight_grad_taps(stream, chunks, threads, x, dout, arg, partial, n, outs, h, wd, self.chunk,
@@ -83,7 +78,5 @@ class ConvPool(KernelFile):
 
     def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int) -> None:
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
-        group = min(BACKWARD_DATA_GROUP, self.c)
-        shared = 4 * (outs * group * self.k ** 2 + outs * (h + self.k - 1) * (wd + self.k - 1))  # padded by k − 1
-        self._convpool_backward_data(stream, (n, ceil_div(self.c, group), 1), SAMPLE_THREADS, dout, arg, w, dx, outs,
-                                     h, wd, group, shared_bytes=shared)
+        shared = 4 * (outs * self.taps + outs * (h + self.k - 1) * (wd + self.k - 1))  # padded by k − 1
+        self._convpool_backward_data(stream, n, SAMPLE_THREADS, dout, arg, w, dx, outs, h, wd, shared_bytes=shared)
