@@ -1,8 +1,9 @@
 """The `graphtrain` command: parse, call the library, print.
 
-Exit codes: 0 ok; 2 bad usage or input (nothing trained); 1 a failure while training, fetching
-data or writing results; 130 interrupted. Explained failures print one line, `error: ...`; a bug
-surfaces with its traceback.
+Exit codes: 0 ok; 2 what the user can fix before anything runs (bad usage or input, a missing
+GPU, library, framework, CUPTI or matplotlib: see graphtrain.errors); 1 a failure while training,
+fetching data or writing results; 130 interrupted (see __main__.py). Explained failures print
+`error: ...` and no traceback; a bug surfaces with its traceback.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import functools
 import json
 import os
 import shlex
+import shutil
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
@@ -288,6 +292,9 @@ def run(stage, workload, json_path, save_path, init_path, profile):
             init = model_io.load(init_path)
             workload = workload.resuming(init, init_path)
         cfg = workload.config()
+        if save_path is not None and str(save_path) == "-":
+            raise UsageError("--save writes a binary file: give it a name (MODEL.safetensors); "
+                             "'-' (standard output) is not supported")
         if cfg.model == "cnn" and (save_path is not None or init_path is not None):
             raise UsageError("--save and --init take MLPs only: a cnn model is not saved yet")
         for path in (json_path, save_path):
@@ -295,9 +302,10 @@ def run(stage, workload, json_path, save_path, init_path, profile):
                 files.check_writable(path)
         check_profile(profile)
         stage_cls = require(stage)
+        stage_cls.check_precision(cfg.precision)
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
-        length = f"{cfg.epochs} epochs" if cfg.epochs else f"{cfg.steps} steps"
+        length = terminal.counted(cfg.epochs, "epoch") if cfg.epochs else terminal.counted(cfg.steps, "step")
         model = "-".join(map(str, plan.config.dims))
         if cfg.model == "cnn":
             model = "conv " + ",".join(f"{c}x{k}" for c, k in cfg.conv) + f", {model}"
@@ -344,7 +352,9 @@ def loss_text(loss: float) -> str:
     return f"{loss:.4f}" if abs(loss) < 1e4 else f"{loss:.4g}"
 
 
-def summary_table(record) -> Table:
+def summary_table(record) -> Group:
+    """The per-epoch table, then its footer as lines of their own (wrapped at the terminal's
+    width, not squeezed into the table's)."""
     def pct(value):
         return "" if value is None else f"{100 * value:.2f}%"
 
@@ -354,14 +364,14 @@ def summary_table(record) -> Table:
     for e in record.epochs:
         table.add_row(str(e.epoch), f"{e.ms:.2f}", "" if e.train_loss is None else loss_text(e.train_loss),
                       pct(e.train_accuracy), pct(e.test_accuracy))
-    table.caption = (f"median epoch (2nd half) {record.epoch_ms:.2f} ms · setup {record.setup_ms:.0f} ms · "
-                     f"total {record.total_ms:.0f} ms · test accuracy {pct(record.test_accuracy)}")
+    footer = (f"median epoch (2nd half) {record.epoch_ms:.2f} ms · setup {record.setup_ms:.0f} ms · "
+              f"total {record.total_ms:.0f} ms · test accuracy {pct(record.test_accuracy)}")
     profile = record.profile
     if profile:
-        table.caption += (f"\nprofiled epoch (CUPTI): GPU busy {profile['busy_ms']:.2f} ms per epoch, idle "
-                          f"{profile['idle_share']:.0%} of the median epoch; {profile['kernels_per_step']:.1f} "
-                          f"kernels and {profile['launches_per_step']:.1f} host launches per step")
-    return table
+        footer += (f"\nprofiled epoch (CUPTI): GPU busy {profile['busy_ms']:.2f} ms per epoch, idle "
+                   f"{profile['idle_share']:.0%} of the median epoch; {profile['kernels_per_step']:.1f} "
+                   f"kernels and {profile['launches_per_step']:.1f} host launches per step")
+    return Group(table, Text(footer))
 
 
 @main.command()
@@ -382,10 +392,13 @@ def info():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
         table.add_row(name, status, escape(details))
-    for peer in ("torch", "jax", "matplotlib"):
-        spec = importlib.util.find_spec(peer)
-        table.add_row(peer, "[green]importable[/]" if spec else "[yellow]absent[/]",
-                      "" if spec else "optional: the ladder skips rows that need it")
+    optional = {"torch": "optional: the ladder skips the torch peers without it",
+                "jax": "optional: the ladder skips the jax peers without it",
+                "matplotlib": "optional, for plots only (a ladder's or sweep's, eval --plot): without it "
+                              "the tables are still written"}
+    for name, use in optional.items():
+        spec = importlib.util.find_spec(name)
+        table.add_row(name, "[green]importable[/]" if spec else "[yellow]absent[/]", "" if spec else use)
     from graphtrain.profile import cupti_missing
 
     missing = cupti_missing()
@@ -422,7 +435,7 @@ ROW_OPTIONS = [
                  help=f"Which peers (default: {', '.join(PEERS)})."),
     click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
                  show_default=True,
-                 help="Where the Markdown, JSON and plots go, named <ladder|sweep>-<workload>-<GPU>[-partial].*; "
+                 help="Where the Markdown, JSON and plots go, named <ladder|sweep>-<workload>-<model>-<GPU>[-partial].*; "
                       "each row's own output goes to <out>/logs/."),
     click.option("--force", is_flag=True,
                  help="Write the files under the complete table's name even when rows failed or were "
@@ -442,6 +455,33 @@ def exit_if_nothing_ran(records) -> None:
     if all(r.failed for r in records):
         err.print("[bold red]error:[/] no row of the table ran; see the notes above")
         sys.exit(1)
+
+
+def where_to_write(out_dir: Path) -> Path | None:
+    """--out, or None (write nothing) where it was left at its default and there is no GPU: a
+    table of skipped rows is not put into the checkout's results/ unless asked for."""
+    source = click.get_current_context().get_parameter_source("out_dir")
+    if source is not click.core.ParameterSource.DEFAULT:
+        return out_dir
+    try:
+        get_stage("baseline").check_available()  # the first GPU rung: is there a GPU?
+    except GpuUnavailableError:
+        log(f"no GPU here: the table is shown, not written into {out_dir}/ (--out DIR writes it)")
+        return None
+    return out_dir
+
+
+@contextmanager
+def removed_unless_finished(folder: Path | None):
+    """A folder the command creates is removed again if it stops before it is done
+    (interrupted, or an error): no empty or half-filled --out folder is left behind."""
+    existed = folder is None or folder.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def prepare_rows(workload: Workload, stages: str | None, default_stages: list[str], peers_flag: bool,
@@ -471,9 +511,11 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
         check_profile(profile)
         cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, list(LADDER), peers_flag,
                                                            peer_names, out_dir)
-        records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=dataset,
-                                        out_dir=out_dir, command=command_line(), console=err,
-                                        repeat=repeat, profile=profile, force=force)
+        out_dir = where_to_write(out_dir)
+        with removed_unless_finished(out_dir):
+            records = ladder_mod.run_ladder(cfg, stages=stage_list, peers=peer_list, data=dataset,
+                                            out_dir=out_dir, command=command_line(), console=err,
+                                            repeat=repeat, profile=profile, force=force)
     out.print(ladder_mod.ladder_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
 
@@ -494,9 +536,11 @@ def sweep(workload, hidden_sizes, stages, peers_flag, peer_names, out_dir, force
             raise UsageError("--hidden-sizes needs at least one size")
         cfg, stage_list, peer_list, dataset = prepare_rows(workload, stages, ["graphs"], peers_flag,
                                                            peer_names, out_dir)
-        records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
-                                       data=dataset, out_dir=out_dir, command=command_line(), console=err,
-                                       force=force)
+        out_dir = where_to_write(out_dir)
+        with removed_unless_finished(out_dir):
+            records = ladder_mod.run_sweep(cfg, hidden_sizes=list(sizes), stages=stage_list, peers=peer_list,
+                                           data=dataset, out_dir=out_dir, command=command_line(), console=err,
+                                           force=force)
     out.print(ladder_mod.sweep_table([r.to_json() for r in records]))
     exit_if_nothing_ran(records)
 
@@ -590,12 +634,13 @@ def compare(a, b):
     """Two ladder (or sweep) JSON reports side by side: epoch times, their ratio, accuracy.
 
     \b
-    graphtrain compare results/ladder-jhu-h100.json my-results/ladder-jhu-rtx4090.json
+    graphtrain compare results/ladder-jhu-softmax-h100.json my-results/ladder-jhu-softmax-rtx4090.json
     """
     from graphtrain import compare as compare_mod
 
     with reported_errors():
         first, second = compare_mod.load(a), compare_mod.load(b)
+        compare_mod.check_comparable(first, second)
     out.print(compare_mod.table(first, second))
 
 

@@ -72,6 +72,17 @@ def load(path) -> Report:
                   device, rows)
 
 
+def check_comparable(a: Report, b: Report) -> None:
+    """UsageError where the two reports have no row to set side by side: a ladder and a sweep
+    (their rows are keyed differently: a ladder's by row, a sweep's by hidden size and row), or
+    no row in common."""
+    if a.kind != b.kind:
+        raise UsageError(f"{a.path} is a {a.kind} and {b.path} a {b.kind}: compare two ladders or "
+                         "two sweeps")
+    if not set(a.rows) & set(b.rows):
+        raise UsageError(f"{a.path} and {b.path} have no row in common")
+
+
 def pairs(a: Report, b: Report) -> list[Pair]:
     """Every row of A in A's order, then the rows only B has."""
     keys = list(a.rows) + [key for key in b.rows if key not in a.rows]

@@ -46,8 +46,27 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+def source_revision() -> str | None:
+    """The git revision of graphtrain's source ("fc620f7"; "fc620f7+changes" where tracked files
+    differ from it), when it runs from a git checkout; None for an installed copy."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():  # an installed package, even one inside someone's checkout
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=False)
+        changes = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git on this machine
+    if head.returncode != 0 or changes.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
+
+
 def host() -> dict[str, Any]:
-    """Python, numpy and the CPU: the part of every run record that any machine has."""
+    """Python, numpy, the CPU and graphtrain's revision: the part of every run record that any
+    machine has."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -55,7 +74,7 @@ def host() -> dict[str, Any]:
     except OSError:
         pass  # not Linux: platform's answer stands
     return {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-            "cpu": cpu, "cpu_count": os.cpu_count()}
+            "cpu": cpu, "cpu_count": os.cpu_count(), "revision": source_revision()}
 
 
 def free_host_memory() -> int | None:

@@ -1,7 +1,10 @@
 """The exceptions graphtrain raises on purpose, and what installs a missing piece.
 
-The CLI turns a `UsageError` into exit code 2 and any other `GraphtrainError` into exit code 1,
-printing only the message: these are explained failures, not tracebacks to read. A bug (an
+One exit-code rule: what the user can fix before anything runs is a `UsageError`, exit code 2
+(bad options or input files, and a `MissingRequirement`: no GPU or driver, a CUDA library or the
+bindings, a framework, CUPTI or matplotlib not installed); a failure once the work has started
+(a NaN loss, a failed download, a full disk) is any other `GraphtrainError`, exit code 1. The
+CLI prints only the message for both: explained failures, not tracebacks to read. A bug (an
 internal invariant broken) is none of these: it surfaces with its traceback.
 """
 
@@ -14,6 +17,11 @@ class UsageError(GraphtrainError):
     """Bad options or bad input files: nothing was trained. The user can fix it."""
 
 
+class MissingRequirement(UsageError):
+    """Something the command needs is not on this machine (a GPU, its driver, a CUDA library or
+    the bindings, a framework, CUPTI, matplotlib); the message says what installs it."""
+
+
 class ModelUnsupported(UsageError):
     """A rung that cannot train this model by its design (a persistent kernel and an MLP, say):
     `run` exits 2 with the reason; a ladder shows the row as skipped, its table still complete."""
@@ -24,7 +32,12 @@ class DataError(UsageError):
 
 
 class DownloadError(GraphtrainError):
-    """A dataset could not be fetched: no network, or no mirror served a good copy."""
+    """A dataset could not be fetched: no network, or no mirror served a good copy. `summary`:
+    why, in a line, for messages that go on to say what to do instead."""
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message
 
 
 class TrainingError(GraphtrainError):
@@ -35,7 +48,7 @@ class OutputError(GraphtrainError):
     """A result could not be written (a full disk, say) after the work was done."""
 
 
-class GpuUnavailableError(GraphtrainError):
+class GpuUnavailableError(MissingRequirement):
     """No GPU, no driver, or a CUDA library is missing: says which and how to get it."""
 
 

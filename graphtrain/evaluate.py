@@ -15,7 +15,7 @@ import numpy as np
 from rich.table import Table
 
 from graphtrain import reference
-from graphtrain.errors import INSTALL_HINTS, UsageError
+from graphtrain.errors import INSTALL_HINTS, MissingRequirement
 from graphtrain.files import write_atomic
 from graphtrain.reference import Layer
 
@@ -112,7 +112,7 @@ def require_matplotlib() -> None:
     from graphtrain.report import matplotlib_missing
 
     if matplotlib_missing():
-        raise UsageError(f"--plot needs matplotlib, which is not installed: {INSTALL_HINTS['plot']}")
+        raise MissingRequirement(f"--plot needs matplotlib, which is not installed: {INSTALL_HINTS['plot']}")
 
 
 def plot_confusion(evaluation: Evaluation, path: str | os.PathLike[str], title: str) -> None:

@@ -17,14 +17,16 @@ row of them), and be profiled: one more epoch under CUPTI after the timed ones o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import traceback
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from graphtrain import report, terminal, training
 from graphtrain.capture import RowOutput
@@ -48,18 +50,16 @@ def default_peers() -> list[str]:
 
 
 def run_label(config: TrainConfig) -> str:
-    """The preset's name, plus a tag for each setting that differs from the preset's own.
+    """<workload>-<model>, plus a tag for each other setting that differs from the preset's own.
 
-    jhu -> "jhu"; jhu with --hidden 784,784,784 -> "jhu-h784x784x784" ("-h0": no hidden layer);
+    jhu -> "jhu-softmax" (softmax regression); jhu with --hidden 784,784,784 -> "jhu-mlp784x3";
     other overrides add e.g. "-e5" (epochs), "-s1000" (steps), "-b256", "-lr0.05", "-nobias",
     "-seed1", "-fashion-mnist", so that runs of different workloads never overwrite each other.
     """
     preset = PRESETS.get(config.preset) if config.preset else None
     if preset is None:
-        return "custom" + _hidden_tag(config)
-    tags = []
-    if config.hidden != preset.hidden:
-        tags.append(_hidden_tag(config))
+        return "custom-" + model_tag(config.hidden)
+    tags = [f"-{model_tag(config.hidden)}"]
     if config.bias != preset.bias:
         tags.append("-bias" if config.bias else "-nobias")
     if config.batch != preset.batch:
@@ -77,16 +77,22 @@ def run_label(config: TrainConfig) -> str:
     return config.preset + "".join(tags)
 
 
-def _hidden_tag(config: TrainConfig) -> str:
-    return "-h" + ("x".join(str(h) for h in config.hidden) or "0")
+def model_tag(hidden) -> str:
+    """The model in a file name: "softmax" (no hidden layer), else "mlp" and the hidden sizes,
+    a run of equal ones as size x count: (784, 784, 784) -> "mlp784x3", (96, 40) -> "mlp96-40";
+    the sweep's H stays a letter: ("H",) * 3 -> "mlpHx3"."""
+    if not hidden:
+        return "softmax"
+    runs = [(size, len(list(group))) for size, group in itertools.groupby(hidden)]
+    return "mlp" + "-".join(f"{size}x{count}" if count > 1 else f"{size}" for size, count in runs)
 
 
 def sweep_label(config: TrainConfig) -> str:
-    """Like `run_label`, without the hidden sizes, which the sweep varies: "cuda-mnist"."""
+    """Like `run_label`, with the swept hidden size as H: "cuda-mnist-mlpHx3"."""
     preset = PRESETS.get(config.preset) if config.preset else None
-    if preset is None:
-        return "custom"
-    return run_label(config.replace(hidden=preset.hidden))
+    depth = len(config.hidden) or SWEEP_DEPTH
+    label = run_label(config.replace(hidden=preset.hidden if preset else ()))
+    return label.replace(f"-{model_tag(preset.hidden if preset else ())}", f"-{model_tag(('H',) * depth)}", 1)
 
 
 def sweep_config(config: TrainConfig, size: int) -> TrainConfig:
@@ -111,9 +117,11 @@ def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data
         raise UsageError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     plan = RunPlan.for_data(config, data)
     label = run_label(config)
+    skips = Skips()
     with _row_output(console, out_dir, f"ladder-{label}") as output, terminal.progress_bar(console) as progress:
-        records = [_run_row(name, plan, data, progress, name, output, repeat, profile)
+        records = [_run_row(name, plan, data, progress, name, output, repeat, profile, skips)
                    for name in [*stages, *peers]]
+    skips.report(console)
     if out_dir is not None:
         rows = [r.to_json() for r in records]
         subset = stages != default_stages() or peers != default_peers()
@@ -137,13 +145,15 @@ def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str]
         RunPlan.check_workload(sized, len(data.train_images), len(data.test_images))
     label = sweep_label(config)
     records = []
+    skips = Skips()
     with _row_output(console, out_dir, f"sweep-{label}") as output, terminal.progress_bar(console) as progress:
         for size, sized in configs.items():
             plan = RunPlan.for_data(sized, data)  # one at a time: the initial weights can be large
             for name in [*stages, *peers]:
-                record = _run_row(name, plan, data, progress, f"H={size} {name}", output)
+                record = _run_row(name, plan, data, progress, f"H={size} {name}", output, skips=skips)
                 record.hidden_size = size
                 records.append(record)
+    skips.report(console)
     if out_dir is not None:
         rows = [r.to_json() for r in records]
         paths = report.write_sweep(rows, label, out_dir, command, log=terminal.logger(console),
@@ -159,10 +169,31 @@ def _row_output(console: Console, out_dir: Path | None, prefix: str):
     return RowOutput(console, Path(out_dir) / "logs", prefix)
 
 
+class Skips:
+    """The rows skipped, by reason: said once each after the table's rows have run, one line a
+    reason, instead of the same reason once per row (ten rungs on a machine without a GPU)."""
+
+    def __init__(self):
+        self.rows: dict[str, list[str]] = {}  # reason -> the rows it skipped, in order
+        self.no_gpu = False
+
+    def add(self, label: str, exc: Exception) -> None:
+        self.rows.setdefault(" ".join(str(exc).split()), []).append(label)
+        self.no_gpu = self.no_gpu or isinstance(exc, GpuUnavailableError)
+
+    def report(self, console: Console) -> None:
+        for reason, labels in self.rows.items():
+            console.print(f"[yellow]skipped {escape(', '.join(labels))}:[/] {escape(reason)}", soft_wrap=True)
+        if self.no_gpu:
+            console.print("to train on the CPU without a GPU: --stages numpy --no-peers", soft_wrap=True)
+
+
 def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str,
-             output: RowOutput | None = None, repeat: int = 1, profile: bool = False) -> Row:
+             output: RowOutput | None = None, repeat: int = 1, profile: bool = False,
+             skips: Skips | None = None) -> Row:
     """Train one row `repeat` times (profiled the last time, if asked); any failure becomes a
-    row that says what went wrong. With `output`, what the row prints goes to its log."""
+    row that says what went wrong. With `output`, what the row prints goes to its log; with
+    `skips`, a skipped row's reason is kept there to be said once (else printed at once)."""
     console = progress.console
     task = progress.add_task(escape(label), total=plan.num_epochs * repeat, status="epochs")
     runs = []
@@ -194,7 +225,10 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
         record = FailedRun(name, kind, plan.config, str(exc), skipped=True,
                            unsupported=isinstance(exc, ModelUnsupported))
         progress.update(task, description=escape(f"{label}: skipped"))
-        console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
+        if skips is not None:
+            skips.add(label, exc)
+        else:
+            console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
         record = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
         if not isinstance(exc, GraphtrainError):
@@ -258,11 +292,12 @@ def ladder_table(records: list[dict]) -> Table:
     return table
 
 
-def sweep_table(records: list[dict]) -> Table:
-    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer."""
+def sweep_table(records: list[dict]) -> Group:
+    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer; the title
+    a line of its own above the table (a table's title wraps at the table's width)."""
     sizes, names, cells = report.sweep_grid(records)
-    table = Table(title="graphtrain sweep: training time, ms (sum of the timed epochs)",
-                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    title = Text("graphtrain sweep: training time, ms (sum of the timed epochs)", style="italic")
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("H", justify="right")
     for name in names:
         peer = any(r.get("stage") == name and report.kind_of(r) == "peer" for r in records)
@@ -276,4 +311,4 @@ def sweep_table(records: list[dict]) -> Table:
                 "yellow" if record.get("skipped") else "red")
             row.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
         table.add_row(str(size), *row)
-    return table
+    return Group(title, table)

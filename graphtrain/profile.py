@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from graphtrain.errors import INSTALL_HINTS, UsageError
+from graphtrain.errors import INSTALL_HINTS, MissingRequirement
 from graphtrain.libs import cupti as libcupti
 
 HOST_BOUND_IDLE = 0.5  # a row whose GPU sat idle for at least this share of the epoch is host-bound
@@ -56,10 +56,10 @@ def cupti_missing() -> str | None:
 
 
 def require_cupti() -> None:
-    """UsageError with the install hint when CUPTI cannot be used (checked before any work)."""
+    """MissingRequirement (exit 2) with the install hint when CUPTI cannot be used (checked before any work)."""
     reason = cupti_missing()
     if reason:
-        raise UsageError(f"--profile needs CUPTI: {reason}")
+        raise MissingRequirement(f"--profile needs CUPTI: {reason}")
 
 
 @dataclass(frozen=True)
@@ -225,68 +225,3 @@ def summarize(activities, steps: int, epoch_ms: float, traced_epoch_ms: float | 
         "untimed": len(activities) - len(timed),
         "top_kernels": [{"name": name, "count": count, "ms": ms} for name, (count, ms) in top],
     }
-
-
-# --------------------------------------------------------------------------------------------
-# The ladder report's paragraph
-# --------------------------------------------------------------------------------------------
-
-
-def _profiled(records: list[dict]) -> list[dict]:
-    return [r for r in records if "error" not in r and r.get("profile")]
-
-
-def _name(record: dict) -> str:
-    return f"`{record['stage']}`" + (" (peer)" if record.get("kind") == "peer" else "")
-
-
-def where_the_time_goes(records: list[dict]) -> list[str]:
-    """Markdown lines: which rows are host-bound, and what each rung changed in the GPU's work."""
-    profiled = _profiled(records)
-    if not profiled:
-        return []
-    lines = ["## Where the time goes", "",
-             "One extra epoch per row ran under CUPTI after the timed ones. GPU busy is the union "
-             "of the kernel, memcpy and memset intervals it recorded (overlapping work counts "
-             "once); idle is the rest of the row's median epoch time, when the GPU waited for "
-             "the host.",
-             ""]
-    host_bound = [r for r in profiled if r["profile"]["idle_share"] >= HOST_BOUND_IDLE]
-    gpu_bound = [r for r in profiled if r["profile"]["idle_share"] < HOST_BOUND_IDLE]
-
-    def idle_list(rows: list[dict]) -> str:
-        return ", ".join(f"{_name(r)} ({r['profile']['idle_share']:.0%} idle)" for r in rows)
-
-    if host_bound:
-        lines.append(f"- Host-bound (the GPU idle for at least {HOST_BOUND_IDLE:.0%} of the epoch): "
-                     f"{idle_list(host_bound)}. Their epoch time is the host's launch time, so it "
-                     "moves with the host's load, and a rung that lightens the GPU's work need not "
-                     "make them faster.")
-    if gpu_bound:
-        lines.append(f"- Kept the GPU busy: {idle_list(gpu_bound)}.")
-    steps = []
-    previous = None
-    for record in records:
-        if record.get("kind", "stage") != "stage":
-            continue
-        if previous is not None and record in profiled and previous in profiled:
-            steps.append(_rung_change(previous, record))
-        previous = record
-    if steps:
-        lines.append("- Rung by rung, GPU work per epoch, kernels per step and host launches per step: "
-                     + "; ".join(steps) + ".")
-    return lines + [""]
-
-
-def _rung_change(before: dict, after: dict) -> str:
-    from graphtrain.report import fmt_count
-
-    a, b = before["profile"], after["profile"]
-    change = (b["busy_ms"] - a["busy_ms"]) / a["busy_ms"] if a["busy_ms"] > 0 else 0.0
-    return (f"{_name(after)} {_ms(a['busy_ms'])} → {_ms(b['busy_ms'])} ms ({change:+.0%}), "
-            f"{fmt_count(a['kernels_per_step'])} → {fmt_count(b['kernels_per_step'])} kernels, "
-            f"{fmt_count(a['launches_per_step'])} → {fmt_count(b['launches_per_step'])} launches")
-
-
-def _ms(value: float) -> str:
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"

@@ -11,8 +11,13 @@ Speed-ups are ratios of median epoch times (the seeds' protocol):
 
 Peers are not rungs of the ladder, so they get no "rung before", only the baseline ratio.
 
-Files are named <kind>-<workload label>-<GPU>[-partial]: `ladder-jhu-h100.md`. The GPU tag keeps
-ladders of several GPUs side by side; `-partial` marks a run with failed or skipped rows (or, for
+Every file opens with its provenance (`provenance_lines`): date, graphtrain's git revision (from the
+records' environments), the exact command, device, driver and library versions. The scripts under
+scripts/ print theirs through `script_header`.
+
+Files are named <kind>-<workload>-<model>-<GPU>[-partial]: `ladder-jhu-softmax-h100.md` (the
+label, `ladder.run_label`, is the workload and the model). The GPU tag keeps ladders of several
+GPUs side by side; `-partial` marks a run with failed or skipped rows (or, for
 the ladder, a chosen subset of rows), so that it never replaces a complete table.
 """
 
@@ -29,7 +34,8 @@ from typing import Callable
 from graphtrain import terminal
 from graphtrain.errors import INSTALL_HINTS
 from graphtrain.files import write_atomic, write_json
-from graphtrain.terminal import Log
+from graphtrain.profile import HOST_BOUND_IDLE
+from graphtrain.terminal import Log, counted
 
 DASH = "—"
 
@@ -314,7 +320,8 @@ def workload_line(records: list[dict], sweep: bool = False) -> str | None:
     else:
         model = "→".join(str(d) for d in cfg.get("dims", []))
         model += " softmax regression" if not cfg.get("hidden") else " ReLU MLP"
-    length = f"{cfg['epochs']} epochs" if cfg.get("epochs") is not None else f"{cfg['steps']} steps"
+    length = (counted(cfg["epochs"], "epoch") if cfg.get("epochs") is not None
+              else counted(cfg["steps"], "step"))
     parts = [model, "bias" if cfg.get("bias") else "no bias", f"batch {cfg['batch']}", length,
              f"lr {cfg['lr']}", f"seed {cfg['seed']}"]
     data = record.get("data")
@@ -334,8 +341,29 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> list[str]:
-    items = [f"Date: {date}", *environment_lines(records)]
+def revision_line(records: list[dict]) -> str:
+    revision = _first(records, "revision")
+    return f"Revision: {revision}" if revision else "Revision: unknown (not run from a git checkout of graphtrain)"
+
+
+def provenance_lines(records: list[dict], command: str, date: str) -> list[str]:
+    """What every results file opens with: when it ran, graphtrain's git revision, the device,
+    driver and library versions (from the records' environments), and the exact command."""
+    return [f"Date: {date}", revision_line(records), f"Command: `{command}`", *environment_lines(records)]
+
+
+def script_header(title: str, env: dict, command: str, extra: list[str] | None = None,
+                  date: str | None = None) -> str:
+    """The opening of a Markdown table a script under scripts/ prints: the title, then the
+    provenance lines of a run whose environment is `env` (environment.host() and .gpu(device),
+    plus the libraries it loaded), then the script's own `extra` lines."""
+    record = {"kind": "stage", "environment": env}
+    items = provenance_lines([record], command, date or utc_now()) + (extra or [])
+    return "\n".join([f"# {title}", "", *(f"- {item}" for item in items), ""])
+
+
+def _header(title: str, records: list[dict], date: str, command: str, sweep: bool = False) -> list[str]:
+    items = provenance_lines(records, command, date)
     workload = workload_line(records, sweep)
     if workload:
         items.append(workload)
@@ -343,19 +371,14 @@ def _header(title: str, records: list[dict], date: str, sweep: bool = False) -> 
     return [f"# {title}", "", *(f"- {item}" for item in items), ""]
 
 
-def _plots_and_command(heading: str, images, plot_notes: list[str] | None, command: str) -> list[str]:
-    """The report's end: its plots and why any is missing, then the command that made it."""
-    lines = []
-    if images or plot_notes:
-        lines = [f"## {heading}", ""]
-        lines += [f"![{Path(name).stem}]({name})" for name in images or []]
-        lines += [f"- {note}" for note in plot_notes or []]
-        lines.append("")
-    return lines + _command_block(command)
-
-
-def _command_block(command: str) -> list[str]:
-    return ["## Command", "", "```sh", command, "```", ""]
+def _plots(heading: str, images, plot_notes: list[str] | None) -> list[str]:
+    """The report's end: its plots and why any is missing."""
+    if not (images or plot_notes):
+        return []
+    lines = [f"## {heading}", ""]
+    lines += [f"![{Path(name).stem}]({name})" for name in images or []]
+    lines += [f"- {note}" for note in plot_notes or []]
+    return lines + [""]
 
 
 def _md_cell(text: str) -> str:
@@ -371,6 +394,69 @@ def markdown_table(columns, rows) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# The ladder report's paragraph
+# --------------------------------------------------------------------------------------------
+
+
+def _profiled(records: list[dict]) -> list[dict]:
+    return [r for r in records if "error" not in r and r.get("profile")]
+
+
+def _name(record: dict) -> str:
+    return f"`{record['stage']}`" + (" (peer)" if record.get("kind") == "peer" else "")
+
+
+def where_the_time_goes(records: list[dict]) -> list[str]:
+    """Markdown lines: which rows are host-bound, and what each rung changed in the GPU's work."""
+    profiled = _profiled(records)
+    if not profiled:
+        return []
+    lines = ["## Where the time goes", "",
+             "One extra epoch per row ran under CUPTI after the timed ones. GPU busy is the union "
+             "of the kernel, memcpy and memset intervals it recorded (overlapping work counts "
+             "once); idle is the rest of the row's median epoch time, when the GPU waited for "
+             "the host.",
+             ""]
+    host_bound = [r for r in profiled if r["profile"]["idle_share"] >= HOST_BOUND_IDLE]
+    gpu_bound = [r for r in profiled if r["profile"]["idle_share"] < HOST_BOUND_IDLE]
+
+    def idle_list(rows: list[dict]) -> str:
+        return ", ".join(f"{_name(r)} ({r['profile']['idle_share']:.0%} idle)" for r in rows)
+
+    if host_bound:
+        lines.append(f"- Host-bound (the GPU idle for at least {HOST_BOUND_IDLE:.0%} of the epoch): "
+                     f"{idle_list(host_bound)}. Their epoch time is the host's launch time, so it "
+                     "moves with the host's load, and a rung that lightens the GPU's work need not "
+                     "make them faster.")
+    if gpu_bound:
+        lines.append(f"- Kept the GPU busy: {idle_list(gpu_bound)}.")
+    steps = []
+    previous = None
+    for record in records:
+        if record.get("kind", "stage") != "stage":
+            continue
+        if previous is not None and record in profiled and previous in profiled:
+            steps.append(_rung_change(previous, record))
+        previous = record
+    if steps:
+        lines.append("- Rung by rung, GPU work per epoch, kernels per step and host launches per step: "
+                     + "; ".join(steps) + ".")
+    return lines + [""]
+
+
+def _rung_change(before: dict, after: dict) -> str:
+    a, b = before["profile"], after["profile"]
+    change = (b["busy_ms"] - a["busy_ms"]) / a["busy_ms"] if a["busy_ms"] > 0 else 0.0
+    return (f"{_name(after)} {_ms(a['busy_ms'])} → {_ms(b['busy_ms'])} ms ({change:+.0%}), "
+            f"{fmt_count(a['kernels_per_step'])} → {fmt_count(b['kernels_per_step'])} kernels, "
+            f"{fmt_count(a['launches_per_step'])} → {fmt_count(b['launches_per_step'])} launches")
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+# --------------------------------------------------------------------------------------------
 # The ladder
 # --------------------------------------------------------------------------------------------
 
@@ -378,9 +464,7 @@ def markdown_table(columns, rows) -> list[str]:
 def ladder_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                     images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
     """The ladder report: header, table, plots (or why there are none) and the exact command."""
-    from graphtrain.profile import where_the_time_goes
-
-    lines = _header(f"graphtrain ladder: {label}", records, date or utc_now())
+    lines = _header(f"graphtrain ladder: {label}", records, date or utc_now(), command)
     rows = ladder_rows(records)
     columns = ladder_columns(rows)
     table = markdown_table(columns, [ladder_cells(row, columns) for row in rows])
@@ -392,7 +476,7 @@ def ladder_markdown(records: list[dict], label: str, command: str, date: str | N
         lines += [f"**{top}**", ""]
     lines += [ladder_legend(rows), ""]
     lines += where_the_time_goes(records)
-    lines += _plots_and_command("Plots", images, plot_notes, command)
+    lines += _plots("Plots", images, plot_notes)
     return "\n".join(lines)
 
 
@@ -539,8 +623,8 @@ def _write_report(kind: str, records: list[dict], label: str, out_dir, command: 
     date = date or utc_now()
     stem = report_stem(kind, label, records, has_problems(records) if partial is None else partial)
     json_path = out_dir / f"{stem}.json"
-    write_json(json_path, {"report": kind, "label": label, "command": command, "date": date,
-                           "records": records})
+    write_json(json_path, {"report": kind, "label": label, "date": date, "revision": _first(records, "revision"),
+                           "command": command, "records": records})
     images, plot_notes = _write_plots(records, out_dir, stem, plots, log)
     md_path = out_dir / f"{stem}.md"
     write_atomic(md_path, markdown(records, label, command, date, images, plot_notes))
@@ -593,7 +677,7 @@ def sweep_cell(record: dict | None, value: Callable[[dict], str]) -> str:
 
 def sweep_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                    images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
-    lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), sweep=True)
+    lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), command, sweep=True)
     sizes, names, cells = sweep_grid(records)
     heads = ["hidden size H", *(f"{n} (peer)" if _is_peer_name(records, n) else n for n in names)]
     tables = [
@@ -614,7 +698,7 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
         lines += [f"- H={r.get('hidden_size')} {r.get('stage')}: "
                   f"{'skipped' if r.get('skipped') else 'failed'}: {r.get('error', '')}" for r in problems]
         lines.append("")
-    lines += _plots_and_command("Plot", images, plot_notes, command)
+    lines += _plots("Plot", images, plot_notes)
     return "\n".join(lines)
 
 

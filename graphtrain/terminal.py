@@ -9,14 +9,36 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rich.console import Console
+import os
+
+from rich.console import Console, ConsoleDimensions
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 Log = Callable[[str], None]
 
+# Output that is not a terminal (a pipe, a file) is this wide: a table keeps every value whole
+# instead of being cut to 80 columns with "…"; $COLUMNS, where set, still rules.
+UNBOUNDED_WIDTH = 10_000
+
+
+class StreamConsole(Console):
+    """A console as wide as its terminal, and unbounded where it writes to a pipe or a file."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal and not os.environ.get("COLUMNS"):
+            return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
 # Both look up sys.stdout / sys.stderr when they print, so redirections made later still apply.
-out = Console()
-err = Console(stderr=True)
+out = StreamConsole()
+err = StreamConsole(stderr=True)
 
 
 def logger(console: Console) -> Log:
@@ -30,6 +52,11 @@ def logger(console: Console) -> Log:
 
 
 log: Log = logger(err)  # the default logger of every module: stderr
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 epoch', '20 epochs'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def progress_bar(console: Console | None = None) -> Progress:

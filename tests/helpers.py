@@ -1,9 +1,35 @@
-"""Shared by the tests: the float64 error measure, the float64 run's distance from ReLU's kink,
-and a scratch arena for GPU tests."""
+"""Shared by the tests: the models every rung is checked on, the float64 reference run, the
+float64 error measure, the float64 run's distance from ReLU's kink, and a scratch arena for GPU
+tests."""
 
 import numpy as np
 
 from graphtrain import reference
+
+
+# The models the rungs are checked on: name → TrainConfig fields. A new model is one line here, and
+# every rung × model test (tests/test_oracle_gpu.py) takes it up.
+MODELS = {
+    "softmax-regression": dict(hidden=(), bias=True),
+    "mlp": dict(hidden=(64, 64), bias=True),
+    "mlp-no-bias": dict(hidden=(64,), bias=False),
+    "mlp-three-layers": dict(hidden=(64, 64, 64), bias=True),
+    "mlp-uneven": dict(hidden=(96, 40), bias=True),  # sizes off every tile, widest first
+}
+
+
+def reference_run(cfg, data, epochs: int = 1, num_batches: int | None = None):
+    """The float64 reference of a run: (the initial layers, the layers after `epochs` epochs of
+    their first `num_batches` steps each, all of them by default), in the run's own order."""
+    start = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    layers = [layer.copy() for layer in start]
+    n = len(data.train_images)
+    for epoch in range(epochs):
+        order = reference.epoch_order(cfg.seed, epoch, n)
+        for lo, hi in reference.batch_bounds(n, cfg.batch)[:num_batches]:
+            reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
+                                 data.train_labels[order[lo:hi]], cfg.lr)
+    return start, layers
 
 
 def rel_err(out, ref) -> float:

@@ -57,7 +57,7 @@ def test_a_noisy_peer_leaves_the_terminal_clean(monkeypatch, tmp_path, capfd):
     for text in NOISE:
         assert text not in terminal.out and text not in terminal.err
         assert text not in console.file.getvalue()
-    log = tmp_path / "logs" / "ladder-jhu-e1-torch-eager.log"
+    log = tmp_path / "logs" / "ladder-jhu-softmax-e1-torch-eager.log"
     assert records[1].log == str(log) and not records[1].failed
     assert records[1].to_json()["log"] == str(log) and "log" not in records[0].to_json()
     logged = log.read_text()
@@ -86,7 +86,7 @@ def test_a_failed_row_points_at_its_log_which_holds_the_traceback(monkeypatch, t
     noisy_peer(monkeypatch, fail=True)
     console = Console(file=io.StringIO(), width=300)
     records = run(tmp_path, console)
-    log = tmp_path / "logs" / "ladder-jhu-e1-torch-eager.log"
+    log = tmp_path / "logs" / "ladder-jhu-softmax-e1-torch-eager.log"
     assert records[1].error == "RuntimeError: the framework fell over"
     assert records[1].log == str(log) and records[1].to_json()["log"] == str(log)
     assert f"(its output: {log})" in console.file.getvalue()

@@ -19,9 +19,10 @@ from graphtrain import data
 from graphtrain.data import DATASETS, ROLES, Dataset, DatasetSpec, FileSpec
 from graphtrain.errors import DataError, DownloadError, UsageError
 
+from conftest import real_mnist
+
 # Read before the autouse fixture below clears it, so the real-MNIST test can still use it.
 _USER_DATA_DIR = os.environ.get("GRAPHTRAIN_DATA", "")
-_SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared/data/mnist"
 
 _IDX_CODES = {"u1": 0x08, "i1": 0x09, "i2": 0x0B, "i4": 0x0C, "f4": 0x0D, "f8": 0x0E}
 
@@ -620,20 +621,10 @@ def test_synthetic_is_deterministic_and_learnable():
 # --------------------------------------------------------------------------------------------
 
 
-def _real_mnist_folder() -> Path | None:
-    if _USER_DATA_DIR:
-        lookup = data.find_files("mnist", data_dir=_USER_DATA_DIR)
-        if lookup.complete:
-            return lookup.folder
-    if data.find_files("mnist", data_dir=_SHARED_MNIST).complete:
-        return _SHARED_MNIST
-    return None
-
-
 def test_real_mnist():
-    folder = _real_mnist_folder()
+    folder, reason = real_mnist(_USER_DATA_DIR)
     if folder is None:
-        pytest.skip("no MNIST copy in $GRAPHTRAIN_DATA or ../shared/data/mnist")
+        pytest.skip(reason)
     dataset = data.load("mnist", data_dir=folder, offline=True, log=pytest.fail)
     assert dataset.train_images.shape == (60000, 784) and dataset.test_images.shape == (10000, 784)
     assert dataset.train_images.dtype == np.float32 and dataset.train_labels.dtype == np.int32

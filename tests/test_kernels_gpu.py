@@ -1,5 +1,5 @@
 """Every kernel in graphtrain/kernels, through its launcher, against NumPy in float64, on fresh
-random inputs: the launch geometry is under test as much as the kernel.
+random inputs (fixed seeds): the launch geometry is under test as much as the kernel.
 
 Outputs are poisoned with NaN before each launch, so an element a kernel fails to write fails
 the comparison instead of passing as a leftover.
@@ -11,15 +11,18 @@ import numpy as np
 import pytest
 from helpers import Scratch, rel_err
 
-from graphtrain.errors import GpuUnavailableError
 
-pytestmark = pytest.mark.gpu
+RNG = np.random.default_rng()  # reseeded before each test from its fixed seed (conftest.seed)
 
-RNG = np.random.default_rng()
+
+@pytest.fixture(autouse=True)
+def fixed_inputs(seed):
+    """Each test's random inputs from its own fixed seed, printed if it fails."""
+    RNG.bit_generator.state = np.random.default_rng(seed).bit_generator.state
 
 
 @pytest.fixture(scope="module")
-def gpu():
+def gpu(gpu_device):
     from graphtrain.kernels.gather import Gather
     from graphtrain.kernels.layers import Layers
     from graphtrain.kernels.matmul import Matmul
@@ -27,12 +30,8 @@ def gpu():
     from graphtrain.kernels.softmax import Softmax
     from graphtrain.libs import cuda
 
-    try:
-        device = cuda.open_device()
-    except GpuUnavailableError as error:
-        pytest.skip(f"no usable GPU: {error}")
     stream = cuda.Stream()
-    launchers = {cls.stem: cls(device) for cls in (Gather, Matmul, Layers, Softmax, Metrics)}
+    launchers = {cls.stem: cls(gpu_device) for cls in (Gather, Matmul, Layers, Softmax, Metrics)}
     yield stream, launchers
     for launcher in launchers.values():
         launcher.close()

@@ -134,7 +134,7 @@ def test_ladder_markdown_has_rows_device_versions_and_command(records):
     assert "Driver: 580.95.05 (CUDA 13.0)" in md
     assert "cuBLAS 13.1.0" in md and "cuDNN 9.13.0" in md and "NVRTC 13.0" in md
     assert "PyTorch: 2.9.0+cu130 (CUDA 13.0, cuDNN 9.13.0)" in md
-    assert f"```sh\n{COMMAND}\n```" in md
+    assert f"- Command: `{COMMAND}`" in md.split("|")[0]  # in the header, above the table
     assert "| baseline | 40.00 | 260.00 | 100.00 | 5.00× | 1.00× | 92.00% | 0.1250 |  |" in md
     assert "| graphs | 2.500 |" in md and "| 4.00× | 16.00× |" in md
     assert "| torch-eager (peer) | 100.00 |" in md and "fp32, TF32 off" in md
@@ -221,7 +221,7 @@ def test_sweep_markdown_and_table():
     assert "| 128 | 20.00 | 200.00 | skipped |" in md
     assert "| 256 | 40.00 | 400.00 | skipped |" in md
     assert "H=128 jax-scan: skipped: jax is not installed" in md
-    assert "```sh\ngraphtrain sweep --hidden-sizes 128,256\n```" in md
+    assert "- Command: `graphtrain sweep --hidden-sizes 128,256`" in md.split("|")[0]
     console = Console(file=io.StringIO(), width=160)
     console.print(ladder.sweep_table(records))
     text = console.file.getvalue()
@@ -242,13 +242,14 @@ def test_write_sweep(tmp_path):
 
 
 def test_run_label():
-    assert ladder.run_label(PRESETS["jhu"]) == "jhu"
-    assert ladder.run_label(PRESETS["jhu"].replace(hidden=(784, 784, 784))) == "jhu-h784x784x784"
-    assert ladder.run_label(PRESETS["cuda-mlp"]) == "cuda-mlp"
-    assert ladder.run_label(PRESETS["cuda-mlp"].replace(hidden=())) == "cuda-mlp-h0"
-    assert ladder.run_label(PRESETS["jhu"].replace(epochs=5)) == "jhu-e5"
-    assert ladder.run_label(TrainConfig(hidden=(32,))) == "custom-h32"
-    assert ladder.sweep_label(PRESETS["cuda-mnist"].replace(hidden=(128,) * 3)) == "cuda-mnist"
+    assert ladder.run_label(PRESETS["jhu"]) == "jhu-softmax"
+    assert ladder.run_label(PRESETS["jhu"].replace(hidden=(784, 784, 784))) == "jhu-mlp784x3"
+    assert ladder.run_label(PRESETS["cuda-mlp"]) == "cuda-mlp-mlp784x4"
+    assert ladder.run_label(PRESETS["cuda-mlp"].replace(hidden=())) == "cuda-mlp-softmax"
+    assert ladder.run_label(PRESETS["jhu"].replace(epochs=5)) == "jhu-softmax-e5"
+    assert ladder.run_label(TrainConfig(hidden=(32,))) == "custom-mlp32"
+    assert ladder.run_label(TrainConfig(hidden=(96, 40, 40))) == "custom-mlp96-40x2"
+    assert ladder.sweep_label(PRESETS["cuda-mnist"].replace(hidden=(128,) * 3)) == "cuda-mnist-mlpHx3"
 
 
 def test_defaults_and_registry():
@@ -303,7 +304,7 @@ def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_framewor
     assert "jax is not installed" in records[-1].error
 
     # numpy ran on the CPU and every peer was skipped: a partial table, tagged so
-    stem = tmp_path / "ladder-jhu-e2-cpu-partial"
+    stem = tmp_path / "ladder-jhu-softmax-e2-cpu-partial"
     assert stem.with_suffix(".md").exists() and stem.with_suffix(".json").exists()
     md = stem.with_suffix(".md").read_text()
     assert "| numpy |" in md and "skipped: torch is not installed" in md and COMMAND in md
@@ -315,10 +316,12 @@ def test_run_ladder_numpy_then_absent_peers(tmp_path, quiet_console, no_framewor
     except ImportError:
         assert "matplotlib is not installed" in md
     else:
-        assert (tmp_path / "ladder-jhu-e2-cpu-partial-time.png").exists()
-        assert (tmp_path / "ladder-jhu-e2-cpu-partial-loss.png").exists()
+        assert (tmp_path / "ladder-jhu-softmax-e2-cpu-partial-time.png").exists()
+        assert (tmp_path / "ladder-jhu-softmax-e2-cpu-partial-loss.png").exists()
     printed = quiet_console.file.getvalue()
-    assert "torch-eager: skipped: torch is not installed" in printed
+    # Each reason once, naming the rows it skipped.
+    assert printed.count("torch is not installed") == 1
+    assert "skipped torch-eager, torch-compile, torch-graph, torch-graph-bf16: torch is not installed" in printed
 
 
 class BrokenStage(NumpyStage):
@@ -394,8 +397,8 @@ def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
     assert records[2].config.hidden == (16, 16, 16)
     assert sum(e.batches for e in records[0].epochs) == 30
     assert records[1].skipped is True
-    assert (tmp_path / "sweep-cuda-mnist-s30-lr0.05-cpu-partial.md").exists()  # jax-scan was skipped
-    saved = report.read_json(tmp_path / "sweep-cuda-mnist-s30-lr0.05-cpu-partial.json")
+    assert (tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.md").exists()  # jax-scan was skipped
+    saved = report.read_json(tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.json")
     assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
 
 
@@ -495,10 +498,10 @@ def test_a_subset_of_rows_is_partial_unless_forced(tmp_path, quiet_console, no_f
     data = small_data()
     ladder.run_ladder(config, stages=["numpy"], peers=[], data=data, out_dir=tmp_path, command="subset",
                       console=quiet_console)
-    assert (tmp_path / "ladder-jhu-e1-cpu-partial.md").exists()
+    assert (tmp_path / "ladder-jhu-softmax-e1-cpu-partial.md").exists()
     ladder.run_ladder(config, stages=["numpy"], peers=["jax-scan"], data=data, out_dir=tmp_path,
                       command="forced", console=quiet_console, force=True)
-    assert report.read_json(tmp_path / "ladder-jhu-e1-cpu.json")["command"] == "forced"
+    assert report.read_json(tmp_path / "ladder-jhu-softmax-e1-cpu.json")["command"] == "forced"
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -1,6 +1,6 @@
 """The CUDA layer on a real GPU: runtime, arena, NVRTC kernels, CUDA Graphs, cuBLAS and cuDNN.
 
-Every result is compared with NumPy in float64 on fresh random inputs (never zeros), by the
+Every result is compared with NumPy in float64 on fresh random inputs (never zeros, from each test's fixed seed), by the
 relative error ‖out − ref‖ / ‖ref‖. Skipped, with the reason, when no GPU can be opened.
 """
 
@@ -14,9 +14,13 @@ from helpers import Scratch, rel_err
 
 from graphtrain.kernels import F32, F64, I32, I64, PTR, U32, kernel, load_source
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("device")]
+RNG = np.random.default_rng()  # reseeded before each test from its fixed seed (conftest.seed)
 
-RNG = np.random.default_rng()
+
+@pytest.fixture(autouse=True)
+def fixed_inputs(seed):
+    """Each test's random inputs from its own fixed seed, printed if it fails."""
+    RNG.bit_generator.state = np.random.default_rng(seed).bit_generator.state
 TOL = 1e-5
 
 KERNELS = r"""
@@ -72,12 +76,7 @@ def randn(*shape) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def device(gpu_device):
-    return gpu_device
-
-
-@pytest.fixture(scope="module")
-def stream(device):
+def stream(gpu_device):
     from graphtrain.libs import cuda
 
     s = cuda.Stream()
@@ -86,15 +85,15 @@ def stream(device):
 
 
 @pytest.fixture(scope="module")
-def module(device):
-    specs = [s for s in SPECS if s.cluster is None or device.compute_capability >= (9, 0)]
-    mod = load_source(KERNELS, "testkernels.cu", device, specs)
+def module(gpu_device):
+    specs = [s for s in SPECS if s.cluster is None or gpu_device.compute_capability >= (9, 0)]
+    mod = load_source(KERNELS, "testkernels.cu", gpu_device, specs)
     yield mod
     mod.close()
 
 
 @pytest.fixture(scope="module")
-def blas_workspace(device):
+def blas_workspace(gpu_device):
     from graphtrain.libs import cuda
 
     nbytes = 32 << 20
@@ -125,15 +124,15 @@ def dnn(stream):
 # Runtime
 
 
-def test_device_info(device):
-    assert device.name
-    major, minor = device.compute_capability
-    assert device.arch == f"sm_{major}{minor}"
-    assert device.sm_count > 0 and device.total_memory > 1 << 30
-    assert float(device.driver_cuda_version) >= 12.0 and float(device.runtime_version) >= 12.0
+def test_device_info(gpu_device):
+    assert gpu_device.name
+    major, minor = gpu_device.compute_capability
+    assert gpu_device.arch == f"sm_{major}{minor}"
+    assert gpu_device.sm_count > 0 and gpu_device.total_memory > 1 << 30
+    assert float(gpu_device.driver_cuda_version) >= 12.0 and float(gpu_device.runtime_version) >= 12.0
     from graphtrain.libs import cuda
 
-    assert cuda.open_device(device.ordinal) is device  # cached
+    assert cuda.open_device(gpu_device.ordinal) is gpu_device  # cached
 
 
 def test_failing_call_raises_cuda_error_with_status_name():
@@ -261,7 +260,7 @@ def test_bad_launch_configuration_raises_with_status(stream, module):
         assert info.value.status.startswith("CUDA_ERROR_")
 
 
-def test_a_closed_stream_is_refused(device, module):
+def test_a_closed_stream_is_refused(gpu_device, module):
     from graphtrain.libs import cuda
 
     closed = cuda.Stream()
@@ -270,14 +269,14 @@ def test_a_closed_stream_is_refused(device, module):
         module["saxpy"](closed, 1, 32, 1.0, 0, 0, 0)
 
 
-def test_dynamic_shared_memory_above_48k_needs_the_raised_limit(stream, device):
+def test_dynamic_shared_memory_above_48k_needs_the_raised_limit(stream, gpu_device):
     from graphtrain.libs import cuda
 
     n = BIG_SHARED // 4
     x = randn(n)
-    raised = load_source(KERNELS, "testkernels.cu", device,
+    raised = load_source(KERNELS, "testkernels.cu", gpu_device,
                          [kernel("shared_sum", PTR, PTR, I32, max_shared_bytes=BIG_SHARED)])
-    plain = load_source(KERNELS, "testkernels.cu", device, [kernel("shared_sum", PTR, PTR, I32)])
+    plain = load_source(KERNELS, "testkernels.cu", gpu_device, [kernel("shared_sum", PTR, PTR, I32)])
     with Scratch(stream, x=x, out=np.array([np.nan])) as s:
         raised["shared_sum"](stream, 1, 256, s["x"], s["out"], n, shared_bytes=BIG_SHARED)
         assert abs(s.get("out")[0] - x.astype(np.float64).sum()) < 1e-3 * np.abs(x).sum()
@@ -287,9 +286,9 @@ def test_dynamic_shared_memory_above_48k_needs_the_raised_limit(stream, device):
     plain.close()
 
 
-def test_thread_block_clusters(stream, device, module):
-    if device.compute_capability < (9, 0):
-        pytest.skip(f"thread-block clusters need sm_90, this GPU is {device.arch}")
+def test_thread_block_clusters(stream, gpu_device, module):
+    if gpu_device.compute_capability < (9, 0):
+        pytest.skip(f"thread-block clusters need sm_90, this GPU is {gpu_device.arch}")
     blocks = 12
     with Scratch(stream, rank=np.full(blocks, -1, np.int32), size=np.full(blocks, -1, np.int32)) as s:
         module["cluster_ranks"](stream, blocks, 64, s["rank"], s["size"])
@@ -304,20 +303,32 @@ def test_cooperative_launch(stream, module):
         assert np.array_equal(s.get("out"), np.arange(n))
 
 
+# graphtrain's Kernel launches in 5.6 µs from Python on an H100 host (scripts/benchmarks/launch_cost.py;
+# graphtrain/libs/__init__.py), and this test's loop measured 6.7 µs there. The bound allows 2.2×
+# this test's figure for a slower or busier host; a launch path that grew a per-call allocation,
+# lookup or conversion costs more than that.
+LAUNCH_MEASURED_S = 6.7e-6
+LAUNCH_BOUND_S = 15e-6
+
+
 def test_kernel_launch_overhead_is_small(stream, module):
+    """The fastest of five rounds of 1000 launches, so a moment of host load does not count."""
     n = 1024
     with Scratch(stream, x=randn(n), y=randn(n)) as s:
         saxpy, x, y = module["saxpy"], s["x"], s["y"]
         for _ in range(100):
             saxpy(stream, 4, 256, 1.0, x, y, n)
-        count = 2000
-        t0 = time.perf_counter()
-        for _ in range(count):
-            saxpy(stream, 4, 256, 1.0, x, y, n)
-        per_launch = (time.perf_counter() - t0) / count
-        stream.synchronize()
-    print(f"kernel launch from Python: {per_launch * 1e6:.1f} µs")
-    assert per_launch < 200e-6
+        count, rounds = 1000, []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(count):
+                saxpy(stream, 4, 256, 1.0, x, y, n)
+            rounds.append((time.perf_counter() - t0) / count)
+            stream.synchronize()
+    per_launch = min(rounds)
+    print(f"kernel launch from Python: {per_launch * 1e6:.1f} µs (measured {LAUNCH_MEASURED_S * 1e6:.1f} µs, "
+          f"bound {LAUNCH_BOUND_S * 1e6:.0f} µs)")
+    assert per_launch < LAUNCH_BOUND_S, f"{per_launch * 1e6:.1f} µs per launch"
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from graphtrain.plan import RunPlan
 from graphtrain.stages import LADDER
 from graphtrain.training import train
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_device")]
 
 MODELS = {"softmax-regression": dict(hidden=(), bias=True), "mlp": dict(hidden=(256, 128), bias=True),
           "mlp-no-bias": dict(hidden=(128,), bias=False)}

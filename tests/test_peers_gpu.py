@@ -22,7 +22,7 @@ from graphtrain.stages import get_stage, peer_names
 from graphtrain.stages.numpy_cpu import NumpyStage
 from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
+from conftest import real_mnist
 
 PEERS = ["torch-eager", "torch-compile", "torch-graph", "jax-scan", "torch-graph-bf16", "jax-scan-bf16"]
 FP32_PEERS = ["torch-eager", "torch-graph", "jax-scan"]  # the others train bf16 products
@@ -52,9 +52,13 @@ def compile_mode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def dataset() -> Dataset:
-    """Real MNIST when $GRAPHTRAIN_DATA points at it, else a learnable synthetic set."""
+    """Real MNIST when $GRAPHTRAIN_DATA is set (a skip saying why where it does not hold it),
+    else a learnable synthetic set."""
     if os.environ.get("GRAPHTRAIN_DATA"):
-        return data_mod.load("mnist", offline=True)
+        folder, reason = real_mnist()
+        if folder is None:
+            pytest.skip(reason)
+        return data_mod.load("mnist", data_dir=folder, offline=True)
     return Dataset.synthetic(6000, 1000, seed=3)
 
 

@@ -4,7 +4,6 @@ products, the images as the kernel reads them, and that it compiles for each kin
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,7 @@ ELF_MAGIC = b"\x7fELF"
 
 
 
-def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
-    seed = int.from_bytes(os.urandom(2), "little")
+def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers(seed):
     pixels = np.random.default_rng(seed).integers(0, 256, size=(50, 28, 28), dtype=np.uint8)
     features = images_mod.to_features(pixels, "test")  # as every loader makes them: k / 255 in float32
     assert pixel_levels(features) == 255, f"seed {seed}"
@@ -30,9 +28,8 @@ def test_8bit_pixels_are_found_and_given_to_the_kernel_as_integers():
     assert not rows[:, 784:].any()
 
 
-def test_the_bf16_build_reads_the_images_as_bf16():
+def test_the_bf16_build_reads_the_images_as_bf16(seed):
     """8-bit pixels as k, exact in bf16 (8 significant bits); other floats rounded to nearest even."""
-    seed = int.from_bytes(os.urandom(2), "little")
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 256, size=(20, 784), dtype=np.uint8)
     shape = Shape(784, 10, 128, 255, bf16=True)
@@ -48,8 +45,7 @@ def test_the_bf16_build_reads_the_images_as_bf16():
     assert not rows[:, 30:].any()
 
 
-def test_other_floats_keep_the_three_pass_products():
-    seed = int.from_bytes(os.urandom(2), "little")
+def test_other_floats_keep_the_three_pass_products(seed):
     features = np.random.default_rng(seed).uniform(0, 1, size=(50, 784)).astype(np.float32)
     assert pixel_levels(features) == 0, f"seed {seed}"
     almost = images_mod.to_features(np.full((2, 784), 7, np.uint8), "test")
@@ -71,7 +67,7 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 
 def load_script(name: str):
-    path = Path(__file__).parents[1] / "scripts" / f"{name}.py"
+    path = next((Path(__file__).parents[1] / "scripts").rglob(f"{name}.py"))  # scripts/<purpose>/<name>.py
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from graphtrain import profile, training
+from graphtrain import profile, report, training
 from graphtrain.cli import main
 from graphtrain.config import PRESETS
 from graphtrain.data import Dataset
@@ -271,11 +271,11 @@ def test_where_the_time_goes_names_host_bound_rows_and_each_rungs_change():
         profiled_record("graphs", 12.5, 14.4, 11, 1),
         profiled_record("torch-graph", 27.5, 31.2, 20, 2, kind="peer"),
     ]
-    text = "\n".join(profile.where_the_time_goes(records))
+    text = "\n".join(report.where_the_time_goes(records))
     assert text.startswith("## Where the time goes")
     assert "Host-bound (the GPU idle for at least 50% of the epoch): `baseline` (70% idle), `cublas` (72% idle)" in text
     assert "Kept the GPU busy: `graphs` (13% idle), `torch-graph` (peer) (12% idle)" in text
     assert "`cublas` 25.8 → 14.4 ms (-44%), 11 → 12 kernels, 13 → 12 launches" in text
     assert "`graphs` 14.0 → 12.5 ms (-11%), 12 → 11 kernels, 12 → 1 launches" in text
     assert "`cudnn-softmax` 14.4" not in text  # the rung before it failed: no change to state
-    assert profile.where_the_time_goes([{"stage": "numpy", "kind": "stage", "epoch_ms": 1.0}]) == []
+    assert report.where_the_time_goes([{"stage": "numpy", "kind": "stage", "epoch_ms": 1.0}]) == []

@@ -1,160 +1,43 @@
-"""The rungs beyond the seeds (fused, bf16, device-loop, persistent) against the float64 oracle,
-and the promises each makes: nodes per step, launches per epoch, same seed → same bits."""
+"""The promises each GPU rung makes beyond its numbers (those are tests/test_oracle_gpu.py's):
+same seed → same bits, host syncs and device allocations per run, graphs and nodes per step,
+launches per epoch, the refusals, and the jhu preset's accuracy on real MNIST."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from helpers import kink_margin, rel_err
+from helpers import MODELS, rel_err
 
-from graphtrain import reference
-from graphtrain.config import TrainConfig
-from graphtrain.data import Dataset
-from graphtrain.errors import GpuUnavailableError, UsageError
+from graphtrain.config import PRESETS, TrainConfig
+from graphtrain.data import Dataset, load
+from graphtrain.errors import TrainingError, UsageError
 from graphtrain.plan import RunPlan
-from graphtrain.stages import get_stage
+from graphtrain.stages import get_stage, stage_names
+from graphtrain.training import train
 
-pytestmark = pytest.mark.gpu
-
-NEW_RUNGS = ["fused", "bf16", "device-loop", "persistent"]
-# Relative error of one SGD update against float64. fp32 products sum in another order than
-# numpy (~1e-6). bf16 operands keep 8 mantissa bits (each off by up to 2^-9 ≈ 2e-3 relative), and
-# an MLP's update compounds several: the batch, the activations, the weights' copies and dX of
-# every layer above. Measured on H100 at 2.8e-2 to 3.2e-2 for the first layer of a 3-layer MLP,
-# and at 5.3e-2 for one seed's first-layer bias (seed 9422), so 0.1 for one step; over an epoch of
-# four steps the roundings compound (measured 5.4e-2 and 7.3e-2), so 0.15 there. A wrong step (a
-# missing mask, a transposed operand) errs by order 1.
-# By the precision a stage trains in (persistent: bf16, or fp32 on request).
-TOLERANCE = {"fp32": 1e-4, "bf16": 0.1}
-EPOCH_TOLERANCE = {"fp32": 1e-4, "bf16": 0.15}
-MODELS = {
-    "softmax-regression": dict(hidden=(), bias=True),
-    "mlp-bias": dict(hidden=(96, 40), bias=True),
-    "mlp-no-bias": dict(hidden=(64,), bias=False),
-    "mlp-three-layers": dict(hidden=(64, 64, 64), bias=True),
-}
-# The persistent rung's MLP kernel trains equal hidden sizes in multiples of 64 (its refusal of
-# the others are tested below): it takes these in place of the MLPs above, and its fp32 build
-# (--precision fp32: three TF32 passes) one more.
-PERSISTENT_MODELS = {**MODELS, "mlp-bias": dict(hidden=(64, 64), bias=True),
-                     "mlp-fp32": dict(hidden=(64, 64, 64), bias=True, precision="fp32"),
-                     "softmax-regression-fp32": dict(hidden=(), bias=True, precision="fp32")}
+RUNGS = [name for name in stage_names() if get_stage(name).uses_gpu]
+RUNS = [(name, precision) for name in RUNGS for precision in get_stage(name).precisions]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gpu():
-    from graphtrain.libs import cuda
-
-    try:
-        return cuda.open_device()
-    except GpuUnavailableError as error:
-        pytest.skip(f"no usable GPU: {error}")
+def run_id(run) -> str:
+    name, precision = run
+    return name if precision == get_stage(name).precisions[0] else f"{name}-{precision}"
 
 
 def stage_for(name: str, cfg: TrainConfig, data: Dataset):
     return get_stage(name)(RunPlan.for_data(cfg, data), data)
 
 
-def model_of(name: str, model: str) -> dict:
-    return (PERSISTENT_MODELS if name == "persistent" else MODELS)[model]
-
-
-def reference_epoch(cfg: TrainConfig, data: Dataset, num_batches: int):
-    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
-    order = reference.epoch_order(cfg.seed, 0, len(data.train_images))
-    for lo, hi in reference.batch_bounds(len(data.train_images), cfg.batch)[:num_batches]:
-        reference.train_step(layers, data.train_images[order[lo:hi]].astype(np.float64),
-                             data.train_labels[order[lo:hi]], cfg.lr)
-    return layers
-
-
-@pytest.mark.parametrize("name,model", [(name, model) for name in NEW_RUNGS
-                                        for model in (PERSISTENT_MODELS if name == "persistent" else MODELS)])
-def test_one_step_update_matches_float64(name, model):
-    seed = int.from_bytes(os.urandom(2), "little")
-    check_one_step(name, model_of(name, model), Dataset.synthetic(1000, 300, seed=seed), seed)
-
-
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_persistent_one_step_with_8bit_inputs_matches_float64(precision):
-    """Pixels k/255 (as loaded from uint8): the kernel reads k (exact in bf16 and in TF32), and
-    its TF32 products with the images take two passes instead of three (persistent.cu: PIXEL_LEVELS)."""
-    seed = int.from_bytes(os.urandom(2), "little")
-    data = Dataset.synthetic(1000, 300, seed=seed)
-    data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
-    stage = check_one_step("persistent", {**MODELS["softmax-regression"], "precision": precision}, data, seed)
-    assert stage.shape.pixel_levels == 255 and stage.precision == precision, f"seed {seed}"
-
-
-def check_one_step(name: str, model: dict, data: Dataset, seed: int):
-    cfg = TrainConfig(**model, batch=100, epochs=1, lr=0.1, seed=seed)
-    with stage_for(name, cfg, data) as stage:
-        stage.setup()
-        result = stage.train_epoch(0, num_batches=1, measure=True)
-        new = stage.weights()
-    start = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
-    after = reference_epoch(cfg, data, 1)
-    idx = reference.epoch_order(seed, 0, 1000)[:100]
-    loss, _ = reference.loss_and_dlogits(reference.forward(start, data.train_images[idx].astype(np.float64))[-1],
-                                         data.train_labels[idx])
-    tol = TOLERANCE[stage.precision]
-    assert abs(result.train_loss - loss) / loss < tol, f"seed {seed}"
-    for got, old, ref in zip(new, start, after):
-        # The update itself, not the weights it is added to (they would hide a wrong step).
-        assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < tol, f"seed {seed}"
-        if cfg.bias:
-            assert rel_err(got.b.astype(np.float64) - old.b, ref.b - old.b) < tol, f"seed {seed}"
-    return stage
-
-
-@pytest.mark.parametrize("name,hidden,batch,precision", [
-    *((name, (32,), 300, None) for name in NEW_RUNGS if name != "persistent"),
-    ("persistent", (), 240, None), ("persistent", (), 240, "fp32"), ("persistent", (64, 64, 64), 96, None), ("persistent", (128, 128, 128), 32, None),
-    ("persistent", (64, 64, 64), 96, "fp32"), ("persistent", (128, 128, 128), 32, "fp32"),
-])
-def test_a_whole_epoch_with_its_tail_batch(name, hidden, batch, precision):
-    """1000 samples at batch 300: three full steps and a real one of 100 rows. A batch of 300 does
-    not fit the persistent kernels' shared memory: softmax regression at batch 240, four steps and
-    one of 40. The persistent MLP kernel takes 300 samples: at batch 96 three steps and one of 12
-    (the images read from global memory twice a step), at 32 nine steps and one of 12 (the images
-    kept in shared memory), in bf16 (its own) and in fp32. Its fp32 products are ~2⁻²⁰ off (three
-    TF32 passes), and a pre-activation that close to zero may fall on the other side of ReLU's kink
-    than in float64 and send the epoch down another path (errors of 1e-3 to 4e-2 at 1000 samples,
-    on about 6% of random seeds): so there seeds are drawn until the float64 run stays 3e-6
-    (relative) from the kink. (bf16's own roundings, ~2⁻⁹, are what its tolerance allows for.)"""
-    persistent_mlp = name == "persistent" and bool(hidden)
-    samples = 300 if persistent_mlp else 1000
-    num_batches = -(-samples // batch)
-    for _ in range(200):
-        seed = int.from_bytes(os.urandom(2), "little")
-        data = Dataset.synthetic(samples, 300, seed=seed)
-        cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, precision=precision)
-        if not (persistent_mlp and precision == "fp32") or kink_margin(cfg, data, num_batches) > 3e-6:
-            break
-    else:
-        pytest.fail("no seed of 200 keeps the float64 run 3e-6 from ReLU's kink")
-    with stage_for(name, cfg, data) as stage:
-        stage.setup()
-        stage.train_epoch(0, num_batches, measure=True)
-        weights = stage.weights()
-    start = reference.init_params(cfg.dims, cfg.bias, seed, np.float64)
-    tol = EPOCH_TOLERANCE[stage.precision]
-    for got, old, ref in zip(weights, start, reference_epoch(cfg, data, num_batches)):
-        assert rel_err(got.w.astype(np.float64) - old.w, ref.w - old.w) < tol, f"seed {seed}"
-
-
-@pytest.mark.parametrize("name,hidden,precision", [
-    *((name, (64, 32), None) for name in NEW_RUNGS if name != "persistent"),
-    ("persistent", (), None), ("persistent", (), "fp32"), ("persistent", (64, 64), None),
-])
-def test_same_seed_gives_bit_identical_weights(name, hidden, precision):
+@pytest.mark.parametrize("model", ["softmax-regression", "mlp"])
+@pytest.mark.parametrize("run", RUNS, ids=run_id)
+def test_same_seed_gives_bit_identical_weights(run, model):
+    name, precision = run
     data = Dataset.synthetic(2000, 100, seed=3)
-    cfg = TrainConfig(hidden=hidden, batch=64, epochs=2, lr=0.1, seed=4, precision=precision)
+    cfg = TrainConfig(**MODELS[model], batch=64, epochs=2, lr=0.1, seed=4, precision=precision)
     runs = []
     for _ in range(2):
         with stage_for(name, cfg, data) as stage:
@@ -164,6 +47,74 @@ def test_same_seed_gives_bit_identical_weights(name, hidden, precision):
             runs.append(stage.weights())
     for a, b in zip(*runs):
         assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+
+
+def count_epoch(stage_name: str, measure: bool, cfg: TrainConfig, data: Dataset):
+    from graphtrain.libs import cuda
+
+    with get_stage(stage_name)(RunPlan.for_data(cfg, data), data) as stage:
+        stage.setup()
+        cuda.reset_counters()
+        stage.train_epoch(0, stage.plan.batches_per_epoch, measure)
+        return cuda.counters.syncs, cuda.counters.d2h_copies
+
+
+@pytest.mark.parametrize("stage_name", RUNGS)
+def test_host_syncs_per_epoch(stage_name):
+    data = Dataset.synthetic(1000, 300, seed=5)
+    cfg = TrainConfig(batch=100, epochs=1, seed=1)
+    steps = 10
+    syncs, copies = count_epoch(stage_name, True, cfg, data)
+    if stage_name == "baseline":
+        # loss and accuracy copied back after every step, then the end-of-epoch event
+        assert syncs == 2 * steps + 1 and copies == 2 * steps
+    else:
+        # the end-of-epoch event and one read of the metrics: nothing inside the batch loop
+        assert syncs == 2 and copies == 1
+    sparse_schedule = RunPlan.for_data(cfg.replace(epochs=2, metrics_every=2), data)
+    if not get_stage(stage_name)(sparse_schedule, data).measures(0):  # a sparse-metrics rung
+        assert count_epoch(stage_name, False, cfg, data) == (1, 0)
+
+
+@pytest.mark.parametrize("stage_name", RUNGS)
+def test_one_device_allocation_per_run(stage_name):
+    from graphtrain.libs import cuda
+
+    data = Dataset.synthetic(1000, 300, seed=6)
+    cuda.reset_counters()
+    train(TrainConfig(hidden=(64,), batch=50, epochs=2, seed=2), stage=stage_name, data=data)
+    assert cuda.counters.mallocs == 1
+    assert cuda.counters.frees == 1
+
+
+def test_graphs_match_cudnn_softmax_after_an_epoch():
+    data = Dataset.synthetic(2000, 300, seed=7)
+    cfg = TrainConfig(hidden=(128, 64), batch=128, epochs=1, lr=0.1, seed=9)
+    weights = {}
+    for name in ("cudnn-softmax", "graphs"):
+        with get_stage(name)(RunPlan.for_data(cfg, data), data) as stage:
+            stage.setup()
+            stage.train_epoch(0, 16, measure=True)
+            weights[name] = stage.weights()
+    for a, b in zip(weights["cudnn-softmax"], weights["graphs"]):
+        assert rel_err(b.w, a.w) < 1e-6
+        assert rel_err(b.b, a.b) < 1e-6
+
+
+def test_graphs_capture_one_graph_per_batch_shape():
+    data = Dataset.synthetic(1000, 300, seed=8)
+    cfg = TrainConfig(batch=300, epochs=1, seed=1)
+    with get_stage("graphs")(RunPlan.for_data(cfg, data), data) as stage:
+        stage.setup()
+        assert sorted(stage.graphs) == [(100, False), (100, True), (300, False), (300, True)]
+
+
+@pytest.mark.parametrize("stage_name", RUNGS)
+def test_nan_loss_stops_training_naming_the_epoch(stage_name):
+    data = Dataset.synthetic(1000, 300, seed=9)
+    cfg = TrainConfig(hidden=(64,), batch=100, epochs=2, lr=1e30, seed=1, metrics_every=1)
+    with pytest.raises(TrainingError, match=r"epoch 1.*lower --lr"):
+        train(cfg, stage=stage_name, data=data)
 
 
 @pytest.mark.parametrize("name,hidden,bias,most", [
@@ -260,3 +211,14 @@ def test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing(mnist_di
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "784-784-784-784-10 MLP" in lines[0] and "bytes of shared memory (at most 232448)" in lines[0]
     assert not out.exists()
+
+
+def test_jhu_preset_reaches_the_numpy_accuracy(mnist_dir):
+    data = load("mnist", data_dir=mnist_dir, offline=True)
+    cfg = PRESETS["jhu"]
+    numpy_acc = train(cfg, stage="numpy", data=data).test_accuracy
+    assert numpy_acc >= 0.91
+    for name in RUNGS:
+        record = train(cfg, stage=name, data=data)
+        assert abs(record.test_accuracy - numpy_acc) <= 0.003, name
+        assert record.environment["gpu"]

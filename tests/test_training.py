@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import reference_run
 
-from graphtrain import TrainConfig, reference, train
+from graphtrain import TrainConfig, train
 from graphtrain.config import PRESETS
 from graphtrain.data import Dataset, load
 from graphtrain.errors import TrainingError, UsageError
@@ -78,12 +79,7 @@ def test_numpy_stage_is_the_reference_step_by_step(small):
         for epoch in range(2):
             stage.train_epoch(epoch, 4, measure=True)
         weights = stage.weights()
-    layers = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
-    for epoch in range(2):
-        order = reference.epoch_order(cfg.seed, epoch, 1000)
-        for lo, hi in reference.batch_bounds(1000, 300):  # the tail batch of 100 rows included
-            reference.train_step(layers, small.train_images[order[lo:hi]].astype(np.float64),
-                                 small.train_labels[order[lo:hi]], cfg.lr)
+    _, layers = reference_run(cfg, small, epochs=2)  # the tail batch of 100 rows included
     for w32, w64 in zip(weights, layers):
         assert np.linalg.norm(w32.w - w64.w) / np.linalg.norm(w64.w) < 1e-5
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from graphtrain import terminal
 from graphtrain.data.idx import GZIP_MAGIC, gunzip, read_bytes
-from graphtrain.data.registry import ROLES, DatasetSpec, FileSpec, cache_dir, get_spec
+from graphtrain.data.registry import DATASETS, ROLES, DatasetSpec, FileSpec, cache_dir, get_spec
 from graphtrain.errors import DataError, DownloadError
 from graphtrain.files import write_atomic
 from graphtrain.terminal import Log
@@ -68,6 +68,34 @@ def check_sums(data: bytes, file_spec: FileSpec, label: str) -> str | None:
     if not mismatches:
         return None
     raise DataError(f"{label}: checksum mismatch: {'; '.join(mismatches)}")
+
+
+def check_identity(path: str | os.PathLike[str], spec: DatasetSpec, role: str) -> None:
+    """Refuse a file that is not `spec`'s `role` file (DataError naming it): one none of whose
+    recorded sums matches, or one that is another registered dataset's (an uncompressed
+    Fashion-MNIST file, whose own sum is not recorded, is still told apart from MNIST's). A
+    copy that cannot be checked against anything (uncompressed, only its .gz sum known, and no
+    other dataset's) is accepted: nothing says it is wrong."""
+    path = Path(path)
+    data = read_bytes(path)
+
+    def sums_match(file_spec: FileSpec) -> bool | None:  # None: nothing to compare with
+        try:
+            return check_sums(data, file_spec, str(path)) is not None or None
+        except DataError:
+            return False
+
+    matched = sums_match(spec.files[role])
+    if matched:
+        return
+    what = f"{spec.name}'s {role.replace('_', ' ')}"
+    for name, other in DATASETS.items():
+        if name != spec.name and sums_match(other.files[role]):
+            raise DataError(f"{path} is not {what}: it is {name}'s (its md5 sum is {name}'s); "
+                            f"give the folder of the {spec.name} files, or --dataset {name}")
+    if matched is False:
+        raise DataError(f"{path} is not {what}: its md5 sum matches none recorded for "
+                        f"{spec.files[role].name} (another file, or a damaged copy)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,5 +235,11 @@ def download(
             "Nothing was written for these files. Check the network, set GRAPHTRAIN_MIRROR=URL to "
             "try another mirror, or fetch them by hand and pass --data-dir DIR."
         )
-        raise DownloadError("\n".join(lines))
+        if unreachable and not any(failures.values()):  # no mirror answered at all
+            first = next(iter(unreachable.values()))
+            others = len(unreachable) - 1
+            summary = f"no mirror could be reached ({first}" + (f"; and {others} other" * (others > 0)) + ")"
+        else:
+            summary = "\n".join(lines[:-1])
+        raise DownloadError("\n".join(lines), summary=summary)
     return dest

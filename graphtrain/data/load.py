@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from graphtrain import terminal
-from graphtrain.data.fetch import download
+from graphtrain.data.fetch import check_identity, download
 from graphtrain.data.idx import read_idx
 from graphtrain.data.images import arrays_to_splits, read_npz, to_features
 from graphtrain.data.registry import AXES, ROLES, DatasetSpec, cache_dir, get_spec
@@ -49,23 +49,26 @@ class FileLookup:
     def complete(self) -> bool:
         return not self.missing
 
-    def missing_message(self, reason: str | None = None) -> str:
-        """A message telling the user what is missing, where it was looked for, and what to do."""
+    def missing_message(self, reason: str | None = None, downloaded: bool = False) -> str:
+        """A few lines: what is missing, where it was looked for, why it was not fetched, and the
+        ways out (after a failed download, `downloaded`, not that download again)."""
         total = len(self.found) + len(self.missing)
-        lines = [f"{self.dataset}: {len(self.missing)} of {total} files missing:"]
-        lines += [f"  {name}" for name in self.missing]
-        lines.append("(each may also be stored uncompressed, without the .gz)")
-        lines.append("Looked in:")
-        for folder in self.searched:
-            note = "" if folder.is_dir() else " (not a folder)" if folder.exists() else " (does not exist)"
-            lines.append(f"  {folder}{note}")
+
+        def where(folder: Path) -> str:
+            return f"{folder}" + ("" if folder.is_dir() else " (not a folder)" if folder.exists()
+                                  else " (does not exist)")
+
+        lines = [f"{self.dataset}: {len(self.missing)} of {total} files missing "
+                 f"({', '.join(self.missing)}; each .gz or not) in {' or '.join(map(where, self.searched))}"]
         if reason:
             lines.append(reason)
-        lines.append(
-            "To use copies you already have, pass --data-dir DIR or set GRAPHTRAIN_DATA=DIR, "
-            f"where DIR holds the files or a {self.dataset}/ subfolder with them; "
-            "to fetch them, run `graphtrain data download`."
-        )
+        ways = (f"use copies you have with --data-dir DIR or GRAPHTRAIN_DATA=DIR (the files in DIR or "
+                f"DIR/{self.dataset}/)")
+        if downloaded:
+            ways += ", or copy them into the cache with GRAPHTRAIN_MIRROR=file:///DIR/ graphtrain data download"
+        else:
+            ways += ", or fetch them with `graphtrain data download`"
+        lines.append(ways[0].upper() + ways[1:] + ".")
         return "\n".join(lines)
 
 
@@ -224,6 +227,9 @@ def _read_split(
     return to_features(images, str(images_path)), labels.astype(np.int32)
 
 
+CACHE_ADVICE = "delete it, and graphtrain downloads it again on the next run"
+
+
 def load(
     dataset: str | DatasetSpec = "mnist",
     data_dir: str | os.PathLike[str] | None = None,
@@ -233,7 +239,8 @@ def load(
     """Find (or, into the cache, download) a dataset's files and load them.
 
     Downloads only when nothing points at a folder (no `data_dir`, no GRAPHTRAIN_DATA) and
-    `offline` is False. Checks the files' structure, not their checksums (see `verify_file`).
+    `offline` is False. Checks the files' structure, then that they are the dataset named: their
+    md5 sums against the recorded ones (see `check_identity`).
     """
     spec = get_spec(dataset)
     lookup = find_files(spec, data_dir)
@@ -251,7 +258,8 @@ def load(
         try:
             download(spec, dest=dest, log=log)
         except DownloadError as exc:
-            raise DownloadError(lookup.missing_message(f"The download failed: {exc}")) from exc
+            raise DownloadError(lookup.missing_message(f"The download failed: {exc.summary}.",
+                                                       downloaded=True)) from exc
         lookup = find_files(spec)
 
     try:
@@ -259,9 +267,12 @@ def load(
         test_images, test_labels = _read_split(spec, lookup.found, "test")
     except DataError as exc:
         # The user's own files are theirs to replace; the cache's, graphtrain fetches again.
-        advice = ("replace it with a good copy" if lookup.explicit else
-                  "delete it, and graphtrain downloads it again on the next run")
-        raise DataError(f"{exc}: {advice}") from exc
+        raise DataError(f"{exc}: {'replace it with a good copy' if lookup.explicit else CACHE_ADVICE}") from exc
+    try:  # well-formed files: are they the dataset named?
+        for role in ROLES:
+            check_identity(lookup.found[role], spec, role)
+    except DataError as exc:
+        raise DataError(str(exc) if lookup.explicit else f"{exc}: {CACHE_ADVICE}") from exc
     return Dataset(
         name=spec.name,
         train_images=train_images,

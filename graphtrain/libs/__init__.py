@@ -13,7 +13,7 @@ Importing any of it needs no GPU and no CUDA package: everything is loaded on fi
 Why not NVIDIA's `cuda.core` for compiling and launching: the stream and graph capture shared
 with cuBLAS and cuDNN, and the counters the tests assert on, would stay here either way, and its
 `launch` types each argument from its Python value, so an eager step must make a numpy scalar
-per argument and a LaunchConfig per launch. On an H100 host (scripts/launch_cost.py): a bare
+per argument and a LaunchConfig per launch. On an H100 host (scripts/benchmarks/launch_cost.py): a bare
 cuLaunchKernel 3.7 µs per launch; cuda.core 4.2 µs with config and scalars made beforehand,
 6.4 µs made per launch; graphtrain's Kernel 5.6 µs with a ctypes slot per argument, which
 packing them with one precompiled `struct.pack_into`, as now, cuts by ~0.4 µs (CPU-measured).

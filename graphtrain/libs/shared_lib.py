@@ -4,6 +4,7 @@ conda, the toolkit), each C function's types declared once, every status checked
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +47,12 @@ class SharedLibrary:
                     found = load_nvidia_dynamic_lib(self.name)
                 except Exception as exc:  # pathfinder's not-found errors: report, with its reason
                     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    # pathfinder loads a library's dependencies first (cuDNN and cuBLAS need
+                    # cuBLASLt): a failure naming another library is that one's, not this one's.
+                    needed = re.search(r'Failure finding "lib(\w+)', reason)
+                    if needed and needed.group(1).lower() != self.name.lower():
+                        raise GpuUnavailableError(f"{self.what} cannot be loaded: it needs lib{needed.group(1)}, "
+                                                  f"which was not found ({reason}); {install}") from exc
                     raise GpuUnavailableError(f"{self.what} was not found ({reason}); {install}") from exc
                 cdll = ctypes.CDLL(found.abs_path)
                 for function, (argtypes, restype) in self.functions.items():

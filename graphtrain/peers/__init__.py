@@ -11,8 +11,8 @@ missing GPU) raises `PeerUnavailable`, which the ladder shows as a skipped row.
 
 from __future__ import annotations
 
-from graphtrain.errors import GraphtrainError
+from graphtrain.errors import MissingRequirement
 
 
-class PeerUnavailable(GraphtrainError):
+class PeerUnavailable(MissingRequirement):
     """The peer cannot run here (its framework or a GPU is missing); the message says which."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import numpy as np
 
@@ -44,17 +45,60 @@ def import_jax():
     return jax, gpus[0]
 
 
-def forward(params, x, operand=None):
-    """Logits; `params` is a list of (w, b or None), w shaped (out, in) like the reference.
-    `operand` (jnp.bfloat16): the products read both sides in that type and accumulate in fp32."""
+def make_product(kind: str):
+    """The function `product(x, w)` = x @ w.T that the model's layers use, w shaped (out, in).
+
+    "fp32": fp32 operands (at the process-wide precision, "highest" in these peers: no TF32).
+    The bf16 ones read both operands as bf16 and differ in what the backward pass multiplies:
+    - "bf16": forward and backward products all bf16 x bf16 with fp32 accumulation and fp32
+      results (a custom VJP casts the cotangent to bf16 before its two products);
+    - "bf16-mixed": `jnp.dot(bf16, bf16, preferred_element_type=float32)` left to autodiff: the
+      cotangent stays fp32, so the backward products are fp32 x bf16, which XLA runs as fp32
+      products (at "highest": true fp32, no tensor-core bf16);
+    - "bf16-out": `(bf16 @ bf16).astype(float32)`: every product's result rounded to bf16
+      (the logits and the weight gradients included), the backward products bf16 too.
+    """
     import jax
     import jax.numpy as jnp
 
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    if kind == "fp32":
+        return lambda x, w: x @ w.T
+    if kind == "bf16-mixed":
+        return lambda x, w: jnp.dot(x.astype(bf16), w.T.astype(bf16), preferred_element_type=f32)
+    if kind == "bf16-out":
+        return lambda x, w: (x.astype(bf16) @ w.T.astype(bf16)).astype(f32)
+    if kind != "bf16":
+        raise ValueError(f"unknown product {kind!r}")
+
+    # dy = g: dx = g @ w, dw = g.T @ x, each bf16 x bf16 -> fp32. x_dtype (static) is x's own
+    # type, bf16 where the images are gathered as bf16: a cotangent has its primal's type.
+    @partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def product(x, w, x_dtype):
+        return jnp.dot(x.astype(bf16), w.astype(bf16).T, preferred_element_type=f32)
+
+    def product_fwd(x, w, x_dtype):
+        xb, wb = x.astype(bf16), w.astype(bf16)
+        return jnp.dot(xb, wb.T, preferred_element_type=f32), (xb, wb)
+
+    def product_bwd(x_dtype, residuals, g):
+        xb, wb = residuals
+        gb = g.astype(bf16)
+        dx = jnp.dot(gb, wb, preferred_element_type=f32).astype(x_dtype)
+        dw = jnp.dot(gb.T, xb, preferred_element_type=f32)
+        return dx, dw
+
+    product.defvjp(product_fwd, product_bwd)
+    return lambda x, w: product(x, w, x.dtype)
+
+
+def forward(params, x, product):
+    """Logits; `params` is a list of (w, b or None), w shaped (out, in) like the reference;
+    `product(x, w)` = x @ w.T (see `make_product`)."""
+    import jax
+
     for i, (w, b) in enumerate(params):
-        if operand is None:
-            x = x @ w.T
-        else:
-            x = jnp.dot(x.astype(operand), w.T.astype(operand), preferred_element_type=jnp.float32)
+        x = product(x, w)
         if b is not None:
             x = x + b
         if i < len(params) - 1:
@@ -66,7 +110,13 @@ class JaxScanPeer(Peer):
     name = "jax-scan"
     summary = "JAX: one jitted lax.scan per epoch over the full batches, fp32"
     note = "fp32, matmul precision highest"
-    operand = None  # the products' operand type (None: the parameters' own, fp32)
+    product = "fp32"  # what the layers' products read and return: see make_product
+    # Where a step's images come from: "rows", gathered from the fp32 images by the step;
+    # "rows-bf16", gathered from a bf16 copy made once at setup (the operand the bf16 products
+    # read anyway: half the bytes); "epoch", one gather of the whole epoch's batches before the
+    # scan, which then walks the gathered rows.
+    gather = "rows"
+    matmul_precision = "highest"  # set process-wide for the run (fp32 products: no TF32)
 
     @classmethod
     def check_available(cls) -> int | None:
@@ -81,7 +131,7 @@ class JaxScanPeer(Peer):
         cfg, data = self.config, self.data
         # Process-wide; close() puts it back.
         self.saved_precision = jax.config.jax_default_matmul_precision
-        jax.config.update("jax_default_matmul_precision", "highest")
+        jax.config.update("jax_default_matmul_precision", self.matmul_precision)
         self.device = device
 
         def put(array):
@@ -90,6 +140,9 @@ class JaxScanPeer(Peer):
         plan = self.plan
         self.train_x, self.train_y = put(data.train_images), put(data.train_labels.astype(np.int32))
         self.test_x, self.test_y = put(data.test_images), put(data.test_labels.astype(np.int32))
+        if self.gather == "rows-bf16":
+            self.train_x = self.train_x.astype(jnp.bfloat16)
+        product = make_product(self.product)
         self.params = put([(layer.w, layer.b) for layer in plan.initial])
 
         # Each epoch's batches as index arrays on the device: the full batches as rows of a
@@ -106,31 +159,37 @@ class JaxScanPeer(Peer):
         lr = np.float32(cfg.lr)
 
         def loss_fn(params, x, y):
-            logits = forward(params, x, self.operand)
+            logits = forward(params, x, product)
             logp = jax.nn.log_softmax(logits)
             loss = -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
             return loss, logits
 
-        def step(params, train_x, train_y, idx):
-            """One SGD step on samples idx; returns (params, Σ loss over the batch, # correct)."""
-            x, y = train_x[idx], train_y[idx]
+        def batch_step(params, x, y):
+            """One SGD step on the batch (x, y); returns (params, Σ loss over it, # correct)."""
             (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, y)
             params = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
             correct = (jnp.argmax(logits, axis=1) == y).sum()
-            return params, loss * idx.shape[0], correct
+            return params, loss * y.shape[0], correct
+
+        def step(params, train_x, train_y, idx):
+            return batch_step(params, train_x[idx], train_y[idx])
 
         def epoch_fn(params, train_x, train_y, idx_rows):
-            def body(carry, idx):
+            def body(carry, batch):
                 params, loss_sum, correct = carry
-                params, loss, batch_correct = step(params, train_x, train_y, idx)
+                if self.gather == "epoch":
+                    params, loss, batch_correct = batch_step(params, *batch)
+                else:
+                    params, loss, batch_correct = step(params, train_x, train_y, batch)
                 return (params, loss_sum + loss, correct + batch_correct), None
 
             start = (params, jnp.float32(0), jnp.int32(0))
-            (params, loss_sum, correct), _ = jax.lax.scan(body, start, idx_rows)
+            batches = (train_x[idx_rows], train_y[idx_rows]) if self.gather == "epoch" else idx_rows
+            (params, loss_sum, correct), _ = jax.lax.scan(body, start, batches)
             return params, loss_sum, correct
 
         def correct_fn(params, x, y):
-            return (jnp.argmax(forward(params, x, self.operand), axis=1) == y).sum()
+            return (jnp.argmax(forward(params, x, product), axis=1) == y).sum()
 
         self.epoch_fn = jax.jit(epoch_fn)
         self.step_fn = jax.jit(step)
@@ -221,18 +280,28 @@ def _jax_cuda_versions() -> dict:
     return out
 
 
-
 class JaxScanBf16Peer(JaxScanPeer):
-    """`jax-scan-bf16`: the same scan, its products on bf16 operands with fp32 accumulation; the
-    parameters, the softmax and the loss stay fp32 (the precision of graphtrain's bf16 rungs)."""
+    """`jax-scan-bf16`: the same scan, every product (forward and backward) on bf16 operands with
+    fp32 accumulation and fp32 results; the parameters, the softmax and the loss stay fp32 (the
+    precision of graphtrain's bf16 rungs).
+
+    How a JAX user would write it, and what each way costs (`scripts/jax_scan_variants.py`,
+    H100 80GB HBM3, jax 0.11.2, jhu schedule, 784-784-784-784-10, batch 128, median ms/epoch):
+    `jnp.dot(bf16, bf16, preferred_element_type=float32)` left to autodiff ("bf16-mixed") 54.6:
+    its cotangents are fp32, so the backward products are fp32 x bf16, run as true fp32 products
+    under the process-wide "highest" (43.1 at the default precision, i.e. TF32); products whose
+    results are rounded to bf16 ("bf16-out", the plain way: cast operands, cast the product back)
+    39.0; a custom VJP that casts the cotangent to bf16 and keeps fp32 results ("bf16") 37.5.
+    Gathering the images from a bf16 copy (37.2) or the whole epoch's batches before the scan
+    (37.0) is within the runs' spread, so the step gathers its fp32 rows as jax-scan does.
+    """
 
     name = "jax-scan-bf16"
     summary = "JAX: one jitted lax.scan per epoch, bf16 operands, fp32 accumulation and weights"
-    note = "bf16 operands, fp32 accumulation and weights"
+    note = ("bf16 operands (backward products too, through a custom VJP), fp32 accumulation, "
+            "results and weights")
     precisions = ("bf16",)
 
-    def setup(self) -> None:
-        import jax.numpy as jnp
+    product = "bf16"
+    gather = "rows"
 
-        self.operand = jnp.bfloat16
-        super().setup()

@@ -40,11 +40,16 @@ class Stage:
         self.plan = plan
         self.config = plan.config
         self.data = data
-        chosen = self.config.precision or self.precisions[0]
-        if chosen not in self.precisions:
-            raise UsageError(f"{self.name} trains in {' or '.join(self.precisions)}, not --precision "
-                             f"{chosen}")
-        self.precision = self.precision_run(self.config, chosen)
+        self.precision = self.precision_run(self.config, self.check_precision(self.config.precision))
+
+    @classmethod
+    def check_precision(cls, precision: str | None) -> str:
+        """The precision picked from `precisions` when asked for `precision` (None: the row's
+        own); a UsageError where it cannot (checked by `run` before any data is read)."""
+        if precision is not None and precision not in cls.precisions:
+            raise UsageError(f"{cls.name} trains in {' or '.join(cls.precisions)}, not --precision "
+                             f"{precision}")
+        return precision or cls.precisions[0]
 
     @classmethod
     def precision_run(cls, config, chosen: str) -> str:

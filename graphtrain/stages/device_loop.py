@@ -26,7 +26,7 @@ from graphtrain.stages.bf16 import Bf16Stage
 class DeviceLoopStage(Bf16Stage):
     name = "device-loop"
     summary = "the whole epoch from one graph launch: a conditional WHILE node over the steps"
-    steps_per_iteration = 16  # full steps in the WHILE body (measured: scripts/device_loop_body.py)
+    steps_per_iteration = 16  # full steps in the WHILE body (measured: scripts/benchmarks/device_loop_body.py)
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)

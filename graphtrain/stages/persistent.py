@@ -14,7 +14,7 @@ each update) in one tensor-core pass with fp32 sums, fp32 master weights and bia
 dlogits travel as bf16. `--precision fp32` trains it in TF32 passes that keep fp32 accuracy
 instead: three, or two where the images are 8-bit pixels (k/255, as every IDX or uint8 dataset
 is), which the kernel reads as k, exact in TF32 (on an H100, jhu: 3,837 SM cycles a step in bf16,
-5,224 in fp32; results/persistent-phases-jhu-*h100.md). Sums in a fixed order, so the same seed
+5,224 in fp32; results/persistent-phases-jhu-softmax-h100*.md). Sums in a fixed order, so the same seed
 gives the same weights bit for bit.
 
 An MLP (kernels/persistent_mlp.cu) splits its hidden units instead: each block owns 1/16 of the

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Where one training step's GPU time goes: every kernel of a step, timed by Nsight Compute.
 
-    python3 scripts/profile_step.py --stage graphs --out results/profile-jhu-h100-graphs.md [-- run options]
+    python3 scripts/probes/profile_step.py --stage graphs --out results/profile-jhu-softmax-h100-graphs.md [-- run options]
 
 Runs `graphtrain run --stage S --epochs 1` under `ncu` (kernel durations only; caches and
 clocks left as they are), takes the kernels of one step in the middle of the epoch (from one
-batch gather to the next) and writes them as a Markdown table with the device and the command.
+batch gather to the next) and writes them as a Markdown table under the provenance every results
+file opens with (report.script_header: date, revision, command, device, driver, libraries).
 ncu runs the kernels one at a time, each starting from an idle GPU: the durations rank where a
 step's time goes, but in a graph consecutive kernels overlap their start-up, and the step takes
 less than their sum.
@@ -20,7 +21,6 @@ import os
 import shlex
 import subprocess
 import sys
-from datetime import datetime, timezone
 
 # The first kernel of every step: a gather, or, for softmax regression on the fused rungs, the
 # head, which gathers the batch itself.
@@ -56,10 +56,12 @@ def one_step(kernels: list[tuple[str, float]]) -> list[tuple[str, float]]:
     return kernels[starts[0]:starts[1]]
 
 
-def device_line() -> str:
-    done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown GPU"
+def environment_of_this_machine() -> dict:
+    """Host, revision, GPU and driver (graphtrain.environment), as a run record has them."""
+    from graphtrain import environment
+    from graphtrain.libs import cuda
+
+    return {**environment.host(), **environment.gpu(cuda.open_device())}
 
 
 def main() -> None:
@@ -74,21 +76,19 @@ def main() -> None:
     kernels, command = profile(args.stage, args.run_args, args.skip, args.count)
     step = one_step(kernels)
     total = sum(us for _, us in step)
-    lines = [f"# Kernels of one `{args.stage}` step",
-             "",
-             f"- Device: {device_line()}",
-             f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-             f"- Workload: `{shlex.join(['graphtrain', 'run', '--stage', args.stage, '--epochs', '1', *args.run_args])}`",
-             "- Durations: Nsight Compute `gpu__time_duration.sum`, each kernel run alone from an idle GPU, "
-             "caches and clocks as found; in a graph the kernels overlap their start-up, so a step takes "
-             "less than the sum",
-             "",
-             "| # | kernel | µs |",
-             "|---:|---|---:|"]
+    from graphtrain import report
+
+    workload = shlex.join(["graphtrain", "run", "--stage", args.stage, "--epochs", "1", *args.run_args])
+    header = report.script_header(
+        f"Kernels of one `{args.stage}` step", environment_of_this_machine(),
+        shlex.join(["python3", "scripts/probes/profile_step.py", *sys.argv[1:]]),
+        extra=[f"Which ran: `{command}`", f"Workload: `{workload}`",
+               "Durations: Nsight Compute `gpu__time_duration.sum`, each kernel run alone from an idle GPU, "
+               "caches and clocks as found; in a graph the kernels overlap their start-up, so a step takes "
+               "less than the sum"])
+    lines = [header, "| # | kernel | µs |", "|---:|---|---:|"]
     lines += [f"| {i} | `{name.split('(')[0][:90]}` | {us:.2f} |" for i, (name, us) in enumerate(step, 1)]
-    lines += [f"| | **{len(step)} kernels, sum** | **{total:.2f}** |", "",
-              "## Command", "", "```sh", f"python3 scripts/profile_step.py {shlex.join(sys.argv[1:])}",
-              f"# which ran: {command}", "```", ""]
+    lines += [f"| | **{len(step)} kernels, sum** | **{total:.2f}** |", ""]
     text = "\n".join(lines)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

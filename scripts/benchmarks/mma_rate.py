@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How often an SM sub-partition issues the tensor-core mma.sync shapes the persistent kernels use.
 
-    python3 scripts/mma_rate.py [--rounds 512] > results/mma-rate-h100.md
+    python3 scripts/benchmarks/mma_rate.py [--rounds 512] > results/mma-rate-h100.md
 
 One block on one SM, 4, 8 or 16 warps (1, 2 or 4 a sub-partition), each issuing independent
 mma in a loop (mma_rate.cu); the table gives the SM cycles per mma per sub-partition, the median
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphtrain import environment
+from graphtrain import environment, report
 from graphtrain.kernels import I32, PTR, KernelFile, kernel
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
@@ -63,10 +63,8 @@ def main() -> None:
                 rows.append((name, warps, per_mma, MACS[kind] / per_mma))
         bench.close()
     stream.close()
-    env = {**environment.gpu(device), "nvrtc": nvrtc.version()}
-    print("# mma.sync issue rate: one SM sub-partition\n")
-    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
-    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
+    env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version()}
+    print(report.script_header("mma.sync issue rate: one SM sub-partition", env, shlex.join(["python3", *sys.argv])))
     print("| mma | warps a block | cycles per mma per sub-partition | multiply-adds per cycle per sub-partition |\n"
           "|---|---:|---:|---:|")
     for name, warps, per_mma, macs in rows:

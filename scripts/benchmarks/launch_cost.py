@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What one eager kernel launch costs the host, graphtrain's way and NVIDIA cuda.core's way.
 
-    python3 scripts/launch_cost.py [--launches 20000]
+    python3 scripts/benchmarks/launch_cost.py [--launches 20000]
 
 Launches kernels/layers.cu's `sgd_update` (w -= lr·dw over 4,096 floats: a kernel shorter than
 its launch, so the host sets the pace) back to back on one stream and reports the host time per

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many steps the device-loop rung's WHILE body should hold: ms/epoch by body size, beside bf16.
 
-    python3 scripts/device_loop_body.py [--preset jhu] [--hidden 784,784,784] [--epochs 10] [--rounds 3]
+    python3 scripts/benchmarks/device_loop_body.py [--preset jhu] [--hidden 784,784,784] [--epochs 10] [--rounds 3]
 
 Each iteration of a conditional WHILE node costs the GPU a few microseconds of its own, so a body
 of one step pays it every step; a body of k steps pays it every k steps. The rows (bf16, whose
@@ -18,6 +18,7 @@ import statistics
 import sys
 
 from graphtrain import data as data_mod
+from graphtrain import report
 from graphtrain.config import preset
 from graphtrain.plan import RunPlan
 from graphtrain.stages.bf16 import Bf16Stage
@@ -51,10 +52,9 @@ def main() -> None:
             times[name].append(record.epoch_ms)
     env = record.environment
     dims = "-".join(map(str, config.dims))
-    print(f"# WHILE body size: {args.preset} {dims}, batch {config.batch}, {args.epochs} epochs, "
-          f"{args.rounds} rounds\n")
-    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
-    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
+    print(report.script_header(f"WHILE body size: {args.preset} {dims}, batch {config.batch}, {args.epochs} epochs, "
+                               f"{args.rounds} rounds", env, shlex.join(["python3", *sys.argv]),
+                               extra=[f"device_loop: {env.get('device_loop')}"]))
     print("| row | ms/epoch (median of rounds) | min | max |\n|---|---:|---:|---:|")
     for name, ms in times.items():
         print(f"| {name} | {statistics.median(ms):.3f} | {min(ms):.3f} | {max(ms):.3f} |")

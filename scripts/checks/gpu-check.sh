@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: the GPU tests, then every stage on the jhu preset and on a 784-784-784 MLP,
-# each writing its run record. Usage: scripts/gpu-check.sh OUT_DIR [pytest args...]
+# each writing its run record. Usage: scripts/checks/gpu-check.sh OUT_DIR [pytest args...]
 set -uo pipefail
-out=${1:?usage: scripts/gpu-check.sh OUT_DIR}; shift
+out=${1:?usage: scripts/checks/gpu-check.sh OUT_DIR}; shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"

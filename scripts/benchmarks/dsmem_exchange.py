@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast a 16-block cluster exchanges data through distributed shared memory (DSMEM).
 
-    python3 scripts/dsmem_exchange.py [--rounds 50] > results/dsmem-exchange-h100.md
+    python3 scripts/benchmarks/dsmem_exchange.py [--rounds 50] > results/dsmem-exchange-h100.md
 
 The persistent kernels' steps are all-to-all exchanges (softmax regression: partial sums to their
 owners, then the owners' results to every block, ~5 KiB a block; the MLP: five a step of 15 to
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphtrain import environment
+from graphtrain import environment, report
 from graphtrain.kernels import I32, KERNELS_DIR, PTR, KernelFile, kernel
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
@@ -77,10 +77,9 @@ def main() -> None:
                     rows.append((share, name, warps, issued, arrived))
             bench.close()
     stream.close()
-    env = {**environment.gpu(device), "nvrtc": nvrtc.version()}
-    print(f"# DSMEM all-to-all exchange: a {CLUSTER}-block cluster\n")
-    print(f"- command: `{shlex.join(['python3', *sys.argv])}`")
-    print("\n".join(f"- {key}: {env[key]}" for key in sorted(env)) + "\n")
+    env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version()}
+    print(report.script_header(f"DSMEM all-to-all exchange: a {CLUSTER}-block cluster", env,
+                               shlex.join(["python3", *sys.argv])))
     print("| share (B) | bytes a block | stores | sending warps | issue (cycles) | arrived (cycles) | B/clk per SM |\n"
           "|---:|---:|---|---:|---:|---:|---:|")
     for share, name, warps, issued, arrived in rows:
