@@ -172,3 +172,18 @@ def parse_conv(text: str) -> tuple[tuple[int, int], ...]:
             raise UsageError(f"conv channels and kernel sizes must be positive, got {text!r}")
         layers.append((channels, kernel))
     return tuple(layers)
+
+
+def cnn_spec(config: TrainConfig):
+    """The cnn a config describes, over 28×28 single-channel images."""
+    side = int(round(config.in_features ** 0.5))
+    if side * side != config.in_features:
+        raise UsageError(f"the cnn wants square single-channel images; these have {config.in_features} features")
+    from graphtrain.reference_cnn import CnnSpec, ConvLayer
+
+    spec = CnnSpec(tuple(ConvLayer(c, k) for c, k in config.conv), tuple(config.hidden), config.classes, 1, side,
+                   side)
+    problems = spec.problems()
+    if problems:
+        raise UsageError("invalid cnn: " + "; ".join(problems))
+    return spec

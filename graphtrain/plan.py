@@ -76,9 +76,10 @@ class RunPlan:
         for epoch in range(num_epochs):
             orders[epoch] = reference.epoch_order(config.seed, first_epoch + epoch, num_train)
         if initial is None and config.model == "cnn":
-            from graphtrain import reference_cnn, speedrun
+            from graphtrain import reference_cnn
+            from graphtrain.config import cnn_spec
 
-            params = reference_cnn.init_params(speedrun.cnn_spec(config), config.seed, np.float32)
+            params = reference_cnn.init_params(cnn_spec(config), config.seed, np.float32)
             initial = [Layer(params[i], params[i + 1]) for i in range(0, len(params), 2)]  # conv, then linear
         elif initial is None:
             initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)

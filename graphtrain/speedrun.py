@@ -30,10 +30,11 @@ import numpy as np
 
 from graphtrain import reference_cnn
 from graphtrain.config import TrainConfig
+from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.plan import RunPlan
 from graphtrain.errors import UsageError
 from graphtrain.kernels import ceil_div
-from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
+from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
 
 # MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -80,18 +81,6 @@ class Task:
         return self.plan(seed).orders
 
 
-def cnn_spec(config: TrainConfig) -> CnnSpec:
-    """The cnn a config describes, over 28×28 single-channel images."""
-    side = int(round(config.in_features ** 0.5))
-    if side * side != config.in_features:
-        raise UsageError(f"the cnn wants square single-channel images; these have {config.in_features} features")
-    spec = CnnSpec(tuple(ConvLayer(c, k) for c, k in config.conv), tuple(config.hidden), config.classes, 1, side, side)
-    problems = spec.problems()
-    if problems:
-        raise UsageError("invalid cnn: " + "; ".join(problems))
-    return spec
-
-
 def recipe_of(config: TrainConfig, num_train: int, precision: str = "tf32"):
     from graphtrain.stages.cnn_device import Recipe
 
@@ -117,7 +106,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
     def norm(x):
         return ((x - MNIST_MEAN) / MNIST_STD).astype(np.float32)
 
-    return Task(cnn_spec(config), recipe_of(config, len(train_x), precision), norm(train_x),
+    return Task(config_cnn_spec(config), recipe_of(config, len(train_x), precision), norm(train_x),
                 train_y.astype(np.int32), norm(test_x), test_y.astype(np.int32),
                 "holdout" if holdout else "test", config, fused_convs=fused_convs)
 
@@ -376,7 +365,7 @@ def summary(results: list[RowResult], task: Task, command: str, date: str) -> di
             d["speedup_vs_fastest_peer"] = peer.time_ms_median / r.time_ms_median
         rows.append(d)
     recipe = task.recipe
-    return {"date": date, "git_revision": git_revision(), "command": command,
+    return {"date": date, "revision": git_revision(), "command": command,
             "task": {"model": describe(task.spec), "batch": recipe.batch, "epochs": recipe.epochs,
                      "steps": task.steps, "optimizer": vars(recipe.optimizer) | {"betas": list(recipe.optimizer.betas)},
                      "schedule": vars(recipe.schedule), "precision": recipe.precision,
@@ -403,7 +392,7 @@ def markdown(doc: dict) -> str:
                                                       "torch_cudnn", "jax", "jaxlib") if env.get(k))
     lines = [
         "# Speedrun: time to 99% on MNIST", "",
-        f"- Date: {doc['date']}", f"- Git revision: {doc['git_revision']}",
+        f"- Date: {doc['date']}", f"- Revision: {doc['revision']}", f"- Command: `{doc['command']}`",
         f"- Device: {env.get('gpu', 'unknown')}", f"- Driver and libraries: {libraries}",
         f"- Model: {task['model']}",
         f"- Recipe: batch {task['batch']}, {task['epochs']} epoch(s) = {task['steps']} steps, "
@@ -428,6 +417,5 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['name']} | {100 * r['accuracy_mean']:.2f}% | {100 * r['accuracy_std']:.2f}; "
                      f"{100 * r['accuracy_min']:.2f}–{100 * r['accuracy_max']:.2f} | {r['time_ms_median']:.2f} | "
                      f"{speed} | {wall} | {r['note']} |")
-    lines += ["", f"Seeds: {', '.join(map(str, rows[0]['seeds'])) if rows and rows[0].get('seeds') else ''}", "",
-              "```", doc["command"], "```", ""]
+    lines += ["", f"Seeds: {', '.join(map(str, rows[0]['seeds'])) if rows and rows[0].get('seeds') else ''}", ""]
     return "\n".join(lines)

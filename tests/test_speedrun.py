@@ -128,7 +128,7 @@ def test_cnn_too_deep_for_the_image_is_refused():
 
     cfg = config.preset("speedrun").replace(conv=((8, 5), (8, 5), (8, 5)))
     with pytest.raises(UsageError, match="smaller than"):
-        speedrun.cnn_spec(cfg)
+        config.cnn_spec(cfg)
 
 
 @pytest.mark.parametrize("args,words", [
@@ -160,7 +160,7 @@ def test_speedrun_numpy_row_and_report(mnist_dir):
     assert {"name", "accuracy_mean", "time_ms_median", "accuracies", "times_ms"} <= set(row)
     assert doc["task"]["steps"] == 4 and doc["task"]["evaluated_on"] == "test"
     text = speedrun.markdown(doc)
-    assert "Git revision" in text and "graphtrain speedrun --rows numpy" in text
+    assert "- Revision: " in text and "- Command: `graphtrain speedrun --rows numpy`" in text
 
 
 def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):

@@ -88,6 +88,14 @@ class _TorchRow(Row):
     def build(self) -> None:
         """Warm up what the run needs (compile, autotune, lazy initialisation)."""
 
+    def environment(self) -> dict:
+        from graphtrain.environment import driver_version
+        from graphtrain.peers.torch_common import _cudnn_text
+
+        torch = self.torch
+        return {"gpu": torch.cuda.get_device_name(), "driver": driver_version(), "torch": torch.__version__,
+                "torch_cuda": torch.version.cuda, "torch_cudnn": _cudnn_text(torch.backends.cudnn.version())}
+
     def close(self) -> None:
         torch = getattr(self, "torch", None)
         if torch is None:

@@ -31,9 +31,10 @@ DEVICE_LOOP_BODY = 5  # steps in the WHILE body (235 = 47 × 5)
 def cnn_setup(stage: Stage):
     """The spec, the recipe and the normalised images of a stage's cnn run."""
     from graphtrain import speedrun
+    from graphtrain.config import cnn_spec
 
     cfg = stage.config
-    spec = speedrun.cnn_spec(cfg)
+    spec = cnn_spec(cfg)
     recipe = speedrun.recipe_of(cfg, stage.plan.num_train, stage.precision)
     steps = sum(stage.plan.batches)
     recipe = type(recipe)(batch=recipe.batch, epochs=stage.plan.num_epochs, optimizer=recipe.optimizer,
