@@ -152,9 +152,9 @@ def test_speedrun_numpy_row_and_report(mnist_dir):
     full = data.load("mnist", data_dir=mnist_dir)
     small = data.Dataset.from_arrays(full.train_images[:800], full.train_labels[:800], full.test_images[:500],
                                      full.test_labels[:500])
-    task = speedrun.make_task(config.preset("speedrun").replace(batch=200), small)
+    task = speedrun.make_task(config.preset("speedrun").replace(batch=200, schedule="constant"), small)
     result = speedrun.run_row("numpy", task, [0, 1])
-    assert len(result.accuracies) == 2 and min(result.accuracies) > 0.3  # 4 Adam steps; chance is 0.1
+    assert len(result.accuracies) == 2 and min(result.accuracies) > 0.5  # 4 Adam steps at 0.01; chance is 0.1
     doc = speedrun.summary([result], task, "graphtrain speedrun --rows numpy", "2026-01-01 00:00:00 UTC")
     row = doc["rows"][0]
     assert {"name", "accuracy_mean", "time_ms_median", "accuracies", "times_ms"} <= set(row)
@@ -173,11 +173,11 @@ def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
     full = data.load("mnist", data_dir=mnist_dir)
     small = data.Dataset.from_arrays(full.train_images[:600], full.train_labels[:600], full.test_images[:300],
                                      full.test_labels[:300])
-    cfg = config.preset("speedrun").replace(batch=200)
+    cfg = config.preset("speedrun").replace(batch=200, schedule="constant")
     plan = plan_for(cfg, small)
     assert [layer.w.shape for layer in plan.initial] == [(24, 1, 5, 5), (32, 24, 3, 3), (256, 800), (10, 256)]
     record = run_stage(get_stage("numpy"), plan, small)
-    assert record.test_accuracy > 0.3 and record.epochs[0].train_loss < 2.3
+    assert record.test_accuracy > 0.5 and record.epochs[0].train_loss < 2.3
     for rung in ("baseline", "fused", "persistent"):
         with pytest.raises(UsageError, match="trains MLPs only"):
             run_stage(get_stage(rung), plan, small)
