@@ -90,6 +90,9 @@ class Workload:
     data_file: Path | None
     data_dir: Path | None
     offline: bool
+    conv: str | None = None
+    optimizer: str | None = None
+    schedule: str | None = None
 
     def config(self) -> config_mod.TrainConfig:
         """The preset with the options given applied (checked as it is made)."""
@@ -101,7 +104,9 @@ class Workload:
             hidden=config_mod.parse_hidden(self.hidden) if self.hidden is not None else None,
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
             seed=self.seed, metrics_every=self.metrics_every, precision=self.precision,
-            dataset=self.dataset if self.data_file is None else self.data_file.stem)
+            dataset=self.dataset if self.data_file is None else self.data_file.stem,
+            model="cnn" if self.conv else None, conv=config_mod.parse_conv(self.conv) if self.conv else None,
+            optimizer=self.optimizer, schedule=self.schedule)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
         return load_dataset(config.dataset, self.data_file, self.data_dir, self.offline)
@@ -171,6 +176,13 @@ WORKLOAD_OPTIONS = [
                  help="The products' operands (fp32 accumulation always); default: each stage's own. "
                       "tf32: cublas to graphs; bf16: bf16, device-loop, persistent and the bf16 peers; "
                       "fp32: persistent's TF32 passes."),
+    click.option("--conv", default=None, metavar="CxK,...",
+                 help="Conv layers before the hidden ones (the cnn model), e.g. 24x5,32x3; trains on numpy, "
+                      "graphs and device-loop."),
+    click.option("--optimizer", default=None, type=click.Choice(list(config_mod.OPTIMIZERS)),
+                 help="The update rule (the cnn rungs; the MLP rungs train with sgd)."),
+    click.option("--schedule", default=None, type=click.Choice(list(config_mod.SCHEDULES)),
+                 help="The learning-rate schedule, --lr its peak (the cnn rungs; the MLP rungs: constant)."),
     *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
@@ -289,6 +301,8 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         if save_path is not None and str(save_path) == "-":
             raise UsageError("--save writes a binary file: give it a name (MODEL.safetensors); "
                              "'-' (standard output) is not supported")
+        if cfg.model == "cnn" and (save_path is not None or init_path is not None):
+            raise UsageError("--save and --init take MLPs only: a cnn model is not saved yet")
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
@@ -300,7 +314,10 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         plan = plan_for(cfg, data, init)
         phases.advance("setup")
         length = terminal.counted(cfg.epochs, "epoch") if cfg.epochs else terminal.counted(cfg.steps, "step")
-        log(f"graphtrain: stage {stage}, model {'-'.join(map(str, plan.config.dims))}, batch {cfg.batch}, "
+        model = "-".join(map(str, plan.config.dims))
+        if cfg.model == "cnn":
+            model = "conv " + ",".join(f"{c}x{k}" for c, k in cfg.conv) + f", {model}"
+        log(f"graphtrain: stage {stage}, model {model}, batch {cfg.batch}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             record = run_stage(stage_cls, plan, data, progress, profile=profile)
@@ -714,3 +731,125 @@ def compare(a, b):
         first, second = compare_mod.load(a), compare_mod.load(b)
         compare_mod.check_comparable(first, second)
     out.print(compare_mod.table(first, second))
+
+
+# --------------------------------------------------------------------------------------------
+# speedrun
+# --------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--seeds", type=click.IntRange(1), default=10, show_default=True, help="Runs per row: seeds 0..N-1.")
+@click.option("--stages", default=None, metavar="A,B", help="graphtrain rows (default device-loop,graphs; numpy too).")
+@click.option("--peer", "peers", default=None, metavar="A,B",
+              help="Peers (default torch-graph,jax-scan; also torch-eager, torch-compile; 'none').")
+@click.option("--rows", default=None, metavar="A,B", help="Exactly these rows, in this order (stages and peers).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the results as JSON.")
+@click.option("--markdown", "md_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the results table as Markdown, with its header.")
+@click.option("--holdout", type=click.IntRange(0), default=0, show_default=True,
+              help="Train on all but the last N training samples and report accuracy on those (for tuning).")
+@click.option("--precision", default="tf32", show_default=True, type=click.Choice(["tf32", "fp32"]),
+              help="The convolutions' and products' precision, for every row.")
+@click.option("--conv", default=None, metavar="CxK,...", help="Conv layers, e.g. 24x5,32x3.")
+@click.option("--hidden", default=None, metavar="H1,...", help="Hidden linear layers, e.g. 256.")
+@click.option("--batch", type=int, default=None, help="Batch size.")
+@click.option("--epochs", type=int, default=None, help="Epochs.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate.")
+@click.option("--optimizer", default=None, type=click.Choice(list(config_mod.OPTIMIZERS)))
+@click.option("--schedule", default=None, type=click.Choice(list(config_mod.SCHEDULES)))
+@click.option("--betas", default=None, metavar="B1,B2", help="Adam's betas, e.g. 0.7,0.9.")
+@click.option("--warmup", type=int, default=None, help="Warm-up steps (the warmup schedule).")
+@click.option("--weight-decay", type=float, default=None)
+@click.option("--conv-path", default="fused", show_default=True, type=click.Choice(["fused", "cudnn"]),
+              help="graphtrain's conv layers: convpool.cu's fused kernels (where they fit), or cuDNN's.")
+@click.option("--process-wall/--no-process-wall", default=True, show_default=True,
+              help="Also time one run of each row as its own process, start to exit.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Folder holding MNIST's IDX files (else $GRAPHTRAIN_DATA, else the cache).")
+def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision, conv, hidden, batch, epochs, lr,
+             optimizer, schedule, betas, warmup, weight_decay, conv_path, process_wall, data_dir):
+    """Time to 99% on MNIST: the speedrun preset (train_mnist_fast's recipe) N times per row.
+
+    Reports per row the test accuracy's mean and spread over the seeds, the median time from
+    model construction to test accuracy (data on the GPU, kernels compiled beforehand, capture
+    included), and the wall time of one run as its own process.
+    """
+    from graphtrain import report, speedrun as sr
+
+    with reported_errors():
+        try:
+            parsed_betas = tuple(float(v) for v in betas.split(",")) if betas else None
+        except ValueError:
+            raise UsageError(f"--betas wants two numbers like 0.7,0.9, got {betas!r}") from None
+        if parsed_betas is not None and len(parsed_betas) != 2:
+            raise UsageError(f"--betas wants two numbers like 0.7,0.9, got {betas!r}")
+        cfg = config_mod.preset("speedrun").replace(
+            conv=config_mod.parse_conv(conv) if conv else None,
+            hidden=config_mod.parse_hidden(hidden) if hidden else None, batch=batch, epochs=epochs, lr=lr,
+            optimizer=optimizer, schedule=schedule, betas=parsed_betas, warmup=warmup, weight_decay=weight_decay)
+        if rows:
+            names = name_list(rows, [])
+        else:
+            names = name_list(stages, sr.DEFAULT_STAGES) + [p for p in name_list(peers, sr.DEFAULT_PEERS) if p != "none"]
+        unknown = [n for n in names if n not in {**sr.ROWS, **sr.PEER_ROWS}]
+        if unknown or not names:
+            raise UsageError(f"unknown speedrun row(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join([*sr.ROWS, *sr.PEER_ROWS])}" if unknown else "no rows to run")
+        data = data_mod.load("mnist", data_dir=data_dir)
+        task = sr.make_task(cfg, data, holdout, precision, fused_convs=conv_path == "fused")
+        seed_list = list(range(seeds))
+        forwarded = [a for a in sys.argv[1:] if a not in ("speedrun",)]
+        results = []
+        for name in names:
+            def progress(row, seed, acc, ms):
+                log(f"{row} seed {seed}: {100 * acc:.2f}% in {ms:.2f} ms")
+
+            try:
+                result = sr.run_row(name, task, seed_list, progress)
+            except GpuUnavailableError as error:
+                result = sr.RowResult(name, "", seed_list, [], [], 0.0, {}, error=str(error))
+            except ImportError as error:  # a peer's framework
+                result = sr.RowResult(name, "", seed_list, [], [], 0.0, {}, error=str(error))
+            if process_wall and result.accuracies:
+                result.process_wall_s = sr.process_wall(name, _without_row_options(forwarded))
+            results.append(result)
+        doc = sr.summary(results, task, command_line(), report.utc_now())
+        table = Table(title=f"speedrun: {len(seed_list)} seed(s), accuracy on the {task.evaluated_on} set")
+        for column in ("row", "accuracy", "spread", "median ms", "× fastest peer", "process s", "note"):
+            table.add_column(column)
+        for r in doc["rows"]:
+            if r.get("error"):
+                table.add_row(r["name"], "", "", "", "", "", escape(r["error"]))
+                continue
+            speed = f"{r['speedup_vs_fastest_peer']:.2f}x" if r.get("speedup_vs_fastest_peer") else ""
+            wall = f"{r['process_wall_s']:.2f}" if r.get("process_wall_s") is not None else ""
+            table.add_row(r["name"], f"{100 * r['accuracy_mean']:.2f}%",
+                          f"±{100 * r['accuracy_std']:.2f} ({100 * r['accuracy_min']:.2f}–{100 * r['accuracy_max']:.2f})",
+                          f"{r['time_ms_median']:.2f}", speed, wall, escape(r["note"]))
+        out.print(table)
+        if json_path:
+            files.write_json(json_path, doc)
+        if md_path:
+            files.write_atomic(md_path, sr.markdown(doc))
+        if not any(r.accuracies for r in results):
+            sys.exit(1)
+
+
+def _without_row_options(argv: list[str]) -> list[str]:
+    """The speedrun arguments minus those the per-row process sets itself (rows, seeds, outputs)."""
+    drop_with_value = {"--seeds", "--stages", "--peer", "--rows", "--json", "--markdown"}
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in drop_with_value:
+            skip = "=" not in arg
+            continue
+        if name in ("--process-wall", "--no-process-wall"):
+            continue
+        kept.append(arg)
+    return kept

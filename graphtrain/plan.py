@@ -83,7 +83,13 @@ class RunPlan:
         # (numpy shuffles without the GIL): the same orders in a fraction of the time.
         with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1, max(num_epochs, 1))) as pool:
             list(pool.map(draw, range(num_epochs)))
-        if initial is None:
+        if initial is None and config.model == "cnn":
+            from graphtrain import reference_cnn
+            from graphtrain.config import cnn_spec
+
+            params = reference_cnn.init_params(cnn_spec(config), config.seed, np.float32)
+            initial = [Layer(params[i], params[i + 1]) for i in range(0, len(params), 2)]  # conv, then linear
+        elif initial is None:
             initial = reference.init_params(config.dims, config.bias, config.seed, np.float32)
         else:
             initial = [layer.copy(np.float32) for layer in initial]

@@ -24,7 +24,7 @@ from graphtrain import data as data_mod
 from graphtrain import environment as environment_mod
 from graphtrain import model_io, phases
 from graphtrain.config import TrainConfig
-from graphtrain.errors import TrainingError
+from graphtrain.errors import TrainingError, UsageError
 from graphtrain.model_io import Model
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary, median_epoch_ms
@@ -87,7 +87,15 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     """The timing protocol around any row: setup apart, each epoch timed by the row, the loss
     checked wherever it was measured, test accuracy outside the timed loop; then, with
     `profile`, the profiled epoch (see `_profile`), which total_ms leaves out."""
-    name, config = stage_cls.name, plan.config
+    config = plan.config
+    if config.model == "cnn":  # its own rungs (graphtrain.stages.cnn_rungs); the others refuse it
+        from graphtrain.stages.cnn_rungs import cnn_rung
+
+        stage_cls = cnn_rung(stage_cls)
+    elif config.optimizer != "sgd" or config.schedule != "constant":
+        raise UsageError(f"{stage_cls.name} trains MLPs with SGD at a constant rate; --optimizer and --schedule "
+                         "are the cnn rungs' (--conv): numpy, graphs, device-loop")
+    name = stage_cls.name
     plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()
     phases.advance("setup")

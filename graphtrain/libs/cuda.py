@@ -290,6 +290,19 @@ class Stream:
             check(driver_api().cuStreamDestroy(handle), "cuStreamDestroy")
 
 
+def stream_wait(waiting: Stream, on: Stream) -> None:
+    """Order the work queued on `waiting` from now on after the work queued on `on` so far,
+    through an event. Inside a stream capture of `on`, this joins `waiting` into the capture
+    (and the reverse call joins it back), as CUDA's cross-stream capture requires."""
+    rt = runtime_api()
+    event = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreateWithFlags")
+    try:
+        check(rt.cudaEventRecord(event, on.handle), "cudaEventRecord")
+        check(rt.cudaStreamWaitEvent(waiting.handle, event, 0), "cudaStreamWaitEvent")
+    finally:
+        check(rt.cudaEventDestroy(event), "cudaEventDestroy")  # released once the wait is satisfied
+
+
 class Event:
     """A CUDA event with timing enabled, for measuring GPU time between two points of a stream."""
 

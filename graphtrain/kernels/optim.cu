@@ -1,0 +1,101 @@
+// The optimizer step: one kernel over every parameter of the model (they lie in one span, as do
+// their gradients and the optimizer's state), the learning rate computed here from the step
+// counter, so a captured graph replays unchanged while the rate follows its schedule: no
+// re-capture, no parameter patched, no host read.
+//
+// state[0] = steps taken (t − 1 before this step), state[1] = blocks done with this step. Every
+// block reads state[0] first; the last block to finish (counted with an integer atomic: no float
+// atomics, the update is the same bit for bit on every run) writes t back, resets the count,
+// records the rate it used in lr_out[0], and inside a device loop sets the loop's condition:
+// continue while t < stop_step.
+//
+// Schedules (k = t − 1, the 0-based step; `total` steps; peak `lr`), as graphtrain.reference_cnn:
+//   0 constant   lr
+//   1 warmup     lr · min(1, (k + 1) / warmup)
+//   2 one-cycle  PyTorch's OneCycleLR, cosine: lr/div → lr over pct·total − 1 steps, then → lr/(div·final_div)
+//   3 cosine     lr · (1 + cos(π k / total)) / 2
+// Optimizers (PyTorch's rules; wd: L2 on the gradient, decoupled for AdamW):
+//   0 sgd        p −= lr·g
+//   1 momentum   b = μ·b + g;  p −= lr·b
+//   2 nesterov   b = μ·b + g;  p −= lr·(g + μ·b)
+//   3 adam       m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;  p −= lr/(1−β1^t) · m / (√v/√(1−β2^t) + ε)
+//   4 adamw      p ·= 1 − lr·wd, then adam without L2
+
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
+
+struct Schedule { int kind, total, warmup; float lr, pct, div, final_div; };
+
+__device__ float cosine_anneal(float from, float to, float pct) {
+    return to + (from - to) * 0.5f * (cospif(pct) + 1.0f);
+}
+
+__device__ float schedule_lr(const Schedule& s, int k) {
+    switch (s.kind) {
+        case 1: return s.lr * fminf(1.0f, (float)(k + 1) / (float)max(s.warmup, 1));
+        case 2: {
+            float start = s.lr / s.div, low = start / s.final_div;
+            float end1 = s.pct * (float)s.total - 1.0f, end2 = (float)(s.total - 1);
+            if ((float)k <= end1) return cosine_anneal(start, s.lr, (float)k / end1);
+            return cosine_anneal(s.lr, low, ((float)k - end1) / (end2 - end1));
+        }
+        case 3: return s.lr * 0.5f * (1.0f + cospif((float)k / (float)s.total));
+        default: return s.lr;
+    }
+}
+
+extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __restrict__ g,
+                                          float* __restrict__ s1, float* __restrict__ s2, long long n,
+                                          int* state, float* lr_out, int optimizer, float momentum,
+                                          float beta1, float beta2, float eps, float wd,
+                                          int schedule, int total, int warmup, float peak, float pct,
+                                          float div, float final_div,
+                                          unsigned long long loop, int stop_step) {
+    const int t = state[0] + 1;
+    const Schedule sch{schedule, total, warmup, peak, pct, div, final_div};
+    const float lr = schedule_lr(sch, t - 1);
+    // Bias corrections in double: β^t for t in the thousands loses digits in float.
+    const float c1 = (float)(1.0 - pow((double)beta1, (double)t));
+    const float rc2 = (float)rsqrt(1.0 - pow((double)beta2, (double)t));
+    const float step_size = lr / c1;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float grad = g[i], w = p[i];
+        if (optimizer == 4) w *= 1.0f - lr * wd;
+        else grad = fmaf(wd, w, grad);
+        if (optimizer == 0) {
+            w -= lr * grad;
+        } else if (optimizer <= 2) {
+            float b = fmaf(momentum, s1[i], grad);
+            s1[i] = b;
+            w -= lr * (optimizer == 2 ? fmaf(momentum, b, grad) : b);
+        } else {
+            float m = fmaf(beta1, s1[i], (1.0f - beta1) * grad);
+            float v = fmaf(beta2, s2[i], (1.0f - beta2) * grad * grad);
+            s1[i] = m;
+            s2[i] = v;
+            w -= step_size * m / fmaf(sqrtf(v), rc2, eps);
+        }
+        p[i] = w;
+    }
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&state[1], 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        state[1] = 0;
+        state[0] = t;
+        lr_out[0] = lr;
+        if (loop) cudaGraphSetConditional(loop, t < stop_step ? 1u : 0u);
+    }
+}
+
+// The rate schedule_lr gives each of the steps first..first+count−1 (0-based): what the tests
+// compare with the reference.
+extern "C" __global__ void schedule_rates(float* out, int first, int count, int schedule, int total, int warmup,
+                                          float peak, float pct, float div, float final_div) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const Schedule sch{schedule, total, warmup, peak, pct, div, final_div};
+    if (i < count) out[i] = schedule_lr(sch, first + i);
+}

@@ -1,0 +1,71 @@
+"""Where a speedrun step's GPU time goes: each launch of the step captured 50 times into a graph
+of its own and timed with CUDA events (GPU time, no host in it), then the whole step replayed
+as one graph, and the whole run (device loop) as the speedrun times it.
+Usage: python3 scripts/cnn_step_profile.py [--precision tf32|fp32] [--body N]"""
+
+import argparse
+import time
+
+from graphtrain import config, data
+from graphtrain.libs import cuda
+from graphtrain.speedrun import make_task
+from graphtrain.stages.cnn_device import CnnDevice
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--precision", default="tf32")
+parser.add_argument("--body", type=int, default=5)
+parser.add_argument("--cudnn", action="store_true", help="the conv layers through cuDNN, not convpool.cu")
+parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on NCHW tensors")
+args = parser.parse_args()
+task = make_task(config.preset("speedrun"), data.load("mnist"), precision=args.precision)
+model = CnnDevice(cuda.open_device(), task.spec, task.recipe, task.train_images, task.train_labels,
+                  task.test_images, task.test_labels, fused=not args.cudnn,
+                  nhwc=not args.nchw)
+s = model.stream
+model.load(task.initial(0), task.orders(0))
+model.reset(s)
+model.record_step(s)
+s.synchronize()
+start, end = cuda.Event(), cuda.Event()
+
+
+def graph_ms(record, reps: int) -> float:
+    with cuda.Graph.capture(s) as g:
+        for _ in range(reps):
+            record()
+    g.launch(s)
+    start.record(s)
+    g.launch(s)
+    end.record(s)
+    end.synchronize()
+    g.close()
+    return start.elapsed_ms(end) / reps
+
+
+REPS = 50
+print(f"{'launch':32} {'µs':>8}")
+total = 0.0
+for name, op in model.step_ops(s):
+    us = 1e3 * graph_ms(op, REPS)
+    total += us
+    print(f"{name:32} {us:8.2f}")
+print(f"{'sum':32} {total:8.2f}")
+print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
+print("algorithms:", model.environment()["cudnn_algorithms"])
+for i, plan in enumerate(model.train_plans):
+    for name, results in (plan.timed.items() if plan else ()):
+        print(f"conv{i} {name} timed (algo, status, ms, bytes, deterministic, math):", results)
+outer = cuda.Stream()
+for rep in range(3):
+    model.load(task.initial(0), task.orders(0))
+    t0 = time.perf_counter()
+    graph = model.capture_run(task.steps, args.body, outer)
+    t1 = time.perf_counter()
+    start.record(outer)
+    graph.launch(outer)
+    end.record(outer)
+    correct = int(model.correct.download(outer)[0])
+    t2 = time.perf_counter()
+    print(f"device loop (body {args.body}): capture {1e3 * (t1 - t0):.2f} ms, GPU {start.elapsed_ms(end):.2f} ms, "
+          f"wall {1e3 * (t2 - t0):.2f} ms, {correct / 100:.2f}%")
+    graph.close()

@@ -1,0 +1,317 @@
+"""The cnn on the GPU against the float64 reference: cuDNN's convolution passes, the pooling
+kernels, the optimizer kernel and its schedules, whole training steps, the captured runs."""
+
+import numpy as np
+import pytest
+
+from graphtrain import reference_cnn as R
+from tests.helpers import Scratch, rel_err
+
+pytestmark = pytest.mark.gpu
+
+# (name, n, c, h, w, k, kernel, stride, padding): the speedrun's two layers, and one with both.
+CONV_CASES = [
+    ("speedrun conv1", 16, 1, 28, 28, 24, 5, 1, 0),
+    ("speedrun conv2", 16, 24, 12, 12, 32, 3, 1, 0),
+    ("padding 1 stride 2", 8, 3, 13, 11, 8, 3, 2, 1),
+]
+
+
+@pytest.fixture
+def stream(gpu_device):
+    from graphtrain.libs import cuda
+
+    s = cuda.Stream()
+    yield s
+    s.close()
+
+
+# fp32: cuDNN may pick an FFT or Winograd algorithm, which rounds more than a direct sum does.
+@pytest.mark.parametrize("precision,tol", [("fp32", 2e-3), ("tf32", 5e-3)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_passes_match_reference(stream, case, precision, tol, layout):
+    from graphtrain.libs.cudnn import ConvPlan, Cudnn
+
+    name, n, c, h, w, k, kernel, stride, padding = case
+    seed = 11
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((k, c, kernel, kernel)) / np.sqrt(c * kernel * kernel)
+    dnn = Cudnn(stream)
+    try:
+        plan = ConvPlan(dnn, n, c, h, w, k, kernel, stride, padding, precision, layout=layout)
+        out_shape = plan.out_shape
+        dy = rng.standard_normal(out_shape)
+        # NHWC tensors and KHWC filters on the device; the reference keeps NCHW and KCHW.
+        to_dev = (lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1))) if layout == "nhwc" else np.ascontiguousarray
+        from_dev = (lambda a: a.transpose(0, 3, 1, 2)) if layout == "nhwc" else (lambda a: a)
+        with Scratch(stream, x=to_dev(x).astype(np.float32), w=to_dev(wt).astype(np.float32),
+                     y=to_dev(np.zeros(out_shape, np.float32)), dy=to_dev(dy).astype(np.float32),
+                     dx=to_dev(np.zeros(x.shape, np.float32)), dw=to_dev(np.zeros(wt.shape, np.float32)),
+                     ws=np.zeros(max(plan.workspace_bytes, 1), np.uint8)) as s:
+            # choose() overwrites its buffers: give it scratch copies, then upload the inputs again.
+            plan.choose(s["dx"], s["dw"], s["y"], s["ws"], plan.workspace_bytes)
+            plan.forward(s["x"], s["w"], s["y"])
+            plan.backward_data(s["w"], s["dy"], s["dx"])
+            plan.backward_filter(s["x"], s["dy"], s["dw"])
+            y, dx, dw = (from_dev(s.get(name)) for name in ("y", "dx", "dw"))
+    finally:
+        dnn.close()
+    ref_y = R.conv_forward(x, wt, stride, padding)
+    assert out_shape == ref_y.shape
+    msg = f"{name}, {precision}, {layout}, seed {seed}"
+    assert rel_err(y, ref_y) < tol, msg
+    assert rel_err(dx, R.conv_backward_data(dy, wt, x.shape, stride, padding)) < tol, msg
+    assert rel_err(dw, R.conv_backward_filter(x, dy, kernel, stride, padding)) < tol, msg
+
+
+@pytest.mark.parametrize("conv_nhwc,out_nhwc", [(False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("pool", [2, 3])
+def test_pool_kernels_match_reference(stream, gpu_device, pool, conv_nhwc, out_nhwc):
+    from graphtrain.kernels.cnn import Cnn
+
+    seed = 5
+    rng = np.random.default_rng(seed)
+    n, c, h, w = 6, 5, 10, 11
+    conv = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    bias = rng.standard_normal(c).astype(np.float32) * 0.3
+    ho, wo = h // pool, w // pool
+    dout = rng.standard_normal((n, c, ho, wo)).astype(np.float32)
+    cu = Cnn(gpu_device)
+    try:
+        def nhwc(a, flag):
+            return np.ascontiguousarray(a.transpose(0, 2, 3, 1) if flag else a)
+
+        def nchw(a, flag):
+            return a.transpose(0, 3, 1, 2) if flag else a
+
+        with Scratch(stream, conv=nhwc(conv, conv_nhwc), bias=bias, out=np.zeros(dout.size, np.float32),
+                     arg=np.zeros(dout.size, np.uint8), dout=nhwc(dout, out_nhwc),
+                     dconv=np.full(conv.size, 7, np.float32), db=np.zeros(c, np.float32)) as s:
+            cu.pool_bias_relu(stream, s["conv"], s["bias"], s["out"], s["arg"], n, c, h, w, pool, conv_nhwc, out_nhwc)
+            cu.pool_relu_backward(stream, s["dout"], s["arg"], s["dconv"], n, c, h, w, pool, conv_nhwc, out_nhwc)
+            cu.channel_bias_grad(stream, s["dout"], s["arg"], s["db"], n, c, ho * wo, out_nhwc)
+            pooled_shape = (n, ho, wo, c) if out_nhwc else (n, c, ho, wo)
+            out = nchw(s.get("out").reshape(pooled_shape), out_nhwc)
+            dconv = nchw(s.get("dconv").reshape((n, h, w, c) if conv_nhwc else conv.shape), conv_nhwc)
+            db = s.get("db")
+    finally:
+        cu.close()
+    c64 = conv.astype(np.float64) + bias[None, :, None, None]
+    p, arg = R.maxpool_forward(c64, pool)
+    a = np.maximum(p, 0)
+    ref_dconv = R.maxpool_backward(dout * (a > 0), arg, pool, c64.shape)
+    assert rel_err(out, a) < 1e-7, f"seed {seed}"
+    assert np.array_equal(dconv, ref_dconv.astype(np.float32)), f"seed {seed}"
+    assert rel_err(db, ref_dconv.sum(axis=(0, 2, 3))) < 1e-6, f"seed {seed}"
+
+
+OPTIMIZER_CASES = [
+    R.Optimizer("sgd", weight_decay=0.01),
+    R.Optimizer("momentum", momentum=0.9),
+    R.Optimizer("nesterov", momentum=0.8, weight_decay=0.001),
+    R.Optimizer("adam", betas=(0.7, 0.9)),
+    R.Optimizer("adam", betas=(0.9, 0.999), weight_decay=0.01),
+    R.Optimizer("adamw", betas=(0.9, 0.99), weight_decay=0.1),
+]
+SCHEDULE_CASES = [
+    R.Schedule("constant", 0.05, 40),
+    R.Schedule("warmup", 0.05, 40, warmup_steps=7),
+    R.Schedule("one-cycle", 0.05, 40),
+    R.Schedule("cosine", 0.05, 40),
+]
+
+
+@pytest.mark.parametrize("steps", [1, 12])
+@pytest.mark.parametrize("optimizer", OPTIMIZER_CASES, ids=lambda o: f"{o.kind}-wd{o.weight_decay}")
+def test_optimizer_kernel_matches_reference(stream, gpu_device, optimizer, steps):
+    from graphtrain.kernels.optim import STATE_INTS, Optim
+
+    seed = 3
+    rng = np.random.default_rng(seed)
+    n = 3000
+    p0 = rng.standard_normal(n)
+    grads = [rng.standard_normal(n) for _ in range(steps)]
+    schedule = R.Schedule("one-cycle", 0.05, steps + 3)
+    ref = [p0.copy()]
+    state = optimizer.init_state(ref)
+    for t in range(steps):
+        optimizer.step(ref, [grads[t]], state, t + 1, schedule.at(t))
+    cu = Optim(gpu_device)
+    try:
+        with Scratch(stream, p=p0.astype(np.float32), g=np.zeros(n, np.float32), s1=np.zeros(n, np.float32),
+                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32)) as s:
+            for t in range(steps):
+                s.bufs["g"].upload(grads[t].astype(np.float32), stream)
+                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], optimizer, schedule)
+            p, st, lr = s.get("p"), s.get("st"), s.get("lr")
+    finally:
+        cu.close()
+    msg = f"{optimizer}, {steps} steps, seed {seed}"
+    assert rel_err(p - p0, ref[0] - p0) < 5e-5, msg  # the change, so the update's error is seen
+    assert list(st) == [steps, 0], msg
+    assert abs(lr[0] - schedule.at(steps - 1)) <= 1e-6 * schedule.lr, msg
+
+
+@pytest.mark.parametrize("schedule", SCHEDULE_CASES, ids=lambda s: s.kind)
+def test_schedule_rates_match_reference(stream, gpu_device, schedule):
+    from graphtrain.kernels.optim import Optim
+
+    cu = Optim(gpu_device)
+    try:
+        with Scratch(stream, out=np.zeros(schedule.total, np.float32)) as s:
+            cu.schedule_rates(stream, s["out"], 0, schedule.total, schedule)
+            rates = s.get("out")
+    finally:
+        cu.close()
+    ref = np.array([schedule.at(k) for k in range(schedule.total)])
+    assert np.abs(rates - ref).max() <= 2e-6 * schedule.lr, schedule
+
+
+def test_replayed_graph_rate_follows_schedule(stream, gpu_device):
+    """One captured optimizer step replayed k times: the rate it used at each replay is the
+    schedule's at that step, with nothing re-captured or patched."""
+    from graphtrain.kernels.optim import STATE_INTS, Optim
+    from graphtrain.libs import cuda
+
+    schedule = R.Schedule("one-cycle", 0.01, 30)
+    optimizer = R.Optimizer("adam", betas=(0.7, 0.9))
+    cu = Optim(gpu_device)
+    n = 500
+    try:
+        with Scratch(stream, p=np.ones(n, np.float32), g=np.full(n, 0.5, np.float32), s1=np.zeros(n, np.float32),
+                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32)) as s:
+            with cuda.Graph.capture(stream) as graph:
+                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], optimizer, schedule)
+            try:
+                for k in range(schedule.total):
+                    graph.launch(stream)
+                    lr = s.get("lr")[0]
+                    assert abs(lr - schedule.at(k)) <= 1e-6 * schedule.lr, f"step {k}: {lr} vs {schedule.at(k)}"
+            finally:
+                graph.close()
+    finally:
+        cu.close()
+
+
+# ---- whole steps and runs ---------------------------------------------------------------------
+
+SMALL = R.CnnSpec((R.ConvLayer(6, 5), R.ConvLayer(8, 3)), (32,), classes=10)
+
+
+def small_task(num_train=600, num_test=300, batch=128, optimizer=None, schedule_kind="one-cycle",
+               precision="fp32", spec=SMALL, seed=0):
+    from graphtrain.speedrun import Task
+    from graphtrain.stages.cnn_device import Recipe
+
+    rng = np.random.default_rng([seed, 99])
+    # Learnable synthetic digits: a class mean image plus noise.
+    means = rng.standard_normal((10, 784))
+    ytr, yte = rng.integers(0, 10, num_train), rng.integers(0, 10, num_test)
+    xtr = (means[ytr] + rng.standard_normal((num_train, 784))).astype(np.float32)
+    xte = (means[yte] + rng.standard_normal((num_test, 784))).astype(np.float32)
+    steps = -(-num_train // batch)
+    recipe = Recipe(batch=batch, epochs=1, optimizer=optimizer or R.Optimizer("adam", betas=(0.7, 0.9)),
+                    schedule=R.Schedule(schedule_kind, 0.01, steps), precision=precision)
+    return Task(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
+
+
+def reference_run(task, seed, steps):
+    params = [p.astype(np.float64) for p in task.initial(seed)]
+    opt, sched, b = task.recipe.optimizer, task.recipe.schedule, task.recipe.batch
+    state = opt.init_state(params)
+    order = task.orders(seed)[0]
+    for t, lo in enumerate(range(0, len(order), b)):
+        if t == steps:
+            break
+        idx = order[lo:lo + b]
+        R.train_step(task.spec, params, task.train_images[idx].astype(np.float64), task.train_labels[idx], opt, state,
+                     t + 1, sched.at(t))
+    return params
+
+
+PATHS = {"fused": dict(fused=True), "cudnn-nhwc": dict(fused=False, nhwc=True),
+         "cudnn-nchw": dict(fused=False, nhwc=False)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("optimizer", [R.Optimizer("sgd"), R.Optimizer("adam", betas=(0.7, 0.9))], ids=["sgd", "adam"])
+def test_training_steps_match_reference(gpu_device, optimizer, path):
+    """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included, in fp32: the conv
+    layers as our fused kernels (25 taps: the register weight gradient; 54: the per-tap one), or
+    through cuDNN on NHWC or NCHW tensors."""
+    from graphtrain.stages.cnn_device import CnnDevice
+
+    task = small_task(optimizer=optimizer)
+    model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
+                      task.test_labels, **PATHS[path])
+    assert model.fused == PATHS[path]["fused"]
+    try:
+        seed = 4
+        model.load(task.initial(seed), task.orders(seed))
+        model.reset(model.stream)
+        for _ in range(task.steps):
+            model.record_step(model.stream)
+        got = model.weights()
+        model.record_eval(model.stream)
+        correct = model.read_correct()
+    finally:
+        model.close()
+    ref = reference_run(task, seed, task.steps)
+    # cuDNN may pick FFT or Winograd algorithms, which round more than a direct sum.
+    tol = 1e-4 if path == "fused" else 1e-3
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert rel_err(g, r) < tol, f"parameter {i} {r.shape}, {optimizer.kind}, {path}, seed {seed}"
+    ref_acc = R.accuracy(task.spec, ref, task.test_images.astype(np.float64), task.test_labels)
+    assert abs(correct / len(task.test_images) - ref_acc) <= 2 / len(task.test_images)
+
+
+def test_runs_are_bit_identical_and_graphs_equal_device_loop(gpu_device):
+    """The same seed twice gives the same weights bit for bit; the device-loop graph (WHILE body
+    of 2 steps, 5 steps = 2 iterations + 1 unrolled) gives the same as the step graph replayed;
+    nothing is allocated and the host waits once per run."""
+    from graphtrain.libs import cuda
+    from graphtrain.stages.cnn_device import CnnDevice
+
+    task = small_task(precision="tf32")
+    model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
+                      task.test_labels)
+    outer = cuda.Stream()
+    try:
+        results = []
+        for _ in range(2):
+            model.load(task.initial(1), task.orders(1))
+            cuda.reset_counters()
+            graph = model.capture_run(task.steps, 2, outer)
+            graph.launch(outer)
+            correct = int(model.correct.download(outer)[0])
+            assert (cuda.counters.mallocs, cuda.counters.syncs) == (0, 1)
+            graph.close()
+            results.append((model.weights(), correct))
+        model.load(task.initial(1), task.orders(1))
+        model.reset(model.stream)
+        with cuda.Graph.capture(model.stream) as step:
+            model.record_step(model.stream)
+        for _ in range(task.steps):
+            step.launch(model.stream)
+        step.close()
+        stepped = model.weights()
+    finally:
+        outer.close()
+        model.close()
+    (w1, c1), (w2, c2) = results
+    assert c1 == c2
+    for a, b, c in zip(w1, w2, stepped):
+        assert np.array_equal(a, b)
+        assert np.array_equal(a, c)
+
+
+def test_speedrun_reaches_99_percent_on_mnist(gpu_device, mnist_dir):
+    """The speedrun preset, device-loop, one seed: 99% on the test set (the issue's bar is the
+    mean over 10 seeds; one seed lies within its spread)."""
+    from graphtrain import config, data, speedrun
+
+    task = speedrun.make_task(config.preset("speedrun"), data.load("mnist", data_dir=mnist_dir))
+    result = speedrun.run_row("device-loop", task, [0])
+    assert result.accuracies[0] >= 0.985, result
