@@ -285,7 +285,7 @@ class JaxScanBf16Peer(JaxScanPeer):
     fp32 accumulation and fp32 results; the parameters, the softmax and the loss stay fp32 (the
     precision of graphtrain's bf16 rungs).
 
-    How a JAX user would write it, and what each way costs (`scripts/jax_scan_variants.py`,
+    How a JAX user would write it, and what each way costs (`scripts/benchmarks/jax_scan_variants.py`,
     H100 80GB HBM3, jax 0.11.2, jhu schedule, 784-784-784-784-10, batch 128, median ms/epoch):
     `jnp.dot(bf16, bf16, preferred_element_type=float32)` left to autodiff ("bf16-mixed") 54.6:
     its cotangents are fp32, so the backward products are fp32 x bf16, run as true fp32 products

@@ -23,7 +23,7 @@ One step, every launch on one stream (nothing allocated or chosen in it, so it c
                     routed to the argmaxes, the bias gradient, backward filter and backward data
     optimizer       one kernel over every parameter, its rate from the device's step counter
 
-Measured on an H100 (scripts/cnn_step_profile.py), cuDNN's legacy convolutions for the speedrun's
+Measured on an H100 (scripts/probes/cnn_step_profile.py), cuDNN's legacy convolutions for the speedrun's
 layers took 17–45 µs a pass whatever the layout, algorithm or math type its search picked; the
 fused kernels are the default where every layer fits them.
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The cnn's kernels (kernels/cnn.cu, kernels/optim.cu) and cuDNN's passes under compute-sanitizer:
 # memcheck for all, racecheck and synccheck for the kernels with shared memory (the fixed-order
-# reductions, the optimizer's last-block count). Usage (GPU machine): scripts/sanitize_cnn.sh OUT_DIR
+# reductions, the optimizer's last-block count). Usage (GPU machine): scripts/checks/sanitize_cnn.sh OUT_DIR
 set -uo pipefail
-out=${1:?usage: scripts/sanitize_cnn.sh OUT_DIR}
+out=${1:?usage: scripts/checks/sanitize_cnn.sh OUT_DIR}
 mkdir -p "$out"
 status=0
 # Library API probes (cuGetProcAddress of entry points the driver lacks) are not reported.
@@ -12,7 +12,7 @@ for run in "memcheck adam" "memcheck momentum cudnn" "racecheck adam no-loop" "s
   set -- $run
   tool=$1; shift
   name="$tool-$(IFS=-; echo "$*")"
-  if compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 python3 scripts/cnn_check.py "$@" \
+  if compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 python3 scripts/checks/cnn_check.py "$@" \
       > "$out/$name.log" 2>&1; then
     echo "ok      $name"
   else

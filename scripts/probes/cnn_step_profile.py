@@ -1,7 +1,7 @@
 """Where a speedrun step's GPU time goes: each launch of the step captured 50 times into a graph
 of its own and timed with CUDA events (GPU time, no host in it), then the whole step replayed
 as one graph, and the whole run (device loop) as the speedrun times it.
-Usage: python3 scripts/cnn_step_profile.py [--precision tf32|fp32] [--body N]"""
+Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N]"""
 
 import argparse
 import time

@@ -2,7 +2,7 @@
 # Setup ms and median epoch ms of the rungs whose setup the structure work changed, for one or more
 # source trees side by side (each a folder holding graphtrain/), alternating trees in each round so
 # drift hits both; round 0 warms the kernel cache and is not reported.
-#   scripts/setup_times.sh OUT_DIR TREE [TREE...]     (GRAPHTRAIN_DATA set to MNIST's folder)
+#   scripts/benchmarks/setup_times.sh OUT_DIR TREE [TREE...]     (GRAPHTRAIN_DATA set to MNIST's folder)
 set -euo pipefail
 out=$(realpath "$1"); shift
 mkdir -p "$out"

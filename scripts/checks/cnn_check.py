@@ -1,7 +1,7 @@
 """A small cnn run through every new kernel (pool, loss step, bias gradients, optimizer, count),
 cuDNN's passes and both captured forms (the step graph replayed, the device loop), for
 compute-sanitizer: synthetic data, 600 training samples (a tail batch), 300 test samples.
-Usage: python3 scripts/cnn_check.py [optimizer] [cudnn] [no-loop]"""
+Usage: python3 scripts/checks/cnn_check.py [optimizer] [cudnn] [no-loop]"""
 
 import sys
 

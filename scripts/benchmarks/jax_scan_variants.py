@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The jax-scan peers' variants, timed side by side: which way of writing the scan is fastest.
 
-    python3 scripts/jax_scan_variants.py [--preset jhu] [--hidden 784,784,784] [--epochs 6] [--rounds 2]
+    python3 scripts/benchmarks/jax_scan_variants.py [--preset jhu] [--hidden 784,784,784] [--epochs 6] [--rounds 2]
 
 A variant is the peer with another `product` (what the products read and return, see
 `graphtrain.peers.jax_scan.make_product`), `gather` (where a step's images are gathered) or
