@@ -1,11 +1,11 @@
-"""The ladder and the sweep: every stage, then the peers, on one workload, side by side.
+"""The ladder: every stage, then the peers, on one workload, side by side.
 
 `run_ladder` builds one run plan (initial weights, sample orders, batches) and trains it with
 each stage in ladder order and then with each peer, one row each. A row that fails does not stop the others: it
 becomes a failed row with its error (or a skipped row when its framework or the GPU is missing).
-`run_sweep` does the same for each hidden size H of a list, for the seeds' time-against-size
-graph. Both show a progress bar per row on the given (stderr) console and, given an output
-folder, write the reports of `graphtrain.report` there; each row's own output (the frameworks'
+It shows a progress bar per row on the given (stderr) console and, given an output folder,
+writes the reports of `graphtrain.report` there (the sweep over widths, learning rates and seeds
+is `graphtrain.sweep`); each row's own output (the frameworks'
 warnings, autotuning logs, tracebacks) then goes to <out>/logs/<kind>-<label>-<row>.log instead
 of the terminal (`graphtrain.capture`).
 
@@ -22,11 +22,10 @@ import traceback
 from pathlib import Path
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
-from rich.text import Text
 
 from graphtrain import report, terminal, training
 from graphtrain.capture import RowOutput
@@ -38,7 +37,6 @@ from graphtrain.plan import RunPlan
 from graphtrain.record import FailedRun, Row, data_summary, merge_repeats
 from graphtrain.stages import PEERS, check_names, get_stage, peer_names, stage_names
 
-SWEEP_DEPTH = 3  # hidden layers of a sweep when the preset has none: cuda-mnist's (H, H, H)
 
 
 def default_stages() -> list[str]:
@@ -87,19 +85,6 @@ def model_tag(hidden) -> str:
     return "mlp" + "-".join(f"{size}x{count}" if count > 1 else f"{size}" for size, count in runs)
 
 
-def sweep_label(config: TrainConfig) -> str:
-    """Like `run_label`, with the swept hidden size as H: "cuda-mnist-mlpHx3"."""
-    preset = PRESETS.get(config.preset) if config.preset else None
-    depth = len(config.hidden) or SWEEP_DEPTH
-    label = run_label(config.replace(hidden=preset.hidden if preset else ()))
-    return label.replace(f"-{model_tag(preset.hidden if preset else ())}", f"-{model_tag(('H',) * depth)}", 1)
-
-
-def sweep_config(config: TrainConfig, size: int) -> TrainConfig:
-    """config with every hidden layer H wide: (H,)·depth, or (H, H, H) for a preset without any."""
-    return config.replace(hidden=(size,) * (len(config.hidden) or SWEEP_DEPTH))
-
-
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
@@ -127,37 +112,6 @@ def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data
         subset = stages != default_stages() or peers != default_peers()
         partial = not force and (subset or report.has_problems(rows))
         paths = report.write_ladder(rows, label, out_dir, command, log=terminal.logger(console), partial=partial)
-        _print_paths(console, paths)
-    return records
-
-
-def run_sweep(config: TrainConfig, *, hidden_sizes: list[int], stages: list[str], peers: list[str],
-              data: Dataset, out_dir: Path | None, command: str,
-              console: Console | None = None, force: bool = False) -> list[Row]:
-    """For each H: each stage, then each peer, with hidden=(H,)·depth and one plan per H. The
-    files are tagged `-partial` when a row failed or was skipped, unless `force`."""
-    console = console or terminal.err
-    check_names(stages, peers)
-    if not hidden_sizes:
-        raise UsageError("the sweep needs at least one hidden size")
-    configs = {size: sweep_config(config, size) for size in hidden_sizes}
-    for sized in configs.values():  # every size checked before the first row runs
-        RunPlan.check_workload(sized, len(data.train_images), len(data.test_images))
-    label = sweep_label(config)
-    records = []
-    skips = Skips()
-    with _row_output(console, out_dir, f"sweep-{label}") as output, terminal.progress_bar(console) as progress:
-        for size, sized in configs.items():
-            plan = RunPlan.for_data(sized, data)  # one at a time: the initial weights can be large
-            for name in [*stages, *peers]:
-                record = _run_row(name, plan, data, progress, f"H={size} {name}", output, skips=skips)
-                record.hidden_size = size
-                records.append(record)
-    skips.report(console)
-    if out_dir is not None:
-        rows = [r.to_json() for r in records]
-        paths = report.write_sweep(rows, label, out_dir, command, log=terminal.logger(console),
-                                   partial=not force and report.has_problems(rows))
         _print_paths(console, paths)
     return records
 
@@ -290,25 +244,3 @@ def ladder_table(records: list[dict]) -> Table:
     lines += [top] if top else []
     table.caption = escape("\n".join([*lines, report.ladder_legend(rows)]))
     return table
-
-
-def sweep_table(records: list[dict]) -> Group:
-    """Training time (sum of the timed epochs, ms) per hidden size and stage or peer; the title
-    a line of its own above the table (a table's title wraps at the table's width)."""
-    sizes, names, cells = report.sweep_grid(records)
-    title = Text("graphtrain sweep: training time, ms (sum of the timed epochs)", style="italic")
-    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    table.add_column("H", justify="right")
-    for name in names:
-        peer = any(r.get("stage") == name and report.kind_of(r) == "peer" for r in records)
-        table.add_column(escape(name + (" (peer)" if peer else "")), justify="right")
-    for size in sizes:
-        row = []
-        for name in names:
-            record = cells.get((size, name))
-            text = report.sweep_cell(record, lambda r: report.fmt_ms(report.train_ms(r)))
-            style = None if record is None or report.is_ok(record) else (
-                "yellow" if record.get("skipped") else "red")
-            row.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
-        table.add_row(str(size), *row)
-    return Group(title, table)

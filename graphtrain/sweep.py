@@ -193,12 +193,25 @@ def run_task(task: Task, data, device: str) -> list[dict]:
     return rows
 
 
+_last_plan: list = [None, None, None]  # (config, data, plan): this process's last run plan
+
+
+def plan_for(config: TrainConfig, data):
+    """The run plan of `config` on `data`, built once for the consecutive points that share it
+    (every row of one grid point: its stages and peers train from one plan, as a ladder's do).
+    Only the last is kept: a wide model's initial weights are large."""
+    from graphtrain.plan import RunPlan
+
+    if _last_plan[0] != config or _last_plan[1] is not data:
+        _last_plan[:] = [config, data, RunPlan.for_data(config, data)]
+    return _last_plan[2]
+
+
 def _train_one(point: GridPoint, data):
     from graphtrain import training
-    from graphtrain.plan import RunPlan
     from graphtrain.stages import get_stage
 
-    return training.run_stage(get_stage(point.name), RunPlan.for_data(point.config, data), data)
+    return training.run_stage(get_stage(point.name), plan_for(point.config, data), data)
 
 
 def _train_pack(task: Task, data):
@@ -460,13 +473,25 @@ def only_sizes_vary(points: Sequence[GridPoint], rows: Sequence[dict]) -> bool:
             and not any(row.get("packed") for row in rows))
 
 
+def sweep_label(config: TrainConfig) -> str:
+    """Like graphtrain.ladder.run_label, with the swept hidden size as H: "cuda-mnist-mlpHx3"."""
+    from graphtrain.config import PRESETS
+    from graphtrain.ladder import model_tag, run_label
+
+    preset = PRESETS.get(config.preset) if config.preset else None
+    depth = len(config.hidden) or SWEEP_DEPTH
+    label = run_label(config.replace(hidden=preset.hidden if preset else ()))
+    return label.replace(f"-{model_tag(preset.hidden if preset else ())}", f"-{model_tag(('H',) * depth)}", 1)
+
+
 def grid_label(config: TrainConfig, sizes: bool, lrs: bool, seeds: bool) -> str:
-    """The files' label: the workload's (graphtrain.ladder.run_label) without what the grid varies."""
+    """The files' label: the workload's (graphtrain.ladder.run_label) without what the grid varies;
+    a swept width is H (`sweep_label`)."""
     from graphtrain.config import PRESETS
     from graphtrain.ladder import run_label
 
     preset = PRESETS.get(config.preset) if config.preset else None
     if preset is None:
         return run_label(config)
-    return run_label(config.replace(hidden=preset.hidden if sizes else None, lr=preset.lr if lrs else None,
-                                    seed=preset.seed if seeds else None))
+    config = config.replace(lr=preset.lr if lrs else None, seed=preset.seed if seeds else None)
+    return sweep_label(config) if sizes else run_label(config)

@@ -415,7 +415,7 @@ def test_the_run_footer_and_the_sweep_title_are_lines_of_their_own():
     from graphtrain.cli import summary_table
     from graphtrain.config import TrainConfig
     from graphtrain.data import Dataset
-    from graphtrain.ladder import sweep_table
+    from graphtrain.sweep import grid_table
     from graphtrain.training import train
 
     record = train(TrainConfig(epochs=1, batch=100), stage="numpy", data=Dataset.synthetic(300, 50, seed=0))
@@ -427,8 +427,8 @@ def test_the_run_footer_and_the_sweep_title_are_lines_of_their_own():
     records = [{"stage": "graphs", "kind": "stage", "hidden_size": 8, "epoch_ms": 1.0,
                 "epochs": [{"epoch": 1, "ms": 1.0}], "config": {}}]
     console = Console(file=io.StringIO(), width=120)
-    console.print(sweep_table(records))
-    assert "graphtrain sweep: training time, ms (sum of the timed epochs)" in console.file.getvalue()
+    console.print(grid_table(records))
+    assert "graphtrain sweep" in [line.strip() for line in console.file.getvalue().splitlines()]
 
 
 def test_compare_refuses_a_ladder_against_a_sweep():

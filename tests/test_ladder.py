@@ -13,7 +13,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from graphtrain import ladder, report
+from graphtrain import ladder, report, sweep
 from graphtrain.config import PRESETS, TrainConfig
 from graphtrain.data import Dataset
 from graphtrain.errors import (
@@ -223,7 +223,7 @@ def test_sweep_markdown_and_table():
     assert "H=128 jax-scan: skipped: jax is not installed" in md
     assert "- Command: `graphtrain sweep --hidden-sizes 128,256`" in md.split("|")[0]
     console = Console(file=io.StringIO(), width=160)
-    console.print(ladder.sweep_table(records))
+    console.print(sweep.grid_table([{**r, "train_ms": report.train_ms(r)} for r in records]))  # as sweep._row makes them
     text = console.file.getvalue()
     assert "128" in text and "256" in text and "400.00" in text and "skipped" in text
 
@@ -249,7 +249,7 @@ def test_run_label():
     assert ladder.run_label(PRESETS["jhu"].replace(epochs=5)) == "jhu-softmax-e5"
     assert ladder.run_label(TrainConfig(hidden=(32,))) == "custom-mlp32"
     assert ladder.run_label(TrainConfig(hidden=(96, 40, 40))) == "custom-mlp96-40x2"
-    assert ladder.sweep_label(PRESETS["cuda-mnist"].replace(hidden=(128,) * 3)) == "cuda-mnist-mlpHx3"
+    assert sweep.sweep_label(PRESETS["cuda-mnist"].replace(hidden=(128,) * 3)) == "cuda-mnist-mlpHx3"
 
 
 def test_defaults_and_registry():
@@ -386,30 +386,6 @@ def test_peer_failing_mid_run_is_an_error_row(monkeypatch, quiet_console):
     assert records[0].kind == "peer"
 
 
-def test_run_sweep_numpy_two_sizes(tmp_path, quiet_console, no_frameworks):
-    config = PRESETS["cuda-mnist"].replace(steps=30, lr=0.05)
-    records = ladder.run_sweep(config, hidden_sizes=[8, 16], stages=["numpy"], peers=["jax-scan"],
-                               data=small_data(), out_dir=tmp_path, command="graphtrain sweep",
-                               console=quiet_console)
-    assert [(r.hidden_size, r.stage) for r in records] == [
-        (8, "numpy"), (8, "jax-scan"), (16, "numpy"), (16, "jax-scan")]
-    assert records[0].config.hidden == (8, 8, 8)
-    assert records[2].config.hidden == (16, 16, 16)
-    assert sum(e.batches for e in records[0].epochs) == 30
-    assert records[1].skipped is True
-    assert (tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.md").exists()  # jax-scan was skipped
-    saved = report.read_json(tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.json")
-    assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
-
-
-def test_sweep_of_a_preset_without_hidden_layers_uses_three(quiet_console):
-    assert ladder.sweep_config(PRESETS["jhu"], 64).hidden == (64, 64, 64)
-    assert ladder.sweep_config(PRESETS["cuda-mlp"], 64).hidden == (64, 64, 64, 64)
-    with pytest.raises(UsageError):
-        ladder.run_sweep(PRESETS["jhu"], hidden_sizes=[0], stages=["numpy"], peers=[], data=small_data(),
-                         out_dir=None, command="x", console=quiet_console)
-
-
 # ---- one plan for every row ----------------------------------------------------------------
 
 
@@ -443,26 +419,6 @@ def test_every_row_of_a_ladder_trains_from_the_same_plan(monkeypatch, quiet_cons
     # The same plan, so the same training: every row's loss curve is the numpy stage's.
     curves = {r.stage: [e.train_loss for e in r.epochs] for r in records}
     assert all(curve == curves["numpy"] for curve in curves.values())
-
-
-def test_a_sweep_shares_one_plan_per_hidden_size(monkeypatch, quiet_console):
-    plans = recording_rows(monkeypatch)
-    seen = []
-    original = NumpyStage.setup
-
-    def setup(self):
-        seen.append((self.config.hidden, self.plan))
-        original(self)
-
-    monkeypatch.setattr(NumpyStage, "setup", setup)
-    ladder.run_sweep(PRESETS["cuda-mnist"].replace(steps=10), hidden_sizes=[8, 16], stages=["numpy", "graphs"],
-                     peers=["jax-scan"], data=small_data(), out_dir=None, command=COMMAND, console=quiet_console)
-    by_size = {}
-    for hidden, plan in seen:
-        by_size.setdefault(hidden, set()).add(id(plan))
-    assert sorted(by_size) == [(8, 8, 8), (16, 16, 16)]
-    assert all(len(ids) == 1 for ids in by_size.values())
-    assert plans  # the rows ran
 
 
 # ---- file names: the GPU, -partial, --force ------------------------------------------------

@@ -3,6 +3,7 @@ trains; worker processes are spawned for real, bound to made-up GPU numbers)."""
 
 import dataclasses
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -333,3 +334,60 @@ def test_a_worker_that_dies_fails_its_task_and_the_rows_nobody_ran():
     assert [r["index"] for r in rows] == [0, 1]
     assert rows[0]["error"] == "the worker on GPU 0 exited (code 7) while training this row"
     assert rows[1]["error"] == "every worker exited before this row ran"
+
+
+# ---- a sweep over widths: one plan per grid point, the classic report ----------------------
+
+
+def test_a_width_sweep_trains_each_size_and_writes_the_classic_report(tmp_path, monkeypatch):
+    from graphtrain import report
+
+    monkeypatch.setitem(sys.modules, "jax", None)  # as on a machine without jax
+    config = PRESETS["cuda-mnist"].replace(steps=30, lr=0.05)
+    points = sweep.expand_grid(config, ["numpy"], ["jax-scan"], hidden_sizes=[8, 16])
+    records, _ = sweep.run_sweep(points, sweep.InProcess(), sweep.DataSource("small"), data=ladder_data())
+    assert [(r["hidden_size"], r["stage"]) for r in records] == [
+        (8, "numpy"), (8, "jax-scan"), (16, "numpy"), (16, "jax-scan")]
+    assert tuple(records[0]["config"]["hidden"]) == (8, 8, 8)
+    assert tuple(records[2]["config"]["hidden"]) == (16, 16, 16)
+    assert sum(e["batches"] for e in records[0]["epochs"]) == 30
+    assert records[1]["skipped"] is True
+    assert sweep.only_sizes_vary(points, records)
+    label = sweep.grid_label(config, sizes=True, lrs=False, seeds=False)
+    report.write_sweep(records, label, tmp_path, "graphtrain sweep", log=lambda m: None,
+                       partial=report.has_problems(records))
+    assert (tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.md").exists()  # jax-scan was skipped
+    saved = report.read_json(tmp_path / "sweep-cuda-mnist-mlpHx3-s30-lr0.05-cpu-partial.json")
+    assert [r["hidden_size"] for r in saved["records"]] == [8, 8, 16, 16]
+
+
+def test_a_width_of_zero_is_refused():
+    with pytest.raises(UsageError):
+        sweep.expand_grid(JHU, ["numpy"], [], hidden_sizes=[0])
+
+
+def test_the_rows_of_a_grid_point_share_one_plan(monkeypatch):
+    from graphtrain.stages.numpy_cpu import NumpyStage
+
+    seen = []
+    original = NumpyStage.setup
+
+    def setup(self):
+        seen.append((self.config.hidden, self.plan))
+        original(self)
+
+    monkeypatch.setattr(NumpyStage, "setup", setup)
+    monkeypatch.setattr("graphtrain.stages.get_stage", lambda name: type(name, (NumpyStage,), {"name": name}))
+    points = sweep.expand_grid(PRESETS["cuda-mnist"].replace(steps=10), ["numpy", "graphs"], ["jax-scan"],
+                               hidden_sizes=[8, 16])
+    sweep.run_sweep(points, sweep.InProcess(), sweep.DataSource("small"), data=ladder_data())
+    by_size = {}
+    for hidden, plan in seen:
+        by_size.setdefault(hidden, set()).add(id(plan))
+    assert sorted(by_size) == [(8, 8, 8), (16, 16, 16)]
+    assert all(len(ids) == 1 for ids in by_size.values())
+    assert len(seen) == 6  # the rows ran
+
+
+def ladder_data():
+    return Dataset.synthetic(2000, 500, seed=0)
