@@ -38,7 +38,6 @@ from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
 
 # MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation.
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-DEVICE_LOOP_BODY = 5  # steps in the WHILE body: 235 = 47 × 5, and few nodes to capture
 
 
 @dataclass(frozen=True)
@@ -81,11 +80,17 @@ class Task:
         return self.plan(seed).orders
 
 
-def recipe_of(config: TrainConfig, num_train: int, precision: str = "tf32"):
+def normalise(images: np.ndarray) -> np.ndarray:
+    """Pixels in [0, 1] as the recipe trains on them: (x − mean) / std, float32."""
+    return ((images - MNIST_MEAN) / MNIST_STD).astype(np.float32)
+
+
+def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf32"):
+    """The recipe of `config` over a run of `epochs` epochs, `steps` steps in all (what the
+    schedule spans)."""
     from graphtrain.stages.cnn_device import Recipe
 
-    steps = config.epochs * ceil_div(num_train, config.batch)
-    return Recipe(batch=config.batch, epochs=config.epochs,
+    return Recipe(batch=config.batch, epochs=epochs,
                   optimizer=Optimizer(config.optimizer, config.momentum, config.betas, 1e-8, config.weight_decay),
                   schedule=Schedule(config.schedule, config.lr, steps, config.warmup),
                   precision=precision)
@@ -102,12 +107,9 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
             raise UsageError(f"--holdout must leave more than a batch to train on, got {holdout}")
         train_x, train_y, test_x, test_y = (train_x[:-holdout], train_y[:-holdout], train_x[-holdout:],
                                             train_y[-holdout:])
-
-    def norm(x):
-        return ((x - MNIST_MEAN) / MNIST_STD).astype(np.float32)
-
-    return Task(config_cnn_spec(config), recipe_of(config, len(train_x), precision), norm(train_x),
-                train_y.astype(np.int32), norm(test_x), test_y.astype(np.int32),
+    recipe = recipe_of(config, config.epochs * ceil_div(len(train_x), config.batch), config.epochs, precision)
+    return Task(config_cnn_spec(config), recipe, normalise(train_x),
+                train_y.astype(np.int32), normalise(test_x), test_y.astype(np.int32),
                 "holdout" if holdout else "test", config, fused_convs=fused_convs)
 
 
@@ -218,7 +220,7 @@ class DeviceLoopRow(_CnnGpuRow):
     def run(self, seed: int) -> float:
         m = self.model
         m.load(self.task.initial(seed), self.task.orders(seed))
-        graph = m.capture_run(self.task.steps, DEVICE_LOOP_BODY, self.outer)
+        graph = m.capture_run(self.task.steps, self.outer)
         try:
             graph.launch(self.outer)
             return self.accuracy_after(self.outer)

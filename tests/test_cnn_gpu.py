@@ -283,7 +283,7 @@ def test_runs_are_bit_identical_and_graphs_equal_device_loop(gpu_device):
         for _ in range(2):
             model.load(task.initial(1), task.orders(1))
             cuda.reset_counters()
-            graph = model.capture_run(task.steps, 2, outer)
+            graph = model.capture_run(task.steps, outer, per_body=2)
             graph.launch(outer)
             correct = int(model.correct.download(outer)[0])
             assert (cuda.counters.mallocs, cuda.counters.syncs) == (0, 1)

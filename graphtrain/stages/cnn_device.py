@@ -54,6 +54,8 @@ from graphtrain.libs.cudnn import ConvPlan, Cudnn
 from graphtrain.libs.memory import Arena
 from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
 
+STEPS_PER_BODY = 5  # steps in a WHILE body: 235 = 47 × 5, and few nodes to capture
+
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 PARAM_ALIGN = 64  # floats: each parameter starts 256-byte aligned inside the packed span
 MAX_EVAL_ROWS = 10_000  # test rows per forward pass: the whole MNIST test set at once
@@ -380,7 +382,8 @@ class CnnDevice:
         for _ in range(steps - iterations * per_body):
             self.record_step(self.stream)
 
-    def capture_steps(self, steps: int, per_body: int, outer: cuda.Stream, first: int = 0) -> cuda.Graph:
+    def capture_steps(self, steps: int, outer: cuda.Stream, first: int = 0,
+                      per_body: int = STEPS_PER_BODY) -> cuda.Graph:
         """One graph of `steps` training steps from the run's step `first` (see _record_steps),
         captured from `outer` and launched there."""
         with cuda.Graph.capture(outer) as graph:
@@ -388,7 +391,7 @@ class CnnDevice:
             cuda.stream_wait(outer, self.stream)
         return graph
 
-    def capture_run(self, steps: int, per_body: int, outer: cuda.Stream) -> cuda.Graph:
+    def capture_run(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
         """One graph for a whole run: reset, the steps (a WHILE node over bodies of `per_body`),
         then the evaluation. Captured from `outer`; the model's launches stay on its own stream
         (the one cuDNN and cuBLAS are bound to), joined into the capture."""

@@ -25,27 +25,15 @@ from graphtrain.errors import UsageError
 from graphtrain.reference import Layer
 from graphtrain.stages.base import EpochResult, Stage
 
-DEVICE_LOOP_BODY = 5  # steps in the WHILE body (235 = 47 × 5)
-
-
 def cnn_setup(stage: Stage):
     """The spec, the recipe and the normalised images of a stage's cnn run."""
     from graphtrain import speedrun
     from graphtrain.config import cnn_spec
 
-    cfg = stage.config
-    spec = cnn_spec(cfg)
-    recipe = speedrun.recipe_of(cfg, stage.plan.num_train, stage.precision)
-    steps = sum(stage.plan.batches)
-    recipe = type(recipe)(batch=recipe.batch, epochs=stage.plan.num_epochs, optimizer=recipe.optimizer,
-                          schedule=type(recipe.schedule)(recipe.schedule.kind, recipe.schedule.lr, steps,
-                                                         recipe.schedule.warmup_steps),
-                          precision=recipe.precision)
-
-    def norm(x):
-        return ((x - speedrun.MNIST_MEAN) / speedrun.MNIST_STD).astype(np.float32)
-
-    return spec, recipe, norm(stage.data.train_images), norm(stage.data.test_images)
+    plan = stage.plan
+    recipe = speedrun.recipe_of(stage.config, sum(plan.batches), plan.num_epochs, stage.precision)
+    return (cnn_spec(stage.config), recipe, speedrun.normalise(stage.data.train_images),
+            speedrun.normalise(stage.data.test_images))
 
 
 def flat_params(layers) -> list[np.ndarray]:
@@ -163,21 +151,29 @@ class CnnDeviceLoopStage(CnnGraphsStage):
     summary = "the cnn's epoch from one graph launch: a conditional WHILE node over the steps"
 
     def capture(self) -> None:
+        """Every epoch's graph, before the first is timed: the optimizer ends each WHILE loop at
+        an absolute step count, so each (first step, steps) has a graph of its own."""
         from graphtrain.libs import cuda
 
         self.outer = cuda.Stream()
         self.epoch_graphs: dict[tuple[int, int], cuda.Graph] = {}
+        first = 0
+        for num_batches in self.plan.batches:
+            self.epoch_graph(first, num_batches)
+            first += num_batches
+
+    def epoch_graph(self, first: int, num_batches: int):
+        key = (first, num_batches)
+        if key not in self.epoch_graphs:  # only a length the run's epochs do not have (a test's partial epoch)
+            self.epoch_graphs[key] = self.model.capture_steps(num_batches, self.outer, first)
+        return self.epoch_graphs[key]
 
     def run_batches(self, epoch: int, num_batches: int) -> None:
-        # The optimizer ends the loop at an absolute step count: one graph per (first step, steps).
-        first = sum(self.plan.batches[:epoch])
-        key = (first, num_batches)
-        if key not in self.epoch_graphs:
-            self.epoch_graphs[key] = self.model.capture_steps(num_batches, DEVICE_LOOP_BODY, self.outer, first)
         from graphtrain.libs import cuda
 
+        graph = self.epoch_graph(sum(self.plan.batches[:epoch]), num_batches)
         cuda.stream_wait(self.outer, self.model.stream)
-        self.epoch_graphs[key].launch(self.outer)
+        graph.launch(self.outer)
         cuda.stream_wait(self.model.stream, self.outer)
 
     def close(self) -> None:

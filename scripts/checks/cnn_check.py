@@ -26,7 +26,7 @@ model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte,
 outer = cuda.Stream()
 if loop:
     model.load(task.initial(0), task.orders(0))
-    graph = model.capture_run(task.steps, 2, outer)
+    graph = model.capture_run(task.steps, outer, per_body=2)
     graph.launch(outer)
     print("device loop:", int(model.correct.download(outer)[0]), "of 300")
     graph.close()

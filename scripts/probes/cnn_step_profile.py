@@ -59,7 +59,7 @@ outer = cuda.Stream()
 for rep in range(3):
     model.load(task.initial(0), task.orders(0))
     t0 = time.perf_counter()
-    graph = model.capture_run(task.steps, args.body, outer)
+    graph = model.capture_run(task.steps, outer, per_body=args.body)
     t1 = time.perf_counter()
     start.record(outer)
     graph.launch(outer)
