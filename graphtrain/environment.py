@@ -7,6 +7,7 @@ is None, and `probe()` says for each missing piece why and what installs it.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -46,6 +47,7 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+@functools.cache  # two git commands: asked once a process, not once for every run record
 def source_revision() -> str | None:
     """The git revision of graphtrain's source ("fc620f7"; "fc620f7+changes" where tracked files
     differ from it), when it runs from a git checkout; None for an installed copy."""

@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 from graphtrain import phases
 from graphtrain.libs import cuda
 from graphtrain.libs.nvrtc import (F32, F64, I32, I64, PTR, U32, U64, Kernel, KernelArgumentError, KernelSpec,
-                                   Module, compile_cubin, compile_cubin_async)
+                                   Module, compile_cubin_async)
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
@@ -135,8 +135,14 @@ def declarations_check(specs: Iterable[KernelSpec]) -> str:
 def compile_kernels(source: str, name: str, arch: str, specs: Iterable[KernelSpec],
                     defines: Mapping[str, int | str] | None = None, options: Iterable[str] = ()) -> bytes:
     """Compile a kernel file with its `-D` defines and extra options, checking its declarations."""
+    return compile_kernels_async(source, name, arch, specs, defines, options).result()
+
+
+def compile_kernels_async(source: str, name: str, arch: str, specs: Iterable[KernelSpec],
+                          defines: Mapping[str, int | str] | None = None, options: Iterable[str] = ()) -> Future:
+    """`compile_kernels` as a Future (see `compile_cubin_async`)."""
     define_options = [f"-D{key}={value}" for key, value in (defines or {}).items()]
-    return compile_cubin(source + declarations_check(specs), name, arch, [*define_options, *options])
+    return compile_cubin_async(source + declarations_check(specs), name, arch, [*define_options, *options])
 
 
 def load_source(source: str, name: str, device: cuda.DeviceInfo, specs: Sequence[KernelSpec], *,
@@ -182,9 +188,8 @@ class KernelFile:
     @classmethod
     def cubin_async(cls, arch: str, defines: Mapping[str, int | str] | None = None) -> Future:
         """`cubin` as a Future: done at once from the cache, else compiling on a thread of its own."""
-        define_options = [f"-D{key}={value}" for key, value in {**cls.defines, **(defines or {})}.items()]
-        return compile_cubin_async(cls.source() + declarations_check(cls.specs().values()), f"{cls.stem}.cu",
-                                   arch + cls.arch_suffix, [*define_options, *cls.options])
+        return compile_kernels_async(cls.source(), f"{cls.stem}.cu", arch + cls.arch_suffix, cls.specs().values(),
+                                     {**cls.defines, **(defines or {})}, cls.options)
 
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
         """Loads the file's cubin from the cache; where it must be compiled, the compile starts
