@@ -590,3 +590,19 @@ def test_gpu_environment_has_the_keys_the_reports_read():
     found = environment.gpu(device)
     assert set(found) == {"gpu", "compute_capability", "driver", "driver_cuda", "runtime", "cuda_bindings"}
     assert (found["gpu"], found["compute_capability"], found["driver_cuda"]) == ("NVIDIA H100 80GB HBM3", "9.0", "13.0")
+
+
+def test_work_given_to_before_capture_can_be_taken_back():
+    """A kernel file closed while still compiling takes back its load, so no later capture loads it."""
+    from graphtrain.libs import cuda
+
+    loads = []
+
+    def load():
+        loads.append(1)
+
+    cuda.before_capture(load)
+    assert load in cuda._before_capture
+    cuda.drop_before_capture(load)
+    cuda.drop_before_capture(load)  # twice: nothing left to take
+    assert load not in cuda._before_capture and not loads

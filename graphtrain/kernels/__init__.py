@@ -218,9 +218,11 @@ class KernelFile:
 
     def close(self) -> None:
         """Unload the module. One still compiling was never launched: its compile finishes (and
-        is cached) on its thread, and nothing was loaded to unload."""
+        is cached) on its thread, nothing was loaded to unload, and no later capture loads it."""
         if self.module is not None:
             self.module.close()
+        else:
+            cuda.drop_before_capture(self._load)
 
 
 class _Pending:

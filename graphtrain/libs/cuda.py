@@ -403,6 +403,12 @@ def before_capture(work: Callable[[], None]) -> None:
     _before_capture.append(work)
 
 
+def drop_before_capture(work: Callable[[], None]) -> None:
+    """Take back `work` given to `before_capture` that is no longer wanted (its owner closed)."""
+    if work in _before_capture:
+        _before_capture.remove(work)
+
+
 def conditional_nodes() -> bool:
     """Whether the runtime and driver both have conditional graph nodes built by stream capture
     (CUDA 12.4)."""
