@@ -40,13 +40,12 @@ def lane_schedule(models: int, lanes: int) -> list[list[int]]:
 
 
 def check_pack(plans: list[RunPlan]) -> None:
-    """The plans must differ only in learning rate and seed (ValueError: a caller's bug)."""
+    """The plans must differ only in learning rate and seed (ValueError: a caller's bug); every
+    pack's trainer (this one, the jax-vmap peer) checks this first."""
     base = plans[0].config.replace(lr=1.0, seed=0)
     for plan in plans[1:]:
         if plan.config.replace(lr=1.0, seed=0) != base or plan.batches != plans[0].batches:
             raise ValueError("a pack's models must share everything but the learning rate and the seed")
-    if base.hidden:
-        raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
 
 
 class PackBuffers:
@@ -91,6 +90,8 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
     check_pack(plans)
     run_start = time.perf_counter()
     cfg, first = plans[0].config, plans[0]
+    if cfg.hidden:
+        raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
     precision = precision or cfg.precision or "bf16"  # the rung's own precision first, as the rung
     if precision not in ("bf16", "fp32"):
         raise ModelUnsupported(f"the persistent rung trains in bf16 or fp32, not --precision {precision}")
