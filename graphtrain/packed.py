@@ -40,13 +40,12 @@ def lane_schedule(models: int, lanes: int) -> list[list[int]]:
 
 
 def check_pack(plans: list[RunPlan]) -> None:
-    """The plans must differ only in learning rate and seed (ValueError: a caller's bug)."""
+    """The plans must differ only in learning rate and seed (ValueError: a caller's bug); every
+    pack's trainer (this one, the jax-vmap peer) checks this first."""
     base = plans[0].config.replace(lr=1.0, seed=0)
     for plan in plans[1:]:
         if plan.config.replace(lr=1.0, seed=0) != base or plan.batches != plans[0].batches:
             raise ValueError("a pack's models must share everything but the learning rate and the seed")
-    if base.hidden:
-        raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
 
 
 class PackBuffers:
@@ -86,22 +85,21 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
     `lanes` (default: `lanes_for` the GPU) is how many streams the models are spread over."""
     from graphtrain.kernels.persistent import CLUSTER, Persistent, Shape, kernel_images, pixel_levels
     from graphtrain.libs import cuda, nvrtc
+    from graphtrain.stages.persistent import products_note, refuse_unless_trains, require_clusters
 
     check_pack(plans)
     run_start = time.perf_counter()
     cfg, first = plans[0].config, plans[0]
+    if cfg.hidden:
+        raise ModelUnsupported("packing trains softmax regressions (no hidden layer) only")
     precision = precision or cfg.precision or "bf16"  # the rung's own precision first, as the rung
     if precision not in ("bf16", "fp32"):
         raise ModelUnsupported(f"the persistent rung trains in bf16 or fp32, not --precision {precision}")
     device = cuda.open_device()
-    if device.compute_capability < (9, 0):
-        raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
-                               f"and {device.name} has {'.'.join(map(str, device.compute_capability))}")
+    require_clusters(device)
     features = data.train_images.shape[1]
     shape = Shape(features, cfg.classes, cfg.batch, pixel_levels(data.train_images), bf16=precision == "bf16")
-    refusal = shape.refusal()
-    if refusal is not None:
-        raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+    refuse_unless_trains(shape)
     for plan in plans:
         plan.check_fits(True, device.total_memory)
 
@@ -163,11 +161,8 @@ def train_packed(plans: list[RunPlan], data, precision: str | None = None, lanes
         pack_ms = max(ends)
 
         records = []
-        products = ("bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16" if shape.bf16 else
-                    "3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images" if shape.pixel_levels
-                    else "3xTF32 mma: three passes")  # as the rung's record says
         gpu_env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version(),
-                   "persistent_products": products}
+                   "persistent_products": products_note(shape)}
         for k, plan in enumerate(plans):
             lane = k % lanes
             # The lane's previous event: the end of the model before on the lane, or the start.

@@ -131,3 +131,25 @@ def test_the_mma_rate_benchmark_compiles(nvrtc_available, cache):
     """scripts/mma_rate.py's kernel (its .cu beside it), for Ampere and Hopper."""
     for arch in ("sm_80", "sm_90"):
         assert load_script("mma_rate").MmaRate.cubin(arch).startswith(ELF_MAGIC)
+
+
+def test_the_rung_and_a_pack_refuse_and_describe_a_kernel_alike():
+    """The checks and the record's note that the persistent rung and a packed sweep share."""
+    from graphtrain.errors import ModelUnsupported
+    from graphtrain.libs import cuda
+    from graphtrain.stages.persistent import products_note, refuse_unless_trains, require_clusters
+
+    def gpu(cc):
+        return cuda.DeviceInfo(ordinal=0, name="GPU", compute_capability=cc, arch=f"sm_{cc[0]}{cc[1]}", sm_count=132,
+                               total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0")
+
+    require_clusters(gpu((9, 0)))
+    with pytest.raises(ModelUnsupported, match="compute capability 9.0.*has 8.0"):
+        require_clusters(gpu((8, 0)))
+    refuse_unless_trains(Shape(784, 10, 128))
+    with pytest.raises(ModelUnsupported, match="cannot train 40 classes"):
+        refuse_unless_trains(Shape(784, 40, 128))
+    assert products_note(Shape(784, 10, 128, bf16=True)).endswith("dlogits sent as bf16")
+    assert products_note(Shape(784, 10, 128, 255)).startswith("3xTF32 mma; 8-bit inputs")
+    assert products_note(Shape(784, 10, 128)) == "3xTF32 mma: three passes"
+    assert products_note(MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True)).endswith("the head 3xTF32")

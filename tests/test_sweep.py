@@ -315,6 +315,17 @@ def test_a_pack_plans_its_buffers_without_a_gpu():
     assert pack.images.shape == (600, Shape(20, 4, 50, bf16=True).padded_features)
 
 
+
+def test_a_pack_takes_models_that_differ_only_in_learning_rate_and_seed():
+    from graphtrain.packed import check_pack
+    from graphtrain.plan import RunPlan
+
+    data = small_data()
+    check_pack([RunPlan.for_data(small_config(lr=lr, seed=seed), data) for lr, seed in ((0.1, 0), (0.2, 1))])
+    with pytest.raises(ValueError, match="everything but the learning rate and the seed"):
+        check_pack([RunPlan.for_data(small_config(batch=batch), data) for batch in (50, 60)])
+
+
 class _DiesWhenRead:
     def __getattr__(self, name):
         import os

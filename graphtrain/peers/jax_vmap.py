@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from graphtrain.errors import ModelUnsupported
+from graphtrain.packed import check_pack
 from graphtrain.peers.jax_scan import _jax_cuda_versions, _jaxlib_version, forward, import_jax
 from graphtrain.record import EpochRecord, RunRecord, data_summary
 from graphtrain.reference import Layer
@@ -32,9 +33,7 @@ def train_vmapped(plans, data) -> list[RunRecord]:
 
     run_start = time.perf_counter()
     cfg = plans[0].config
-    base = cfg.replace(lr=1.0, seed=0)
-    if any(plan.config.replace(lr=1.0, seed=0) != base or plan.batches != plans[0].batches for plan in plans):
-        raise ValueError("a pack's models must share everything but the learning rate and the seed")
+    check_pack(plans)
     precision = cfg.precision or "fp32"
     if precision not in ("fp32", "bf16"):
         raise ModelUnsupported(f"jax-vmap trains in fp32 or bf16, not --precision {precision}")

@@ -55,6 +55,30 @@ from graphtrain.stages import device
 from graphtrain.stages.base import EpochResult, Stage
 
 
+def require_clusters(device_info: cuda.DeviceInfo) -> None:
+    """ModelUnsupported unless the GPU has thread-block clusters (compute capability 9.0)."""
+    if device_info.compute_capability < (9, 0):
+        raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
+                               f"and {device_info.name} has {'.'.join(map(str, device_info.compute_capability))}")
+
+
+def refuse_unless_trains(shape: Shape | MlpShape) -> None:
+    """ModelUnsupported where the kernel cannot train `shape` (its `refusal` says why)."""
+    refusal = shape.refusal()
+    if refusal is not None:
+        raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+
+
+def products_note(shape: Shape | MlpShape) -> str:
+    """How the kernel of `shape` computes its products, as a run's record states it."""
+    if isinstance(shape, MlpShape) and shape.bf16:
+        return "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
+    if shape.bf16:
+        return "bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16"
+    return ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images" if shape.pixel_levels
+            else "3xTF32 mma: three passes")
+
+
 class PersistentStage(Stage):
     """Its own program, composed of the device pieces (graphtrain.stages.device) and its kernel:
     the arena holds what the kernel reads (the images in its own form, made on the GPU from the
@@ -75,9 +99,7 @@ class PersistentStage(Stage):
         cfg, plan, data = self.config, self.plan, self.data
         self.context = device.DeviceContext()
         self.device, self.stream = self.context.device, self.context.stream
-        if self.device.compute_capability < (9, 0):
-            raise ModelUnsupported(f"the persistent rung needs thread-block clusters (compute capability 9.0), "
-                                   f"and {self.device.name} has {'.'.join(map(str, self.device.compute_capability))}")
+        require_clusters(self.device)
         self.num_train, self.num_test = plan.num_train, plan.num_test
         # One allocation for the run. The fp32 training images go up with the dataset, only for the
         # GPU to check them for 8-bit pixels and write them in the kernel's form (images.cu): the
@@ -125,9 +147,8 @@ class PersistentStage(Stage):
             shape = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
         else:
             shape = Shape(cfg.in_features, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
-        refusal = shape.refusal() if refuse else None
-        if refusal is not None:
-            raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
+        if refuse:
+            refuse_unless_trains(shape)
         return shape
 
     # ---- epochs --------------------------------------------------------------------------------
@@ -160,15 +181,8 @@ class PersistentStage(Stage):
         return self.params.download(self.stream)
 
     def environment(self) -> dict:
-        env = {**environment.gpu(self.device), "nvrtc": nvrtc.version()}
-        if self.config.hidden and self.shape.bf16:
-            env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
-        elif self.shape.bf16:
-            env["persistent_products"] = "bf16 mma, one pass, fp32 sums and master weights; dlogits sent as bf16"
-        else:
-            env["persistent_products"] = ("3xTF32 mma; 8-bit inputs, exact in TF32: two passes with the images"
-                                          if self.shape.pixel_levels else "3xTF32 mma: three passes")
-        return env
+        return {**environment.gpu(self.device), "nvrtc": nvrtc.version(),
+                "persistent_products": products_note(self.shape)}
 
     def close(self) -> None:
         for name in ("persistent_cu", "evaluation", "arena", "context"):
