@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphtrain import environment, reference_cnn
+from graphtrain import environment, reference_cnn, report
 from graphtrain.config import TrainConfig
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.plan import RunPlan
@@ -360,18 +360,15 @@ def describe(spec: CnnSpec) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The results file: header (date, revision, device, driver, libraries, command), then the table."""
+    """The results file: header (report.provenance_lines: date, revision, command, device, driver,
+    libraries; then the task), then the table."""
     task, rows = doc["task"], doc["rows"]
-    env: dict = {}
-    for row in rows:
-        for key, value in row.get("environment", {}).items():
-            env.setdefault(key, value)
-    libraries = ", ".join(f"{k} {env[k]}" for k in ("driver", "runtime", "cuda_bindings", "cudnn", "cublas", "torch",
-                                                      "torch_cudnn", "jax", "jaxlib") if env.get(k))
+    records = [{"environment": {"revision": doc["revision"]}},
+               *({"kind": "peer" if r["name"] in PEER_ROWS else "stage", "environment": r.get("environment", {})}
+                 for r in rows)]
     lines = [
         "# Speedrun: time to 99% on MNIST", "",
-        f"- Date: {doc['date']}", f"- Revision: {doc['revision']}", f"- Command: `{doc['command']}`",
-        f"- Device: {env.get('gpu', 'unknown')}", f"- Driver and libraries: {libraries}",
+        *(f"- {item}" for item in report.provenance_lines(records, doc["command"], doc["date"])),
         f"- Model: {task['model']}",
         f"- Recipe: batch {task['batch']}, {task['epochs']} epoch(s) = {task['steps']} steps, "
         f"{task['optimizer']['kind']} (betas {tuple(task['optimizer']['betas'])}), "
