@@ -808,9 +808,7 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
 
             try:
                 result = sr.run_row(name, task, seed_list, progress)
-            except GpuUnavailableError as error:
-                result = sr.RowResult(name, "", seed_list, [], [], 0.0, {}, error=str(error))
-            except ImportError as error:  # a peer's framework
+            except (GpuUnavailableError, ImportError) as error:  # no GPU, or a peer's framework missing
                 result = sr.RowResult(name, "", seed_list, [], [], 0.0, {}, error=str(error))
             if process_wall and result.accuracies:
                 result.process_wall_s = sr.process_wall(name, _without_row_options(forwarded))

@@ -50,7 +50,11 @@ def package_version(distribution: str) -> str | None:
 @functools.cache  # two git commands: asked once a process, not once for every run record
 def source_revision() -> str | None:
     """The git revision of graphtrain's source ("fc620f7"; "fc620f7+changes" where tracked files
-    differ from it), when it runs from a git checkout; None for an installed copy."""
+    differ from it), when it runs from a git checkout; None for an installed copy.
+    $GRAPHTRAIN_REVISION, where set, stands for it: a tree copied out of its checkout (to a GPU
+    machine) has no git to ask."""
+    if os.environ.get("GRAPHTRAIN_REVISION"):
+        return os.environ["GRAPHTRAIN_REVISION"]
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():  # an installed package, even one inside someone's checkout
         return None

@@ -104,7 +104,7 @@ def run_ladder(config: TrainConfig, *, stages: list[str], peers: list[str], data
     label = run_label(config)
     skips = Skips()
     with _row_output(console, out_dir, f"ladder-{label}") as output, terminal.progress_bar(console) as progress:
-        records = [_run_row(name, plan, data, progress, name, output, repeat, profile, skips)
+        records = [_run_row(name, plan, data, progress, skips, output, repeat, profile)
                    for name in [*stages, *peers]]
     skips.report(console)
     if out_dir is not None:
@@ -142,14 +142,13 @@ class Skips:
             console.print("to train on the CPU without a GPU: --stages numpy --no-peers", soft_wrap=True)
 
 
-def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label: str,
-             output: RowOutput | None = None, repeat: int = 1, profile: bool = False,
-             skips: Skips | None = None) -> Row:
+def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, skips: Skips,
+             output: RowOutput | None = None, repeat: int = 1, profile: bool = False) -> Row:
     """Train one row `repeat` times (profiled the last time, if asked); any failure becomes a
-    row that says what went wrong. With `output`, what the row prints goes to its log; with
-    `skips`, a skipped row's reason is kept there to be said once (else printed at once)."""
+    row that says what went wrong. With `output`, what the row prints goes to its log; a skipped
+    row's reason is kept in `skips`, to be said once."""
     console = progress.console
-    task = progress.add_task(escape(label), total=plan.num_epochs * repeat, status="epochs")
+    task = progress.add_task(escape(name), total=plan.num_epochs * repeat, status="epochs")
     runs = []
 
     def on_epoch(epoch: int, num_epochs: int, entry) -> None:
@@ -157,8 +156,7 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
 
     kind = "peer" if name in PEERS else "stage"
     log_path = None
-    # The log is named after the row: "torch-compile", or in a sweep "H128-torch-compile".
-    captured = output.capture(label.replace("=", "").replace(" ", "-")) if output else contextlib.nullcontext()
+    captured = output.capture(name) if output else contextlib.nullcontext()  # the log named after the row
     try:
         with captured as log_path:
             try:
@@ -172,23 +170,20 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, label:
                     traceback.print_exc()  # into the row's log, beside what the framework printed
                 raise
         record = merge_repeats(runs)
-        progress.update(task, description=escape(f"{label}: {report.fmt_ms(record.epoch_ms)} ms/epoch"))
+        progress.update(task, description=escape(f"{name}: {report.fmt_ms(record.epoch_ms)} ms/epoch"))
         for warning in record.warnings:
             console.print(f"[yellow]{escape(name)}: warning:[/] {escape(warning)}")
     except (PeerUnavailable, GpuUnavailableError, ModelUnsupported) as exc:
         record = FailedRun(name, kind, plan.config, str(exc), skipped=True,
                            unsupported=isinstance(exc, ModelUnsupported))
-        progress.update(task, description=escape(f"{label}: skipped"))
-        if skips is not None:
-            skips.add(label, exc)
-        else:
-            console.print(f"[yellow]{escape(name)}: skipped:[/] {escape(str(exc))}")
+        progress.update(task, description=escape(f"{name}: skipped"))
+        skips.add(name, exc)
     except Exception as exc:  # one row's failure must not stop the ladder; it is reported below
         record = FailedRun(name, kind, plan.config, f"{type(exc).__name__}: {exc}", skipped=False)
         if not isinstance(exc, GraphtrainError):
             # Not one of graphtrain's explained errors: keep the trace for whoever debugs it.
             record.traceback = "".join(traceback.format_exception(exc))
-        progress.update(task, description=escape(f"{label}: failed"))
+        progress.update(task, description=escape(f"{name}: failed"))
         where = f" (its output: {log_path})" if log_path is not None and log_path.exists() else ""
         console.print(f"[red]{escape(name)}: failed:[/] {escape(record.error)}{escape(where)}")
     if record.failed:

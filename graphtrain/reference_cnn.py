@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphtrain import reference
+
 # ---- the model --------------------------------------------------------------------------------
 
 
@@ -195,13 +197,9 @@ def forward(spec: CnnSpec, params: list[np.ndarray], x: np.ndarray) -> dict:
 
 
 def loss_and_dlogits(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
-    """Mean cross-entropy and dL/dlogits = (softmax − onehot) / rows."""
-    rows = len(logits)
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    d = np.exp(logp)
-    d[np.arange(rows), labels] -= 1
-    return float(-logp[np.arange(rows), labels].mean()), d / rows
+    """Mean cross-entropy and dL/dlogits = (softmax − onehot) / rows: the MLP's (graphtrain.reference)."""
+    loss, dlogits = reference.loss_and_dlogits(logits, labels)
+    return float(loss), dlogits
 
 
 def backward(spec: CnnSpec, params: list[np.ndarray], acts: dict, dlogits: np.ndarray) -> list[np.ndarray]:

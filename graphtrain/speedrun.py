@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphtrain import reference_cnn
+from graphtrain import environment, reference_cnn, report
 from graphtrain.config import TrainConfig
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.plan import RunPlan
@@ -179,8 +179,6 @@ class _CnnGpuRow(Row):
         return self.model.weights()
 
     def environment(self) -> dict:
-        from graphtrain import environment
-
         return {**environment.gpu(self.device), **self.model.environment()}
 
     def close(self) -> None:
@@ -330,28 +328,6 @@ def process_wall(name: str, argv: list[str]) -> float:
 # The report
 
 
-def git_revision() -> str:
-    """The checkout's commit (with '+changes' when the tree differs from it), or 'unknown';
-    $GRAPHTRAIN_REVISION where the tree was copied out of its checkout to the GPU machine."""
-    import os
-    from pathlib import Path
-
-    if os.environ.get("GRAPHTRAIN_REVISION"):
-        return os.environ["GRAPHTRAIN_REVISION"]
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10)
-        if rev.returncode:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-        return rev.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def fastest_peer(results: list[RowResult]) -> RowResult | None:
     peers = [r for r in results if r.name in PEER_ROWS and r.accuracies]
     return min(peers, key=lambda r: r.time_ms_median) if peers else None
@@ -367,7 +343,7 @@ def summary(results: list[RowResult], task: Task, command: str, date: str) -> di
             d["speedup_vs_fastest_peer"] = peer.time_ms_median / r.time_ms_median
         rows.append(d)
     recipe = task.recipe
-    return {"date": date, "revision": git_revision(), "command": command,
+    return {"date": date, "revision": environment.source_revision() or "unknown", "command": command,
             "task": {"model": describe(task.spec), "batch": recipe.batch, "epochs": recipe.epochs,
                      "steps": task.steps, "optimizer": vars(recipe.optimizer) | {"betas": list(recipe.optimizer.betas)},
                      "schedule": vars(recipe.schedule), "precision": recipe.precision,
@@ -384,18 +360,15 @@ def describe(spec: CnnSpec) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The results file: header (date, revision, device, driver, libraries, command), then the table."""
+    """The results file: header (report.provenance_lines: date, revision, command, device, driver,
+    libraries; then the task), then the table."""
     task, rows = doc["task"], doc["rows"]
-    env: dict = {}
-    for row in rows:
-        for key, value in row.get("environment", {}).items():
-            env.setdefault(key, value)
-    libraries = ", ".join(f"{k} {env[k]}" for k in ("driver", "runtime", "cuda_bindings", "cudnn", "cublas", "torch",
-                                                      "torch_cudnn", "jax", "jaxlib") if env.get(k))
+    records = [{"environment": {"revision": doc["revision"]}},
+               *({"kind": "peer" if r["name"] in PEER_ROWS else "stage", "environment": r.get("environment", {})}
+                 for r in rows)]
     lines = [
         "# Speedrun: time to 99% on MNIST", "",
-        f"- Date: {doc['date']}", f"- Revision: {doc['revision']}", f"- Command: `{doc['command']}`",
-        f"- Device: {env.get('gpu', 'unknown')}", f"- Driver and libraries: {libraries}",
+        *(f"- {item}" for item in report.provenance_lines(records, doc["command"], doc["date"])),
         f"- Model: {task['model']}",
         f"- Recipe: batch {task['batch']}, {task['epochs']} epoch(s) = {task['steps']} steps, "
         f"{task['optimizer']['kind']} (betas {tuple(task['optimizer']['betas'])}), "
