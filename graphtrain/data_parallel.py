@@ -5,7 +5,8 @@
     record = train(plan, n, source)      the ranks' run; rank 0's record, with `data_parallel`
 
 Each rank is a fresh process (multiprocessing's "spawn": no CUDA state inherited) bound to its GPU
-through CUDA_VISIBLE_DEVICES before anything CUDA loads, with NCCL_NVLS_ENABLE=0. Rank 0 makes
+through CUDA_VISIBLE_DEVICES before anything CUDA loads (its GPU is its device 0; the other ranks'
+follow, for NCCL's direct transfers: `bound_gpus`), with NCCL_NVLS_ENABLE=0. Rank 0 makes
 the communicator's unique id (ncclGetUniqueId, 128 bytes) and sends it up its pipe; this process
 hands it down every other rank's pipe; then every rank joins (ncclCommInitRank), loads the
 dataset, builds the same plan (the one-GPU plan at the combined batch) and trains its slices
@@ -114,7 +115,7 @@ def train(plan, gpus: list[str], source: DataSource, progress=None):
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_rank_main, args=(rank, size, plan.config, source, child_end),
                                       name=f"graphtrain-rank{rank}", daemon=True)
-            _start_on(process, gpu)
+            _start_on(process, ",".join(bound_gpus(gpus, rank)))
             child_end.close()
             pipes.append(parent_end)
             processes.append(process)
@@ -134,6 +135,13 @@ def train(plan, gpus: list[str], source: DataSource, progress=None):
                             "combined_batch": plan.config.batch, "devices": list(gpus),
                             "nccl": record.environment.get("nccl")}
     return record
+
+
+def bound_gpus(gpus: list[str], rank: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of rank `rank`: its GPU first (device 0, the one every stage opens),
+    then the other ranks' GPUs, visible so that NCCL can reach them directly (P2P over NVLink or
+    PCIe) rather than through host memory."""
+    return [gpus[rank], *(gpu for other, gpu in enumerate(gpus) if other != rank)]
 
 
 def _start_on(process, gpu: str) -> None:
