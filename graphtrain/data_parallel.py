@@ -187,6 +187,7 @@ def _follow(pipes, processes, gpus, progress):
                     except EOFError:
                         closed.add(rank)
                 if rank not in done:
+                    processes[rank].join(timeout=JOIN_SECONDS)  # its exit code, once it is reaped
                     raise TrainingError(f"the rank on GPU {gpus[rank]} exited (code {processes[rank].exitcode}) "
                                         "before it finished")
     return done[0]
