@@ -66,8 +66,10 @@ def main() -> None:
              "samples/s: 60000 / epoch; weights: ‖a − b‖/‖b‖ (float64) against one GPU at the combined batch"]
     if skipped:
         extra.append(f"Left out: --gpus {', '.join(map(str, skipped))} (this host has {available} GPU(s))")
-    lines = [report.script_header("Data-parallel scaling (run --gpus N, NCCL all-reduce in the step graph)",
-                                  records[0]["environment"] if records else {}, command, extra), "",
+    date = report.utc_now()
+    items = report.provenance_lines(records, command, date) + extra  # NCCL's version from the --gpus runs
+    lines = ["# Data-parallel scaling (run --gpus N, NCCL all-reduce in the step graph)", "",
+             *(f"- {item}" for item in items), "",
              "| run | GPUs | batch per GPU | combined batch | epoch ms | samples/s | vs one GPU at batch "
              f"{args.batch} | test acc | weights vs one GPU at the combined batch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -83,7 +85,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(
-            {"date": report.utc_now(), "revision": (records[0]["environment"].get("revision") if records else None),
+            {"date": date, "revision": (records[0]["environment"].get("revision") if records else None),
              "command": command, "records": records}, indent=2, default=str))
 
 
