@@ -156,6 +156,9 @@ class FakeRank:
         self.exitcode = code
         os.close(self._write)
 
+    def join(self, timeout=None) -> None:
+        pass
+
     def is_alive(self) -> bool:
         return self.exitcode is None
 
