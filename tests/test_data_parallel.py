@@ -255,3 +255,45 @@ def test_the_record_states_the_gpus_and_both_batches():
     assert out["data_parallel"]["gpus"] == 2 and out["config"]["batch"] == 256
     record.data_parallel = None
     assert "data_parallel" not in record.to_json()
+
+
+def test_a_rank_sends_the_id_its_epochs_and_its_record(monkeypatch):
+    """Rank 0's side of the pipe, in this process: the stage swapped for the CPU one (the GPU
+    rank is tests/test_data_parallel_gpu.py), the dataset a small synthetic one."""
+    import pickle
+
+    import graphtrain.data
+    from graphtrain.data import Dataset
+    from graphtrain.stages.numpy_cpu import NumpyStage
+    from graphtrain.sweep import DataSource
+
+    uid = bytes(range(128))
+    groups = []
+    monkeypatch.setattr(nccl, "unique_id", lambda: uid)
+    monkeypatch.setattr(graphtrain.data, "load", lambda *a, **k: Dataset.synthetic(600, 100, seed=0))
+    monkeypatch.setattr(dp_stage.DataParallelGraphsStage, "for_group",
+                        classmethod(lambda cls, group: groups.append(group) or NumpyStage))
+    parent, child = Pipe()
+    config = TrainConfig(hidden=(16,), batch=64, epochs=2)
+    data_parallel._rank_main(0, 2, config, DataSource("mnist"), child)
+    messages = []
+    while parent.poll():
+        messages.append(parent.recv())
+    assert messages[0] == ("uid", uid) and groups == [dp_stage.Group(0, 2, uid)]
+    assert [m[:3] for m in messages[1:3]] == [("epoch", 0, 2), ("epoch", 1, 2)]
+    kind, record = messages[3]
+    assert kind == "done" and record.config.batch == 64 and record.params is not None
+    pickle.loads(pickle.dumps(record))
+
+
+def test_a_ranks_failure_goes_up_its_pipe_with_its_kind(monkeypatch):
+    from graphtrain.sweep import DataSource
+
+    def missing():
+        raise GpuUnavailableError("NCCL (libnccl) was not found")
+
+    monkeypatch.setattr(nccl, "unique_id", missing)
+    parent, child = Pipe()
+    data_parallel._rank_main(0, 2, TrainConfig(), DataSource("mnist"), child)
+    kind, what, text, trace = parent.recv()
+    assert (kind, what) == ("error", "usage") and "libnccl" in text and "Traceback" in trace
