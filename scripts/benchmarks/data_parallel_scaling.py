@@ -31,14 +31,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="batch per GPU")
     parser.add_argument("--hidden", default="784,784,784")
     parser.add_argument("--preset", default="jhu")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="the Markdown table (else printed only)")
     args = parser.parse_args()
     counts = sorted({int(n) for n in args.gpus.split(",")})
 
     from graphtrain.libs import cuda
 
-    available = cuda.device_count()
+    from graphtrain.errors import GpuUnavailableError
+
+    try:
+        available = cuda.device_count()
+    except GpuUnavailableError as exc:
+        sys.exit(f"error: the scaling table needs GPUs: {exc}")
     runs: list[tuple[str, int, int, dict, float | None]] = []  # engine, gpus, batch/GPU, record, rel. diff
     skipped = [n for n in counts if n > available]
     with tempfile.TemporaryDirectory() as tmp:
