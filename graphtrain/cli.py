@@ -284,9 +284,14 @@ def main():
                    "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
                    "more to train.")
 @PROFILE_OPTION
+@click.option("--gpus", type=int, default=None, metavar="N",
+              help="Train data-parallel on N GPUs of this host, one process each, the gradients summed "
+                   "through NCCL every step: --batch is per GPU, and the run is one GPU's at the combined "
+                   "batch N × --batch, its samples in the same order (the graphs rung, MLPs; needs "
+                   "graphtrain[nccl-cu13] or [nccl-cu12]).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print where the command's time went, phase by phase (the record's `phases`).")
-def run(stage, workload, json_path, save_path, init_path, profile, verbose):
+def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
     from graphtrain import model_io, phases
     from graphtrain.training import plan_for, run_stage
@@ -306,9 +311,20 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
-        check_profile(profile)
-        stage_cls = require(stage)
-        stage_cls.check_precision(cfg.precision)
+        ranks = None
+        if gpus is not None:  # refused before any data is read: the rung, NCCL, the GPUs
+            from graphtrain import data_parallel
+
+            data_parallel.check_request(gpus, stage, cfg, profile, init_path is not None)
+            get_stage(stage).check_precision(cfg.precision)
+            ranks = data_parallel.require(gpus)
+            batch_text = f"batch {cfg.batch} per GPU × {gpus} GPUs = {cfg.batch * gpus}"
+            cfg = cfg.replace(batch=cfg.batch * gpus)  # the plan is one GPU's at the combined batch
+        else:
+            check_profile(profile)
+            stage_cls = require(stage)
+            stage_cls.check_precision(cfg.precision)
+            batch_text = f"batch {cfg.batch}"
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
@@ -317,10 +333,17 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         model = "-".join(map(str, plan.config.dims))
         if cfg.model == "cnn":
             model = "conv " + ",".join(f"{c}x{k}" for c, k in cfg.conv) + f", {model}"
-        log(f"graphtrain: stage {stage}, model {model}, batch {cfg.batch}, "
+        log(f"graphtrain: stage {stage}, model {model}, {batch_text}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
-            record = run_stage(stage_cls, plan, data, progress, profile=profile)
+            if ranks is not None:
+                from graphtrain.sweep import DataSource
+
+                source = DataSource(cfg.dataset if workload.data_file is None else "npz", workload.data_file,
+                                    workload.data_dir, workload.offline)
+                record = data_parallel.train(plan, ranks, source, progress)
+            else:
+                record = run_stage(stage_cls, plan, data, progress, profile=profile)
         phases.advance("writing")
         record.command = command_line()
         record.init = None if init_path is None else str(init_path)

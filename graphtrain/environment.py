@@ -136,9 +136,9 @@ def _first_line(exc: BaseException) -> str:
 
 def probe() -> dict[str, dict[str, Any]]:
     """What `graphtrain info` shows: for the CUDA bindings, the driver and GPU, NVRTC, cuBLAS,
-    cuBLASLt and cuDNN, whether each was found, where, which version, and if not, why and what
+    cuBLASLt, cuDNN and NCCL, whether each was found, where, which version, and if not, why and what
     installs it."""
-    from graphtrain.libs import cublas, cublaslt, cuda, cudnn, nvrtc
+    from graphtrain.libs import cublas, cublaslt, cuda, cudnn, nccl, nvrtc
 
     def bindings() -> dict[str, Any]:
         cuda.runtime_api()
@@ -160,7 +160,8 @@ def probe() -> dict[str, dict[str, Any]]:
         return {"path": module.library.path, "found_via": module.library.found_via, "version": module.version()}
 
     steps = {"cuda_bindings": bindings, "driver": driver, "nvrtc": nvrtc_library,
-             "cublas": lambda: shared(cublas), "cublasLt": lambda: shared(cublaslt), "cudnn": lambda: shared(cudnn)}
+             "cublas": lambda: shared(cublas), "cublasLt": lambda: shared(cublaslt), "cudnn": lambda: shared(cudnn),
+             "nccl": lambda: shared(nccl)}  # run --gpus N only
     report: dict[str, dict[str, Any]] = {}
     for key, step in steps.items():
         try:

@@ -62,6 +62,7 @@ INSTALL_HINTS = {
     "cublas": f"{_CUDA_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
     "cublasLt": f"{_CUDA_EXTRAS}; it brings nvidia-cublas (CUDA 13) or nvidia-cublas-cu12",
     "cudnn": f"{_CUDA_EXTRAS}; it brings nvidia-cudnn-cu13 or nvidia-cudnn-cu12",
+    "nccl": "pip install 'graphtrain[nccl-cu13]' (CUDA 13) or 'graphtrain[nccl-cu12]' (CUDA 12)",
     "plot": "pip install 'graphtrain[plot]'",
     "profile": "pip install 'graphtrain[profile]'",
     "torch": "pip install torch",

@@ -79,6 +79,8 @@ class RunRecord:
     log: str | None = None  # where a ladder row's own output went
     # `graphtrain run`'s wall time from the process's start, by phase (graphtrain.phases), in ms.
     phases: dict[str, float] | None = None
+    # `run --gpus N`: the GPUs, the batch per GPU and combined (config.batch), NCCL's version.
+    data_parallel: dict | None = None
 
     @property
     def epoch_ms(self) -> float:
@@ -115,7 +117,7 @@ class RunRecord:
             "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,
             "warnings": list(self.warnings),
         })
-        for key in ("init", "command", "profile", "phases"):
+        for key in ("init", "command", "profile", "phases", "data_parallel"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.repeats:

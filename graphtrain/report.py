@@ -300,7 +300,7 @@ def environment_lines(records: list[dict]) -> list[str]:
         lines.append(f"Driver: {driver or 'unknown'}" + (f" (CUDA {driver_cuda})" if driver_cuda else ""))
     ours = _joined([(name, _first(records, key, "stage")) for name, key in (
         ("CUDA runtime", "runtime"), ("cuBLAS", "cublas"), ("cuDNN", "cudnn"), ("NVRTC", "nvrtc"),
-        ("cuda-bindings", "cuda_bindings"))])
+        ("NCCL", "nccl"), ("cuda-bindings", "cuda_bindings"))])
     if ours:
         lines.append(f"graphtrain stages: {ours}")
     torch_version = _first(records, "torch")

@@ -567,7 +567,7 @@ def test_probe_reports_every_component_without_raising():
     from graphtrain.environment import probe
 
     report = probe()
-    assert set(report) == {"cuda_bindings", "driver", "nvrtc", "cublas", "cublasLt", "cudnn"}
+    assert set(report) == {"cuda_bindings", "driver", "nvrtc", "cublas", "cublasLt", "cudnn", "nccl"}
     for name, entry in report.items():
         assert isinstance(entry["found"], bool), name
         if not entry["found"]:

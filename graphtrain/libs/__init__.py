@@ -1,4 +1,4 @@
-"""The only part of graphtrain that talks to CUDA: runtime, NVRTC kernels, cuBLAS(Lt) and cuDNN.
+"""The only part of graphtrain that talks to CUDA: runtime, NVRTC kernels, cuBLAS(Lt), cuDNN and NCCL.
 
     cuda.py        cuda.bindings: checked calls, device, streams, events, copies, CUDA Graphs, counters
     memory.py      one device arena per run, carved into typed buffers
@@ -6,6 +6,7 @@
     shared_lib.py  cuBLAS/cuDNN/cuBLASLt through ctypes: found by cuda.pathfinder, LibraryError
     cublas.py      a row-major GEMM;  cublaslt.py  products with fused epilogues, planned once
     cudnn.py       softmax forward and backward
+    nccl.py        NCCL through ctypes: a communicator per GPU process, the gradients' all-reduce
     cupti.py       CUPTI's activity tracing (graphtrain.profile), each call checked
 
 Importing any of it needs no GPU and no CUDA package: everything is loaded on first use.

@@ -39,7 +39,11 @@ class GraphsStage(CudnnSoftmaxStage):
 
     def train_step(self, offset: int, rows: int, measure: bool) -> None:
         super().train_step(offset, rows, measure)
-        self.gather_cu.advance_cursor(self.stream, self.cursor.ptr, rows)
+        self.gather_cu.advance_cursor(self.stream, self.cursor.ptr, self.samples_per_step(rows))
+
+    def samples_per_step(self, rows: int) -> int:
+        """How far the cursor moves on after a step of `rows` rows: to the next batch."""
+        return rows
 
     def capture(self) -> None:
         for rows in self.plan.batch_sizes:

@@ -1,0 +1,178 @@
+"""`graphs` on N GPUs, one process each: every step all-reduces the gradients through NCCL.
+
+The plan is the one-GPU plan at the combined batch C = N·B (graphtrain.data_parallel builds it),
+so the sample order is that run's: batch [lo, hi) of C rows (or the tail's T) splits into N
+consecutive slices of C/N rows, rank r taking rows lo + r·C/N ... lo + (r+1)·C/N − 1. Each rank
+replays the `graphs` step on its slice, with two changes:
+
+    the batch     the gather reads the order from r·rows on (its pointer moved, the device cursor
+                  shared with the one-GPU run), and the cursor moves on by the combined batch
+    the update    the gradients lie in one span (every dW, then every db), so one in-place
+                  ncclAllReduce(sum, fp32) a step, captured into the step's graph, sums them;
+                  each rank's are the mean over its slice, so Σ_r g_r / N is the mean over the
+                  combined batch, and the 1/N is folded into the update: W −= (lr/N)·Σ_r g_r
+
+Every rank then holds the same weights (the all-reduce hands all of them the same sums). The
+epoch's loss and accuracy sums are all-reduced (fp64) when read, outside the graph.
+
+Why only this rung: the earlier rungs replay no graph; `fused` and `bf16` fuse the update into
+the weight-gradient product (W ← W − lr·dYᵀX as one product), so no gradient exists to sum;
+`device-loop` and `persistent` run a whole epoch in one graph launch or one kernel, without a
+point between steps where a collective could be placed with the samples of the same batch. The
+cnn's rungs update with a schedule and stateful optimizers from their own span; they are not
+wired to a communicator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from graphtrain.errors import ModelUnsupported, UsageError
+from graphtrain.libs import cuda, nccl
+from graphtrain.plan import RunPlan
+from graphtrain.stages.graphs import GraphsStage
+
+# The rung that can train data-parallel, and why each other one cannot (for `run --gpus`).
+RUNG = "graphs"
+NOT_DATA_PARALLEL = {
+    "numpy": "it trains on the CPU",
+    "baseline": "it replays no step graph to put the all-reduce in",
+    "fewer-syncs": "it replays no step graph to put the all-reduce in",
+    "cublas": "it replays no step graph to put the all-reduce in",
+    "sparse-metrics": "it replays no step graph to put the all-reduce in",
+    "cudnn-softmax": "it replays no step graph to put the all-reduce in",
+    "fused": "it fuses SGD into the weight-gradient product, so there is no gradient to all-reduce",
+    "bf16": "it fuses SGD into the weight-gradient product, so there is no gradient to all-reduce",
+    "device-loop": "it runs a whole epoch per graph launch, with no step boundary for the all-reduce",
+    "persistent": "it runs a whole epoch in one kernel, with no step boundary for the all-reduce",
+}
+
+
+def refusal(stage: str, model: str) -> str | None:
+    """Why `run --stage stage --gpus N` cannot train `model`, or None."""
+    if stage != RUNG:
+        why = NOT_DATA_PARALLEL.get(stage, "it is a framework peer, not a graphtrain rung")
+        return f"--gpus trains data-parallel on the {RUNG} rung only; {stage} cannot: {why}"
+    if model != "mlp":
+        return (f"--gpus trains MLPs: the {model}'s rungs update through their own optimizer step, "
+                "which is not wired to a communicator")
+    return None
+
+
+def rank_slice(rows: int, rank: int, size: int) -> tuple[int, int]:
+    """(first row, rows) of rank `rank`'s slice of a combined batch of `rows` rows: N equal,
+    consecutive slices in rank order (ValueError where `rows` does not split evenly)."""
+    local, rest = divmod(rows, size)
+    if rest or not 0 <= rank < size:
+        raise ValueError(f"a batch of {rows} rows does not split into {size} equal slices (rank {rank})")
+    return rank * local, local
+
+
+def check_split(plan: RunPlan, size: int) -> dict[int, int]:
+    """Each combined batch size of the plan -> the rows of every rank's slice; a UsageError
+    where one (the tail batch, at most) does not split evenly over `size` GPUs."""
+    uneven = [rows for rows in plan.batch_sizes if rows % size]
+    if uneven:
+        batch = plan.config.batch
+        raise UsageError(
+            f"--gpus {size}: the last batch of each epoch has {uneven[0]} samples ({plan.num_train} mod "
+            f"{batch}), which do not split evenly over {size} GPUs; choose a --batch that does "
+            f"(the combined batch is --batch × --gpus = {batch})")
+    return {rows: rows // size for rows in plan.batch_sizes}
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place among the data-parallel processes, and the communicator's id."""
+
+    rank: int
+    size: int
+    unique_id: bytes
+
+
+class DataParallelGraphsStage(GraphsStage):
+    name = RUNG
+    summary = "the graphs rung on several GPUs, the gradients all-reduced through NCCL inside the step graph"
+    group: ClassVar[Group | None] = None  # set by `for_group`
+
+    @classmethod
+    def for_group(cls, group: Group) -> type[DataParallelGraphsStage]:
+        """This stage bound to one rank of `group` (the trainer makes a stage from its class)."""
+        return type(cls.__name__, (cls,), {"group": group})
+
+    def __init__(self, plan, data):
+        if self.group is None:
+            raise TypeError("DataParallelGraphsStage trains as one rank of a group: use for_group(group)")
+        why = refusal(RUNG, plan.config.model)
+        if why is not None:
+            raise ModelUnsupported(why)
+        super().__init__(plan, data)
+        self.local_rows = check_split(plan, self.group.size)
+        self.comm: nccl.Communicator | None = None
+
+    # ---- setup ---------------------------------------------------------------------------------
+
+    def setup_extra(self) -> None:
+        super().setup_extra()
+        self.comm = nccl.Communicator(self.group.unique_id, self.group.size, self.group.rank)
+        # The step's softmax runs on a slice: descriptors for the slices' row counts.
+        self.softmax_desc.update({local: self.dnn.tensor_4d(local, self.config.classes, 1, 1)
+                                  for local in self.local_rows.values() if local not in self.softmax_desc})
+        # Every dW, then every db: reserved one after the other, so one span (with the arena's
+        # alignment padding between them, zeroed here once and summed as zeros ever after).
+        grads = [*self.dw, *(db for db in self.db if db is not None)]
+        if any(b.offset <= a.offset for a, b in zip(grads, grads[1:])):
+            raise RuntimeError("the gradients were not reserved in order: they do not form one span")
+        first, last = grads[0], grads[-1]
+        self.grad_ptr, self.grad_count = first.ptr, (last.offset + last.nbytes - first.offset) // 4
+        cuda.memset(self.grad_ptr, 0, self.grad_count * 4, self.stream)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def train_step(self, offset: int, rows: int, measure: bool) -> None:
+        """One step of the combined batch of `rows` rows: this rank's slice of it."""
+        super().train_step(offset, self.local_rows[rows], measure)
+
+    def samples_per_step(self, rows: int) -> int:
+        return rows * self.group.size  # the cursor follows the combined batch
+
+    def load_batch(self, offset: int, rows: int) -> None:
+        # order[*cursor + first + r]: the order's pointer moved to this rank's slice.
+        first, _ = rank_slice(rows * self.group.size, self.group.rank, self.group.size)
+        order = self.order.ptr + first * self.order.dtype.itemsize
+        self.gather_cu.gather_batch_at(self.stream, self.train_images.ptr, self.train_labels.ptr, order,
+                                       self.cursor.ptr, self.config.in_features, rows, self.acts[0].ptr, self.y.ptr)
+
+    def sgd(self) -> None:
+        self.comm.all_reduce_sum(self.grad_ptr, self.grad_count, nccl.FLOAT32, self.stream)
+        lr = self.config.lr / self.group.size  # Σ_r (mean over slice r) / N = mean over the combined batch
+        for param, grad in [*zip(self.w, self.dw), *zip(self.b, self.db)]:
+            if param is not None:
+                self.layers_cu.sgd_update(self.stream, param.ptr, grad.ptr, lr, param.size)
+
+    # ---- metrics -------------------------------------------------------------------------------
+
+    def read_metrics(self):
+        # Σ loss and # correct over every rank's slices: the combined batches' sums.
+        self.comm.all_reduce_sum(self.metrics.ptr, 2, nccl.FLOAT64, self.stream)
+        return self.metrics.download(self.stream)
+
+    # ---- the rest ------------------------------------------------------------------------------
+
+    def library_versions(self) -> dict:
+        return {**super().library_versions(), "nccl": nccl.version()}
+
+    def close(self) -> None:
+        for graph in getattr(self, "graphs", {}).values():
+            graph.close()  # the captured all-reduces go before their communicator
+        if self.comm is not None:
+            comm, self.comm = self.comm, None
+            comm.close()
+        super().close()
+
+    def __exit__(self, *exc):
+        if exc[0] is not None and self.comm is not None:
+            comm, self.comm = self.comm, None  # a failed rank does not wait for its peers
+            comm.abort()
+        self.close()
