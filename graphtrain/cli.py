@@ -332,9 +332,10 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         # With the record on stdout, the table goes to stderr, so stdout is the JSON alone; it is
         # printed first so that the record's phases cover it.
         (err if to_stdout else out).print(summary_table(record))
-        record.phases = phases.snapshot()
+        phases.leaving()
+        record.phases, record.phases_from = phases.snapshot(), phases.origin()
         if verbose:
-            err.print(phases_text(record.phases), highlight=False, soft_wrap=True)
+            err.print(phases_text(record.phases, record.phases_from), highlight=False, soft_wrap=True)
         if to_stdout:
             sys.stdout.write(json.dumps(record.to_json(), indent=2, default=str) + "\n")
         elif json_path is not None:
@@ -342,10 +343,12 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
             log(f"run record written to {json_path}")
 
 
-def phases_text(ms: dict[str, float]) -> str:
-    """One line: each phase's ms, then their sum (the wall time since the process started)."""
+def phases_text(ms: dict[str, float], origin: str = "process") -> str:
+    """One line: each phase's ms, then their sum: the wall time since the process started, or
+    since graphtrain's import where the process's start could not be read (graphtrain.phases)."""
     parts = [f"{name.replace('_', ' ')} {value:.0f}" for name, value in ms.items()]
-    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f}"
+    since = "the process's start" if origin == "process" else "graphtrain's import (the process's start is unknown)"
+    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f} since {since}"
 
 
 @contextmanager

@@ -189,6 +189,7 @@ class _Opening(threading.Thread):
 
 
 _background: dict[int, _Opening] = {}
+_started: list[threading.Thread] = []  # every head-start thread, waited for before the devices are released
 
 
 def _retain_primary_context(ordinal: int) -> None:
@@ -218,7 +219,10 @@ def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None =
     raises is dropped, because the caller's own call raises it again."""
     if ordinal not in _devices and ordinal not in _background:
         _background[ordinal] = opening = _Opening(ordinal, then)
+        _started.append(opening)
         opening.start()
+        # Its `then` may use the context (the libraries' first calls): no capture begins beside it.
+        before_capture(opening.join)
         runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
 
 
@@ -257,6 +261,26 @@ def _open_device(ordinal: int) -> DeviceInfo:
                           driver_cuda_version=cuda_version(driver_cuda), runtime_version=cuda_version(runtime_cuda))
         _devices[ordinal] = info
         return info
+
+
+def release_devices() -> None:
+    """Destroy the primary context of every GPU this process opened, and with it everything made in
+    it (memory, modules, streams, graphs, the libraries' handles' state): what the driver does when
+    the process exits, done here so that it happens, and is timed, before the process's last
+    line (graphtrain.phases' `exit`). Only for a process about to end: nothing of CUDA may be used
+    after it. The start-up thread is waited for first, since its head start may still use the
+    context."""
+    for thread in _started:
+        thread.join()
+    if not _devices:
+        return
+    driver = driver_api()
+    with _device_lock:
+        for ordinal in list(_devices):
+            device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+            # Destroys the context whatever its retain count (the start-up thread retained it once).
+            check(driver.cuDevicePrimaryCtxReset(device), "cuDevicePrimaryCtxReset")
+            del _devices[ordinal]
 
 
 # --------------------------------------------------------------------------------------------
