@@ -309,6 +309,13 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         check_profile(profile)
         stage_cls = require(stage)
         stage_cls.check_precision(cfg.precision)
+        # The libraries' first-call costs, beside the data loading rather than in the setup (the
+        # cnn model trains on rungs of its own, graphtrain.stages.cnn_rungs).
+        first_uses = stage_cls.first_uses() if cfg.model != "cnn" else []
+        if first_uses:
+            from graphtrain.libs import cuda
+
+            cuda.start_beside(first_uses, name="graphtrain-first-use")
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)

@@ -263,6 +263,26 @@ def _open_device(ordinal: int) -> DeviceInfo:
         return info
 
 
+def start_beside(works: list[Callable[[], None]], name: str) -> None:
+    """Do `works`, in order, on a thread of its own, the caller going on at once: a head start
+    on once-a-process work whose result the driver or a library keeps (a library's first call),
+    so that the caller's own later call finds it done, or waits for it where it is still under
+    way rather than doing it again. What a work raises ends the thread and is dropped: it is
+    only a head start, and the caller's own call raises it again. The next stream capture,
+    and `release_devices`, wait for the thread first (it uses the context)."""
+    def run() -> None:
+        try:
+            for work in works:
+                work()
+        except Exception:  # noqa: S110: only a head start (see above)
+            pass
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _started.append(thread)
+    thread.start()
+    before_capture(thread.join)
+
+
 def release_devices() -> None:
     """Destroy the primary context of every GPU this process opened, and with it everything made in
     it (memory, modules, streams, graphs, the libraries' handles' state): what the driver does when
@@ -376,6 +396,23 @@ def free(ptr: int) -> None:
     """Free device memory from `malloc` (counted)."""
     check(runtime_api().cudaFree(int(ptr)), "cudaFree")
     counters.frees += 1
+
+
+@contextmanager
+def scratch(nbytes: int) -> Iterator[int]:
+    """`nbytes` of device memory (its address) for work that is not the run's, freed on leaving
+    the block: outside the counters, which count the run's own allocations."""
+    runtime = runtime_api()
+    ptr = int(check(runtime.cudaMalloc(int(nbytes)), "cudaMalloc"))
+    try:
+        yield ptr
+    finally:
+        check(runtime.cudaFree(ptr), "cudaFree")
+
+
+def wait_uncounted(stream: Stream) -> None:
+    """`stream.synchronize()` outside the counters: for work that is not the run's."""
+    check(runtime_api().cudaStreamSynchronize(stream.handle), "cudaStreamSynchronize")
 
 
 def _copy(dst: int, src: int, nbytes: int, kind: str, stream: Stream) -> None:
