@@ -315,7 +315,7 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         if first_uses:
             from graphtrain.libs import cuda
 
-            cuda.start_beside(first_uses, name="graphtrain-first-use")
+            cuda.start_beside(first_uses, cuda.open_device(), name="graphtrain-first-use")
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)

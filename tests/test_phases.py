@@ -137,7 +137,16 @@ def test_verbose_says_where_the_phases_count_from():
 # The head start beside the data, and the GPU's release
 
 
-def test_work_beside_runs_in_order_drops_what_it_raises_and_is_waited_for_before_a_capture():
+class FakeRuntime:
+    set_devices: list[int] = []
+
+    @classmethod
+    def cudaSetDevice(cls, ordinal: int) -> int:
+        cls.set_devices.append(ordinal)
+        return 0
+
+
+def test_work_beside_runs_in_order_drops_what_it_raises_and_is_waited_for_before_a_capture(monkeypatch):
     from graphtrain.libs import cuda
 
     done, gate = [], threading.Event()
@@ -150,13 +159,16 @@ def test_work_beside_runs_in_order_drops_what_it_raises_and_is_waited_for_before
         done.append("fails")
         raise RuntimeError("only a head start")
 
-    cuda.start_beside([first, fails, lambda: done.append("never")], name="test-beside")
+    monkeypatch.setattr(cuda, "runtime_api", lambda: FakeRuntime)  # no GPU here: the device is only set
+    device = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0")
+    cuda.start_beside([first, fails, lambda: done.append("never")], device, name="test-beside")
     thread = cuda._started[-1]
     try:
         assert thread.join in cuda._before_capture  # the next capture waits for it
         gate.set()
         thread.join(5)
         assert done == ["first", "fails"] and not thread.is_alive()
+        assert FakeRuntime.set_devices == [0]  # the device made current on the thread first
     finally:
         cuda.drop_before_capture(thread.join)
         cuda._started.remove(thread)

@@ -263,15 +263,17 @@ def _open_device(ordinal: int) -> DeviceInfo:
         return info
 
 
-def start_beside(works: list[Callable[[], None]], name: str) -> None:
-    """Do `works`, in order, on a thread of its own, the caller going on at once: a head start
-    on once-a-process work whose result the driver or a library keeps (a library's first call),
-    so that the caller's own later call finds it done, or waits for it where it is still under
-    way rather than doing it again. What a work raises ends the thread and is dropped: it is
-    only a head start, and the caller's own call raises it again. The next stream capture,
-    and `release_devices`, wait for the thread first (it uses the context)."""
+def start_beside(works: list[Callable[[], None]], device: DeviceInfo, name: str) -> None:
+    """Do `works`, in order, on a thread of its own with `device` current, the caller going on at
+    once: a head start on once-a-process work whose result the driver or a library keeps (a
+    library's first call), so that the caller's own later call finds it done, or waits for it
+    where it is still under way rather than doing it again. What a work raises ends the thread
+    and is dropped: it is only a head start, and the caller's own call raises it again. The next
+    stream capture, and `release_devices`, wait for the thread first (it uses the context)."""
     def run() -> None:
         try:
+            # A new thread has no current context: the driver API's calls (cuStreamCreate) need one.
+            check(runtime_api().cudaSetDevice(device.ordinal), "cudaSetDevice")
             for work in works:
                 work()
         except Exception:  # noqa: S110: only a head start (see above)
