@@ -77,20 +77,22 @@ def patch(variant: str) -> None:
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
 
 
-def breakdown(path: str) -> None:
+def breakdown(path: str, stage: str) -> None:
     """Time the setup's steps and the libraries' first calls (each waited for on the GPU) into
     `path`, as (what, thread, start ms from the process's start, ms), when the process leaves."""
     import threading
 
     from graphtrain import phases
     from graphtrain.libs import cublas, cuda, cudnn, memory
-    from graphtrain.stages import baseline, device
+    from graphtrain.stages import device, get_stage
 
     origin = time.perf_counter() - (phases.process_age() or 0.0)
     events: list[tuple[str, str, float, float]] = []
     seen: set[str] = set()
 
     def timed(owner, attr: str, label: str, stream_of=None, first_only: bool = False) -> None:
+        if not hasattr(owner, attr):  # a row without this step (persistent has no warm-up, say)
+            return
         original = getattr(owner, attr)
 
         def wrapper(*args, **kwargs):
@@ -111,7 +113,7 @@ def breakdown(path: str) -> None:
 
         setattr(owner, attr, wrapper)
 
-    own_stream = lambda self, *rest: self.stream  # noqa: E731
+    own_stream = lambda self, *rest: getattr(self, "stream", None)  # noqa: E731: a CPU row has none
     timed(cublas, "first_use", "cublas.first_use (side thread)")
     timed(cudnn, "first_use", "cudnn.first_use (side thread)")
     timed(device.DeviceContext, "__init__", "device context, stream, events")
@@ -119,19 +121,19 @@ def breakdown(path: str) -> None:
     timed(device.DatasetOnDevice, "upload", "dataset upload", stream_of=lambda self, stream: stream)
     timed(cublas.Cublas, "__init__", "cublasCreate and its settings")
     timed(cudnn.Cudnn, "__init__", "cudnnCreate")
-    timed(baseline.BaselineStage, "setup_extra", "setup_extra (handles, descriptors, cursor)", own_stream)
-    timed(baseline.BaselineStage, "warm_up", "warm-up", own_stream)
-    timed(baseline.BaselineStage, "upload_initial_weights", "initial weights upload", own_stream)
-    from graphtrain.stages.graphs import GraphsStage
-
-    timed(GraphsStage, "capture", "capture and instantiate", own_stream)
+    # On the row's own class: a method it overrides calls its bases' in turn, all inside the wrapper.
+    row = get_stage(stage)
+    timed(row, "setup_extra", "setup_extra (handles, descriptors, cursor)", own_stream)
+    timed(row, "warm_up", "warm-up", own_stream)
+    timed(row, "upload_initial_weights", "initial weights upload", own_stream)
+    timed(row, "capture", "capture and instantiate", own_stream)
     timed(cublas.Cublas, "gemm", lambda self, ta, tb, m, n, k, *rest: f"first gemm {m}x{n}x{k} t{int(ta)}{int(tb)}",
           lambda self, *rest: self.stream, first_only=True)
     timed(cudnn.Cudnn, "softmax_forward", "first cudnnSoftmaxForward", lambda self, *rest: self.stream,
           first_only=True)
-    timed(baseline.BaselineStage, "train_epoch", lambda self, epoch, *rest: "epoch 1" if epoch == 0 else "epoch 2",
+    timed(row, "train_epoch", lambda self, epoch, *rest: "epoch 1" if epoch == 0 else "epoch 2",
           own_stream, first_only=True)
-    timed(baseline.BaselineStage, "test_accuracy", "first test accuracy", own_stream, first_only=True)
+    timed(row, "test_accuracy", "first test accuracy", own_stream, first_only=True)
 
     leaving = phases.leaving
 
@@ -146,7 +148,7 @@ def breakdown(path: str) -> None:
     phases.leaving = leaving_then_write
 
 
-def child(variant: str, breakdown_path: str | None) -> None:
+def child(variant: str, breakdown_path: str | None, stage: str = "graphs") -> None:
     """One `graphtrain run` (its words in sys.argv) through the command's entry point, changed."""
     import graphtrain.__main__ as entry
 
@@ -157,7 +159,7 @@ def child(variant: str, breakdown_path: str | None) -> None:
         start(argv)
         patch(variant)
         if breakdown_path:
-            breakdown(breakdown_path)
+            breakdown(breakdown_path, stage)
 
     entry.start = start_then_patch
     entry.main()
@@ -169,7 +171,7 @@ def child(variant: str, breakdown_path: str | None) -> None:
 def command(variant: str, args: argparse.Namespace, record: Path, saved: Path | None,
             breakdown_path: str | None = None) -> list[str]:
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts' / 'probes')!r}); import graphs_setup; "
-            f"graphs_setup.child({variant!r}, {breakdown_path!r})")
+            f"graphs_setup.child({variant!r}, {breakdown_path!r}, {args.stage!r})")
     line = [sys.executable, "-c", code, "run", "--stage", args.stage, "--preset", args.preset, "--json", str(record)]
     return line + (["--save", str(saved)] if saved is not None else [])
 
