@@ -285,6 +285,13 @@ def start_beside(works: list[Callable[[], None]], device: DeviceInfo, name: str)
     before_capture(thread.join)
 
 
+def wait_for_head_starts() -> None:
+    """Wait until every head-start thread (`open_device_in_background`'s, `start_beside`'s) is done:
+    before work that must not share the GPU or the CPU with them (timed epochs)."""
+    for thread in _started:
+        thread.join()
+
+
 def release_devices() -> None:
     """Destroy the primary context of every GPU this process opened, and with it everything made in
     it (memory, modules, streams, graphs, the libraries' handles' state): what the driver does when
@@ -292,8 +299,7 @@ def release_devices() -> None:
     line (graphtrain.phases' `exit`). Only for a process about to end: nothing of CUDA may be used
     after it. The start-up thread is waited for first, since its head start may still use the
     context."""
-    for thread in _started:
-        thread.join()
+    wait_for_head_starts()
     if not _devices:
         return
     driver = driver_api()

@@ -106,6 +106,7 @@ class BaselineStage(Stage):
         self.stream.synchronize()
         self.upload_initial_weights()
         self.capture()
+        cuda.wait_for_head_starts()  # none still runs beside the timed epochs
 
     def warm_up(self) -> None:
         """One step of the first batch: first launches, library heuristics (undone afterwards)."""
