@@ -154,6 +154,7 @@ class NumpyRow(Row):
 
 
 class _CnnGpuRow(Row):
+    device_loop = False  # whether the model records WHILE nodes
 
     def setup(self, task: Task) -> None:
         from graphtrain.libs import cuda
@@ -162,7 +163,8 @@ class _CnnGpuRow(Row):
         super().setup(task)
         self.device = cuda.open_device()
         self.model = CnnDevice(self.device, task.spec, task.recipe, task.train_images, task.train_labels,
-                               task.test_images, task.test_labels, fused=task.fused_convs)
+                               task.test_images, task.test_labels, fused=task.fused_convs,
+                               device_loop=self.device_loop)
         self.note = self.model.precision_note()
         self.outer = cuda.Stream()
         # Warm-up: first launches of every kernel and library call (undone by the next load).
@@ -214,6 +216,7 @@ class DeviceLoopRow(_CnnGpuRow):
     """The whole run as one graph: reset, a WHILE node over the steps, the evaluation."""
 
     name = "device-loop"
+    device_loop = True
 
     def run(self, seed: int) -> float:
         m = self.model

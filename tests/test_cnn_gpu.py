@@ -276,7 +276,7 @@ def test_runs_are_bit_identical_and_graphs_equal_device_loop(gpu_device):
 
     task = small_task(precision="tf32")
     model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
-                      task.test_labels)
+                      task.test_labels, device_loop=True)
     outer = cuda.Stream()
     try:
         results = []

@@ -5,9 +5,9 @@
 //
 // state[0] = steps taken (t − 1 before this step), state[1] = blocks done with this step. Every
 // block reads state[0] first; the last block to finish (counted with an integer atomic: no float
-// atomics, the update is the same bit for bit on every run) writes t back, resets the count,
-// records the rate it used in lr_out[0], and inside a device loop sets the loop's condition:
-// continue while t < stop_step.
+// atomics, the update is the same bit for bit on every run) writes t back, resets the count and
+// records the rate it used in lr_out[0]. The step knows nothing of loops: a device loop counts
+// its iterations in a node of its own (loop.cu).
 //
 // Schedules (k = t − 1, the 0-based step; `total` steps; peak `lr`), as graphtrain.reference_cnn:
 //   0 constant   lr
@@ -20,8 +20,6 @@
 //   2 nesterov   b = μ·b + g;  p −= lr·(g + μ·b)
 //   3 adam       m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;  p −= lr/(1−β1^t) · m / (√v/√(1−β2^t) + ε)
 //   4 adamw      p ·= 1 − lr·wd, then adam without L2
-
-extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle, unsigned int value);
 
 struct Schedule { int kind, total, warmup; float lr, pct, div, final_div; };
 
@@ -48,8 +46,7 @@ extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __
                                           int* state, float* lr_out, int optimizer, float momentum,
                                           float beta1, float beta2, float eps, float wd,
                                           int schedule, int total, int warmup, float peak, float pct,
-                                          float div, float final_div,
-                                          unsigned long long loop, int stop_step) {
+                                          float div, float final_div) {
     const int t = state[0] + 1;
     const Schedule sch{schedule, total, warmup, peak, pct, div, final_div};
     const float lr = schedule_lr(sch, t - 1);
@@ -87,7 +84,6 @@ extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __
         state[1] = 0;
         state[0] = t;
         lr_out[0] = lr;
-        if (loop) cudaGraphSetConditional(loop, t < stop_step ? 1u : 0u);
     }
 }
 

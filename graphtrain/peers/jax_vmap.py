@@ -19,7 +19,7 @@ import numpy as np
 
 from graphtrain.errors import ModelUnsupported
 from graphtrain.packed import check_pack
-from graphtrain.peers.jax_scan import _jax_cuda_versions, _jaxlib_version, forward, import_jax
+from graphtrain.peers.jax_scan import _jax_cuda_versions, _jaxlib_version, forward, import_jax, make_product
 from graphtrain.record import EpochRecord, RunRecord, data_summary
 from graphtrain.reference import Layer
 
@@ -37,7 +37,7 @@ def train_vmapped(plans, data) -> list[RunRecord]:
     precision = cfg.precision or "fp32"
     if precision not in ("fp32", "bf16"):
         raise ModelUnsupported(f"jax-vmap trains in fp32 or bf16, not --precision {precision}")
-    operand = jnp.bfloat16 if precision == "bf16" else None
+    product = make_product(precision)  # "fp32" or "bf16": bf16 operands, fp32 accumulation
     count, num_epochs = len(plans), plans[0].num_epochs
     saved_precision = jax.config.jax_default_matmul_precision
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -66,7 +66,7 @@ def train_vmapped(plans, data) -> list[RunRecord]:
             epoch_indices.append((full_idx, tail_idx))
 
         def loss_fn(params, x, y):
-            logits = forward(params, x, operand)
+            logits = forward(params, x, product)
             logp = jax.nn.log_softmax(logits)
             return -jnp.take_along_axis(logp, y[:, None], axis=1).mean(), logits
 
@@ -89,7 +89,7 @@ def train_vmapped(plans, data) -> list[RunRecord]:
             return jax.lax.scan(body, start, idx_rows)[0]
 
         def correct_fn(params, x, y):
-            return (jnp.argmax(forward(params, x, operand), axis=1) == y).sum()
+            return (jnp.argmax(forward(params, x, product), axis=1) == y).sum()
 
         epoch_jit, step_jit = jax.jit(epoch_fn), jax.jit(models_step)
         correct_jit = jax.jit(jax.vmap(correct_fn, in_axes=(0, None, None)))
@@ -138,7 +138,7 @@ def train_vmapped(plans, data) -> list[RunRecord]:
             record = RunRecord(
                 stage="jax-vmap", kind="peer", config=plan.config, environment=env, epochs=epochs,
                 setup_ms=setup_ms, total_ms=(time.perf_counter() - run_start) * 1e3, test_accuracy=accuracy,
-                note=("bf16 operands, fp32 accumulation and weights" if operand is not None
+                note=("bf16 operands, fp32 accumulation and weights" if precision == "bf16"
                       else "fp32, matmul precision highest") + f"; {count} models vmapped",
                 precision=precision, data=data_summary(data), params=layers)
             record.pack = pack

@@ -47,6 +47,7 @@ from graphtrain.kernels.convpool import ConvPool
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.layers import Layers
+from graphtrain.kernels.loop import Loop
 from graphtrain.kernels.optim import STATE_INTS, Optim
 from graphtrain.libs import cublas, cuda, cudnn
 from graphtrain.libs.cublas import Cublas
@@ -95,7 +96,7 @@ class CnnDevice:
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
-                 nhwc: bool = True):
+                 nhwc: bool = True, device_loop: bool = False):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch
@@ -117,6 +118,9 @@ class CnnDevice:
         self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool, co) if self.fused else None
                          for (cin, _, _, co, _, _), layer in zip(self.conv_shapes, spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
+        # A device loop's WHILE nodes (capture_steps, capture_run): only for the rungs that run one.
+        self.loop_kind = ("while" if cuda.conditional_nodes() else "unrolled") if device_loop else None
+        self.loop_cu = Loop(device) if self.loop_kind == "while" else None
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
 
@@ -138,6 +142,7 @@ class CnnDevice:
         self.slot1 = arena.reserve("slot1", (span,)) if slots >= 1 else None
         self.slot2 = arena.reserve("slot2", (span,)) if slots >= 2 else None
         self.opt_state = arena.reserve("opt_state", (STATE_INTS,), np.int32)
+        self.iterations_left = arena.reserve("iterations_left", (1,), np.int32) if self.loop_cu else None
         self.lr_used = arena.reserve("lr_used", (1,))
         self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.correct = arena.reserve("correct", (1,), np.int32)
@@ -287,7 +292,7 @@ class CnnDevice:
             src = out
         return ops
 
-    def step_ops(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> list[tuple[str, Callable[[], None]]]:
+    def step_ops(self, stream: cuda.Stream) -> list[tuple[str, Callable[[], None]]]:
         """The launches of one training step, named, in order (record_step runs them; a profile
         times them one by one)."""
         spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
@@ -342,14 +347,13 @@ class CnnDevice:
         ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
                                          self.slot1.ptr if self.slot1 else 0, self.slot2.ptr if self.slot2 else 0,
                                          self.params.size, self.opt_state.ptr, self.lr_used.ptr, recipe.optimizer,
-                                         recipe.schedule, loop, stop_step)))
+                                         recipe.schedule)))
         return ops
 
-    def record_step(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> None:
-        """One training step on the batch at the cursor; inside a device loop (loop ≠ 0) the
-        optimizer sets the loop's condition to `step < stop_step`."""
+    def record_step(self, stream: cuda.Stream) -> None:
+        """One training step on the batch at the cursor."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream, loop, stop_step):
+        for _, op in self.step_ops(stream):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
@@ -366,28 +370,30 @@ class CnnDevice:
 
     # ---- whole runs as graphs -------------------------------------------------------------------
 
-    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int, first: int) -> None:
-        """Inside a capture of `outer`: `steps` training steps, the first one the run's step
-        `first` (0-based): a WHILE node whose body is `per_body` steps, run ⌊steps / per_body⌋
-        times (the body's last optimizer step ends it at step first + that many), then the rest
-        unrolled on the model's stream, joined into the capture. Without conditional nodes every
-        step is unrolled. Ends with the model's stream joined back into `outer`."""
-        iterations = steps // per_body if cuda.conditional_nodes() else 0
+    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int) -> None:
+        """Inside a capture of `outer`: `steps` training steps, a WHILE node whose body is
+        `per_body` steps run ⌊steps / per_body⌋ times (kernels/loop.cu counts them), then the
+        rest unrolled on the model's stream, joined into the capture. Without conditional nodes
+        every step is unrolled (`loop_kind` says so). Ends with the model's stream joined back
+        into `outer`."""
+        if self.loop_kind is None:
+            raise RuntimeError("a device loop needs the model built with device_loop=True")
+        iterations = steps // per_body if self.loop_cu else 0
         if iterations:
-            with cuda.Graph.while_loop(outer, self.stream) as loop:
-                for k in range(per_body):
-                    last = k == per_body - 1
-                    self.record_step(self.stream, loop=loop if last else 0, stop_step=first + iterations * per_body)
+            def body(stream: cuda.Stream) -> None:
+                for _ in range(per_body):
+                    self.record_step(stream)
+
+            self.loop_cu.record_while(outer, self.stream, self.iterations_left.ptr, iterations, body)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
         for _ in range(steps - iterations * per_body):
             self.record_step(self.stream)
 
-    def capture_steps(self, steps: int, outer: cuda.Stream, first: int = 0,
-                      per_body: int = STEPS_PER_BODY) -> cuda.Graph:
-        """One graph of `steps` training steps from the run's step `first` (see _record_steps),
-        captured from `outer` and launched there."""
+    def capture_steps(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
+        """One graph of `steps` training steps from wherever the cursor and step counter stand
+        (see _record_steps), captured from `outer` and launched there."""
         with cuda.Graph.capture(outer) as graph:
-            self._record_steps(outer, steps, per_body, first)
+            self._record_steps(outer, steps, per_body)
             cuda.stream_wait(outer, self.stream)
         return graph
 
@@ -397,7 +403,7 @@ class CnnDevice:
         (the one cuDNN and cuBLAS are bound to), joined into the capture."""
         with cuda.Graph.capture(outer) as graph:
             self.reset(outer)
-            self._record_steps(outer, steps, per_body, 0)
+            self._record_steps(outer, steps, per_body)
             self.record_eval(self.stream)
             cuda.stream_wait(outer, self.stream)  # and back: the capture ends on `outer`
         return graph
@@ -416,11 +422,12 @@ class CnnDevice:
                  for name, algo in plan.algo.items()}
         if self.fused:
             algos = {"conv": "kernels/convpool.cu (fused conv+bias+pool+ReLU, fp32 FMA)"}
+        loop = {"device_loop": self.loop_kind} if self.loop_kind else {}  # "while", or "unrolled"
         return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.precision_note(),
-                "cudnn_algorithms": algos}
+                "cudnn_algorithms": algos, **loop}
 
     def close(self) -> None:
-        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu"):
+        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu", "loop_cu"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

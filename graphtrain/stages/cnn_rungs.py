@@ -79,6 +79,7 @@ class CnnGraphsStage(Stage):
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
     uses_gpu = True
     precisions = ("tf32", "fp32")  # the linear layers' products (and cuDNN's, where it runs)
+    device_loop = False  # whether the model records WHILE nodes (device-loop's own)
 
     def setup(self) -> None:
         from graphtrain.libs import cuda
@@ -88,7 +89,7 @@ class CnnGraphsStage(Stage):
         self.device = cuda.open_device()
         data = self.data
         self.model = m = CnnDevice(self.device, self.spec, self.recipe, train_x, data.train_labels.astype(np.int32),
-                                   test_x, data.test_labels.astype(np.int32))
+                                   test_x, data.test_labels.astype(np.int32), device_loop=self.device_loop)
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
         initial = flat_params(self.plan.initial)
@@ -149,29 +150,27 @@ class CnnGraphsStage(Stage):
 class CnnDeviceLoopStage(CnnGraphsStage):
     name = "device-loop"
     summary = "the cnn's epoch from one graph launch: a conditional WHILE node over the steps"
+    device_loop = True
 
     def capture(self) -> None:
-        """Every epoch's graph, before the first is timed: the optimizer ends each WHILE loop at
-        an absolute step count, so each (first step, steps) has a graph of its own."""
+        """Every epoch length's graph, before the first epoch is timed (the cursor and the step
+        counter live on the device, so one graph serves every epoch of its length)."""
         from graphtrain.libs import cuda
 
         self.outer = cuda.Stream()
-        self.epoch_graphs: dict[tuple[int, int], cuda.Graph] = {}
-        first = 0
-        for num_batches in self.plan.batches:
-            self.epoch_graph(first, num_batches)
-            first += num_batches
+        self.epoch_graphs: dict[int, cuda.Graph] = {}
+        for num_batches in sorted(set(self.plan.batches)):
+            self.epoch_graph(num_batches)
 
-    def epoch_graph(self, first: int, num_batches: int):
-        key = (first, num_batches)
-        if key not in self.epoch_graphs:  # only a length the run's epochs do not have (a test's partial epoch)
-            self.epoch_graphs[key] = self.model.capture_steps(num_batches, self.outer, first)
-        return self.epoch_graphs[key]
+    def epoch_graph(self, num_batches: int):
+        if num_batches not in self.epoch_graphs:  # only a length the run's epochs do not have (a test's partial epoch)
+            self.epoch_graphs[num_batches] = self.model.capture_steps(num_batches, self.outer)
+        return self.epoch_graphs[num_batches]
 
     def run_batches(self, epoch: int, num_batches: int) -> None:
         from graphtrain.libs import cuda
 
-        graph = self.epoch_graph(sum(self.plan.batches[:epoch]), num_batches)
+        graph = self.epoch_graph(num_batches)
         cuda.stream_wait(self.outer, self.model.stream)
         graph.launch(self.outer)
         cuda.stream_wait(self.model.stream, self.outer)

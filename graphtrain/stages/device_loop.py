@@ -61,17 +61,18 @@ class DeviceLoopStage(Bf16Stage):
         count = len(sizes) - (tail is not None)
         per_body = self.steps_per_iteration
         iterations, unrolled = divmod(count, per_body) if self.loop_kind == "while" else (0, count)
+
+        def body(stream: cuda.Stream) -> None:  # the steps queue on self.stream: the body's, meanwhile
+            outer, self.stream = self.stream, stream
+            try:
+                for _ in range(per_body):
+                    self.train_step(0, full, measure)
+            finally:
+                self.stream = outer
+
         with cuda.Graph.capture(self.stream) as graph:
             if iterations:
-                self.loop_cu.set_iterations(self.stream, self.iterations_left.ptr, iterations)
-                with cuda.Graph.while_loop(self.stream, self.loop_stream) as loop:
-                    outer, self.stream = self.stream, self.loop_stream
-                    try:
-                        for _ in range(per_body):
-                            self.train_step(0, full, measure)
-                        self.loop_cu.count_down(self.stream, loop, self.iterations_left.ptr)
-                    finally:
-                        self.stream = outer
+                self.loop_cu.record_while(self.stream, self.loop_stream, self.iterations_left.ptr, iterations, body)
             for _ in range(unrolled):
                 self.train_step(0, full, measure)
             if tail is not None:

@@ -22,7 +22,7 @@ xte = (means[yte] + rng.standard_normal((300, 784))).astype(np.float32)
 spec = R.CnnSpec((R.ConvLayer(24, 5), R.ConvLayer(32, 3)), (256,))
 recipe = Recipe(batch=128, optimizer=R.Optimizer(kind, betas=(0.7, 0.9)), schedule=R.Schedule("one-cycle", 0.01, 5))
 task = Task(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
-model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte, task.test_labels, fused=fused)
+model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte, task.test_labels, fused=fused, device_loop=loop)
 outer = cuda.Stream()
 if loop:
     model.load(task.initial(0), task.orders(0))

@@ -20,7 +20,7 @@ args = parser.parse_args()
 task = make_task(config.preset("speedrun"), data.load("mnist"), precision=args.precision)
 model = CnnDevice(cuda.open_device(), task.spec, task.recipe, task.train_images, task.train_labels,
                   task.test_images, task.test_labels, fused=not args.cudnn,
-                  nhwc=not args.nchw)
+                  nhwc=not args.nchw, device_loop=True)
 s = model.stream
 model.load(task.initial(0), task.orders(0))
 model.reset(s)
