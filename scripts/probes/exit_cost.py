@@ -47,7 +47,7 @@ def child(case: str) -> None:
         from graphtrain import environment
         from graphtrain.libs import cuda
 
-        stamps["environment"] = {**environment.host(), **environment.gpu(cuda.open_device())}
+        stamps["environment"] = environment.gpu(cuda.open_device())
         cuda.malloc(DATASET_BYTES)  # held to the end, freed with the context (a run frees its arena first)
         if case.startswith("libraries"):
             from graphtrain.libs import cublas, cudnn
@@ -97,7 +97,10 @@ def main() -> None:
                      f"{statistics.median(release):.1f}" if release else report.DASH,
                      f"{statistics.median(after):.1f}", f"{min(after):.1f}–{max(after):.1f}"])
         print(f"{case}: after {statistics.median(after):.1f} ms", file=sys.stderr, flush=True)
-    environment = next((run["environment"] for runs in results.values() for run in runs if run["environment"]), {})
+    from graphtrain import environment as environment_mod
+
+    gpu = next((run["environment"] for runs in results.values() for run in runs if run["environment"]), {})
+    environment = {**environment_mod.host(), **gpu}
     command = shlex.join(["python3", "scripts/probes/exit_cost.py", *sys.argv[1:]])
     print(report.script_header("graphtrain: what a process's end costs after its last line", environment, command,
                                extra=[f"Timing: {args.repeat} processes per case after one untimed; medians"]))
