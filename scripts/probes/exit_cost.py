@@ -10,10 +10,10 @@ clock, after waiting for it): that difference is what happens after the last lin
 record written by the process can count. Cases:
 
     python            numpy imported, nothing of CUDA: the floor of any process's end
-    context           the primary context and one 200 MB allocation (a dataset's size)
+    context           the primary context alone
     context+release   the same, then graphtrain.libs.cuda.release_devices (timed inside)
-    libraries         the context, the allocation, a cuBLAS product and a cuDNN softmax (their
-                      first uses, `first_use`)
+    libraries         the context, one 200 MB allocation (a dataset's size), a cuBLAS product and
+                      a cuDNN softmax (their first uses, `first_use`): what a graphs run holds
     libraries+release the same, then release_devices
 
 `release ms` is what releasing took inside the process (what the record's `exit` phase holds);
@@ -48,8 +48,8 @@ def child(case: str) -> None:
         from graphtrain.libs import cuda
 
         stamps["environment"] = environment.gpu(cuda.open_device())
-        cuda.malloc(DATASET_BYTES)  # held to the end, freed with the context (a run frees its arena first)
         if case.startswith("libraries"):
+            cuda.malloc(DATASET_BYTES)  # held to the end, freed with the context (a run frees its arena first)
             from graphtrain.libs import cublas, cudnn
 
             cublas.first_use()
