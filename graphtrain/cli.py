@@ -309,13 +309,14 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose):
         check_profile(profile)
         stage_cls = require(stage)
         stage_cls.check_precision(cfg.precision)
-        # The libraries' first-call costs, beside the data loading rather than in the setup (the
-        # cnn model trains on rungs of its own, graphtrain.stages.cnn_rungs).
-        first_uses = stage_cls.first_uses() if cfg.model != "cnn" else []
-        if first_uses:
+        # The libraries' first-call costs, beside the data loading rather than in the setup, each
+        # library on a thread of its own (they share nothing); the cnn model trains on rungs of
+        # its own (graphtrain.stages.cnn_rungs).
+        for first_use in stage_cls.first_uses() if cfg.model != "cnn" else []:
             from graphtrain.libs import cuda
 
-            cuda.start_beside(first_uses, cuda.open_device(), name="graphtrain-first-use")
+            library = first_use.__module__.rsplit(".", 1)[-1]
+            cuda.start_beside([first_use], cuda.open_device(), name=f"graphtrain-first-use-{library}")
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
