@@ -146,7 +146,7 @@ class FakeRuntime:
         return 0
 
 
-def test_work_beside_runs_in_order_drops_what_it_raises_and_is_waited_for_before_a_capture(monkeypatch):
+def test_work_beside_runs_in_order_keeps_what_it_raises_and_is_waited_for_before_a_capture(monkeypatch):
     from graphtrain.libs import cuda
 
     done, gate = [], threading.Event()
@@ -169,9 +169,13 @@ def test_work_beside_runs_in_order_drops_what_it_raises_and_is_waited_for_before
         thread.join(5)
         assert done == ["first", "fails"] and not thread.is_alive()
         assert FakeRuntime.set_devices == [0]  # the device made current on the thread first
+        with pytest.raises(cuda.HeadStartError, match="test-beside: RuntimeError: only a head start"):
+            cuda.wait_for_head_starts()
+        cuda.wait_for_head_starts()  # raised once
     finally:
         cuda.drop_before_capture(thread.join)
         cuda._started.remove(thread)
+        cuda._head_start_errors.clear()
 
 
 def test_releasing_with_no_gpu_opened_does_nothing():
