@@ -231,22 +231,28 @@ def reference_run(task, seed, steps):
     return params
 
 
-PATHS = {"fused": dict(fused=True), "cudnn-nhwc": dict(fused=False, nhwc=True),
-         "cudnn-nchw": dict(fused=False, nhwc=False)}
+# path: (CnnDevice's options, the recipe's precision, the weights' tolerance)
+PATHS = {"fused": (dict(fused=True), "fp32", 1e-4), "fused-tf32": (dict(fused=True), "tf32", 5e-3),
+         "cudnn-nhwc": (dict(fused=False, nhwc=True), "fp32", 1e-3),
+         "cudnn-nchw": (dict(fused=False, nhwc=False), "fp32", 1e-3)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("optimizer", [R.Optimizer("sgd"), R.Optimizer("adam", betas=(0.7, 0.9))], ids=["sgd", "adam"])
 def test_training_steps_match_reference(gpu_device, optimizer, path):
-    """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included, in fp32: the conv
-    layers as our fused kernels (25 taps: the register weight gradient; 54: the per-tap one), or
-    through cuDNN on NHWC or NCHW tensors."""
+    """Every step of a short epoch, the tail batch (600 = 4·128 + 88) included: the conv layers as
+    our fused kernels in fp32 (25 taps: the register weight gradient; 54: the per-tap one) or on
+    the tensor cores (TF32, the linear layers too), or through cuDNN (fp32) on NHWC or NCHW tensors."""
+    from graphtrain.kernels.convpool_tc import ConvPoolTc
     from graphtrain.stages.cnn_device import CnnDevice
 
-    task = small_task(optimizer=optimizer)
+    options, precision, tol = PATHS[path]
+    task = small_task(optimizer=optimizer, precision=precision)
     model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
-                      task.test_labels, **PATHS[path])
-    assert model.fused == PATHS[path]["fused"]
+                      task.test_labels, **options)
+    assert model.fused == options["fused"]
+    if model.fused:
+        assert all(isinstance(cp, ConvPoolTc) == (precision == "tf32") for cp in model.convpool)
     try:
         seed = 4
         model.load(task.initial(seed), task.orders(seed))
@@ -259,8 +265,8 @@ def test_training_steps_match_reference(gpu_device, optimizer, path):
     finally:
         model.close()
     ref = reference_run(task, seed, task.steps)
-    # cuDNN may pick FFT or Winograd algorithms, which round more than a direct sum.
-    tol = 1e-4 if path == "fused" else 1e-3
+    # cuDNN may pick FFT or Winograd algorithms, which round more than a direct sum; TF32 rounds
+    # every product's operands to 10 mantissa bits.
     for i, (g, r) in enumerate(zip(got, ref)):
         assert rel_err(g, r) < tol, f"parameter {i} {r.shape}, {optimizer.kind}, {path}, seed {seed}"
     ref_acc = R.accuracy(task.spec, ref, task.test_images.astype(np.float64), task.test_labels)

@@ -14,7 +14,8 @@ One step, every launch on one stream (nothing allocated or chosen in it, so it c
 
     gather          x, y = the batch's rows through the order, from the device cursor
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
-                    kernel (convpool.cu, fp32), or cuDNN's forward (TF32 or fp32) and a pool kernel
+                    kernel (convpool_tc.cu on the tensor cores at TF32, convpool.cu at fp32), or
+                    cuDNN's forward (TF32 or fp32) and a pool kernel
     head            cuBLAS products, bias + ReLU kernels
     loss step       dlogits of the valid rows; the cursor moves on by them
     head backward   cuBLAS products; ReLU mask and bias gradient in one kernel
@@ -41,9 +42,10 @@ from functools import partial
 import numpy as np
 
 from graphtrain.kernels import ceil_div
-from graphtrain.kernels import convpool
+from graphtrain.kernels import convpool, convpool_tc
 from graphtrain.kernels.cnn import Cnn
 from graphtrain.kernels.convpool import ConvPool
+from graphtrain.kernels.convpool_tc import ConvPoolTc
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.layers import Layers
@@ -85,9 +87,11 @@ def packed_layout(shapes) -> tuple[list[int], int]:
 
 
 class CnnDevice:
-    """`fused`: every conv layer as kernels/convpool.cu's fused kernels (conv + bias + pool + ReLU
-    in one, the weight and bias gradients from the pooled gradient, the input gradient), where all
-    layers fit them (stride 1, no padding, one sample and the filters in shared memory); NCHW.
+    """`fused`: every conv layer as fused kernels (conv + bias + pool + ReLU in one, the weight
+    and bias gradients from the pooled gradient, the input gradient), where all layers fit them
+    (stride 1, no padding, one sample and the filters in shared memory); NCHW. At the recipe's
+    precision tf32 a layer that fits kernels/convpool_tc.cu (pool 2) runs there, on the tensor
+    cores; at fp32, or where it does not fit, kernels/convpool.cu's fp32 kernels.
     Otherwise (or False) cuDNN's convolutions and kernels/cnn.cu's pooling kernels. `nhwc`: then
     cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels need no
     transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the last
@@ -114,8 +118,8 @@ class CnnDevice:
         self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
         self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
         self.cnn_cu = Cnn(device)
-        self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool, co) if self.fused else None
-                         for (cin, _, _, co, _, _), layer in zip(self.conv_shapes, spec.convs)]
+        self.convpool = [self._fused_layer(device, i, layer) if self.fused else None
+                         for i, layer in enumerate(spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         self.dnn = Cudnn(self.stream)
@@ -197,6 +201,15 @@ class CnnDevice:
             tp.choose(src, self.param(2 * i), self.c[i].ptr, ws, wsb)
             ep.choose(eval_src, self.param(2 * i), self.c[i].ptr, ws, wsb)
         self.stream.synchronize()
+
+    def _fused_layer(self, device: cuda.DeviceInfo, i: int, layer) -> ConvPool | ConvPoolTc:
+        """Layer i's fused kernels: on the tensor cores (TF32) where the recipe's precision is
+        tf32 and the layer fits them, else fp32."""
+        cin, h, w, co, _, _ = self.conv_shapes[i]
+        if self.recipe.precision == "tf32" and convpool_tc.fits(cin, h, w, co, layer.kernel, layer.stride,
+                                                                 layer.padding, layer.pool, first=i == 0):
+            return ConvPoolTc(device, cin, h, w, layer.kernel, layer.pool, co)
+        return ConvPool(device, cin, layer.kernel, layer.pool, co)
 
     # ---- per run --------------------------------------------------------------------------------
 
@@ -406,7 +419,9 @@ class CnnDevice:
         """What ran in which precision, from the code path taken."""
         products = "TF32" if self.recipe.precision == "tf32" else "fp32"
         if self.fused:
-            convs = "convolutions fp32 (convpool.cu's fused conv+bias+pool+ReLU kernels)"
+            notes = [cp.note for cp in self.convpool]
+            convs = (f"convolutions {notes[0]}" if len(set(notes)) == 1 else
+                     ", ".join(f"conv{i} {note}" for i, note in enumerate(notes)))
         else:
             convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
         return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
@@ -415,7 +430,7 @@ class CnnDevice:
         algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
                  for name, algo in plan.algo.items()}
         if self.fused:
-            algos = {"conv": "kernels/convpool.cu (fused conv+bias+pool+ReLU, fp32 FMA)"}
+            algos = {f"conv{i}": f"kernels/{cp.stem}.cu ({cp.note})" for i, cp in enumerate(self.convpool)}
         return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.precision_note(),
                 "cudnn_algorithms": algos}
 
