@@ -22,6 +22,26 @@ __device__ __forceinline__ unsigned tf32(float v) {
     return r;
 }
 
+// store(e, load(e)) for e < count over the block's threads, each thread's TC_BATCH loads issued
+// before its stores: a staging loop waits on global memory's latency once a batch, not once an
+// element (a strided loop's trip count is unknown, so the compiler does not batch it itself).
+template <class Load, class Store>
+__device__ __forceinline__ void batched(int count, Load load, Store store) {
+    for (int base = threadIdx.x; base < count; base += THREADS * TC_BATCH) {
+        decltype(load(0)) v[TC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TC_BATCH; ++u)
+            if (base + u * THREADS < count) v[u] = load(base + u * THREADS);
+#pragma unroll
+        for (int u = 0; u < TC_BATCH; ++u)
+            if (base + u * THREADS < count) store(base + u * THREADS, v[u]);
+    }
+}
+// dst[e] = TF32(src[e]), e < count.
+__device__ __forceinline__ void stage_tf32(unsigned* dst, const float* __restrict__ src, int count) {
+    batched(count, [&](int e) { return src[e]; }, [&](int e, float v) { dst[e] = tf32(v); });
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 // conv[s, o, y, x] = Σ_tap A[(y, x), tap]·B[tap, o] with A the im2col of x (tap = (c, a, b):
 // x[s, c, y + a, x + b]) and B[tap, o] = w[o, tap]. A tile's 16 rows are 8 pool windows: row g
@@ -44,18 +64,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
     unsigned* xs = smem + 2 * F_KT * F_NT * 32 + F_KT * 8;         // [TC_SPB][IMAGE], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // b0 = B[t][g] = w[o, k0], b1 = B[t + 4][g] = w[o, k0 + 4] for o = nt·8 + g, k0 = ks·8 + t.
-    for (int e = threadIdx.x; e < F_KT * F_NT * 32; e += THREADS) {
+    batched(F_KT * F_NT * 32, [&](int e) {
         const int l = e & 31, nt = (e >> 5) % F_NT, ks = (e >> 5) / F_NT;
         const int o = nt * 8 + (l >> 2), k0 = ks * 8 + (l & 3), k1 = k0 + 4;
-        wf[e] = make_uint2(o < TC_OUTS && k0 < TAPS ? tf32(w[o * TAPS + k0]) : 0u,
-                           o < TC_OUTS && k1 < TAPS ? tf32(w[o * TAPS + k1]) : 0u);
-    }
+        return make_float2(o < TC_OUTS && k0 < TAPS ? w[o * TAPS + k0] : 0.0f,
+                           o < TC_OUTS && k1 < TAPS ? w[o * TAPS + k1] : 0.0f);
+    }, [&](int e, float2 v) { wf[e] = make_uint2(tf32(v.x), tf32(v.y)); });
     for (int k = threadIdx.x; k < F_KT * 8; k += THREADS)
         tapoff[k] = k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0;
     for (int s0 = blockIdx.x * TC_SPB; s0 < n; s0 += gridDim.x * TC_SPB) {
         const int count = min(TC_SPB, n - s0);
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
-        for (int e = threadIdx.x; e < count * IMAGE; e += THREADS) xs[e] = tf32(x[(long long)s0 * IMAGE + e]);
+        stage_tf32(xs, x + (long long)s0 * IMAGE, count * IMAGE);
         __syncthreads();
         for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
             const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
@@ -112,16 +132,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
 __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __restrict__ dout,
                                               const unsigned char* __restrict__ arg, int s, int stride, int row,
                                               int origin) {
-    for (int q = threadIdx.x; q < TC_OUTS * PLANE; q += THREADS) {
-        const long long at = (long long)s * TC_OUTS * PLANE + q;
-        const int where = arg[at], o = q / PLANE, win = q % PLANE;
-        const unsigned gv = where == RELU_OFF ? 0u : tf32(dout[at]);
+    struct Routed { float g; int where; };
+    const long long at = (long long)s * TC_OUTS * PLANE;
+    batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[at + q], arg[at + q]}; }, [&](int q, Routed v) {
+        const int where = v.where, o = q / PLANE, win = q % PLANE;
+        const unsigned gv = where == RELU_OFF ? 0u : tf32(v.g);
         unsigned* d = dst + o * stride + origin + 2 * (win / WO) * row + 2 * (win % WO);
         d[0] = where == 0 ? gv : 0u;
         d[1] = where == 1 ? gv : 0u;
         d[row] = where == 2 ? gv : 0u;
         d[row + 1] = where == 3 ? gv : 0u;
-    }
+    });
 }
 
 // ---- backward data ------------------------------------------------------------------------------
@@ -142,12 +163,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
     int* koff = reinterpret_cast<int*>(smem + 2 * B_KT * B_NT * 32);     // [B_KT·8]
     unsigned* dcp = smem + 2 * B_KT * B_NT * 32 + B_KT * 8;              // [TC_BD_SPB][TC_OUTS·HP·WP]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    for (int e = threadIdx.x; e < B_KT * B_NT * 32; e += THREADS) {
+    batched(B_KT * B_NT * 32, [&](int e) {
         const int l = e & 31, nt = (e >> 5) % B_NT, ks = (e >> 5) / B_NT;
         const int c = nt * 8 + (l >> 2), k0 = ks * 8 + (l & 3), k1 = k0 + 4;
-        wb[e] = make_uint2(c < TC_C && k0 < TC_OUTS * KK ? tf32(w[(k0 / KK) * TAPS + c * KK + k0 % KK]) : 0u,
-                           c < TC_C && k1 < TC_OUTS * KK ? tf32(w[(k1 / KK) * TAPS + c * KK + k1 % KK]) : 0u);
-    }
+        return make_float2(c < TC_C && k0 < TC_OUTS * KK ? w[(k0 / KK) * TAPS + c * KK + k0 % KK] : 0.0f,
+                           c < TC_C && k1 < TC_OUTS * KK ? w[(k1 / KK) * TAPS + c * KK + k1 % KK] : 0.0f);
+    }, [&](int e, float2 v) { wb[e] = make_uint2(tf32(v.x), tf32(v.y)); });
     for (int k = threadIdx.x; k < B_KT * 8; k += THREADS)
         koff[k] = k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
     for (int e = threadIdx.x; e < TC_BD_SPB * TC_OUTS * HP * WP; e += THREADS) dcp[e] = 0u;  // the borders stay 0
@@ -235,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int s = first; s < last; ++s) {
         __syncthreads();
-        for (int e = threadIdx.x; e < IMAGE; e += THREADS) xs[e] = tf32(x[(long long)s * IMAGE + e]);
+        stage_tf32(xs, x + (long long)s * IMAGE, IMAGE);
         scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
         __syncthreads();
         if (!active) continue;
@@ -306,8 +327,16 @@ extern "C" __global__ void convpool_tc_reduce(const float* __restrict__ partial,
     const bool valid = idx < TC_OUTS * (TAPS + 1);
     float sum = 0.0f;
     if (valid)
-        for (int c = slice; c < chunks; c += TC_REDUCE_SLICES)
-            sum += partial[((long long)o * chunks + c) * (TAPS + 1) + tap];
+        for (int c0 = slice; c0 < chunks; c0 += TC_REDUCE_SLICES * TC_BATCH) {
+            float v[TC_BATCH];  // the batch's loads first, then their sum in chunk order
+#pragma unroll
+            for (int u = 0; u < TC_BATCH; ++u) {
+                const int c = c0 + u * TC_REDUCE_SLICES;
+                v[u] = c < chunks ? partial[((long long)o * chunks + c) * (TAPS + 1) + tap] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < TC_BATCH; ++u) sum += v[u];
+        }
     part[slice][lane] = sum;
     __syncthreads();
     if (slice != 0 || !valid) return;

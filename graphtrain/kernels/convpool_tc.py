@@ -10,6 +10,7 @@ from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 WARPS = 8
 THREADS = 32 * WARPS
 REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
+BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
 BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
 WEIGHT_GRAD_SAMPLES = 4  # samples per block (chunk) of the weight gradient; the chunks are summed in order
@@ -71,7 +72,7 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh",)
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES}
+               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32,
                                         max_shared_bytes=MAX_SHARED)
