@@ -322,3 +322,38 @@ def test_speedrun_reaches_99_percent_on_mnist(gpu_device, mnist_dir):
     task = speedrun.make_task(config.preset("speedrun"), data.load("mnist", data_dir=mnist_dir))
     result = speedrun.run_row("device-loop", task, [0])
     assert result.accuracies[0] >= 0.985, result
+
+
+@pytest.mark.parametrize("batch,k,cursor", [(256, 256, 59904), (100, 37, 0)], ids=["speedrun tail", "small"])
+def test_head_loss_step_matches_reference(stream, gpu_device, seed, batch, k, cursor):
+    """head.cu's logits layer + loss step + logits gradients against float64: the valid rows
+    only (the speedrun's tail batch: 96 of 256), the cursor moved on by them, the loss summed."""
+    from graphtrain.kernels.head import Head
+
+    classes, epoch = 10, 60000
+    rng = np.random.default_rng(seed)
+    h = np.maximum(rng.standard_normal((batch, k)), 0)
+    w = rng.standard_normal((classes, k)) / np.sqrt(k)
+    b = 0.1 * rng.standard_normal(classes)
+    y = rng.integers(0, classes, batch).astype(np.int32)
+    cu = Head(gpu_device, classes)
+    f32 = np.float32
+    try:
+        with Scratch(stream, h=h.astype(f32), w=w.astype(f32), b=b.astype(f32), y=y,
+                     dl=np.full((batch, classes), np.nan, f32), dw=np.full((classes, k), np.nan, f32),
+                     db=np.full(classes, np.nan, f32), cursor=np.array([cursor], np.int32),
+                     loss=np.array([1.5])) as s:
+            cu.loss_step(stream, s["h"], s["w"], s["b"], s["y"], s["dl"], s["dw"], s["db"], s["cursor"], batch, k,
+                         epoch, s["loss"])
+            dl, dw, db, cur, loss = (s.get(name) for name in ("dl", "dw", "db", "cursor", "loss"))
+    finally:
+        cu.close()
+    valid = min(batch, epoch - cursor % epoch)
+    ref_loss, ref_dl = R.loss_and_dlogits(h[:valid] @ w.T + b, y[:valid])
+    msg = f"batch {batch}, k {k}, seed {seed}"
+    assert cur[0] == cursor + valid, msg
+    assert np.all(dl[valid:] == 0), msg
+    assert rel_err(dl[:valid], ref_dl) < 1e-5, msg
+    assert rel_err(dw, ref_dl.T @ h[:valid]) < 1e-5, msg
+    assert rel_err(db, ref_dl.sum(axis=0)) < 1e-5, msg
+    assert abs(loss[0] - 1.5 - ref_loss * valid) < 1e-5 * ref_loss * valid, msg

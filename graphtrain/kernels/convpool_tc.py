@@ -13,7 +13,9 @@ REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
 BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
 BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
-WEIGHT_GRAD_SAMPLES = 4  # samples per block (chunk) of the weight gradient; the chunks are summed in order
+# Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
+# in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 4 and 8.
+WEIGHT_GRAD_SAMPLES = 2
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 
 

@@ -16,9 +16,11 @@ One step, every launch on one stream (nothing allocated or chosen in it, so it c
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
                     kernel (convpool_tc.cu on the tensor cores at TF32, convpool.cu at fp32), or
                     cuDNN's forward (TF32 or fp32) and a pool kernel
-    head            cuBLAS products, bias + ReLU kernels
+    head            cuBLAS products, bias + ReLU kernels; the logits layer (fp32 FMA) with the loss
+                    step and its own weight and bias gradients in one kernel (head.cu)
     loss step       dlogits of the valid rows; the cursor moves on by them
-    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel
+    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel, with the logits
+                    layer's input gradient (fused.cu's head_backward)
     conv i back     fused: the weight and bias gradients from the pooled gradient and the argmaxes,
                     and (past the first layer) the input gradient; cuDNN: the pooled gradient
                     routed to the argmaxes, the bias gradient, backward filter and backward data
@@ -48,6 +50,8 @@ from graphtrain.kernels.convpool import ConvPool
 from graphtrain.kernels.convpool_tc import ConvPoolTc
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
+from graphtrain.kernels import head as head_kernel
+from graphtrain.kernels.head import Head
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.optim import STATE_INTS, Optim
 from graphtrain.libs import cublas, cuda, cudnn
@@ -99,7 +103,7 @@ class CnnDevice:
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
-                 nhwc: bool = True):
+                 nhwc: bool = True, fused_head: bool = True):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch
@@ -122,6 +126,9 @@ class CnnDevice:
                          for i, layer in enumerate(spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
+        # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
+        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.dims[-2], spec.classes) \
+            else None
         self.dnn = Cudnn(self.stream)
 
         # ---- the arena: data, parameters and their gradients and state, activations ----
@@ -271,8 +278,10 @@ class CnnDevice:
         if stream is not self.stream:
             raise ValueError("the cnn records on its own stream (cuDNN and cuBLAS are bound to it)")
 
-    def forward_ops(self, stream, x: int, rows: int, plans) -> list[tuple[str, Callable[[], None]]]:
-        """Conv layers, then the head: logits of `rows` samples from x into h[-1]."""
+    def forward_ops(self, stream, x: int, rows: int, plans,
+                    logits: bool = True) -> list[tuple[str, Callable[[], None]]]:
+        """Conv layers, then the head: logits of `rows` samples from x into h[-1] (`logits`
+        False: up to the logits layer's input)."""
         spec, cnn, ops = self.spec, self.cnn_cu, []
         src = x
         for i, ((cin, h, w, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
@@ -289,7 +298,7 @@ class CnnDevice:
                                                              self.act_nhwc[i])))
             src = self.a[i].ptr
         dims, base = spec.dims, 2 * len(spec.convs)
-        for j in range(len(dims) - 1):
+        for j in range(len(dims) - 1 if logits else len(dims) - 2):
             fan_in, fan_out = dims[j], dims[j + 1]
             out = self.h[j].ptr
             ops.append((f"linear{j} product", partial(self.blas.gemm, False, True, rows, fan_out, fan_in, 1.0, src,
@@ -306,20 +315,36 @@ class CnnDevice:
         spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
         ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
                                   self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
-        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans)
+        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans, logits=self.head is None)
         dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
-        ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr, self.dh[-1].ptr,
-                                         self.cursor.ptr, b, self.num_train, spec.classes, self.loss_sum.ptr)))
         # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
         last = len(dims) - 2
-        ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
-                                                       self.grad(base + 2 * last + 1), b, dims[-1])))
+        if self.head is not None:
+            ops.append((f"linear{last}+loss step+grads", partial(
+                self.head.loss_step, stream, self.h[last - 1].ptr if last > 0 else self.a[-1].ptr,
+                self.param(base + 2 * last), self.param(base + 2 * last + 1), self.y.ptr, self.dh[last].ptr,
+                self.grad(base + 2 * last), self.grad(base + 2 * last + 1), self.cursor.ptr, b, dims[last],
+                self.num_train, self.loss_sum.ptr)))
+        else:
+            ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
+                                             self.dh[-1].ptr, self.cursor.ptr, b, self.num_train, spec.classes,
+                                             self.loss_sum.ptr)))
+            ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
+                                                           self.grad(base + 2 * last + 1), b, dims[-1])))
         for j in range(last, -1, -1):
             fan_in, fan_out = dims[j], dims[j + 1]
             inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
             dy = self.dh[j].ptr
-            ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0, dy,
-                                                          fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j), fan_in)))
+            if self.head is not None and j == last:
+                if j > 0:  # dh[j-1] = dlogits·W masked by h[j-1] > 0, with layer j-1's bias gradient
+                    ops.append((f"linear{j} input grad+relu+bias grad", partial(
+                        self.fused_cu.head_backward, stream, dy, self.param(base + 2 * j), self.h[j - 1].ptr,
+                        self.dh[j - 1].ptr, self.grad(base + 2 * (j - 1) + 1), fan_in, b)))
+                    continue
+            else:
+                ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0,
+                                                              dy, fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j),
+                                                              fan_in)))
             dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
             ops.append((f"linear{j} input grad", partial(self.blas.gemm, False, False, b, fan_in, fan_out, 1.0, dy,
                                                          fan_out, self.param(base + 2 * j), fan_in, 0.0, dx, fan_in)))
@@ -424,7 +449,10 @@ class CnnDevice:
                      ", ".join(f"conv{i} {note}" for i, note in enumerate(notes)))
         else:
             convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
-        return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
+        if self.head is None:
+            return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
+        return (f"{convs}, linear layers {products} (cuBLAS) but the logits layer's training step {self.head.note}, "
+                f"fp32 elsewhere")
 
     def environment(self) -> dict:
         algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
@@ -435,7 +463,7 @@ class CnnDevice:
                 "cudnn_algorithms": algos}
 
     def close(self) -> None:
-        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu"):
+        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu", "head"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

@@ -9,8 +9,8 @@ mkdir -p "$out"
 status=0
 # Library API probes (cuGetProcAddress of entry points the driver lacks) are not reported.
 # racecheck without the device loop (the step graph replayed covers the same kernels).
-for run in "memcheck adam" "memcheck adam fp32 no-loop" "memcheck momentum cudnn" "racecheck adam no-loop" \
-    "racecheck adam fp32 no-loop" "synccheck adam no-loop"; do
+for run in "memcheck adam" "racecheck adam no-loop" "synccheck adam no-loop" "memcheck adam fp32 no-loop" \
+    "racecheck adam fp32 no-loop" "memcheck momentum cudnn"; do
   set -- $run
   tool=$1; shift
   name="$tool-$(IFS=-; echo "$*")"

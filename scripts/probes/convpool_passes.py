@@ -69,8 +69,8 @@ for name, c, h, w, outs, k in LAYERS:
     cp = ConvPool(device, c, k, 2, outs)
     row(f"{name} fp32 convpool.cu", passes(cp, c, h, w, outs, k, first))
     cp.close()
-    for chunk in (2, 4, 8):
-        for per_sm in (2, 4, 8):
+    for chunk in (1, 2, 4):
+        for per_sm in (4,):
             convpool_tc.WEIGHT_GRAD_SAMPLES, convpool_tc.BLOCKS_PER_SM = chunk, per_sm
             cp = ConvPoolTc(device, c, h, w, k, 2, outs)
             row(f"{name} tf32 chunk {chunk} blocks/SM {per_sm}", passes(cp, c, h, w, outs, k, first))
