@@ -231,12 +231,13 @@ def reference_run(task, seed, steps):
     return params
 
 
-# path: (CnnDevice's options, the recipe's precision, the weights' tolerance)
-# TF32 (the conv layers and the linear ones) rounds every product's operands to 10 mantissa bits,
-# and Adam's m/√v magnifies the change in the smallest gradients (measured on an H100: 0.9%).
-PATHS = {"fused": (dict(fused=True), "fp32", 1e-4), "fused-tf32": (dict(fused=True), "tf32", 2e-2),
-         "cudnn-nhwc": (dict(fused=False, nhwc=True), "fp32", 1e-3),
-         "cudnn-nchw": (dict(fused=False, nhwc=False), "fp32", 1e-3)}
+# path: (CnnDevice's options, the recipe's precision, the weights' tolerance, the test accuracy's
+# largest difference from float64's in samples of the 300). TF32 (the conv layers and the hidden
+# linear one) rounds every product's operands to 10 mantissa bits, Adam's m/√v magnifies the
+# change in the smallest gradients (measured on an H100: 0.9% of the weights, 4 samples).
+PATHS = {"fused": (dict(fused=True), "fp32", 1e-4, 2), "fused-tf32": (dict(fused=True), "tf32", 2e-2, 6),
+         "cudnn-nhwc": (dict(fused=False, nhwc=True), "fp32", 1e-3, 2),
+         "cudnn-nchw": (dict(fused=False, nhwc=False), "fp32", 1e-3, 2)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -248,7 +249,7 @@ def test_training_steps_match_reference(gpu_device, optimizer, path):
     from graphtrain.kernels.convpool_tc import ConvPoolTc
     from graphtrain.stages.cnn_device import CnnDevice
 
-    options, precision, tol = PATHS[path]
+    options, precision, tol, samples = PATHS[path]
     task = small_task(optimizer=optimizer, precision=precision)
     model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
                       task.test_labels, **options)
@@ -271,7 +272,7 @@ def test_training_steps_match_reference(gpu_device, optimizer, path):
     for i, (g, r) in enumerate(zip(got, ref)):
         assert rel_err(g, r) < tol, f"parameter {i} {r.shape}, {optimizer.kind}, {path}, seed {seed}"
     ref_acc = R.accuracy(task.spec, ref, task.test_images.astype(np.float64), task.test_labels)
-    assert abs(correct / len(task.test_images) - ref_acc) <= 2 / len(task.test_images)
+    assert abs(correct / len(task.test_images) - ref_acc) <= samples / len(task.test_images), f"{path}, seed {seed}"
 
 
 def test_runs_are_bit_identical_and_graphs_equal_device_loop(gpu_device):
@@ -325,9 +326,10 @@ def test_speedrun_reaches_99_percent_on_mnist(gpu_device, mnist_dir):
 
 
 @pytest.mark.parametrize("batch,k,cursor", [(256, 256, 59904), (100, 37, 0)], ids=["speedrun tail", "small"])
-def test_head_loss_step_matches_reference(stream, gpu_device, seed, batch, k, cursor):
-    """head.cu's logits layer + loss step + logits gradients against float64: the valid rows
-    only (the speedrun's tail batch: 96 of 256), the cursor moved on by them, the loss summed."""
+def test_head_kernels_match_reference(stream, gpu_device, seed, batch, k, cursor):
+    """head.cu's logits layer + loss step, and the logits layer's gradients, against float64: the
+    valid rows only (the speedrun's tail batch: 96 of 256), the cursor moved on by them, the loss
+    summed, the count of blocks left 0 (twice: the second call reuses it)."""
     from graphtrain.kernels.head import Head
 
     classes, epoch = 10, 60000
@@ -342,18 +344,21 @@ def test_head_loss_step_matches_reference(stream, gpu_device, seed, batch, k, cu
         with Scratch(stream, h=h.astype(f32), w=w.astype(f32), b=b.astype(f32), y=y,
                      dl=np.full((batch, classes), np.nan, f32), dw=np.full((classes, k), np.nan, f32),
                      db=np.full(classes, np.nan, f32), cursor=np.array([cursor], np.int32),
-                     loss=np.array([1.5])) as s:
-            cu.loss_step(stream, s["h"], s["w"], s["b"], s["y"], s["dl"], s["dw"], s["db"], s["cursor"], batch, k,
-                         epoch, s["loss"])
-            dl, dw, db, cur, loss = (s.get(name) for name in ("dl", "dw", "db", "cursor", "loss"))
+                     loss=np.array([1.5]), row_loss=np.zeros(batch), count=np.zeros(1, np.int32)) as s:
+            for _ in range(2):
+                s.bufs["cursor"].upload(np.array([cursor], np.int32), stream)
+                cu.logits_loss(stream, s["h"], s["w"], s["b"], s["y"], s["dl"], s["row_loss"], s["count"],
+                               s["cursor"], batch, k, epoch, s["loss"])
+                cu.grads(stream, s["h"], s["dl"], s["dw"], s["db"], batch, k)
+            dl, dw, db, cur, loss, count = (s.get(name) for name in ("dl", "dw", "db", "cursor", "loss", "count"))
     finally:
         cu.close()
     valid = min(batch, epoch - cursor % epoch)
     ref_loss, ref_dl = R.loss_and_dlogits(h[:valid] @ w.T + b, y[:valid])
     msg = f"batch {batch}, k {k}, seed {seed}"
-    assert cur[0] == cursor + valid, msg
+    assert cur[0] == cursor + valid and count[0] == 0, msg
     assert np.all(dl[valid:] == 0), msg
     assert rel_err(dl[:valid], ref_dl) < 1e-5, msg
     assert rel_err(dw, ref_dl.T @ h[:valid]) < 1e-5, msg
     assert rel_err(db, ref_dl.sum(axis=0)) < 1e-5, msg
-    assert abs(loss[0] - 1.5 - ref_loss * valid) < 1e-5 * ref_loss * valid, msg
+    assert abs(loss[0] - 1.5 - 2 * ref_loss * valid) < 1e-5 * ref_loss * valid, msg

@@ -17,7 +17,7 @@ One step, every launch on one stream (nothing allocated or chosen in it, so it c
                     kernel (convpool_tc.cu on the tensor cores at TF32, convpool.cu at fp32), or
                     cuDNN's forward (TF32 or fp32) and a pool kernel
     head            cuBLAS products, bias + ReLU kernels; the logits layer (fp32 FMA) with the loss
-                    step and its own weight and bias gradients in one kernel (head.cu)
+                    step in one kernel, its weight and bias gradients in another (head.cu)
     loss step       dlogits of the valid rows; the cursor moves on by them
     head backward   cuBLAS products; ReLU mask and bias gradient in one kernel, with the logits
                     layer's input gradient (fused.cu's head_backward)
@@ -127,8 +127,7 @@ class CnnDevice:
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
-        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.dims[-2], spec.classes) \
-            else None
+        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.classes) else None
         self.dnn = Cudnn(self.stream)
 
         # ---- the arena: data, parameters and their gradients and state, activations ----
@@ -153,6 +152,8 @@ class CnnDevice:
         self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.correct = arena.reserve("correct", (1,), np.int32)
         self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
+        self.row_loss = arena.reserve("row_loss", (b,), np.float64)  # head.cu's scratch
+        self.head_count = arena.reserve("head_count", (1,), np.int32)  # head.cu's count of blocks (left 0)
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
         self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
@@ -197,6 +198,7 @@ class CnnDevice:
         self.test_x.upload(np.concatenate([test_images.astype(np.float32), np.zeros((pad, f), np.float32)]), s)
         self.test_y.upload(np.concatenate([test_labels.astype(np.int32), np.zeros(pad, np.int32)]), s)
         self.grads.zero(s)  # the padding between packed parameters is never written: its gradient stays 0
+        self.head_count.zero(s)
 
         # ---- algorithms, timed on the real buffers (their contents are overwritten here) ----
         for i, (tp, ep) in enumerate(zip(self.train_plans, self.eval_plans)):
@@ -320,11 +322,14 @@ class CnnDevice:
         # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
         last = len(dims) - 2
         if self.head is not None:
-            ops.append((f"linear{last}+loss step+grads", partial(
-                self.head.loss_step, stream, self.h[last - 1].ptr if last > 0 else self.a[-1].ptr,
-                self.param(base + 2 * last), self.param(base + 2 * last + 1), self.y.ptr, self.dh[last].ptr,
-                self.grad(base + 2 * last), self.grad(base + 2 * last + 1), self.cursor.ptr, b, dims[last],
+            inp = self.h[last - 1].ptr if last > 0 else self.a[-1].ptr
+            ops.append((f"linear{last}+loss step", partial(
+                self.head.logits_loss, stream, inp, self.param(base + 2 * last), self.param(base + 2 * last + 1),
+                self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, b, dims[last],
                 self.num_train, self.loss_sum.ptr)))
+            ops.append((f"linear{last} weight+bias grad", partial(
+                self.head.grads, stream, inp, self.dh[last].ptr, self.grad(base + 2 * last),
+                self.grad(base + 2 * last + 1), b, dims[last])))
         else:
             ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
                                              self.dh[-1].ptr, self.cursor.ptr, b, self.num_train, spec.classes,
