@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
     if (!last) return;
     __threadfence();
     double total = 0.0;
-    for (int i = threadIdx.x; i < batch; i += HL_ROW_THREADS) total += row_loss[i];
+    for (int i = threadIdx.x; i < batch; i += HL_ROW_THREADS) total += __ldcg(row_loss + i);  // past L1: other SMs wrote them
     tree[threadIdx.x] = total;
     __syncthreads();
     for (int s = HL_ROW_THREADS / 2; s > 0; s >>= 1) {
