@@ -37,9 +37,31 @@ __device__ __forceinline__ void batched(int count, Load load, Store store) {
             if (base + u * THREADS < count) store(base + u * THREADS, v[u]);
     }
 }
-// dst[e] = TF32(src[e]), e < count.
-__device__ __forceinline__ void stage_tf32(unsigned* dst, const float* __restrict__ src, int count) {
-    batched(count, [&](int e) { return src[e]; }, [&](int e, float v) { dst[e] = tf32(v); });
+// dst[r·stride + c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
+// multiple of 4 and src 16-byte aligned (the four then share a row), else one float a load.
+template <int COLS>
+__device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const float* __restrict__ src, int rows) {
+    if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
+            unsigned* d = dst + (4 * q / COLS) * stride + 4 * q % COLS;
+            d[0] = tf32(v.x);
+            d[1] = tf32(v.y);
+            d[2] = tf32(v.z);
+            d[3] = tf32(v.w);
+        });
+    } else {
+        batched(rows * COLS, [&](int e) { return src[e]; },
+                [&](int e, float v) { dst[(e / COLS) * stride + e % COLS] = tf32(v); });
+    }
+}
+// The filters as TF32 rows of WST words: w[o, tap] at o·WST + tap, zeros at taps TAPS..WST−1.
+// WST ≡ 4 (mod 8), so the rows g = 0..7 of a B fragment's load start in 8 distinct bank quads.
+#define WST (((TAPS + 7) / 8) * 8 + 4)
+__device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restrict__ w) {
+    stage_rows_tf32<TAPS>(ws, WST, w, TC_OUTS);
+    for (int e = threadIdx.x; e < TC_OUTS * (WST - TAPS); e += THREADS)
+        ws[(e / (WST - TAPS)) * WST + TAPS + e % (WST - TAPS)] = 0u;
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -59,23 +81,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n) {
     extern __shared__ __align__(16) unsigned smem[];
-    uint2* wf = reinterpret_cast<uint2*>(smem);                    // [F_KT][F_NT][32 lanes]: (b0, b1)
-    int* tapoff = reinterpret_cast<int*>(smem + 2 * F_KT * F_NT * 32);  // [F_KT·8]: c·H·W + a·W + b
-    unsigned* xs = smem + 2 * F_KT * F_NT * 32 + F_KT * 8;         // [TC_SPB][IMAGE], TF32
+    unsigned* ws = smem;                                        // [TC_OUTS][WST]: the filters
+    int* tapoff = reinterpret_cast<int*>(smem + TC_OUTS * WST);  // [F_KT·8]: c·H·W + a·W + b
+    unsigned* xs = smem + TC_OUTS * WST + F_KT * 8;             // [TC_SPB][IMAGE], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    // b0 = B[t][g] = w[o, k0], b1 = B[t + 4][g] = w[o, k0 + 4] for o = nt·8 + g, k0 = ks·8 + t.
-    batched(F_KT * F_NT * 32, [&](int e) {
-        const int l = e & 31, nt = (e >> 5) % F_NT, ks = (e >> 5) / F_NT;
-        const int o = nt * 8 + (l >> 2), k0 = ks * 8 + (l & 3), k1 = k0 + 4;
-        return make_float2(o < TC_OUTS && k0 < TAPS ? w[o * TAPS + k0] : 0.0f,
-                           o < TC_OUTS && k1 < TAPS ? w[o * TAPS + k1] : 0.0f);
-    }, [&](int e, float2 v) { wf[e] = make_uint2(tf32(v.x), tf32(v.y)); });
+    stage_filters(ws, w);
+    // b0 = B[t][g] = w[o, k0], b1 = B[t + 4][g] = w[o, k0 + 4] for o = nt·8 + g, k0 = ks·8 + t;
+    // columns o ≥ TC_OUTS read filter TC_OUTS − 1 and are not written.
+    const unsigned* wrow[F_NT];
+#pragma unroll
+    for (int nt = 0; nt < F_NT; ++nt) wrow[nt] = ws + min(nt * 8 + g, TC_OUTS - 1) * WST + t;
     for (int k = threadIdx.x; k < F_KT * 8; k += THREADS)
         tapoff[k] = k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0;
     for (int s0 = blockIdx.x * TC_SPB; s0 < n; s0 += gridDim.x * TC_SPB) {
         const int count = min(TC_SPB, n - s0);
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
-        stage_tf32(xs, x + (long long)s0 * IMAGE, count * IMAGE);
+        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s0 * IMAGE, count);
         __syncthreads();
         for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
             const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
@@ -96,8 +117,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
                 }
 #pragma unroll
                 for (int nt = 0; nt < F_NT; ++nt) {
-                    const uint2 bv = wf[(ks * F_NT + nt) * 32 + lane];
-                    const unsigned b[2] = {bv.x, bv.y};
+                    const unsigned b[2] = {wrow[nt][ks * 8], wrow[nt][ks * 8 + 4]};
                     mma_tf32(acc[0][nt], a[0], b);
                     mma_tf32(acc[1][nt], a[1], b);
                 }
@@ -159,18 +179,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n) {
     extern __shared__ __align__(16) unsigned smem[];
-    uint2* wb = reinterpret_cast<uint2*>(smem);                          // [B_KT][B_NT][32]
-    int* koff = reinterpret_cast<int*>(smem + 2 * B_KT * B_NT * 32);     // [B_KT·8]
-    unsigned* dcp = smem + 2 * B_KT * B_NT * 32 + B_KT * 8;              // [TC_BD_SPB][TC_OUTS·HP·WP]
+    unsigned* ws = smem;                                             // [TC_OUTS][WST]: the filters
+    int* koff = reinterpret_cast<int*>(smem + TC_OUTS * WST);        // [B_KT·8]: k's offset in dcp
+    int* kw = koff + B_KT * 8;                                       // [B_KT·8]: k's filter o·WST + a·K + b
+    unsigned* dcp = smem + TC_OUTS * WST + 2 * B_KT * 8;             // [TC_BD_SPB][TC_OUTS·HP·WP]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    batched(B_KT * B_NT * 32, [&](int e) {
-        const int l = e & 31, nt = (e >> 5) % B_NT, ks = (e >> 5) / B_NT;
-        const int c = nt * 8 + (l >> 2), k0 = ks * 8 + (l & 3), k1 = k0 + 4;
-        return make_float2(c < TC_C && k0 < TC_OUTS * KK ? w[(k0 / KK) * TAPS + c * KK + k0 % KK] : 0.0f,
-                           c < TC_C && k1 < TC_OUTS * KK ? w[(k1 / KK) * TAPS + c * KK + k1 % KK] : 0.0f);
-    }, [&](int e, float2 v) { wb[e] = make_uint2(tf32(v.x), tf32(v.y)); });
-    for (int k = threadIdx.x; k < B_KT * 8; k += THREADS)
+    stage_filters(ws, w);
+    // k past TC_OUTS·KK (B's rows of zeros) read dcp's first word and filter 0's pad (a zero).
+    for (int k = threadIdx.x; k < B_KT * 8; k += THREADS) {
         koff[k] = k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
+        kw[k] = k < TC_OUTS * KK ? (k / KK) * WST + k % KK : -1;
+    }
+    // b0 = B[k0][c] = w[o, c, a, b] at kw[k0] + c·KK for c = nt·8 + g (columns c ≥ TC_C read
+    // channel TC_C − 1 and are not written), k0 = ks·8 + t; b1 the same at k0 + 4.
+    int cko[B_NT];
+#pragma unroll
+    for (int nt = 0; nt < B_NT; ++nt) cko[nt] = min(nt * 8 + g, TC_C - 1) * KK;
     for (int e = threadIdx.x; e < TC_BD_SPB * TC_OUTS * HP * WP; e += THREADS) dcp[e] = 0u;  // the borders stay 0
     for (int s0 = blockIdx.x * TC_BD_SPB; s0 < n; s0 += gridDim.x * TC_BD_SPB) {
         const int count = min(TC_BD_SPB, n - s0);
@@ -188,11 +212,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
 #pragma unroll 4
             for (int ks = 0; ks < B_KT; ++ks) {
                 const int k0 = koff[ks * 8 + t], k1 = koff[ks * 8 + t + 4];
+                const int w0 = kw[ks * 8 + t], w1 = kw[ks * 8 + t + 4];
                 const unsigned a[4] = {r0[k0], r1[k0], r0[k1], r1[k1]};
 #pragma unroll
                 for (int nt = 0; nt < B_NT; ++nt) {
-                    const uint2 bv = wb[(ks * B_NT + nt) * 32 + lane];
-                    const unsigned b[2] = {bv.x, bv.y};
+                    const unsigned b[2] = {w0 >= 0 ? ws[w0 + cko[nt]] : 0u, w1 >= 0 ? ws[w1 + cko[nt]] : 0u};
                     mma_tf32(acc[nt], a, b);
                 }
             }
@@ -256,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
     const int first = chunk * per_chunk, last = min(n, first + per_chunk);
     for (int s = first; s < last; ++s) {
         __syncthreads();
-        stage_tf32(xs, x + (long long)s * IMAGE, IMAGE);
+        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
         scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
         __syncthreads();
         if (!active) continue;

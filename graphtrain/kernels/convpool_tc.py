@@ -32,13 +32,17 @@ class Shape:
         self.plane = (self.hc // 2) * (self.wc // 2)
         self.image, self.taps = c * h * w, c * k * k
 
+    def filter_words(self) -> int:
+        """The filters staged as rows of _c(taps, 8)·8 + 4 words (convpool_tc.cu's WST)."""
+        return self.outs * (_c(self.taps, 8) * 8 + 4)
+
     def forward_words(self, spb: int) -> int:
-        kt, nt = _c(self.taps, 8), _c(self.outs, 8)
-        return 2 * kt * nt * 32 + kt * 8 + spb * self.image
+        return self.filter_words() + _c(self.taps, 8) * 8 + spb * self.image
 
     def backward_data_words(self, spb: int) -> int:
-        kt, nt = _c(self.outs * self.k * self.k, 8), _c(self.c, 8)
-        return 2 * kt * nt * 32 + kt * 8 + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2)
+        kt = _c(self.outs * self.k * self.k, 8)
+        return (self.filter_words() + 2 * kt * 8
+                + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2))
 
     def weight_grad_groups(self) -> int:
         """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
