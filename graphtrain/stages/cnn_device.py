@@ -13,7 +13,8 @@ and the evaluation into one graph.
 One step (nothing allocated or chosen in it, so it captures as is), on the model's stream but for
 two branches forked to a side stream and joined back before the optimizer, each beside work it
 does not touch: the logits layer's gradients beside the backward pass below it, and the last
-conv layer's weight gradient beside its input gradient and the layers before it:
+conv layer's weight gradient beside its input gradient and the layers before it (the `graphs`
+rung's step graph; the device loop's WHILE body keeps every launch on the model's stream):
 
     gather          x, y = the batch's rows through the order, from the device cursor
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
@@ -406,11 +407,11 @@ class CnnDevice:
                                          recipe.schedule, loop, stop_step)))
         return ops
 
-    def record_step(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0) -> None:
+    def record_step(self, stream: cuda.Stream, loop: int = 0, stop_step: int = 0, branches: bool = True) -> None:
         """One training step on the batch at the cursor; inside a device loop (loop ≠ 0) the
-        optimizer sets the loop's condition to `step < stop_step`."""
+        optimizer sets the loop's condition to `step < stop_step`. `branches`: see step_ops."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream, loop, stop_step):
+        for _, op in self.step_ops(stream, loop, stop_step, branches):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
@@ -435,10 +436,13 @@ class CnnDevice:
         step is unrolled. Ends with the model's stream joined back into `outer`."""
         iterations = steps // per_body if cuda.conditional_nodes() else 0
         if iterations:
+            # The WHILE body is captured into its graph from the model's stream alone: its steps
+            # are one chain of launches, without the side stream's branches.
             with cuda.Graph.while_loop(outer, self.stream) as loop:
                 for k in range(per_body):
                     last = k == per_body - 1
-                    self.record_step(self.stream, loop=loop if last else 0, stop_step=first + iterations * per_body)
+                    self.record_step(self.stream, loop=loop if last else 0, stop_step=first + iterations * per_body,
+                                     branches=False)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
         for _ in range(steps - iterations * per_body):
             self.record_step(self.stream)
