@@ -72,7 +72,7 @@ __device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restr
 // positions of one window for two output channels, and the pool, bias, ReLU and argmax (first
 // maximum in the order u·2 + v, as convpool.cu) happen in registers:
 //   out[s, o, wy, wx] = ReLU(max_{u,v} conv[s, o, 2wy + u, 2wx + v] + bias[o]).
-// The block stages every filter once as B fragments, then TC_SPB samples at a time; a warp
+// The block stages every filter once (stage_filters), then TC_SPB samples at a time; a warp
 // takes (sample, group of 8 windows) items.
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
     unsigned* dcp = smem + TC_OUTS * WST + 2 * B_KT * 8;             // [TC_BD_SPB][TC_OUTS·HP·WP]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     stage_filters(ws, w);
-    // k past TC_OUTS·KK (B's rows of zeros) read dcp's first word and filter 0's pad (a zero).
+    // k past TC_OUTS·KK: B's rows are zeros (kw = −1), A's read at each row's dcp offset 0.
     for (int k = threadIdx.x; k < B_KT * 8; k += THREADS) {
         koff[k] = k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
         kw[k] = k < TC_OUTS * KK ? (k / KK) * WST + k % KK : -1;
