@@ -810,6 +810,8 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
     model construction to test accuracy (data on the GPU, kernels compiled beforehand, capture
     included), and the wall time of one run as its own process.
     """
+    from rich.table import Table
+
     from graphtrain import report, speedrun as sr
 
     with reported_errors():

@@ -10,14 +10,21 @@ and the evaluation into one graph.
     model.record_eval(stream)         # the test set's forward passes and the correct count
     model.read_correct()              # the one read of a run
 
-One step, every launch on one stream (nothing allocated or chosen in it, so it captures as is):
+One step (nothing allocated or chosen in it, so it captures as is), on the model's stream but for
+two branches forked to a side stream and joined back before the optimizer, each beside work it
+does not touch: the logits layer's gradients beside the backward pass below it, and the last
+conv layer's weight gradient beside its input gradient and the layers before it (the `graphs`
+rung's step graph; the device loop's WHILE body keeps every launch on the model's stream):
 
     gather          x, y = the batch's rows through the order, from the device cursor
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
-                    kernel (convpool.cu, fp32), or cuDNN's forward (TF32 or fp32) and a pool kernel
-    head            cuBLAS products, bias + ReLU kernels
+                    kernel (convpool_tc.cu on the tensor cores at TF32, convpool.cu at fp32), or
+                    cuDNN's forward (TF32 or fp32) and a pool kernel
+    head            cuBLAS products, bias + ReLU kernels; the logits layer (fp32 FMA) with the loss
+                    step in one kernel, its weight and bias gradients in another (head.cu)
     loss step       dlogits of the valid rows; the cursor moves on by them
-    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel
+    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel, with the logits
+                    layer's input gradient (fused.cu's head_backward)
     conv i back     fused: the weight and bias gradients from the pooled gradient and the argmaxes,
                     and (past the first layer) the input gradient; cuDNN: the pooled gradient
                     routed to the argmaxes, the bias gradient, backward filter and backward data
@@ -41,11 +48,14 @@ from functools import partial
 import numpy as np
 
 from graphtrain.kernels import ceil_div
-from graphtrain.kernels import convpool
+from graphtrain.kernels import convpool, convpool_tc
 from graphtrain.kernels.cnn import Cnn
 from graphtrain.kernels.convpool import ConvPool
+from graphtrain.kernels.convpool_tc import ConvPoolTc
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
+from graphtrain.kernels import head as head_kernel
+from graphtrain.kernels.head import Head
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.loop import Loop
 from graphtrain.kernels.optim import STATE_INTS, Optim
@@ -86,9 +96,11 @@ def packed_layout(shapes) -> tuple[list[int], int]:
 
 
 class CnnDevice:
-    """`fused`: every conv layer as kernels/convpool.cu's fused kernels (conv + bias + pool + ReLU
-    in one, the weight and bias gradients from the pooled gradient, the input gradient), where all
-    layers fit them (stride 1, no padding, one sample and the filters in shared memory); NCHW.
+    """`fused`: every conv layer as fused kernels (conv + bias + pool + ReLU in one, the weight
+    and bias gradients from the pooled gradient, the input gradient), where all layers fit them
+    (stride 1, no padding, one sample and the filters in shared memory); NCHW. At the recipe's
+    precision tf32 a layer that fits kernels/convpool_tc.cu (pool 2) runs there, on the tensor
+    cores; at fp32, or where it does not fit, kernels/convpool.cu's fp32 kernels.
     Otherwise (or False) cuDNN's convolutions and kernels/cnn.cu's pooling kernels. `nhwc`: then
     cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels need no
     transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the last
@@ -96,7 +108,7 @@ class CnnDevice:
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
-                 nhwc: bool = True, device_loop: bool = False):
+                 nhwc: bool = True, fused_head: bool = True, device_loop: bool = False):
         self.device, self.spec, self.recipe = device, spec, recipe
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch
@@ -105,6 +117,7 @@ class CnnDevice:
         self.eval_chunks = ceil_div(self.num_test, e)
         rows = max(b, e)
         self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
+        self.side = cuda.Stream()  # the step's branches beside the model's stream (our kernels only)
         self.conv_shapes = spec.conv_shapes()
         self.fused = fused and all(
             convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool, first=i == 0)
@@ -115,13 +128,15 @@ class CnnDevice:
         self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
         self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
         self.cnn_cu = Cnn(device)
-        self.convpool = [ConvPool(device, cin, layer.kernel, layer.pool, co) if self.fused else None
-                         for (cin, _, _, co, _, _), layer in zip(self.conv_shapes, spec.convs)]
+        self.convpool = [self._fused_layer(device, i, layer) if self.fused else None
+                         for i, layer in enumerate(spec.convs)]
         self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         # A device loop's WHILE nodes (capture_steps, capture_run): only for the rungs that run one.
         self.loop_kind = ("while" if cuda.conditional_nodes() else "unrolled") if device_loop else None
         self.loop_cu = Loop(device) if self.loop_kind == "while" else None
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
+        # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
+        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.classes) else None
         self.dnn = Cudnn(self.stream)
 
         # ---- the arena: data, parameters and their gradients and state, activations ----
@@ -147,6 +162,8 @@ class CnnDevice:
         self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.correct = arena.reserve("correct", (1,), np.int32)
         self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
+        self.row_loss = arena.reserve("row_loss", (b,), np.float64)  # head.cu's scratch
+        self.head_count = arena.reserve("head_count", (1,), np.int32)  # head.cu's count of blocks (left 0)
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
         self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
@@ -191,6 +208,7 @@ class CnnDevice:
         self.test_x.upload(np.concatenate([test_images.astype(np.float32), np.zeros((pad, f), np.float32)]), s)
         self.test_y.upload(np.concatenate([test_labels.astype(np.int32), np.zeros(pad, np.int32)]), s)
         self.grads.zero(s)  # the padding between packed parameters is never written: its gradient stays 0
+        self.head_count.zero(s)
 
         # ---- algorithms, timed on the real buffers (their contents are overwritten here) ----
         for i, (tp, ep) in enumerate(zip(self.train_plans, self.eval_plans)):
@@ -202,6 +220,15 @@ class CnnDevice:
             tp.choose(src, self.param(2 * i), self.c[i].ptr, ws, wsb)
             ep.choose(eval_src, self.param(2 * i), self.c[i].ptr, ws, wsb)
         self.stream.synchronize()
+
+    def _fused_layer(self, device: cuda.DeviceInfo, i: int, layer) -> ConvPool | ConvPoolTc:
+        """Layer i's fused kernels: on the tensor cores (TF32) where the recipe's precision is
+        tf32 and the layer fits them, else fp32."""
+        cin, h, w, co, _, _ = self.conv_shapes[i]
+        if self.recipe.precision == "tf32" and convpool_tc.fits(cin, h, w, co, layer.kernel, layer.stride,
+                                                                 layer.padding, layer.pool, first=i == 0):
+            return ConvPoolTc(device, cin, h, w, layer.kernel, layer.pool, co)
+        return ConvPool(device, cin, layer.kernel, layer.pool, co)
 
     # ---- per run --------------------------------------------------------------------------------
 
@@ -263,8 +290,10 @@ class CnnDevice:
         if stream is not self.stream:
             raise ValueError("the cnn records on its own stream (cuDNN and cuBLAS are bound to it)")
 
-    def forward_ops(self, stream, x: int, rows: int, plans) -> list[tuple[str, Callable[[], None]]]:
-        """Conv layers, then the head: logits of `rows` samples from x into h[-1]."""
+    def forward_ops(self, stream, x: int, rows: int, plans,
+                    logits: bool = True) -> list[tuple[str, Callable[[], None]]]:
+        """Conv layers, then the head: logits of `rows` samples from x into h[-1] (`logits`
+        False: up to the logits layer's input)."""
         spec, cnn, ops = self.spec, self.cnn_cu, []
         src = x
         for i, ((cin, h, w, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
@@ -281,7 +310,7 @@ class CnnDevice:
                                                              self.act_nhwc[i])))
             src = self.a[i].ptr
         dims, base = spec.dims, 2 * len(spec.convs)
-        for j in range(len(dims) - 1):
+        for j in range(len(dims) - 1 if logits else len(dims) - 2):
             fan_in, fan_out = dims[j], dims[j + 1]
             out = self.h[j].ptr
             ops.append((f"linear{j} product", partial(self.blas.gemm, False, True, rows, fan_out, fan_in, 1.0, src,
@@ -292,26 +321,53 @@ class CnnDevice:
             src = out
         return ops
 
-    def step_ops(self, stream: cuda.Stream) -> list[tuple[str, Callable[[], None]]]:
+    def step_ops(self, stream: cuda.Stream, branches: bool = True) -> list[tuple[str, Callable[[], None]]]:
         """The launches of one training step, named, in order (record_step runs them; a profile
-        times them one by one)."""
+        times them one by one, with `branches` False: every launch on `stream`, no fork or join)."""
         spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
+        side, forks = (self.side if branches else stream), []
+
+        def fork(name: str) -> None:  # side's next launches run after stream's so far
+            if branches:
+                forks.append(name)
+                ops.append((name, partial(cuda.stream_wait, side, stream)))
+
         ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
                                   self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
-        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans)
+        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans, logits=self.head is None)
         dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
-        ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr, self.dh[-1].ptr,
-                                         self.cursor.ptr, b, self.num_train, spec.classes, self.loss_sum.ptr)))
         # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
         last = len(dims) - 2
-        ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
-                                                       self.grad(base + 2 * last + 1), b, dims[-1])))
+        if self.head is not None:
+            inp = self.h[last - 1].ptr if last > 0 else self.a[-1].ptr
+            ops.append((f"linear{last}+loss step", partial(
+                self.head.logits_loss, stream, inp, self.param(base + 2 * last), self.param(base + 2 * last + 1),
+                self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, b, dims[last],
+                self.num_train, self.loss_sum.ptr)))
+            fork("fork: logits layer's gradients")
+            ops.append((f"linear{last} weight+bias grad", partial(
+                self.head.grads, side, inp, self.dh[last].ptr, self.grad(base + 2 * last),
+                self.grad(base + 2 * last + 1), b, dims[last])))
+        else:
+            ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
+                                             self.dh[-1].ptr, self.cursor.ptr, b, self.num_train, spec.classes,
+                                             self.loss_sum.ptr)))
+            ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
+                                                           self.grad(base + 2 * last + 1), b, dims[-1])))
         for j in range(last, -1, -1):
             fan_in, fan_out = dims[j], dims[j + 1]
             inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
             dy = self.dh[j].ptr
-            ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0, dy,
-                                                          fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j), fan_in)))
+            if self.head is not None and j == last:
+                if j > 0:  # dh[j-1] = dlogits·W masked by h[j-1] > 0, with layer j-1's bias gradient
+                    ops.append((f"linear{j} input grad+relu+bias grad", partial(
+                        self.fused_cu.head_backward, stream, dy, self.param(base + 2 * j), self.h[j - 1].ptr,
+                        self.dh[j - 1].ptr, self.grad(base + 2 * (j - 1) + 1), fan_in, b)))
+                    continue
+            else:
+                ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0,
+                                                              dy, fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j),
+                                                              fan_in)))
             dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
             ops.append((f"linear{j} input grad", partial(self.blas.gemm, False, False, b, fan_in, fan_out, 1.0, dy,
                                                          fan_out, self.param(base + 2 * j), fan_in, 0.0, dx, fan_in)))
@@ -324,9 +380,12 @@ class CnnDevice:
             (_, h, w, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
             if self.fused:
                 src = self.x.ptr if i == 0 else self.a[i - 1].ptr
+                beside = i == nconv - 1 and i > 0  # beside its input gradient and the layers before
+                if beside:
+                    fork(f"fork: conv{i} weight grad")
                 ops.append((f"conv{i} weight+bias grad", partial(
-                    self.convpool[i].weight_grad, stream, src, self.da[i].ptr, self.arg[i].ptr, self.partial[i].ptr,
-                    self.grad(2 * i), self.grad(2 * i + 1), b, co, h, w)))
+                    self.convpool[i].weight_grad, side if beside else stream, src, self.da[i].ptr, self.arg[i].ptr,
+                    self.partial[i].ptr, self.grad(2 * i), self.grad(2 * i + 1), b, co, h, w)))
                 if i > 0:
                     ops.append((f"conv{i} input grad", partial(
                         self.convpool[i].backward_data, stream, self.da[i].ptr, self.arg[i].ptr, self.param(2 * i),
@@ -344,16 +403,18 @@ class CnnDevice:
             if i > 0:
                 ops.append((f"conv{i} backward data", partial(self.train_plans[i].backward_data, self.param(2 * i),
                                                               self.dc[i].ptr, self.da[i - 1].ptr)))
+        if forks:
+            ops.append(("join", partial(cuda.stream_wait, stream, side)))
         ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
                                          self.slot1.ptr if self.slot1 else 0, self.slot2.ptr if self.slot2 else 0,
                                          self.params.size, self.opt_state.ptr, self.lr_used.ptr, recipe.optimizer,
                                          recipe.schedule)))
         return ops
 
-    def record_step(self, stream: cuda.Stream) -> None:
-        """One training step on the batch at the cursor."""
+    def record_step(self, stream: cuda.Stream, branches: bool = True) -> None:
+        """One training step on the batch at the cursor. `branches`: see step_ops."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream):
+        for _, op in self.step_ops(stream, branches):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
@@ -380,9 +441,11 @@ class CnnDevice:
             raise RuntimeError("a device loop needs the model built with device_loop=True")
         iterations = steps // per_body if self.loop_cu else 0
         if iterations:
+            # The WHILE body is captured into its graph from the model's stream alone: its steps
+            # are one chain of launches, without the side stream's branches.
             def body(stream: cuda.Stream) -> None:
                 for _ in range(per_body):
-                    self.record_step(stream)
+                    self.record_step(stream, branches=False)
 
             self.loop_cu.record_while(outer, self.stream, self.iterations_left.ptr, iterations, body)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
@@ -412,27 +475,34 @@ class CnnDevice:
         """What ran in which precision, from the code path taken."""
         products = "TF32" if self.recipe.precision == "tf32" else "fp32"
         if self.fused:
-            convs = "convolutions fp32 (convpool.cu's fused conv+bias+pool+ReLU kernels)"
+            notes = [cp.note for cp in self.convpool]
+            convs = (f"convolutions {notes[0]}" if len(set(notes)) == 1 else
+                     ", ".join(f"conv{i} {note}" for i, note in enumerate(notes)))
         else:
             convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
-        return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
+        if self.head is None:
+            return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
+        return (f"{convs}, linear layers {products} (cuBLAS) but the logits layer's training step {self.head.note}, "
+                f"fp32 elsewhere")
 
     def environment(self) -> dict:
         algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
                  for name, algo in plan.algo.items()}
         if self.fused:
-            algos = {"conv": "kernels/convpool.cu (fused conv+bias+pool+ReLU, fp32 FMA)"}
+            algos = {f"conv{i}": f"kernels/{cp.stem}.cu ({cp.note})" for i, cp in enumerate(self.convpool)}
         loop = {"device_loop": self.loop_kind} if self.loop_kind else {}  # "while", or "unrolled"
         return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.precision_note(),
                 "cudnn_algorithms": algos, **loop}
 
     def close(self) -> None:
-        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu", "loop_cu"):
+        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu", "head",
+                     "loop_cu"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
         for cp in getattr(self, "convpool", []):
             if cp is not None:
                 cp.close()
-        if getattr(self, "stream", None) is not None:
-            self.stream.close()
+        for name in ("stream", "side"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()

@@ -78,7 +78,9 @@ class CnnGraphsStage(Stage):
     name = "graphs"
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
     uses_gpu = True
-    precisions = ("tf32", "fp32")  # the linear layers' products (and cuDNN's, where it runs)
+    # the products': tf32 puts the fused conv layers on the tensor cores (convpool_tc.cu) and the
+    # hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32
+    precisions = ("tf32", "fp32")
     device_loop = False  # whether the model records WHILE nodes (device-loop's own)
 
     def setup(self) -> None:

@@ -1,7 +1,8 @@
-"""A small cnn run through every new kernel (pool, loss step, bias gradients, optimizer, count),
-cuDNN's passes and both captured forms (the step graph replayed, the device loop), for
+"""A small cnn run through every new kernel (the fused conv layers: on the tensor cores at tf32,
+convpool.cu's fp32 ones with `fp32`; pool, loss step, bias gradients, optimizer, count), cuDNN's
+passes and both captured forms (the step graph replayed, the device loop), for
 compute-sanitizer: synthetic data, 600 training samples (a tail batch), 300 test samples.
-Usage: python3 scripts/checks/cnn_check.py [optimizer] [cudnn] [no-loop]"""
+Usage: python3 scripts/checks/cnn_check.py [optimizer] [cudnn] [fp32] [no-loop]"""
 
 import sys
 
@@ -20,7 +21,8 @@ ytr, yte = rng.integers(0, 10, 600), rng.integers(0, 10, 300)
 xtr = (means[ytr] + rng.standard_normal((600, 784))).astype(np.float32)
 xte = (means[yte] + rng.standard_normal((300, 784))).astype(np.float32)
 spec = R.CnnSpec((R.ConvLayer(24, 5), R.ConvLayer(32, 3)), (256,))
-recipe = Recipe(batch=128, optimizer=R.Optimizer(kind, betas=(0.7, 0.9)), schedule=R.Schedule("one-cycle", 0.01, 5))
+recipe = Recipe(batch=128, optimizer=R.Optimizer(kind, betas=(0.7, 0.9)), schedule=R.Schedule("one-cycle", 0.01, 5),
+                precision="fp32" if "fp32" in sys.argv else "tf32")
 task = Task(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
 model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte, task.test_labels, fused=fused, device_loop=loop)
 outer = cuda.Stream()

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The cnn's kernels (kernels/cnn.cu, kernels/optim.cu) and cuDNN's passes under compute-sanitizer:
-# memcheck for all, racecheck and synccheck for the kernels with shared memory (the fixed-order
-# reductions, the optimizer's last-block count). Usage (GPU machine): scripts/checks/sanitize_cnn.sh OUT_DIR
+# The cnn's kernels (kernels/convpool_tc.cu at tf32, kernels/convpool.cu at fp32, kernels/cnn.cu,
+# kernels/optim.cu) and cuDNN's passes under compute-sanitizer: memcheck for all, racecheck and
+# synccheck for the kernels with shared memory (the staged samples and filters, the fixed-order
+# reductions, the optimizer's last-block count), at both precisions. Usage (GPU machine): scripts/checks/sanitize_cnn.sh OUT_DIR
 set -uo pipefail
 out=${1:?usage: scripts/checks/sanitize_cnn.sh OUT_DIR}
 mkdir -p "$out"
 status=0
 # Library API probes (cuGetProcAddress of entry points the driver lacks) are not reported.
 # racecheck without the device loop (the step graph replayed covers the same kernels).
-for run in "memcheck adam" "memcheck momentum cudnn" "racecheck adam no-loop" "synccheck adam no-loop"; do
+for run in "memcheck adam" "racecheck adam no-loop" "synccheck adam no-loop" "memcheck adam fp32 no-loop" \
+    "racecheck adam fp32 no-loop" "memcheck momentum cudnn"; do
   set -- $run
   tool=$1; shift
   name="$tool-$(IFS=-; echo "$*")"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# On a GPU machine: the cnn's GPU tests, the step profile, the speedrun table (10 seeds, graphtrain's
-# rows and the peers, each also timed as its own process), `run --preset speedrun` start to exit,
-# and the cnn kernels under compute-sanitizer. Usage: scripts/checks/speedrun_check.sh OUT_DIR
+# On a GPU machine: the cnn's GPU tests, the conv passes and the step profile, the speedrun table
+# (10 seeds, graphtrain's rows and the peers, each also timed as its own process), `run --preset
+# speedrun` start to exit, and the cnn kernels under compute-sanitizer. Usage: scripts/checks/speedrun_check.sh OUT_DIR
 # (a tree copied out of its checkout: set GRAPHTRAIN_REVISION to its commit for the results' header)
 set -uo pipefail
 out=${1:?usage: scripts/checks/speedrun_check.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-python3 -m pytest -q -m gpu tests/test_cnn_gpu.py 2>&1 | tail -n 30 > "$out/pytest-cnn-gpu.log"; tail -n 3 "$out/pytest-cnn-gpu.log"
+python3 -m pytest -q -m gpu tests/test_convpool_gpu.py tests/test_cnn_gpu.py 2>&1 | tail -n 30 > "$out/pytest-cnn-gpu.log"
+tail -n 3 "$out/pytest-cnn-gpu.log"
+python3 scripts/probes/convpool_passes.py 2>&1 | tee "$out/conv-passes.txt"
 python3 scripts/probes/cnn_step_profile.py 2>&1 | grep -v "timed (algo" | tee "$out/step-profile.txt"
 python3 -m graphtrain speedrun --seeds 10 --stages device-loop,graphs --peer torch-graph,jax-scan,torch-eager \
   --json "$out/speedrun-h100.json" --markdown "$out/speedrun-h100.md" > "$out/speedrun.log" 2>&1

@@ -1,0 +1,370 @@
+// convpool.cu's fused conv layer (conv + bias + 2×2 max-pool + ReLU, the backward passes from the
+// pooled gradient and each window's argmax) as implicit GEMMs on the tensor cores: TF32 operands
+// (each rounded to nearest by cvt.rna), fp32 sums, mma.sync m16n8k8 (tf32_mma.cuh's mma_tf32).
+// One build per layer shape: TC_C input channels of TC_H × TC_W, TC_K × TC_K filters, TC_OUTS
+// output channels, stride 1, no padding, pool 2; blocks of TC_WARPS warps. Every sum feeding
+// the weights runs in a fixed order, without atomics. Tensors NCHW, filters KCHW, as convpool.cu.
+
+#define RELU_OFF 255
+#define HC (TC_H - TC_K + 1)  // conv output
+#define WC (TC_W - TC_K + 1)
+#define HO (HC / 2)  // pooled output (a last odd conv row or column is in no window)
+#define WO (WC / 2)
+#define PLANE (HO * WO)
+#define IMAGE (TC_C * TC_H * TC_W)
+#define KK (TC_K * TC_K)
+#define TAPS (TC_C * KK)
+#define THREADS (TC_WARPS * 32)
+
+__device__ __forceinline__ unsigned tf32(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// store(e, load(e)) for e < count over the block's threads, each thread's TC_BATCH loads issued
+// before its stores: a staging loop waits on global memory's latency once a batch, not once an
+// element (a strided loop's trip count is unknown, so the compiler does not batch it itself).
+template <class Load, class Store>
+__device__ __forceinline__ void batched(int count, Load load, Store store) {
+    for (int base = threadIdx.x; base < count; base += THREADS * TC_BATCH) {
+        decltype(load(0)) v[TC_BATCH];
+#pragma unroll
+        for (int u = 0; u < TC_BATCH; ++u)
+            if (base + u * THREADS < count) v[u] = load(base + u * THREADS);
+#pragma unroll
+        for (int u = 0; u < TC_BATCH; ++u)
+            if (base + u * THREADS < count) store(base + u * THREADS, v[u]);
+    }
+}
+// dst[r·stride + c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
+// multiple of 4 and src 16-byte aligned (the four then share a row), else one float a load.
+template <int COLS>
+__device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const float* __restrict__ src, int rows) {
+    if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
+            unsigned* d = dst + (4 * q / COLS) * stride + 4 * q % COLS;
+            d[0] = tf32(v.x);
+            d[1] = tf32(v.y);
+            d[2] = tf32(v.z);
+            d[3] = tf32(v.w);
+        });
+    } else {
+        batched(rows * COLS, [&](int e) { return src[e]; },
+                [&](int e, float v) { dst[(e / COLS) * stride + e % COLS] = tf32(v); });
+    }
+}
+// The filters as TF32 rows of WST words: w[o, tap] at o·WST + tap, zeros at taps TAPS..WST−1.
+// WST ≡ 4 (mod 8), so the rows g = 0..7 of a B fragment's load start in 8 distinct bank quads.
+#define WST (((TAPS + 7) / 8) * 8 + 4)
+__device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restrict__ w) {
+    stage_rows_tf32<TAPS>(ws, WST, w, TC_OUTS);
+    for (int e = threadIdx.x; e < TC_OUTS * (WST - TAPS); e += THREADS)
+        ws[(e / (WST - TAPS)) * WST + TAPS + e % (WST - TAPS)] = 0u;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+// conv[s, o, y, x] = Σ_tap A[(y, x), tap]·B[tap, o] with A the im2col of x (tap = (c, a, b):
+// x[s, c, y + a, x + b]) and B[tap, o] = w[o, tap]. A tile's 16 rows are 8 pool windows: row g
+// is conv position (2wy + u, 2wx) of window g, row g + 8 is (2wy + u, 2wx + 1), and the two
+// m-tiles u = 0, 1 cover the window's other row; so each thread's accumulators hold the four
+// positions of one window for two output channels, and the pool, bias, ReLU and argmax (first
+// maximum in the order u·2 + v, as convpool.cu) happen in registers:
+//   out[s, o, wy, wx] = ReLU(max_{u,v} conv[s, o, 2wy + u, 2wx + v] + bias[o]).
+// The block stages every filter once (stage_filters), then TC_SPB samples at a time; a warp
+// takes (sample, group of 8 windows) items.
+#define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
+#define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
+#define F_GROUPS ((PLANE + 7) / 8)
+extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
+        const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+        float* __restrict__ out, unsigned char* __restrict__ arg, int n) {
+    extern __shared__ __align__(16) unsigned smem[];
+    unsigned* ws = smem;                                        // [TC_OUTS][WST]: the filters
+    int* tapoff = reinterpret_cast<int*>(smem + TC_OUTS * WST);  // [F_KT·8]: c·H·W + a·W + b
+    unsigned* xs = smem + TC_OUTS * WST + F_KT * 8;             // [TC_SPB][IMAGE], TF32
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    stage_filters(ws, w);
+    // b0 = B[t][g] = w[o, k0], b1 = B[t + 4][g] = w[o, k0 + 4] for o = nt·8 + g, k0 = ks·8 + t;
+    // columns o ≥ TC_OUTS read filter TC_OUTS − 1 and are not written.
+    const unsigned* wrow[F_NT];
+#pragma unroll
+    for (int nt = 0; nt < F_NT; ++nt) wrow[nt] = ws + min(nt * 8 + g, TC_OUTS - 1) * WST + t;
+    for (int k = threadIdx.x; k < F_KT * 8; k += THREADS)
+        tapoff[k] = k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0;
+    for (int s0 = blockIdx.x * TC_SPB; s0 < n; s0 += gridDim.x * TC_SPB) {
+        const int count = min(TC_SPB, n - s0);
+        __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
+        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s0 * IMAGE, count);
+        __syncthreads();
+        for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
+            const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
+            const bool valid = win < PLANE;  // a group's windows past the plane compute window 0, unwritten
+            const unsigned* img = xs + sl * IMAGE + (valid ? 2 * (win / WO) * TC_W + 2 * (win % WO) : 0);
+            float acc[2][F_NT][4] = {};
+#pragma unroll 3
+            for (int ks = 0; ks < F_KT; ++ks) {
+                const int t0 = tapoff[ks * 8 + t], t1 = tapoff[ks * 8 + t + 4];
+                unsigned a[2][4];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+                    const unsigned* r = img + u * TC_W;
+                    a[u][0] = r[t0];
+                    a[u][1] = r[t0 + 1];
+                    a[u][2] = r[t1];
+                    a[u][3] = r[t1 + 1];
+                }
+#pragma unroll
+                for (int nt = 0; nt < F_NT; ++nt) {
+                    const unsigned b[2] = {wrow[nt][ks * 8], wrow[nt][ks * 8 + 4]};
+                    mma_tf32(acc[0][nt], a[0], b);
+                    mma_tf32(acc[1][nt], a[1], b);
+                }
+            }
+            if (!valid) continue;
+            const long long base = (long long)(s0 + sl) * TC_OUTS * PLANE + win;
+#pragma unroll
+            for (int nt = 0; nt < F_NT; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int o = nt * 8 + 2 * t + j;
+                    if (o >= TC_OUTS) continue;
+                    // d[j] = D[g][2t + j] (v = 0), d[2 + j] = D[g + 8][2t + j] (v = 1)
+                    const float v4[4] = {acc[0][nt][j], acc[0][nt][2 + j], acc[1][nt][j], acc[1][nt][2 + j]};
+                    float best = v4[0];
+                    int where = 0;
+#pragma unroll
+                    for (int q = 1; q < 4; ++q)
+                        if (v4[q] > best) { best = v4[q]; where = q; }
+                    const float y = best + bias[o];
+                    out[base + (long long)o * PLANE] = y > 0.0f ? y : 0.0f;
+                    arg[base + (long long)o * PLANE] = y > 0.0f ? (unsigned char)where : (unsigned char)RELU_OFF;
+                }
+        }
+    }
+}
+
+// The pooled gradient put back at each window's argmax: dconv[o, 2wy + u, 2wx + v] =
+// dout[s, o, wy, wx] where arg = u·2 + v (and the ReLU passed), 0 elsewhere; written into a
+// row-major plane of `stride` floats a channel, `row` a conv row, at `origin` (TF32). Every
+// window position is written; positions in no window are the caller's zeros.
+__device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __restrict__ dout,
+                                              const unsigned char* __restrict__ arg, int s, int stride, int row,
+                                              int origin) {
+    struct Routed { float g; int where; };
+    const long long at = (long long)s * TC_OUTS * PLANE;
+    batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[at + q], arg[at + q]}; }, [&](int q, Routed v) {
+        const int where = v.where, o = q / PLANE, win = q % PLANE;
+        const unsigned gv = where == RELU_OFF ? 0u : tf32(v.g);
+        unsigned* d = dst + o * stride + origin + 2 * (win / WO) * row + 2 * (win % WO);
+        d[0] = where == 0 ? gv : 0u;
+        d[1] = where == 1 ? gv : 0u;
+        d[row] = where == 2 ? gv : 0u;
+        d[row + 1] = where == 3 ? gv : 0u;
+    });
+}
+
+// ---- backward data ------------------------------------------------------------------------------
+// dx[s, c, y, x] = Σ_{o,a,b} dconv[s, o, y − a, x − b]·w[o, c, a, b]: A[(y, x), (o, a, b)] =
+// dcp[o, y + K−1−a, x + K−1−b] with dcp the conv gradient zero-padded by K − 1 on each side (no
+// bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, m-tile of 16 input
+// positions) items, every input channel.
+#define HP (HC + 2 * (TC_K - 1))
+#define WP (WC + 2 * (TC_K - 1))
+#define B_KT ((TC_OUTS * KK + 7) / 8)
+#define B_NT ((TC_C + 7) / 8)
+#define B_MT ((TC_H * TC_W + 15) / 16)
+extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
+        const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
+        float* __restrict__ dx, int n) {
+    extern __shared__ __align__(16) unsigned smem[];
+    unsigned* ws = smem;                                             // [TC_OUTS][WST]: the filters
+    int* koff = reinterpret_cast<int*>(smem + TC_OUTS * WST);        // [B_KT·8]: k's offset in dcp
+    int* kw = koff + B_KT * 8;                                       // [B_KT·8]: k's filter o·WST + a·K + b
+    unsigned* dcp = smem + TC_OUTS * WST + 2 * B_KT * 8;             // [TC_BD_SPB][TC_OUTS·HP·WP]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    stage_filters(ws, w);
+    // k past TC_OUTS·KK: B's rows are zeros (kw = −1), A's read at each row's dcp offset 0.
+    for (int k = threadIdx.x; k < B_KT * 8; k += THREADS) {
+        koff[k] = k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
+        kw[k] = k < TC_OUTS * KK ? (k / KK) * WST + k % KK : -1;
+    }
+    // b0 = B[k0][c] = w[o, c, a, b] at kw[k0] + c·KK for c = nt·8 + g (columns c ≥ TC_C read
+    // channel TC_C − 1 and are not written), k0 = ks·8 + t; b1 the same at k0 + 4.
+    int cko[B_NT];
+#pragma unroll
+    for (int nt = 0; nt < B_NT; ++nt) cko[nt] = min(nt * 8 + g, TC_C - 1) * KK;
+    for (int e = threadIdx.x; e < TC_BD_SPB * TC_OUTS * HP * WP; e += THREADS) dcp[e] = 0u;  // the borders stay 0
+    for (int s0 = blockIdx.x * TC_BD_SPB; s0 < n; s0 += gridDim.x * TC_BD_SPB) {
+        const int count = min(TC_BD_SPB, n - s0);
+        __syncthreads();
+        for (int sl = 0; sl < count; ++sl)
+            scatter_dconv(dcp + sl * TC_OUTS * HP * WP, dout, arg, s0 + sl, HP * WP, WP, (TC_K - 1) * WP + TC_K - 1);
+        __syncthreads();
+        for (int item = warp; item < count * B_MT; item += TC_WARPS) {
+            const int sl = item / B_MT, p0 = (item % B_MT) * 16 + g, p1 = p0 + 8;
+            const bool v0 = p0 < TC_H * TC_W, v1 = p1 < TC_H * TC_W;
+            const unsigned* d = dcp + sl * TC_OUTS * HP * WP;
+            const unsigned* r0 = d + (v0 ? (p0 / TC_W) * WP + p0 % TC_W : 0);
+            const unsigned* r1 = d + (v1 ? (p1 / TC_W) * WP + p1 % TC_W : 0);
+            float acc[B_NT][4] = {};
+#pragma unroll 4
+            for (int ks = 0; ks < B_KT; ++ks) {
+                const int k0 = koff[ks * 8 + t], k1 = koff[ks * 8 + t + 4];
+                const int w0 = kw[ks * 8 + t], w1 = kw[ks * 8 + t + 4];
+                const unsigned a[4] = {r0[k0], r1[k0], r0[k1], r1[k1]};
+#pragma unroll
+                for (int nt = 0; nt < B_NT; ++nt) {
+                    const unsigned b[2] = {w0 >= 0 ? ws[w0 + cko[nt]] : 0u, w1 >= 0 ? ws[w1 + cko[nt]] : 0u};
+                    mma_tf32(acc[nt], a, b);
+                }
+            }
+            float* o = dx + (long long)(s0 + sl) * IMAGE;
+#pragma unroll
+            for (int nt = 0; nt < B_NT; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int c = nt * 8 + 2 * t + j;
+                    if (c >= TC_C) continue;
+                    if (v0) o[c * TC_H * TC_W + p0] = acc[nt][j];
+                    if (v1) o[c * TC_H * TC_W + p1] = acc[nt][2 + j];
+                }
+        }
+    }
+}
+
+// ---- weight and bias gradients -----------------------------------------------------------------
+// dW[o, tap] = Σ_{s, (y, x)} dconv[s, o, y, x]·x[s, c, y + a, x + b] and db[o] = Σ dconv[s, o, ·]:
+// A[o, (y, x)] = dconv (dense in shared memory, rows past TC_OUTS and positions past HC·WC 0),
+// B[(y, x), tap] the im2col of x, with a column of ones at tap = TAPS for the bias. Block
+// `chunk` sums the samples [chunk·per_chunk, ...) one after another into
+// partial[(o·chunks + chunk)·(TAPS + 1) + tap]; convpool_tc_reduce adds the chunks in order.
+// Warp (group, slice) holds W_NTW n-tiles of group `group` for every m-tile and takes the
+// k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order at the end.
+#define W_MT ((TC_OUTS + 15) / 16)
+#define W_NT ((TAPS + 1 + 7) / 8)
+#define W_NTW 4
+#define W_GROUPS ((W_NT + W_NTW - 1) / W_NTW)
+#define W_SLICES (TC_WARPS / W_GROUPS)
+#define W_KT ((HC * WC + 7) / 8)
+#define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so the A fragments' loads hit 32 banks
+#define ONE 0x3f800000u     // 1.0f, a TF32 value
+static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups than warps");
+// dconv's rows, and after the last sample the slices' sums where they were
+#define RED_WORDS (W_SLICES > 1 ? W_SLICES * W_GROUPS * W_MT * W_NTW * 128 : 0)
+#define DCS_WORDS (W_MT * 16 * KPS > RED_WORDS ? W_MT * 16 * KPS : RED_WORDS)
+extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
+        const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
+        float* __restrict__ partial, int n, int per_chunk) {
+    extern __shared__ __align__(16) unsigned smem[];
+    unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
+    unsigned* xs = dcs + DCS_WORDS;                       // [IMAGE]
+    int* posoff = reinterpret_cast<int*>(xs + IMAGE);     // [W_KT·8]: y·W + x of conv position k
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
+    const bool active = slice < W_SLICES;
+    for (int e = threadIdx.x; e < W_MT * 16 * KPS; e += THREADS) dcs[e] = 0u;
+    for (int k = threadIdx.x; k < W_KT * 8; k += THREADS) posoff[k] = k < HC * WC ? (k / WC) * TC_W + k % WC : 0;
+    // This lane's B columns: tap n = nt·8 + g of each of its n-tiles, its offset in an image.
+    int toff[W_NTW];
+    bool ones[W_NTW];
+#pragma unroll
+    for (int j = 0; j < W_NTW; ++j) {
+        const int tap = (group * W_NTW + j) * 8 + g;
+        ones[j] = tap == TAPS;
+        toff[j] = tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0;
+    }
+    float acc[W_MT][W_NTW][4] = {};
+    const int chunk = blockIdx.x, chunks = gridDim.x;
+    const int first = chunk * per_chunk, last = min(n, first + per_chunk);
+    for (int s = first; s < last; ++s) {
+        __syncthreads();
+        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
+        scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
+        __syncthreads();
+        if (!active) continue;
+        for (int ks = slice; ks < W_KT; ks += W_SLICES) {
+            const int q0 = posoff[ks * 8 + t], q1 = posoff[ks * 8 + t + 4];
+            unsigned a[W_MT][4];
+#pragma unroll
+            for (int mt = 0; mt < W_MT; ++mt) {
+                const unsigned* r = dcs + (mt * 16 + g) * KPS + ks * 8 + t;
+                a[mt][0] = r[0];
+                a[mt][1] = r[8 * KPS];
+                a[mt][2] = r[4];
+                a[mt][3] = r[8 * KPS + 4];
+            }
+#pragma unroll
+            for (int j = 0; j < W_NTW; ++j) {
+                if ((group * W_NTW + j) >= W_NT) break;
+                const unsigned b[2] = {ones[j] ? ONE : xs[q0 + toff[j]], ones[j] ? ONE : xs[q1 + toff[j]]};
+#pragma unroll
+                for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
+            }
+        }
+    }
+    if (W_SLICES > 1) {  // slice 0's warps add the other slices' sums, in slice order
+        float* red = reinterpret_cast<float*>(dcs);
+        __syncthreads();
+        if (active && slice > 0)
+#pragma unroll
+            for (int mt = 0; mt < W_MT; ++mt)
+#pragma unroll
+                for (int j = 0; j < W_NTW; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        red[((((slice * W_GROUPS + group) * W_MT + mt) * W_NTW + j) * 4 + e) * 32 + lane] = acc[mt][j][e];
+        __syncthreads();
+        if (slice != 0) return;
+        for (int sl = 1; sl < W_SLICES; ++sl)
+#pragma unroll
+            for (int mt = 0; mt < W_MT; ++mt)
+#pragma unroll
+                for (int j = 0; j < W_NTW; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc[mt][j][e] += red[((((sl * W_GROUPS + group) * W_MT + mt) * W_NTW + j) * 4 + e) * 32 + lane];
+    } else if (!active) {
+        return;
+    }
+#pragma unroll
+    for (int mt = 0; mt < W_MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < W_NTW; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
+                if (o < TC_OUTS && tap <= TAPS)
+                    partial[((long long)o * chunks + chunk) * (TAPS + 1) + tap] = acc[mt][j][e];
+            }
+}
+
+// dw[o, tap] = Σ_chunk partial[o, chunk, tap] (tap < TAPS), db[o] = the same at tap = TAPS. A
+// block of 32 outputs × TC_REDUCE_SLICES: slice r sums the chunks ≡ r (mod slices) in order,
+// then slice 0 adds the slices' sums in order.
+extern "C" __global__ void convpool_tc_reduce(const float* __restrict__ partial, float* __restrict__ dw,
+                                              float* __restrict__ db, int chunks) {
+    __shared__ float part[TC_REDUCE_SLICES][32];
+    const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
+    const int idx = blockIdx.x * 32 + lane, o = idx / (TAPS + 1), tap = idx % (TAPS + 1);
+    const bool valid = idx < TC_OUTS * (TAPS + 1);
+    float sum = 0.0f;
+    if (valid)
+        for (int c0 = slice; c0 < chunks; c0 += TC_REDUCE_SLICES * TC_BATCH) {
+            float v[TC_BATCH];  // the batch's loads first, then their sum in chunk order
+#pragma unroll
+            for (int u = 0; u < TC_BATCH; ++u) {
+                const int c = c0 + u * TC_REDUCE_SLICES;
+                v[u] = c < chunks ? partial[((long long)o * chunks + c) * (TAPS + 1) + tap] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < TC_BATCH; ++u) sum += v[u];
+        }
+    part[slice][lane] = sum;
+    __syncthreads();
+    if (slice != 0 || !valid) return;
+    for (int r = 1; r < TC_REDUCE_SLICES; ++r) sum += part[r][lane];
+    if (tap < TAPS) dw[o * TAPS + tap] = sum;
+    else db[o] = sum;
+}

@@ -1,0 +1,136 @@
+"""Launchers for convpool_tc.cu: convpool.cu's fused conv layer (conv + bias + 2×2 max-pool +
+ReLU and its backward passes) as implicit GEMMs on the tensor cores, TF32 operands and fp32
+sums; compiled once per layer shape. The launchers take the same arguments as ConvPool's, so a
+model holds either."""
+
+from __future__ import annotations
+
+from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
+
+WARPS = 8
+THREADS = 32 * WARPS
+REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
+BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
+MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
+BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
+# Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
+# in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 4 and 8.
+WEIGHT_GRAD_SAMPLES = 2
+NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
+
+
+def _c(n: int, d: int) -> int:
+    return ceil_div(n, d)
+
+
+class Shape:
+    """A layer's sizes as convpool_tc.cu derives them, and each kernel's shared memory in bytes."""
+
+    def __init__(self, c: int, h: int, w: int, k: int, outs: int):
+        self.c, self.h, self.w, self.k, self.outs = c, h, w, k, outs
+        self.hc, self.wc = h - k + 1, w - k + 1
+        self.plane = (self.hc // 2) * (self.wc // 2)
+        self.image, self.taps = c * h * w, c * k * k
+
+    def filter_words(self) -> int:
+        """The filters staged as rows of _c(taps, 8)·8 + 4 words (convpool_tc.cu's WST)."""
+        return self.outs * (_c(self.taps, 8) * 8 + 4)
+
+    def forward_words(self, spb: int) -> int:
+        return self.filter_words() + _c(self.taps, 8) * 8 + spb * self.image
+
+    def backward_data_words(self, spb: int) -> int:
+        kt = _c(self.outs * self.k * self.k, 8)
+        return (self.filter_words() + 2 * kt * 8
+                + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2))
+
+    def weight_grad_groups(self) -> int:
+        """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
+        return _c(_c(self.taps + 1, 8), NTW)
+
+    def weight_grad_words(self) -> int:
+        kt, mt, groups = _c(self.hc * self.wc, 8), _c(self.outs, 16), self.weight_grad_groups()
+        slices = WARPS // groups
+        red = slices * groups * mt * NTW * 128 if slices > 1 else 0
+        return max(mt * 16 * (kt * 8 + 4), red) + self.image + kt * 8
+
+    def samples_per_block(self, words, items: int) -> int:
+        """Samples a forward or backward-data block stages at once: enough for each warp to take
+        about one of the kernel's `items` per sample, within half the shared memory limit (two
+        blocks an SM at least); at least 1."""
+        spb = max(1, round(WARPS / items))
+        while spb > 1 and 4 * words(spb) > MAX_SHARED // 2:
+            spb -= 1
+        return spb
+
+
+def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, pool: int, first: bool) -> bool:
+    """Whether a layer can run as these kernels: stride 1, no padding, pool 2 (a tile's rows are
+    pairs of a window's positions), and each kernel's staging within the shared memory limit."""
+    if stride != 1 or padding != 0 or pool != 2 or h - k + 1 < 2 or w - k + 1 < 2:
+        return False
+    s = Shape(c, h, w, k, outs)
+    return (4 * s.forward_words(1) <= MAX_SHARED and 4 * s.weight_grad_words() <= MAX_SHARED
+            and s.weight_grad_groups() <= WARPS and (first or 4 * s.backward_data_words(1) <= MAX_SHARED))
+
+
+class ConvPoolTc(KernelFile):
+    stem = "convpool_tc"
+    headers = ("tf32_mma.cuh",)
+    defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
+               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH}
+    _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, max_shared_bytes=MAX_SHARED)
+    _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32,
+                                        max_shared_bytes=MAX_SHARED)
+    _convpool_tc_weight_grad = kernel("convpool_tc_weight_grad", PTR, PTR, PTR, PTR, I32, I32,
+                                      max_shared_bytes=MAX_SHARED)
+    _convpool_tc_reduce = kernel("convpool_tc_reduce", PTR, PTR, PTR, I32)
+    note = "TF32 tensor cores, fp32 sums (convpool_tc.cu's fused conv+bias+pool+ReLU implicit GEMMs)"
+
+    def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int):
+        if not fits(c, h, w, outs, k, 1, 0, pool, first=False) and not fits(c, h, w, outs, k, 1, 0, pool, True):
+            raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
+        self.shape = s = Shape(c, h, w, k, outs)
+        self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
+        self.bd_spb = s.samples_per_block(s.backward_data_words, ceil_div(h * w, 16))  # items: 16 input positions
+        super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
+                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb})
+        self.c, self.k, self.pool, self.outs = c, k, pool, outs
+        self.taps = s.taps
+        self.chunk = WEIGHT_GRAD_SAMPLES
+        self.max_blocks = BLOCKS_PER_SM * device.sm_count
+
+    def chunks(self, n: int) -> int:
+        """Blocks (chunks of samples) of the weight gradient: its partial sums are outs × chunks × (taps + 1)."""
+        return ceil_div(n, self.chunk)
+
+    def _check(self, outs: int, h: int, wd: int) -> None:
+        s = self.shape
+        if (outs, h, wd) != (s.outs, s.h, s.w):
+            raise ValueError(f"convpool_tc was built for {s.outs} outputs of a {s.h}×{s.w} input, not {outs} of {h}×{wd}")
+
+    def forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
+                wd: int) -> None:
+        """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd."""
+        self._check(outs, h, wd)
+        grid = min(ceil_div(n, self.spb), self.max_blocks)
+        self._convpool_tc_forward(stream, grid, THREADS, x, w, b, out, arg, n,
+                                  shared_bytes=4 * self.shape.forward_words(self.spb))
+
+    def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
+                    h: int, wd: int) -> None:
+        """dw, db from the pooled gradient dout: per-chunk partial sums (partial: outs × chunks ×
+        (taps + 1) floats), then their sum in order."""
+        self._check(outs, h, wd)
+        chunks = self.chunks(n)
+        self._convpool_tc_weight_grad(stream, chunks, THREADS, x, dout, arg, partial, n, self.chunk,
+                                      shared_bytes=4 * self.shape.weight_grad_words())
+        self._convpool_tc_reduce(stream, ceil_div(outs * (self.taps + 1), 32), 32 * REDUCE_SLICES, partial, dw, db,
+                                 chunks)
+
+    def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int) -> None:
+        """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
+        self._check(outs, h, wd)
+        grid = min(ceil_div(n, self.bd_spb), self.max_blocks)
+        self._convpool_tc_backward_data(stream, grid, THREADS, dout, arg, w, dx, n,
+                                        shared_bytes=4 * self.shape.backward_data_words(self.bd_spb))

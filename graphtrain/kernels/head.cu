@@ -1,0 +1,128 @@
+// The cnn's logits layer with its loss step, and the layer's gradients: products this narrow
+// (HL_CLASSES outputs) leave cuBLAS's tiles idle, and five launches become two. fp32 FMAs;
+// HL_CLASSES (≤ 32, compile time) and the block sizes come from head.py. For the batch's rows
+// r < valid (valid = min(batch, epoch_samples − *cursor mod epoch_samples), the tail batch's
+// real rows; the others get zero gradient):
+//   z[r, j] = b[j] + Σ_c h[r, c]·W[j, c]
+//   dlogits[r, j] = (softmax(z_r)_j − [j = y_r]) / valid,  loss_r = log Σ_j e^{z_j − m} + m − z_{y_r}
+//   dW[j, c] = Σ_r dlogits[r, j]·h[r, c],  db[j] = Σ_r dlogits[r, j]
+// then *cursor += valid and loss_sum[0] += Σ_r loss_r (unless null). Every sum runs in a fixed
+// order (the warps' shuffles included), without float atomics: the same inputs give the same bits.
+
+// ---- logits and the loss step: a warp per row ---------------------------------------------------
+// row_loss holds each row's loss (0 past valid); the last block to finish (an integer count,
+// reset by that block) sums them in a fixed-order tree, moves the cursor and adds to loss_sum.
+// Every block reads *cursor before it counts itself, so the cursor moves after every read.
+extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
+        const float* __restrict__ h, const float* __restrict__ w, const float* __restrict__ b,
+        const int* __restrict__ y, float* __restrict__ dlogits, double* __restrict__ row_loss, int* count,
+        int* cursor, int batch, int k, int epoch_samples, double* loss_sum) {
+    __shared__ double tree[HL_ROW_THREADS];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, r = blockIdx.x * (HL_ROW_THREADS / 32) + (threadIdx.x >> 5);
+    const int at = *cursor;
+    const int valid = min(batch, epoch_samples - at % epoch_samples);
+    if (r < batch) {
+        float acc[HL_CLASSES] = {};
+        const float* hr = h + (long long)r * k;
+        for (int c0 = lane; c0 < k; c0 += 32 * 8) {  // eight loads issued before any is used
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = c0 + 32 * u < k ? hr[c0 + 32 * u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int c = c0 + 32 * u;
+                if (c >= k) break;
+#pragma unroll
+                for (int j = 0; j < HL_CLASSES; ++j) acc[j] = fmaf(v[u], w[j * k + c], acc[j]);
+            }
+        }
+        float z[HL_CLASSES];
+#pragma unroll
+        for (int j = 0; j < HL_CLASSES; ++j) {  // a butterfly: every lane ends with the same sum
+            float s = acc[j];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            z[j] = s + b[j];
+        }
+        float m = z[0];
+#pragma unroll
+        for (int j = 1; j < HL_CLASSES; ++j) m = fmaxf(m, z[j]);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HL_CLASSES; ++j) sum += expf(z[j] - m);
+        const float rs = 1.0f / sum, inv = 1.0f / (float)valid;
+        const int label = r < valid ? y[r] : -1;
+        float zl = z[0], zy = z[0];  // z[lane] and z[label], picked without indexing registers
+#pragma unroll
+        for (int j = 1; j < HL_CLASSES; ++j) {
+            if (j == lane) zl = z[j];
+            if (j == label) zy = z[j];
+        }
+        if (lane < HL_CLASSES)
+            dlogits[(long long)r * HL_CLASSES + lane] =
+                r < valid ? (expf(zl - m) * rs - (lane == label ? 1.0f : 0.0f)) * inv : 0.0f;
+        if (lane == 0) row_loss[r] = r < valid ? (double)(logf(sum) + m - zy) : 0.0;
+    }
+    __threadfence();  // this block's row losses are visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double total = 0.0;
+    for (int i = threadIdx.x; i < batch; i += HL_ROW_THREADS) total += __ldcg(row_loss + i);  // past L1: other SMs wrote them
+    tree[threadIdx.x] = total;
+    __syncthreads();
+    for (int s = HL_ROW_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) tree[threadIdx.x] += tree[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        *cursor = at + valid;
+        if (loss_sum) loss_sum[0] += tree[0];
+        *count = 0;
+    }
+}
+
+// ---- the logits layer's gradients: a block per 32 columns --------------------------------------
+// Column c < k of h, or c = k: the bias, a column of ones. Warp q sums the rows ≡ q (mod warps)
+// in order, then warp 0 adds the warps' sums in order; dlogits staged in shared memory.
+#define HL_COL_WARPS (HL_COL_THREADS / 32)
+extern "C" __global__ void __launch_bounds__(HL_COL_THREADS) head_grads(
+        const float* __restrict__ h, const float* __restrict__ dlogits, float* __restrict__ dw,
+        float* __restrict__ db, int batch, int k) {
+    extern __shared__ float dl[];  // [batch][HL_CLASSES]
+    __shared__ float part[HL_COL_WARPS][HL_CLASSES][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
+    for (int i = threadIdx.x; i < batch * HL_CLASSES; i += HL_COL_THREADS) dl[i] = dlogits[i];
+    __syncthreads();
+    float acc[HL_CLASSES] = {};
+    if (c <= k)
+        for (int r0 = warp; r0 < batch; r0 += HL_COL_WARPS * 4) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = r0 + u * HL_COL_WARPS;
+                v[u] = r < batch ? (c < k ? h[(long long)r * k + c] : 1.0f) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = r0 + u * HL_COL_WARPS;
+                if (r >= batch) break;
+#pragma unroll
+                for (int j = 0; j < HL_CLASSES; ++j) acc[j] = fmaf(dl[r * HL_CLASSES + j], v[u], acc[j]);
+            }
+        }
+#pragma unroll
+    for (int j = 0; j < HL_CLASSES; ++j) part[warp][j][lane] = acc[j];
+    __syncthreads();
+    if (warp != 0 || c > k) return;
+#pragma unroll
+    for (int j = 0; j < HL_CLASSES; ++j) {
+        float total = 0.0f;
+        for (int q = 0; q < HL_COL_WARPS; ++q) total += part[q][j][lane];
+        if (c < k) dw[j * k + c] = total;
+        else db[j] = total;
+    }
+}

@@ -1,0 +1,50 @@
+"""Launchers for head.cu: the cnn's logits layer with its loss step (a warp per row), and the
+layer's weight and bias gradients (a block per 32 columns); compiled for the model's class count."""
+
+from __future__ import annotations
+
+from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
+
+ROW_THREADS = 256  # head_logits_loss: 8 rows (warps) per block
+COL_THREADS = 512  # head_grads: 16 warps split a block's rows
+MAX_CLASSES = 32  # a row's classes are at most one warp's lanes
+MAX_DLOGITS_BYTES = 96 * 1024  # head_grads stages the batch's dlogits (raised once)
+
+
+def fits(batch: int, classes: int) -> bool:
+    """Whether a logits layer of `classes` outputs, trained at this batch, fits the kernels."""
+    return 1 <= classes <= MAX_CLASSES and 4 * batch * classes <= MAX_DLOGITS_BYTES
+
+
+class Head(KernelFile):
+    stem = "head"
+    defines = {"HL_CLASSES": 10, "HL_ROW_THREADS": ROW_THREADS, "HL_COL_THREADS": COL_THREADS}
+    _head_logits_loss = kernel("head_logits_loss", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR)
+    _head_grads = kernel("head_grads", PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
+    note = "fp32 (head.cu, with the loss step)"
+
+    def __init__(self, device, classes: int):
+        if not 1 <= classes <= MAX_CLASSES:
+            raise ValueError(f"head.cu takes 1 to {MAX_CLASSES} classes, not {classes}")
+        super().__init__(device, {"HL_CLASSES": classes})
+        self.classes = classes
+
+    def _check(self, batch: int) -> None:
+        if not fits(batch, self.classes):
+            raise ValueError(f"head.cu cannot stage a batch of {batch} rows of {self.classes} classes' dlogits "
+                             f"in {MAX_DLOGITS_BYTES // 1024} KiB of shared memory")
+
+    def logits_loss(self, stream, h: int, w: int, b: int, y: int, dlogits: int, row_loss: int, count: int,
+                    cursor: int, batch: int, k: int, epoch_samples: int, loss_sum: int = 0) -> None:
+        """logits = h·Wᵀ + b (W: classes × k) and the loss step of the batch's valid rows: dlogits,
+        the cursor advanced by them, Σ loss added to loss_sum unless 0. row_loss: batch doubles of
+        scratch; count: an int that is 0 (and is left 0)."""
+        self._check(batch)
+        self._head_logits_loss(stream, ceil_div(batch, ROW_THREADS // 32), ROW_THREADS, h, w, b, y, dlogits, row_loss,
+                               count, cursor, batch, k, epoch_samples, loss_sum)
+
+    def grads(self, stream, h: int, dlogits: int, dw: int, db: int, batch: int, k: int) -> None:
+        """dW = dlogitsᵀ·h (classes × k), db = Σ_rows dlogits."""
+        self._check(batch)
+        self._head_grads(stream, ceil_div(k + 1, 32), COL_THREADS, h, dlogits, dw, db, batch, k,
+                         shared_bytes=4 * batch * self.classes)

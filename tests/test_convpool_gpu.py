@@ -1,0 +1,105 @@
+"""The fused conv layer's passes (conv + bias + 2×2 max-pool + ReLU forward, the weight and bias
+gradients, the input gradient) against the float64 reference on seeded random inputs: the fp32
+kernels (convpool.cu) and the tensor-core ones (convpool_tc.cu, TF32)."""
+
+import numpy as np
+import pytest
+
+from graphtrain import reference_cnn as R
+from helpers import Scratch, rel_err
+
+# (name, n, c, h, w, outs, kernel, first): the speedrun's layers (conv2's n past one wave of the
+# forward's grid, so its blocks loop), and one with odd conv sizes (a row and a column in no window).
+CASES = [
+    ("speedrun conv1", 64, 1, 28, 28, 24, 5, True),
+    ("speedrun conv2", 1200, 24, 12, 12, 32, 3, False),
+    ("odd 3x11x13", 37, 3, 11, 13, 20, 3, False),
+]
+# kind: (tolerance of ‖out − ref‖ / ‖ref‖, largest fraction of windows whose argmax may differ
+# from float64's: near-ties that the rounding of the products orders the other way)
+KINDS = {"fp32": (1e-5, 1e-3), "tf32": (3e-3, 2e-2)}
+
+
+@pytest.fixture
+def stream(gpu_device):
+    from graphtrain.libs import cuda
+
+    s = cuda.Stream()
+    yield s
+    s.close()
+
+
+def build(device, kind, c, h, w, outs, k):
+    from graphtrain.kernels.convpool import ConvPool
+    from graphtrain.kernels.convpool_tc import ConvPoolTc
+
+    return ConvPoolTc(device, c, h, w, k, 2, outs) if kind == "tf32" else ConvPool(device, c, k, 2, outs)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fused_conv_passes_match_reference(gpu_device, stream, seed, case, kind):
+    name, n, c, h, w, outs, k, first = case
+    tol, flips = KINDS[kind]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((outs, c, k, k)) / np.sqrt(c * k * k)
+    b = 0.3 * rng.standard_normal(outs)
+    ho, wo = (h - k + 1) // 2, (w - k + 1) // 2
+    dout = rng.standard_normal((n, outs, ho, wo))
+    cp = build(gpu_device, kind, c, h, w, outs, k)
+    f32 = np.float32
+    try:
+        with Scratch(stream, x=x.astype(f32), w=wt.astype(f32), b=b.astype(f32), dout=dout.astype(f32),
+                     out=np.full(dout.shape, np.nan, f32), arg=np.full(dout.shape, 77, np.uint8),
+                     partial=np.zeros(outs * cp.chunks(n) * (cp.taps + 1), f32),
+                     dw=np.full(wt.shape, np.nan, f32), db=np.full(outs, np.nan, f32),
+                     dx=np.full(x.shape, np.nan, f32)) as s:
+            cp.forward(stream, s["x"], s["w"], s["b"], s["out"], s["arg"], n, outs, h, w)
+            cp.weight_grad(stream, s["x"], s["dout"], s["arg"], s["partial"], s["dw"], s["db"], n, outs, h, w)
+            if not first:  # a first layer's input gradient is never needed (convpool.cu's does not fit it)
+                cp.backward_data(stream, s["dout"], s["arg"], s["w"], s["dx"], n, outs, h, w)
+            out, arg, dw, db, dx = (s.get(key) for key in ("out", "arg", "dw", "db", "dx"))
+    finally:
+        cp.close()
+    msg = f"{name}, {kind}, seed {seed}"
+    conv = R.conv_forward(x, wt) + b[None, :, None, None]
+    pooled, ref_arg = R.maxpool_forward(conv, 2)
+    ref_out = np.maximum(pooled, 0)
+    assert rel_err(out, ref_out) < tol, msg
+    off = arg == 255
+    assert np.array_equal(off, out == 0), msg  # the ReLU's zeros are exactly the windows marked off
+    assert np.all(arg[~off] < 4), msg
+    assert np.mean(arg[~off] != ref_arg[~off]) <= flips, msg
+    # The backward passes from the kernel's own argmaxes: the pooled gradient routed where it chose.
+    routed = np.where(off, 0.0, dout)
+    dconv = R.maxpool_backward(routed, np.where(off, 0, arg).astype(np.int64), 2, conv.shape)
+    assert rel_err(dw, R.conv_backward_filter(x, dconv, k)) < tol, msg
+    assert rel_err(db, dconv.sum(axis=(0, 2, 3))) < tol, msg
+    if not first:
+        assert rel_err(dx, R.conv_backward_data(dconv, wt, x.shape)) < tol, msg
+
+
+def test_weight_gradient_is_bit_identical_between_runs(gpu_device, stream, seed):
+    """The tensor-core passes twice on the same inputs: the same bits (fixed-order sums, no atomics)."""
+    n, c, h, w, outs, k = 256, 24, 12, 12, 32, 3
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    cp = build(gpu_device, "tf32", c, h, w, outs, k)
+    try:
+        with Scratch(stream, x=rng.standard_normal((n, c, h, w)).astype(f32),
+                     wt=(rng.standard_normal((outs, c, k, k)) / 15).astype(f32), b=np.zeros(outs, f32),
+                     dout=rng.standard_normal((n, outs, 5, 5)).astype(f32), out=np.zeros((n, outs, 5, 5), f32),
+                     arg=np.zeros((n, outs, 5, 5), np.uint8),
+                     partial=np.zeros(outs * cp.chunks(n) * (cp.taps + 1), f32), dw=np.zeros(outs * cp.taps, f32),
+                     db=np.zeros(outs, f32), dx=np.zeros((n, c, h, w), f32)) as s:
+            cp.forward(stream, s["x"], s["wt"], s["b"], s["out"], s["arg"], n, outs, h, w)
+            runs = []
+            for _ in range(2):
+                cp.weight_grad(stream, s["x"], s["dout"], s["arg"], s["partial"], s["dw"], s["db"], n, outs, h, w)
+                cp.backward_data(stream, s["dout"], s["arg"], s["wt"], s["dx"], n, outs, h, w)
+                runs.append([s.get(key) for key in ("dw", "db", "dx")])
+    finally:
+        cp.close()
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b), f"seed {seed}"
