@@ -463,8 +463,6 @@ def test_a_cnn_model_checks_its_rank_before_touching_the_gpu():
                   all_reduce=lambda *a: None)
     with pytest.raises(ValueError, match="all_reduce"):
         CnnDevice(None, spec, Recipe(batch=10), images, labels, images, labels, rank=0, ranks=2)
-    with pytest.raises(ValueError, match="all_reduce"):
-        CnnDevice(None, spec, Recipe(batch=10), images, labels, images, labels, all_reduce=lambda *a: None)
 
 
 def test_a_cnn_rank_trains_the_cnn_stage(monkeypatch):

@@ -108,8 +108,8 @@ class CnnDevice:
         self.device, self.spec, self.recipe = device, spec, recipe
         if not 0 <= rank < ranks or recipe.batch % ranks:
             raise ValueError(f"rank {rank} of {ranks}: the combined batch {recipe.batch} must split evenly over them")
-        if (ranks > 1) != (all_reduce is not None):
-            raise ValueError("several ranks sum their gradients through `all_reduce`; one rank has none")
+        if ranks > 1 and all_reduce is None:
+            raise ValueError(f"{ranks} ranks sum their gradients through `all_reduce`: give one")
         self.rank, self.ranks, self.all_reduce = rank, ranks, all_reduce
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch // ranks  # this rank's rows of the combined batch

@@ -64,7 +64,8 @@ NOT_DATA_PARALLEL = {
 
 # The cnn's device-loop: a step boundary exists, inside the epoch's WHILE node.
 CNN_DEVICE_LOOP = ("the cnn's epoch is one conditional WHILE node, and NCCL's captured all-reduce brings event "
-                   "nodes that CUDA does not allow in a conditional node's body")
+                   "record and wait nodes (its graph-mixing support) that CUDA does not allow in a conditional "
+                   "node's body")
 MODELS = ("mlp", "cnn")
 
 
