@@ -12,7 +12,7 @@ a name from it is used).
 A Ctrl-C from the moment this module runs, while graphtrain.cli and its modules load included,
 ends the command with one line, "interrupted", and exit code 130.
 
-Two things here are about the time a user waits for `graphtrain run`:
+Three things here are about the time a user waits for `graphtrain run`:
 
 - With a rung that trains on the GPU, CUDA starts (cuInit and the primary context: a few hundred
   ms of driver work that holds no Python lock) on a thread of its own before numpy and the rest
@@ -23,6 +23,13 @@ Two things here are about the time a user waits for `graphtrain run`:
   finished, without the interpreter's teardown (os._exit): freeing every module and the CUDA
   context object by object took 50-170 ms. Peers (torch, jax) and the other commands exit the
   ordinary way.
+- os._exit skips Python's teardown, not the driver's: as the process ends, the kernel closes the
+  GPU's device files and the driver destroys the context then, after the run record was written
+  (87-123 ms on an H100: results/time-to-result/wall-jhu-h100-after.md, the wall against the sum
+  of the record's phases). A run of a rung on the GPU therefore destroys the context itself
+  (graphtrain.libs.cuda.release_devices) once its table is printed and before its record is
+  written, in the record's `exit` phase; what the process's end still costs after that is what
+  scripts/probes/exit_cost.py measures.
 """
 
 import os
@@ -99,9 +106,13 @@ def start(argv: list[str]) -> None:
     rung = run_rung(argv)
     _leave_without_teardown = rung is not None
     if rung is not None and rung != "numpy":
+        from graphtrain import phases
         from graphtrain.libs import cuda
 
         cuda.open_device_in_background(then=head_start)
+        # The process ends with the command: the GPU is released before the record is written,
+        # so that the record counts the driver's teardown (see the module's docstring).
+        phases.at_exit(cuda.release_devices)
         from graphtrain.libs import nvrtc  # noqa: F401: here, so that the two threads never import it at once
 
 

@@ -325,6 +325,14 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
             stage_cls = require(stage)
             stage_cls.check_precision(cfg.precision)
             batch_text = f"batch {cfg.batch}"
+            # The libraries' first-call costs, beside the data loading rather than in the setup,
+            # each library on a thread of its own (they share nothing); the cnn model trains on
+            # rungs of its own (graphtrain.stages.cnn_rungs).
+            for first_use in stage_cls.first_uses() if cfg.model != "cnn" else []:
+                from graphtrain.libs import cuda
+
+                library = first_use.__module__.rsplit(".", 1)[-1]
+                cuda.start_beside([first_use], cuda.open_device(), name=f"graphtrain-first-use-{library}")
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)
@@ -355,9 +363,10 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
         # With the record on stdout, the table goes to stderr, so stdout is the JSON alone; it is
         # printed first so that the record's phases cover it.
         (err if to_stdout else out).print(summary_table(record))
-        record.phases = phases.snapshot()
+        phases.leaving()
+        record.phases, record.phases_from = phases.snapshot(), phases.origin()
         if verbose:
-            err.print(phases_text(record.phases), highlight=False, soft_wrap=True)
+            err.print(phases_text(record.phases, record.phases_from), highlight=False, soft_wrap=True)
         if to_stdout:
             sys.stdout.write(json.dumps(record.to_json(), indent=2, default=str) + "\n")
         elif json_path is not None:
@@ -365,10 +374,12 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
             log(f"run record written to {json_path}")
 
 
-def phases_text(ms: dict[str, float]) -> str:
-    """One line: each phase's ms, then their sum (the wall time since the process started)."""
+def phases_text(ms: dict[str, float], origin: str = "process") -> str:
+    """One line: each phase's ms, then their sum: the wall time since the process started, or
+    since graphtrain's import where the process's start could not be read (graphtrain.phases)."""
     parts = [f"{name.replace('_', ' ')} {value:.0f}" for name, value in ms.items()]
-    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f}"
+    since = "the process's start" if origin == "process" else "graphtrain's import (the process's start is unknown)"
+    return f"phases (ms): {', '.join(parts)}; total {sum(ms.values()):.0f} since {since}"
 
 
 @contextmanager

@@ -8,9 +8,9 @@ raised). Both turn into JSON with `to_json()`, whose keys are stable, because re
     stage, kind, note, precision, nodes_per_step, config, environment, data, epochs, epoch_ms,
     setup_ms, total_ms, test_accuracy, train_loss, warnings; when they apply: command, init (a run
     resumed from a saved model), profile (--profile: see graphtrain.profile), phases (`run`: the
-    command's wall time by phase, see graphtrain.phases), epoch_ms_min,
-    epoch_ms_max and repeats (a row run more than once), log (a ladder row that printed
-    something) and hidden_size (in a sweep);
+    command's wall time by phase, see graphtrain.phases) and phases_from (where they count
+    from: "process" or "import"), epoch_ms_min, epoch_ms_max and repeats (a row run more than
+    once), log (a ladder row that printed something) and hidden_size (in a sweep);
     a failed row: stage, kind, error, skipped, config, traceback (when unexplained), data, log.
 """
 
@@ -79,6 +79,8 @@ class RunRecord:
     log: str | None = None  # where a ladder row's own output went
     # `graphtrain run`'s wall time from the process's start, by phase (graphtrain.phases), in ms.
     phases: dict[str, float] | None = None
+    # Where `phases` count from: "process" (its start, from the kernel) or "import" (graphtrain's).
+    phases_from: str | None = None
     # `run --gpus N`: the GPUs, the batch per GPU and combined (config.batch), NCCL's version.
     data_parallel: dict | None = None
 
@@ -117,7 +119,7 @@ class RunRecord:
             "test_accuracy": self.test_accuracy, "train_loss": self.train_loss,
             "warnings": list(self.warnings),
         })
-        for key in ("init", "command", "profile", "phases", "data_parallel"):
+        for key in ("init", "command", "profile", "phases", "phases_from", "data_parallel"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.repeats:

@@ -133,3 +133,30 @@ class Cublas:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+FIRST_USE_SIZE = 64  # first_use's product: 64×64 by 64×64, small enough to cost nothing to run
+FIRST_USE_WORKSPACE = 1 << 20
+
+
+def first_use() -> None:
+    """cuBLAS's once-a-process start, on a handle, stream and memory of its own, all released
+    after: the first handle of the process (cuBLAS's and cuBLASLt's own set-up on this GPU) and
+    one product (the heuristics' first query, its kernel's load). What a run's first products
+    pay otherwise; run on the command's start-up thread (graphtrain.__main__), where every call
+    releases the Python lock, it goes on beside the caller's imports and data loading."""
+    n = FIRST_USE_SIZE
+    matrix = n * n * 4
+    stream = cuda.Stream()
+    try:
+        with cuda.scratch(FIRST_USE_WORKSPACE + 3 * matrix) as workspace:
+            a, b, c = (workspace + FIRST_USE_WORKSPACE + i * matrix for i in range(3))
+            cuda.memset(a, 0, 2 * matrix, stream)  # zeros in, whatever the memory held
+            blas = Cublas(stream, workspace, FIRST_USE_WORKSPACE)
+            try:
+                blas.gemm(False, True, n, n, n, 1.0, a, n, b, n, 0.0, c, n)
+                cuda.wait_uncounted(stream)
+            finally:
+                blas.close()
+    finally:
+        stream.close()

@@ -184,11 +184,13 @@ class _Opening(threading.Thread):
         if self.then is not None:
             try:
                 self.then()
-            except Exception:  # noqa: S110: only a head start; the caller's own call raises it again
-                pass
+            except Exception as exc:  # kept: wait_for_head_starts raises it
+                _head_start_errors.append((self.name, exc))
 
 
 _background: dict[int, _Opening] = {}
+_started: list[threading.Thread] = []  # every head-start thread, waited for before the devices are released
+_head_start_errors: list[tuple[str, Exception]] = []  # (thread, what it raised), for wait_for_head_starts
 
 
 def _retain_primary_context(ordinal: int) -> None:
@@ -214,11 +216,14 @@ def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None =
     it. The next `open_device(ordinal)` waits for it (and raises what it raised); the context is
     the device's one primary context either way, made current there on the caller's thread.
     `then`, once the context is there, gets a head start on other work whose result is cached
-    (loading NVRTC and the libraries the rung uses): the caller does not wait for it, and what it
-    raises is dropped, because the caller's own call raises it again."""
+    (loading NVRTC and the libraries the rung uses): the caller does not wait for it; what it
+    raises, `wait_for_head_starts` raises."""
     if ordinal not in _devices and ordinal not in _background:
         _background[ordinal] = opening = _Opening(ordinal, then)
+        _started.append(opening)
         opening.start()
+        # Its `then` may use the context (the libraries' first calls): no capture begins beside it.
+        before_capture(opening.join)
         runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
 
 
@@ -257,6 +262,68 @@ def _open_device(ordinal: int) -> DeviceInfo:
                           driver_cuda_version=cuda_version(driver_cuda), runtime_version=cuda_version(runtime_cuda))
         _devices[ordinal] = info
         return info
+
+
+def start_beside(works: list[Callable[[], None]], device: DeviceInfo, name: str) -> None:
+    """Do `works`, in order, on a thread of its own with `device` current, the caller going on at
+    once: a head start on once-a-process work whose result the driver or a library keeps (a
+    library's first call), so that the caller's own later call finds it done, or waits for it
+    where it is still under way rather than doing it again. What a work raises ends the thread
+    and is kept for `wait_for_head_starts` to raise (where the same call fails in the caller's
+    own setup first, that error is the one the user sees). The next stream capture, and
+    `release_devices`, wait for the thread first (it uses the context)."""
+    def run() -> None:
+        try:
+            # A new thread has no current context: the driver API's calls (cuStreamCreate) need one.
+            check(runtime_api().cudaSetDevice(device.ordinal), "cudaSetDevice")
+            for work in works:
+                work()
+        except Exception as exc:  # kept: wait_for_head_starts raises it
+            _head_start_errors.append((name, exc))
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _started.append(thread)
+    thread.start()
+    before_capture(thread.join)
+
+
+def _join_head_starts() -> None:
+    for thread in _started:
+        thread.join()
+
+
+class HeadStartError(RuntimeError):
+    """Work begun on a head-start thread failed where the caller's own calls did not."""
+
+
+def wait_for_head_starts() -> None:
+    """Wait until every head-start thread (`open_device_in_background`'s, `start_beside`'s) is done:
+    before work that must not share the GPU or the CPU with them (timed epochs). Raises what one
+    of them raised (once)."""
+    _join_head_starts()
+    if _head_start_errors:
+        name, exc = _head_start_errors[0]
+        _head_start_errors.clear()
+        raise HeadStartError(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+
+def release_devices() -> None:
+    """Destroy the primary context of every GPU this process opened, and with it everything made in
+    it (memory, modules, streams, graphs, the libraries' handles' state): what the driver does when
+    the process exits, done here so that it happens, and is timed, before the process's last
+    line (graphtrain.phases' `exit`). Only for a process about to end: nothing of CUDA may be used
+    after it. The head-start threads are waited for first, since they may still use the context
+    (what they raised was the setup's to raise: this runs on the way out, errors included)."""
+    _join_head_starts()
+    if not _devices:
+        return
+    driver = driver_api()
+    with _device_lock:
+        for ordinal in list(_devices):
+            device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+            # Destroys the context whatever its retain count (the start-up thread retained it once).
+            check(driver.cuDevicePrimaryCtxReset(device), "cuDevicePrimaryCtxReset")
+            del _devices[ordinal]
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,6 +419,23 @@ def free(ptr: int) -> None:
     """Free device memory from `malloc` (counted)."""
     check(runtime_api().cudaFree(int(ptr)), "cudaFree")
     counters.frees += 1
+
+
+@contextmanager
+def scratch(nbytes: int) -> Iterator[int]:
+    """`nbytes` of device memory (its address) for work that is not the run's, freed on leaving
+    the block: outside the counters, which count the run's own allocations."""
+    runtime = runtime_api()
+    ptr = int(check(runtime.cudaMalloc(int(nbytes)), "cudaMalloc"))
+    try:
+        yield ptr
+    finally:
+        check(runtime.cudaFree(ptr), "cudaFree")
+
+
+def wait_uncounted(stream: Stream) -> None:
+    """`stream.synchronize()` outside the counters: for work that is not the run's."""
+    check(runtime_api().cudaStreamSynchronize(stream.handle), "cudaStreamSynchronize")
 
 
 def _copy(dst: int, src: int, nbytes: int, kind: str, stream: Stream) -> None:

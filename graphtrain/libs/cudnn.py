@@ -239,6 +239,30 @@ class Cudnn:
             library.check(self._lib.cudnnDestroy(handle), "cudnnDestroy")
 
 
+FIRST_USE_ROWS, FIRST_USE_CLASSES = 16, 10  # first_use's softmax
+
+
+def first_use() -> None:
+    """cuDNN's once-a-process start, on a handle, stream and memory of its own, all released
+    after: the first handle of the process, and one softmax (cuDNN loads the sub-library that
+    holds it, libcudnn_ops, at its first call, and the runtime the softmax kernel). What a
+    run's first softmax pays otherwise; run on the command's start-up thread (graphtrain.__main__),
+    where every call releases the Python lock, it goes on beside the caller's imports and data."""
+    nbytes = FIRST_USE_ROWS * FIRST_USE_CLASSES * 4
+    stream = cuda.Stream()
+    try:
+        with cuda.scratch(2 * nbytes) as x:
+            cuda.memset(x, 0, nbytes, stream)
+            dnn = Cudnn(stream)
+            try:
+                dnn.softmax_forward(dnn.tensor_4d(FIRST_USE_ROWS, FIRST_USE_CLASSES, 1, 1), x, x + nbytes)
+                cuda.wait_uncounted(stream)
+            finally:
+                dnn.close()
+    finally:
+        stream.close()
+
+
 class ConvAlgorithmError(RuntimeError):
     """cuDNN offers no deterministic algorithm for a convolution pass within the workspace cap."""
 

@@ -72,6 +72,12 @@ class Stage:
 
         return cuda.open_device().total_memory
 
+    @classmethod
+    def first_uses(cls) -> list:
+        """Once-a-process work of the libraries this row's setup calls (callables), which
+        `graphtrain run` may begin beside the data loading; none here."""
+        return []
+
     def measures(self, epoch: int) -> bool:
         """Whether `epoch` (0-based) measures train loss and accuracy: every epoch, unless a
         rung trades that for speed (sparse-metrics and the rungs after it)."""

@@ -49,6 +49,16 @@ class BaselineStage(Stage):
         """Whether this rung, training this model, sets up `what` (one of `uses`'s names)."""
         return what in self.uses
 
+    @classmethod
+    def first_uses(cls) -> list:
+        """The once-a-process starts of the NVIDIA libraries this rung's setup makes a handle of
+        (cuBLAS, cuDNN), which its first calls would otherwise pay: for `graphtrain run` to begin
+        on a thread of its own while the data loads (graphtrain.libs.cuda.start_beside). From
+        `uses`, as `needs` decides for these two whatever the model."""
+        from graphtrain.libs import cublas, cudnn
+
+        return [library.first_use for name, library in (("cublas", cublas), ("cudnn", cudnn)) if name in cls.uses]
+
     # ---- setup -------------------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -96,6 +106,7 @@ class BaselineStage(Stage):
         self.stream.synchronize()
         self.upload_initial_weights()
         self.capture()
+        cuda.wait_for_head_starts()  # none still runs beside the timed epochs
 
     def warm_up(self) -> None:
         """One step of the first batch: first launches, library heuristics (undone afterwards)."""

@@ -112,7 +112,7 @@ def markdown(records: list[dict], args: argparse.Namespace, command: str, revisi
     items.append(f"Timing: wall time of each `graphtrain run` process, from before it is started to after it "
                  f"exits, {args.repeat} runs per row, {length}, {cache}; phases from the median run's record")
     lines = [f"# graphtrain time to result: {args.preset}", "", *(f"- {item}" for item in items), ""]
-    columns = ["row", "wall ms", "range", "Σ phases", "Δ", *(name.replace("_", " ") for name in NAMES),
+    columns = ["row", "wall ms", "range", "Σ phases", "wall − Σ", "Δ", *(name.replace("_", " ") for name in NAMES),
                "epoch ms", "test acc"]
     rows = []
     for record in records:
@@ -124,13 +124,16 @@ def markdown(records: list[dict], args: argparse.Namespace, command: str, revisi
         gap = phases_gap(record)
         rows.append([name, f"{record['wall_ms']:.0f}", f"{record['wall_ms_min']:.0f}–{record['wall_ms_max']:.0f}",
                      f"{sum(phases.values()):.0f}" if phases else report.DASH,
+                     f"{record['wall_ms_run'] - sum(phases.values()):.0f}" if phases else report.DASH,
                      report.DASH if gap is None else f"{100 * gap:+.1f}%",
                      *(f"{phases[name]:.0f}" if name in phases else report.DASH for name in NAMES),
                      report.fmt_ms(record.get("epoch_ms")), report.fmt_accuracy(record.get("test_accuracy"))])
     lines += report.markdown_table(columns, rows) + [""]
     lines += ["wall ms: median process wall; range: its lowest and highest; Σ phases: the median run's phases "
-              "(graphtrain.phases, from the process's start as the kernel records it to the record's writing); "
-              "Δ: their sum against that run's wall (the rest is starting the process and its exit).", ""]
+              "(graphtrain.phases, from the process's start as the kernel records it to the record's writing, the "
+              "GPU's release in `exit` included); wall − Σ (ms) and Δ (share of the wall): what the phases leave "
+              "out of that run's wall: the process's creation before its start, the record's writing, and what "
+              "the process's end costs after its last line (scripts/probes/exit_cost.py).", ""]
     ladder = report.ladder_rows(records)
     columns = report.ladder_columns(ladder)
     lines += ["## As the ladder shows it", "", *report.markdown_table(
