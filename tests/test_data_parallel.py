@@ -487,3 +487,46 @@ def test_a_cnn_rank_trains_the_cnn_stage(monkeypatch):
     assert groups == [dp_stage.Group(0, 2, bytes(128))], messages
     kind, record = messages[-1]
     assert kind == "done" and record.config.model == "cnn" and record.config.batch == 128
+
+
+# ---- the scaling script (its runs faked) ------------------------------------------------------------
+
+
+def test_the_scaling_script_writes_both_tables_to_one_file_named_by_the_gpu(monkeypatch, tmp_path):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from graphtrain.libs import cuda
+
+    path = Path(__file__).parents[1] / "scripts/benchmarks/data_parallel_scaling.py"
+    spec = importlib.util.spec_from_file_location("data_parallel_scaling", path)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclass looks its module up there
+    spec.loader.exec_module(script)
+    trained = []
+
+    def train(self, tmp, batch, gpus):
+        trained.append((self.model, batch, gpus))
+        config = self.config().replace(batch=batch * (gpus or 1))
+        record = {"kind": "stage", "config": config.to_dict(), "epoch_ms": 80.0 / (gpus or 1), "test_accuracy": 0.98,
+                  "data": {"name": "mnist", "train": 60000, "test": 10000}, "epochs": [{"train_loss": 0.25}],
+                  "note": "linear layers TF32" if self.model == "cnn" else "",
+                  "environment": {"gpu": "NVIDIA H100 80GB HBM3", "revision": "0123abc",
+                                  "nccl": "2.28.9" if gpus else None}}
+        weights = tmp / f"{self.model}-{batch}-{gpus}.npy"
+        np.save(weights, np.full(8, 1.0 + (1e-5 if gpus else 0.0), np.float32))
+        return record, weights
+
+    monkeypatch.setattr(script.Workload, "train", train)
+    monkeypatch.setattr(cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(sys, "argv", [str(path), "--out-dir", str(tmp_path)])
+    script.main()
+    out = tmp_path / "data-parallel-jhu-mlp784x3-speedrun-cnn-h100.md"
+    text = out.read_text()
+    assert "## mlp: jhu-mlp784x3" in text and "## cnn: speedrun-cnn" in text
+    assert "conv 24×5×5, conv 32×3×3" in text and "Left out: --gpus 4 (this host has 2 GPU(s))" in text
+    assert text.count("| --gpus 2 | 2 | 128 | 256 |") == 2 and "1.00e-05" in text
+    assert ("cnn", 128, 2) in trained and ("mlp", 256, None) in trained
+    assert json.loads(out.with_suffix(".json").read_text())["revision"] == "0123abc"
