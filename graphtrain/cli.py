@@ -287,7 +287,7 @@ def main():
 @click.option("--gpus", type=int, default=None, metavar="N",
               help="Train data-parallel on N GPUs of this host, one process each, the gradients summed "
                    "through NCCL every step: --batch is per GPU, and the run is one GPU's at the combined "
-                   "batch N × --batch, its samples in the same order (the graphs rung, MLPs; needs "
+                   "batch N × --batch, its samples in the same order (the graphs rung, MLPs and the cnn; needs "
                    "graphtrain[nccl-cu13] or [nccl-cu12]).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print where the command's time went, phase by phase (the record's `phases`).")

@@ -88,7 +88,7 @@ def _rank_main(rank: int, size: int, plan_config, source: DataSource, conn) -> N
 
         data = source.load()
         plan = RunPlan.for_data(plan_config, data)
-        stage_cls = dp_stage.DataParallelGraphsStage.for_group(dp_stage.Group(rank, size, uid))
+        stage_cls = dp_stage.stage_for(plan_config.model).for_group(dp_stage.Group(rank, size, uid))
 
         def progress(epoch: int, num_epochs: int, entry) -> None:
             if rank == 0:

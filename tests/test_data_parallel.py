@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from graphtrain import data_parallel, reference
-from graphtrain.config import TrainConfig
+from graphtrain.config import TrainConfig, preset
 from graphtrain.errors import GpuUnavailableError, TrainingError, UsageError
 from graphtrain.libs import nccl
 from graphtrain.plan import RunPlan
@@ -32,9 +32,26 @@ def test_every_other_row_is_refused_with_its_reason(stage):
     assert f"{stage} cannot" in line and "graphs rung only" in line
 
 
-def test_the_cnn_is_refused():
-    line = one_line_error(invoke("run", "--stage", "graphs", "--conv", "24x5", "--gpus", "2"), 2)
-    assert "--gpus trains MLPs" in line
+def test_the_cnns_device_loop_is_refused_with_its_own_reason():
+    line = one_line_error(invoke("run", "--stage", "device-loop", "--conv", "24x5", "--gpus", "2"), 2)
+    assert "device-loop cannot" in line and "conditional node's body" in line
+
+
+def test_the_cnn_on_graphs_passes_the_request_checks():
+    cnn = preset("speedrun").replace(batch=128)
+    data_parallel.check_request(2, "graphs", cnn)
+    assert dp_stage.stage_for("cnn") is dp_stage.DataParallelCnnGraphsStage
+    assert dp_stage.stage_for("mlp") is dp_stage.DataParallelGraphsStage
+
+
+def test_a_cnn_tail_batch_that_does_not_split_evenly_is_refused_before_any_rank_starts(monkeypatch, mnist_dir):
+    # 60000 = 66 · 896 + 864 at batch 128 × 7 GPUs, and 864 is not a multiple of 7.
+    monkeypatch.setattr(nccl.library, "load", lambda: None)
+    monkeypatch.setattr(data_parallel, "visible_gpus", lambda: [str(g) for g in range(8)])
+    monkeypatch.setattr(data_parallel, "_start_on", lambda *a: pytest.fail("a rank was started"))
+    line = one_line_error(invoke("run", "--stage", "graphs", "--preset", "speedrun", "--batch", "128", "--gpus", "7",
+                                 "--data-dir", str(mnist_dir)), 2)
+    assert "864 samples" in line and "do not split evenly over 7 GPUs" in line
 
 
 @pytest.mark.parametrize("args, words", [
@@ -107,6 +124,72 @@ def test_the_ranks_slices_are_the_one_gpu_batch_in_order(size, seed):
                 slices.append(flat[cursor + first:cursor + first + local])
             assert np.array_equal(np.concatenate(slices), plan.orders[epoch][lo:hi]), f"seed {seed}"
             cursor += rows  # samples_per_step(local) = local · size
+
+
+def cnn_device_slices(cursor: int, batch: int, epoch_samples: int, ranks: int):
+    """What gather_slice_at and softmax_xent_step (gather.cu, cnn.cu) compute from the device
+    cursor for each rank: (first order index read, rows read, rows given a gradient), and the
+    cursor's next value."""
+    valid = min(batch, epoch_samples - cursor % epoch_samples)
+    return [(cursor + rank * (valid // ranks), batch // ranks, valid // ranks) for rank in range(ranks)], cursor + valid
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_the_cnn_ranks_slices_found_on_the_device_are_the_one_gpu_batch(size, seed):
+    """The cnn's one step graph serves every batch, the tail included: each rank finds its slice
+    from the cursor alone (valid = the combined batch's real rows, rank r from r·valid/N on), the
+    cursor moving by `valid` across epochs; the slices in rank order are the one-GPU run's
+    batches, and every row read (past a slice too) lies inside the order and its padding."""
+    plan = RunPlan.build(preset("speedrun").replace(batch=32 * size, epochs=2, seed=seed), num_train=1000,
+                         num_test=10)
+    dp_stage.check_split(plan, size)  # 1000 mod 32·N splits evenly for N = 1, 2, 4
+    padded = plan.num_epochs * plan.num_train + plan.config.batch // size  # CnnDevice's order span
+    flat, cursor = plan.orders.ravel(), 0
+    for epoch in range(plan.num_epochs):
+        for lo, hi in plan.epoch_bounds(epoch):
+            slices, cursor_after = cnn_device_slices(cursor, plan.config.batch, plan.num_train, size)
+            for first, rows, mine in slices:
+                assert first + rows <= padded and mine == (hi - lo) // size
+            got = np.concatenate([flat[first:first + mine] for first, _, mine in slices])
+            assert np.array_equal(got, plan.orders[epoch][lo:hi]), f"seed {seed}, epoch {epoch}, batch {lo}"
+            assert cursor_after - cursor == hi - lo
+            cursor = cursor_after
+    assert cursor == plan.num_epochs * plan.num_train
+
+
+def test_the_summed_cnn_slice_gradients_give_the_combined_batch_adam_step(seed):
+    """The loss step divides each rank's rows by the combined batch's valid rows (the rows past
+    its slice get zero gradient): the ranks' gradients summed are the combined batch's mean, and
+    one Adam step on them is the one-GPU step (float64, the tail batch of 2·11 rows in 2·16)."""
+    from graphtrain import reference_cnn as R
+
+    spec = R.CnnSpec((R.ConvLayer(3, 5), R.ConvLayer(4, 3)), (8,), classes=10)
+    rng = np.random.default_rng(seed)
+    size, rows, valid = 2, 32, 22
+    params = R.init_params(spec, seed)
+    x, labels = rng.standard_normal((rows, 1, 28, 28)), rng.integers(0, 10, rows)
+    acts = R.forward(spec, params, x[:valid])
+    _, dlogits = R.loss_and_dlogits(acts["logits"], labels[:valid])
+    whole = R.backward(spec, params, acts, dlogits)
+    local = rows // size
+    summed = None
+    for rank in range(size):
+        first, mine = rank * valid // size, valid // size
+        batch = slice(first, first + local)  # the rank's rows: its slice, then rows it reads on
+        acts = R.forward(spec, params, x[batch])
+        _, d = R.loss_and_dlogits(acts["logits"], labels[batch])
+        d = d * local / valid  # (softmax − onehot) / valid
+        d[mine:] = 0.0
+        grads = R.backward(spec, params, acts, d)
+        summed = grads if summed is None else [a + g for a, g in zip(summed, grads)]
+    for got, want in zip(summed, whole):
+        assert np.allclose(got, want, rtol=1e-12, atol=1e-15), f"seed {seed}"
+    optimizer = R.Optimizer("adam", betas=(0.7, 0.9))
+    one, two = [p.copy() for p in params], [p.copy() for p in params]
+    optimizer.step(one, whole, optimizer.init_state(one), 1, 0.01)
+    optimizer.step(two, summed, optimizer.init_state(two), 1, 0.01)
+    for a, b in zip(two, one):
+        assert np.allclose(a, b, rtol=1e-10, atol=1e-13), f"seed {seed}"
 
 
 def test_a_slice_that_does_not_split_is_a_bug():
@@ -297,3 +380,153 @@ def test_a_ranks_failure_goes_up_its_pipe_with_its_kind(monkeypatch):
     data_parallel._rank_main(0, 2, TrainConfig(), DataSource("mnist"), child)
     kind, what, text, trace = parent.recv()
     assert (kind, what) == ("error", "usage") and "libnccl" in text and "Traceback" in trace
+
+
+# ---- the cnn rank's plumbing, the GPU mocked -------------------------------------------------------
+
+
+class FakeCommunicator:
+    """nccl.Communicator as the cnn rank uses it: what was asked of it, in order."""
+
+    def __init__(self, uid, nranks, rank):
+        self.calls = [("init", uid, nranks, rank)]
+
+    def all_reduce_sum(self, ptr, count, datatype, stream):
+        self.calls.append(("sum", ptr, count, datatype, stream))
+
+    def close(self):
+        self.calls.append(("close",))
+
+    def abort(self):
+        self.calls.append(("abort",))
+
+
+def cnn_rank(monkeypatch, rank=1, size=2):
+    monkeypatch.setattr(nccl, "Communicator", FakeCommunicator)
+    plan = RunPlan.build(preset("speedrun").replace(batch=64 * size), num_train=1000, num_test=10)
+    return dp_stage.DataParallelCnnGraphsStage.for_group(dp_stage.Group(rank, size, bytes(128)))(plan, None)
+
+
+def test_the_cnn_rank_builds_its_model_as_its_rank_and_sums_the_gradient_span(monkeypatch):
+    stage = cnn_rank(monkeypatch)
+    options = stage.model_options()  # setup's call, once the GPU is open: the communicator joins
+    assert options["rank"] == 1 and options["ranks"] == 2
+    assert stage.comm.calls == [("init", bytes(128), 2, 1)]
+    stream = object()
+    options["all_reduce"](stream, 0x7000, 215_000)
+    assert stage.comm.calls[-1] == ("sum", 0x7000, 215_000, nccl.FLOAT32, stream)
+    assert stage.local_rows == {128: 64, 104: 52}  # 1000 = 7 · 128 + 104
+
+
+def test_the_cnn_ranks_epoch_loss_is_summed_over_the_ranks_when_read(monkeypatch):
+    stage = cnn_rank(monkeypatch)
+    stage.model_options()
+    stream = object()
+    stage.model = types.SimpleNamespace(loss_sum=types.SimpleNamespace(ptr=0x9000), stream=stream,
+                                        read_loss_sum=lambda: 12.5)
+    assert stage.read_loss_sum() == 12.5
+    assert stage.comm.calls[-1] == ("sum", 0x9000, 1, nccl.FLOAT64, stream)
+
+
+def test_the_cnn_rank_closes_its_step_graph_before_its_communicator_and_aborts_on_failure(monkeypatch):
+    order = []
+    stage = cnn_rank(monkeypatch)
+    stage.model_options()
+    comm = stage.comm
+    stage.step_graph = types.SimpleNamespace(close=lambda: order.append("graph"))
+    monkeypatch.setattr(FakeCommunicator, "close", lambda self: order.append("comm"))
+    stage.close()
+    assert order[:2] == ["graph", "comm"] and stage.comm is None
+    failed = cnn_rank(monkeypatch)
+    failed.model_options()
+    comm = failed.comm
+    failed.__exit__(RuntimeError, RuntimeError("x"), None)
+    assert comm.calls[-1] == ("abort",)
+
+
+def test_the_trainer_keeps_the_cnn_rank_it_is_given():
+    from graphtrain.stages.cnn_rungs import CnnGraphsStage, cnn_rung
+    from graphtrain.stages.graphs import GraphsStage
+
+    bound = dp_stage.DataParallelCnnGraphsStage.for_group(dp_stage.Group(0, 2, bytes(128)))
+    assert cnn_rung(bound) is bound
+    assert cnn_rung(GraphsStage) is CnnGraphsStage
+
+
+def test_a_cnn_model_checks_its_rank_before_touching_the_gpu():
+    from graphtrain import reference_cnn as R
+    from graphtrain.stages.cnn_device import CnnDevice, Recipe
+
+    spec, images, labels = R.CnnSpec((R.ConvLayer(4, 5),), (8,)), np.zeros((10, 784), np.float32), np.zeros(10)
+    with pytest.raises(ValueError, match="split evenly"):
+        CnnDevice(None, spec, Recipe(batch=10), images, labels, images, labels, rank=0, ranks=3,
+                  all_reduce=lambda *a: None)
+    with pytest.raises(ValueError, match="all_reduce"):
+        CnnDevice(None, spec, Recipe(batch=10), images, labels, images, labels, rank=0, ranks=2)
+
+
+def test_a_cnn_rank_trains_the_cnn_stage(monkeypatch):
+    """_rank_main picks the cnn's data-parallel rung for a cnn plan (swapped here for the cnn's
+    CPU rung, on a small synthetic dataset)."""
+    import graphtrain.data
+    from graphtrain.data import Dataset
+    from graphtrain.stages.cnn_rungs import CnnNumpyStage
+    from graphtrain.sweep import DataSource
+
+    groups = []
+    monkeypatch.setattr(nccl, "unique_id", lambda: bytes(128))
+    monkeypatch.setattr(graphtrain.data, "load", lambda *a, **k: Dataset.synthetic(256, 64, seed=0))
+    monkeypatch.setattr(dp_stage.DataParallelCnnGraphsStage, "for_group",
+                        classmethod(lambda cls, group: groups.append(group) or CnnNumpyStage))
+    parent, child = Pipe()
+    config = preset("speedrun").replace(conv=((2, 5),), hidden=(8,), batch=128, epochs=1)
+    data_parallel._rank_main(0, 2, config, DataSource("mnist"), child)
+    messages = []
+    while parent.poll():
+        messages.append(parent.recv())
+    assert groups == [dp_stage.Group(0, 2, bytes(128))], messages
+    kind, record = messages[-1]
+    assert kind == "done" and record.config.model == "cnn" and record.config.batch == 128
+
+
+# ---- the scaling script (its runs faked) ------------------------------------------------------------
+
+
+def test_the_scaling_script_writes_both_tables_to_one_file_named_by_the_gpu(monkeypatch, tmp_path):
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from graphtrain.libs import cuda
+
+    path = Path(__file__).parents[1] / "scripts/benchmarks/data_parallel_scaling.py"
+    spec = importlib.util.spec_from_file_location("data_parallel_scaling", path)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclass looks its module up there
+    spec.loader.exec_module(script)
+    trained = []
+
+    def train(self, tmp, batch, gpus):
+        trained.append((self.model, batch, gpus))
+        config = self.config().replace(batch=batch * (gpus or 1))
+        record = {"kind": "stage", "config": config.to_dict(), "epoch_ms": 80.0 / (gpus or 1), "test_accuracy": 0.98,
+                  "data": {"name": "mnist", "train": 60000, "test": 10000}, "epochs": [{"train_loss": 0.25}],
+                  "note": "linear layers TF32" if self.model == "cnn" else "",
+                  "environment": {"gpu": "NVIDIA H100 80GB HBM3", "revision": "0123abc",
+                                  "nccl": "2.28.9" if gpus else None}}
+        weights = tmp / f"{self.model}-{batch}-{gpus}.npy"
+        np.save(weights, np.full(8, 1.0 + (1e-5 if gpus else 0.0), np.float32))
+        return record, weights
+
+    monkeypatch.setattr(script.Workload, "train", train)
+    monkeypatch.setattr(cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(sys, "argv", [str(path), "--out-dir", str(tmp_path)])
+    script.main()
+    out = tmp_path / "data-parallel-jhu-mlp784x3-speedrun-cnn-h100.md"
+    text = out.read_text()
+    assert "## mlp: jhu-mlp784x3" in text and "## cnn: speedrun-cnn" in text
+    assert "conv 24×5×5, conv 32×3×3" in text and "Left out: --gpus 4 (this host has 2 GPU(s))" in text
+    assert text.count("| --gpus 2 | 2 | 128 | 256 |") == 2 and "1.00e-05" in text
+    assert ("cnn", 128, 2) in trained and ("mlp", 256, None) in trained
+    assert json.loads(out.with_suffix(".json").read_text())["revision"] == "0123abc"

@@ -1,8 +1,12 @@
 """`run --gpus 2` on two GPUs: the trained weights equal one GPU's at the combined batch within
 fp32 rounding, and the record says how it ran. Skipped, with the reason, without two GPUs or NCCL.
 
-Each run is a `graphtrain run` process (the data-parallel ranks are processes of their own);
-both start from the seeded init and take the same samples in the same order."""
+Each MLP run is a `graphtrain run` process (the data-parallel ranks are processes of their own);
+both start from the seeded init and take the same samples in the same order. The cnn is not
+saved by `run --save`, so its runs go through the library: `data_parallel.train` (the ranks
+spawned as `run --gpus` spawns them) and `run_stage` on this process's GPU. Its ranks' slicing,
+loss step and all-reduce point are also checked on one GPU without NCCL: two rank models stepped
+in lockstep, their gradient spans summed on the host where NCCL would."""
 
 from __future__ import annotations
 
@@ -89,3 +93,108 @@ def test_the_loss_read_each_epoch_is_the_combined_batches(two_gpus, mnist_dir, t
     for p, s in measured:
         assert abs(p["train_loss"] - s["train_loss"]) < 1e-4 * s["train_loss"], f"seed {seed}"
         assert abs(p["train_accuracy"] - s["train_accuracy"]) < 1e-3, f"seed {seed}"
+
+
+# ---- the cnn --------------------------------------------------------------------------------------
+
+# Adam divides each gradient by its own running RMS, so a rounding difference δ in a gradient
+# moves the update by about lr·δ whatever the gradient's size (SGD's: lr·|g|·δ), and the cnn's
+# gradients are fp32 sums over 64 to 2048 rows taken in another order (each rank's rows, then
+# the all-reduce's one addition; cuBLAS's and convpool.cu's tiles over another row count), with
+# cancellation δ ~ 1e-5. Over 20–32 steps at lr ≤ 0.01 on ~2·10⁵ parameters of norm ~5 that is a
+# few 1e-5 of ‖b‖; the bounds take a 10× margin. The one-GPU run itself meets 1e-4 against float64
+# on the synthetic task (test_cnn_gpu.test_training_steps_match_reference), the bound of the
+# lockstep test.
+CNN_WEIGHT_TOLERANCE = 5e-4  # ‖a − b‖ / ‖b‖, the two-GPU runs
+CNN_CHANGE_TOLERANCE = 2e-3  # ‖a − b‖ / ‖b − w0‖: of what training moved
+# cuDNN may pick FFT or Winograd algorithms (and other ones for 64 rows than for 128), which
+# round more than a direct sum: there the one-GPU run meets 1e-3 against float64.
+CNN_LOCKSTEP_TOLERANCE = {"fused": 1e-4, "cudnn-nhwc": 1e-3}
+
+
+def flat_cnn(layers) -> np.ndarray:
+    return np.concatenate([a.astype(np.float64).ravel() for layer in layers for a in (layer.w, layer.b)])
+
+
+def flat_arrays(arrays) -> np.ndarray:
+    return np.concatenate([a.astype(np.float64).ravel() for a in arrays])
+
+
+@pytest.mark.parametrize("path", ["fused", "cudnn-nhwc"])
+def test_two_cnn_ranks_stepped_in_lockstep_train_the_combined_batch(gpu_device, path):
+    """Rank 0 and rank 1 of 2 (64 rows each of the combined 128) on this GPU, their gradient spans
+    summed on the host at the step's all-reduce (the node just before the optimizer's), against
+    one model at 128: every step of an epoch of 600 = 4·128 + 88 (the tail: 44 rows a rank), fp32."""
+    from test_cnn_gpu import PATHS, small_task
+
+    from graphtrain.stages.cnn_device import CnnDevice
+
+    task, seed = small_task(precision="fp32"), 5
+    args = (gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
+            task.test_labels)
+    one = CnnDevice(*args, **PATHS[path])
+    ranks = [CnnDevice(*args, **PATHS[path], rank=r, ranks=2, all_reduce=lambda *a: None) for r in range(2)]
+    try:
+        assert [m.batch for m in ranks] == [64, 64] and one.batch == 128
+        for m in (one, *ranks):
+            m.load(task.initial(seed), task.orders(seed))
+            m.reset(m.stream)
+        for _ in range(task.steps):
+            one.record_step(one.stream)
+            ops = [m.step_ops(m.stream) for m in ranks]
+            names = [name for name, _ in ops[0]]
+            cut = names.index("all-reduce")
+            assert names[cut + 1:] == ["optimizer"]
+            for steps in ops:
+                for _, op in steps[:cut]:
+                    op()
+            first, second = (m.grads.download(m.stream) for m in ranks)
+            total = first + second  # fp32: NCCL's sum of two ranks, one addition per element
+            for m in ranks:
+                m.grads.upload(total, m.stream)
+            for steps in ops:
+                for _, op in steps[cut + 1:]:
+                    op()
+        got, other, want = (flat_arrays(m.weights()) for m in (ranks[0], ranks[1], one))
+        cursors = [int(m.cursor.download(m.stream)[0]) for m in (one, *ranks)]
+        losses = [m.read_loss_sum() for m in (one, *ranks)]
+    finally:
+        for m in (one, *ranks):
+            m.close()
+    assert np.array_equal(got, other), "the ranks' weights differ"
+    assert cursors == [600, 600, 600]
+    diff = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert diff < CNN_LOCKSTEP_TOLERANCE[path], f"{path}, seed {seed}: ‖a−b‖/‖b‖ = {diff:.3e}"
+    assert abs(losses[1] + losses[2] - losses[0]) < 1e-5 * losses[0], f"{path}, seed {seed}: {losses}"
+
+
+@pytest.mark.parametrize("per_gpu, steps", [(128, 20), (1024, 32)], ids=["20-steps", "tail"])
+def test_two_gpus_train_the_cnn_of_one_gpu_at_the_combined_batch(two_gpus, mnist_dir, seed, per_gpu, steps):
+    """The speedrun cnn (Adam, one-cycle, TF32 linear layers), --gpus 2 against one GPU at the
+    combined batch. `tail`: 60000 = 29·2048 + 608, so its 32 steps cross the tail batch (304
+    rows a rank) into the second epoch."""
+    from graphtrain import data as data_mod
+    from graphtrain import data_parallel
+    from graphtrain.config import preset
+    from graphtrain.plan import RunPlan
+    from graphtrain.stages import get_stage
+    from graphtrain.sweep import DataSource
+    from graphtrain.training import run_stage
+
+    data = data_mod.load("mnist", data_dir=mnist_dir)
+    config = preset("speedrun").replace(batch=2 * per_gpu, steps=steps, seed=seed)
+    plan = RunPlan.for_data(config, data)
+    parallel = data_parallel.train(plan, data_parallel.require(2), DataSource("mnist", data_dir=mnist_dir))
+    single = run_stage(get_stage("graphs"), plan, data)
+    start, a, b = flat_cnn(plan.initial), flat_cnn(parallel.params), flat_cnn(single.params)
+    weights = np.linalg.norm(a - b) / np.linalg.norm(b)
+    change = np.linalg.norm(a - b) / np.linalg.norm(b - start)
+    assert weights < CNN_WEIGHT_TOLERANCE, f"seed {seed}: ‖a−b‖/‖b‖ = {weights:.3e}"
+    assert change < CNN_CHANGE_TOLERANCE, f"seed {seed}: ‖a−b‖/‖b−w0‖ = {change:.3e}"
+    assert abs(parallel.test_accuracy - single.test_accuracy) < 3e-3, f"seed {seed}"
+    for p, s in zip(parallel.epochs, single.epochs):  # the ranks' loss sums, all-reduced when read
+        assert abs(p.train_loss - s.train_loss) < 1e-3 * s.train_loss, f"seed {seed}: {p.train_loss} {s.train_loss}"
+    assert [e.batches for e in parallel.epochs] == list(plan.batches)
+    assert parallel.data_parallel["gpus"] == 2 and parallel.data_parallel["batch_per_gpu"] == per_gpu
+    assert parallel.config.model == "cnn" and parallel.environment["nccl"]
+    assert parallel.precision == single.precision

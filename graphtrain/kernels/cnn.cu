@@ -95,18 +95,26 @@ extern "C" __global__ void channel_bias_grad(const float* __restrict__ dout, con
 //   dlogits[r, j] = (softmax(z_r)_j − [j = y_r]) / valid,   loss_r = log Σ_j e^{z_j − m} + m − z_{y_r}
 // Then *cursor += valid (the last kernel of the step to read it), and Σ_r loss_r is added to
 // loss_sum[0] unless null. One block of CNN_REDUCE_THREADS threads, rows strided over them.
+//
+// Data-parallel over `ranks` GPUs (1: the one-GPU step, the same arithmetic): `batch` is the
+// combined batch, this rank holds batch/ranks rows, its slice of the valid rows valid/ranks of
+// them (valid splits evenly: checked on the host). Each row's gradient is still divided by the
+// combined `valid`, so the ranks' dW summed (the all-reduce) is Σ over the combined batch's
+// rows / valid: its mean, each row's term the one-GPU run's bit for bit. The cursor moves by
+// the combined `valid` on every rank; loss_sum gets this rank's rows only.
 extern "C" __global__ void softmax_xent_step(const float* __restrict__ logits, const int* __restrict__ y,
                                              float* __restrict__ dlogits, int* cursor, int batch,
-                                             int epoch_samples, int classes, double* loss_sum) {
+                                             int epoch_samples, int classes, double* loss_sum, int ranks) {
     __shared__ double part[CNN_REDUCE_THREADS];
     const int at = *cursor;
     const int valid = min(batch, epoch_samples - at % epoch_samples);
+    const int rows = batch / ranks, mine = valid / ranks;
     const float inv = 1.0f / (float)valid;
     double loss = 0.0;
-    for (int r = threadIdx.x; r < batch; r += CNN_REDUCE_THREADS) {
+    for (int r = threadIdx.x; r < rows; r += CNN_REDUCE_THREADS) {
         const float* z = logits + (long long)r * classes;
         float* d = dlogits + (long long)r * classes;
-        if (r >= valid) {
+        if (r >= mine) {
             for (int k = 0; k < classes; ++k) d[k] = 0.0f;
             continue;
         }

@@ -15,7 +15,7 @@ class Cnn(KernelFile):
     _pool_bias_relu = kernel("pool_bias_relu", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)
     _pool_relu_backward = kernel("pool_relu_backward", PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)
     _channel_bias_grad = kernel("channel_bias_grad", PTR, PTR, PTR, I32, I32, I32, I32)
-    _softmax_xent_step = kernel("softmax_xent_step", PTR, PTR, PTR, PTR, I32, I32, I32, PTR)
+    _softmax_xent_step = kernel("softmax_xent_step", PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32)
     _count_correct = kernel("count_correct", PTR, PTR, I32, I32, PTR)
 
     def pool_bias_relu(self, stream, conv: int, bias: int, out: int, arg: int, n: int, c: int, h: int, w: int,
@@ -37,11 +37,14 @@ class Cnn(KernelFile):
         self._channel_bias_grad(stream, c, REDUCE_THREADS, dout, arg, db, n, c, hw, nhwc)
 
     def softmax_xent_step(self, stream, logits: int, y: int, dlogits: int, cursor: int, batch: int,
-                          epoch_samples: int, classes: int, loss_sum: int = 0) -> None:
+                          epoch_samples: int, classes: int, loss_sum: int = 0, ranks: int = 1) -> None:
         """dlogits of the batch's valid rows (zero for the rows past the epoch's end), the cursor
-        advanced by the valid rows, Σ loss added to loss_sum unless 0."""
+        advanced by the valid rows, Σ loss added to loss_sum unless 0. With ranks > 1, `batch`
+        is the combined batch and this rank's batch / ranks rows hold its slice (see cnn.cu)."""
+        if batch % ranks:
+            raise ValueError(f"a combined batch of {batch} rows does not split over {ranks} ranks")
         self._softmax_xent_step(stream, 1, REDUCE_THREADS, logits, y, dlogits, cursor, batch, epoch_samples, classes,
-                                loss_sum)
+                                loss_sum, ranks)
 
     def count_correct(self, stream, logits: int, labels: int, rows: int, classes: int, correct: int) -> None:
         """*correct += the rows whose first largest logit is their label."""

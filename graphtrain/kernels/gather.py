@@ -11,6 +11,7 @@ class Gather(KernelFile):
     stem = "gather"
     _gather_batch = kernel("gather_batch", PTR, PTR, PTR, I32, I32, PTR, PTR)
     _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR)
+    _gather_slice_at = kernel("gather_slice_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I32, I32, I32, I32)
     _advance_cursor = kernel("advance_cursor", PTR, I32)
     _set_cursor = kernel("set_cursor", PTR, I32)
 
@@ -23,6 +24,16 @@ class Gather(KernelFile):
                         x: int, y: int) -> None:
         """The same, with the offset read from the device int at `cursor`."""
         self._gather_batch_at(stream, rows, THREADS, images, labels, order, cursor, features, x, y)
+
+    def gather_slice_at(self, stream, images: int, labels: int, order: int, cursor: int, features: int, batch: int,
+                        epoch_samples: int, rank: int, ranks: int, x: int, y: int) -> None:
+        """Rank `rank`'s batch / ranks rows of the combined batch of `batch` rows at the device
+        cursor: x[r] = images[order[*cursor + rank · valid/ranks + r]], valid the combined
+        batch's real rows (the epoch's tail is smaller); see gather.cu."""
+        if batch % ranks or not 0 <= rank < ranks:
+            raise ValueError(f"rank {rank} of {ranks}: a combined batch of {batch} rows does not split evenly")
+        self._gather_slice_at(stream, batch // ranks, THREADS, images, labels, order, cursor, features, x, y, batch,
+                              epoch_samples, rank, ranks)
 
     def advance_cursor(self, stream, cursor: int, rows: int) -> None:
         """*cursor += rows."""

@@ -37,6 +37,13 @@ fused kernels are the default where every layer fits them.
 Every batch is `batch` rows: the epoch's tail batch is the first rows of a full one, the rows
 past the epoch's end reading padding of the order and given zero gradient by the loss step, so
 one captured step serves every batch of the run and the result is exactly the tail batch's.
+
+Data-parallel (`rank` of `ranks` GPUs, graphtrain.stages.data_parallel): `recipe.batch` is the
+combined batch C and this model holds C/ranks rows. The gather reads this rank's slice of the
+combined batch (its valid rows split evenly over the ranks), the loss step divides each row's
+gradient by the combined batch's valid rows and moves the cursor by them, and `all_reduce(stream,
+ptr, count)` sums the packed gradient span over the ranks just before the optimizer: every rank
+then updates with the combined batch's mean gradient, and all hold the same parameters.
 """
 
 from __future__ import annotations
@@ -108,10 +115,16 @@ class CnnDevice:
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
-                 nhwc: bool = True, fused_head: bool = True, device_loop: bool = False):
+                 nhwc: bool = True, fused_head: bool = True, device_loop: bool = False, rank: int = 0,
+                 ranks: int = 1, all_reduce: Callable[[cuda.Stream, int, int], None] | None = None):
         self.device, self.spec, self.recipe = device, spec, recipe
+        if not 0 <= rank < ranks or recipe.batch % ranks:
+            raise ValueError(f"rank {rank} of {ranks}: the combined batch {recipe.batch} must split evenly over them")
+        if ranks > 1 and all_reduce is None:
+            raise ValueError(f"{ranks} ranks sum their gradients through `all_reduce`: give one")
+        self.rank, self.ranks, self.all_reduce = rank, ranks, all_reduce
         self.num_train, self.num_test = len(train_images), len(test_images)
-        self.batch = b = recipe.batch
+        self.batch = b = recipe.batch // ranks  # this rank's rows of the combined batch
         self.features = spec.channels * spec.height * spec.width
         self.eval_rows = e = min(self.num_test, MAX_EVAL_ROWS)
         self.eval_chunks = ceil_div(self.num_test, e)
@@ -136,7 +149,9 @@ class CnnDevice:
         self.loop_cu = Loop(device) if self.loop_kind == "while" else None
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
-        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.classes) else None
+        # (One rank of several: the loss step's own kernel, which slices the combined batch's rows.)
+        self.head = (Head(device, spec.classes) if fused_head and ranks == 1 and head_kernel.fits(b, spec.classes)
+                     else None)
         self.dnn = Cudnn(self.stream)
 
         # ---- the arena: data, parameters and their gradients and state, activations ----
@@ -332,8 +347,13 @@ class CnnDevice:
                 forks.append(name)
                 ops.append((name, partial(cuda.stream_wait, side, stream)))
 
-        ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
-                                  self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
+        if self.ranks == 1:
+            ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
+                                      self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
+        else:
+            ops = [("gather", partial(self.gather_cu.gather_slice_at, stream, self.train_x.ptr, self.train_y.ptr,
+                                      self.order.ptr, self.cursor.ptr, self.features, recipe.batch, self.num_train,
+                                      self.rank, self.ranks, self.x.ptr, self.y.ptr))]
         ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans, logits=self.head is None)
         dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
         # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
@@ -350,8 +370,8 @@ class CnnDevice:
                 self.grad(base + 2 * last + 1), b, dims[last])))
         else:
             ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
-                                             self.dh[-1].ptr, self.cursor.ptr, b, self.num_train, spec.classes,
-                                             self.loss_sum.ptr)))
+                                             self.dh[-1].ptr, self.cursor.ptr, recipe.batch, self.num_train,
+                                             spec.classes, self.loss_sum.ptr, self.ranks)))
             ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
                                                            self.grad(base + 2 * last + 1), b, dims[-1])))
         for j in range(last, -1, -1):
@@ -405,6 +425,8 @@ class CnnDevice:
                                                               self.dc[i].ptr, self.da[i - 1].ptr)))
         if forks:
             ops.append(("join", partial(cuda.stream_wait, stream, side)))
+        if self.all_reduce is not None:  # Σ over the ranks of the whole span (its padding stays 0)
+            ops.append(("all-reduce", partial(self.all_reduce, stream, self.grads.ptr, self.grads.size)))
         ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
                                          self.slot1.ptr if self.slot1 else 0, self.slot2.ptr if self.slot2 else 0,
                                          self.params.size, self.opt_state.ptr, self.lr_used.ptr, recipe.optimizer,

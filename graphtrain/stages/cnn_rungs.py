@@ -91,7 +91,8 @@ class CnnGraphsStage(Stage):
         self.device = cuda.open_device()
         data = self.data
         self.model = m = CnnDevice(self.device, self.spec, self.recipe, train_x, data.train_labels.astype(np.int32),
-                                   test_x, data.test_labels.astype(np.int32), device_loop=self.device_loop)
+                                   test_x, data.test_labels.astype(np.int32), device_loop=self.device_loop,
+                                   **self.model_options())
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
         initial = flat_params(self.plan.initial)
@@ -102,6 +103,14 @@ class CnnGraphsStage(Stage):
         m.load(initial, self.plan.orders)
         m.reset(m.stream)
         self.capture()
+
+    def model_options(self) -> dict:
+        """CnnDevice's keyword arguments beyond the run's (a data-parallel rank's: rank, ranks, all_reduce)."""
+        return {}
+
+    def read_loss_sum(self) -> float:
+        """Σ loss over the rows trained since the sum was zeroed."""
+        return self.model.read_loss_sum()
 
     def capture(self) -> None:
         from graphtrain.libs import cuda
@@ -125,7 +134,7 @@ class CnnGraphsStage(Stage):
         self.end_event.synchronize()
         self.done = getattr(self, "done", 0) + self.plan.samples_seen(num_batches)
         return EpochResult(self.start_event.elapsed_ms(self.end_event),
-                           m.read_loss_sum() / self.plan.samples_seen(num_batches))
+                           self.read_loss_sum() / self.plan.samples_seen(num_batches))
 
     def samples_done(self) -> int:
         return getattr(self, "done", 0)
@@ -191,6 +200,8 @@ CNN_RUNGS = {"numpy": CnnNumpyStage, "graphs": CnnGraphsStage, "device-loop": Cn
 def cnn_rung(stage_cls: type[Stage]) -> type[Stage]:
     """The rung that trains the cnn in place of `stage_cls` (an MLP rung or a peer), or a
     UsageError saying which can."""
+    if issubclass(stage_cls, tuple(CNN_RUNGS.values())):  # a cnn rung already (a data-parallel rank's)
+        return stage_cls
     cls = CNN_RUNGS.get(stage_cls.name)
     if cls is None:
         raise UsageError(f"{stage_cls.name} trains MLPs only; the cnn trains on {', '.join(CNN_RUNGS)} "

@@ -1,4 +1,5 @@
 """`graphs` on N GPUs, one process each: every step all-reduces the gradients through NCCL.
+The MLP's rung (DataParallelGraphsStage) and the cnn's (DataParallelCnnGraphsStage).
 
 The plan is the one-GPU plan at the combined batch C = N·B (graphtrain.data_parallel builds it),
 so the sample order is that run's: batch [lo, hi) of C rows (or the tail's T) splits into N
@@ -15,12 +16,23 @@ replays the `graphs` step on its slice, with two changes:
 Every rank then holds the same weights (the all-reduce hands all of them the same sums). The
 epoch's loss and accuracy sums are all-reduced (fp64) when read, outside the graph.
 
+The cnn (graphtrain.stages.cnn_device): one captured step serves every batch, the tail batch
+included, so the slice is found on the device: the combined batch's valid rows are
+valid = min(C, epoch end − cursor), rank r gathers rows cursor + r·valid/N ... (its C/N rows, the
+ones past valid/N given zero gradient), the loss step divides each row's gradient by the
+combined `valid` (not its slice's) and moves the cursor by `valid`. The ranks' gradients summed
+(one in-place ncclAllReduce over the packed gradient span, the node before the optimizer's) are
+then the combined batch's mean, so Adam, momentum and the schedule see exactly the one-GPU run's
+gradient up to fp32 summation order. The epoch's loss sum is all-reduced when read; each rank
+evaluates the whole test set with the same weights, so the correct count is not summed.
+
 Why only this rung: the earlier rungs replay no graph; `fused` and `bf16` fuse the update into
 the weight-gradient product (W ← W − lr·dYᵀX as one product), so no gradient exists to sum;
 `device-loop` and `persistent` run a whole epoch in one graph launch or one kernel, without a
 point between steps where a collective could be placed with the samples of the same batch. The
-cnn's rungs update with a schedule and stateful optimizers from their own span; they are not
-wired to a communicator.
+cnn's `device-loop` has a step boundary, inside a conditional WHILE node's body, but NCCL's
+captured collectives bring event record and wait nodes with them, which CUDA does not allow in a
+conditional node's body (the epoch graph would not instantiate).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from typing import ClassVar
 from graphtrain.errors import ModelUnsupported, UsageError
 from graphtrain.libs import cuda, nccl
 from graphtrain.plan import RunPlan
+from graphtrain.stages.cnn_rungs import CnnGraphsStage
 from graphtrain.stages.graphs import GraphsStage
 
 # The rung that can train data-parallel, and why each other one cannot (for `run --gpus`).
@@ -49,15 +62,28 @@ NOT_DATA_PARALLEL = {
 }
 
 
+# The cnn's device-loop: a step boundary exists, inside the epoch's WHILE node.
+CNN_DEVICE_LOOP = ("the cnn's epoch is one conditional WHILE node, and NCCL's captured all-reduce brings event "
+                   "record and wait nodes (its graph-mixing support) that CUDA does not allow in a conditional "
+                   "node's body")
+MODELS = ("mlp", "cnn")
+
+
 def refusal(stage: str, model: str) -> str | None:
     """Why `run --stage stage --gpus N` cannot train `model`, or None."""
     if stage != RUNG:
         why = NOT_DATA_PARALLEL.get(stage, "it is a framework peer, not a graphtrain rung")
+        if model == "cnn" and stage == "device-loop":
+            why = CNN_DEVICE_LOOP
         return f"--gpus trains data-parallel on the {RUNG} rung only; {stage} cannot: {why}"
-    if model != "mlp":
-        return (f"--gpus trains MLPs: the {model}'s rungs update through their own optimizer step, "
-                "which is not wired to a communicator")
+    if model not in MODELS:
+        return f"--gpus trains the {' and '.join(MODELS)} models, not {model}"
     return None
+
+
+def stage_for(model: str) -> type:
+    """The data-parallel rung that trains `model` (bind it to a rank with `for_group`)."""
+    return DataParallelCnnGraphsStage if model == "cnn" else DataParallelGraphsStage
 
 
 def rank_slice(rows: int, rank: int, size: int) -> tuple[int, int]:
@@ -104,9 +130,9 @@ class DataParallelGraphsStage(GraphsStage):
     def __init__(self, plan, data):
         if self.group is None:
             raise TypeError("DataParallelGraphsStage trains as one rank of a group: use for_group(group)")
-        why = refusal(RUNG, plan.config.model)
-        if why is not None:
-            raise ModelUnsupported(why)
+        if plan.config.model != "mlp":
+            raise ModelUnsupported(f"DataParallelGraphsStage trains MLPs; the {plan.config.model}'s is "
+                                   f"{stage_for(plan.config.model).__name__}")
         super().__init__(plan, data)
         self.local_rows = check_split(plan, self.group.size)
         self.comm: nccl.Communicator | None = None
@@ -166,6 +192,62 @@ class DataParallelGraphsStage(GraphsStage):
     def close(self) -> None:
         for graph in getattr(self, "graphs", {}).values():
             graph.close()  # the captured all-reduces go before their communicator
+        if self.comm is not None:
+            comm, self.comm = self.comm, None
+            comm.close()
+        super().close()
+
+    def __exit__(self, *exc):
+        if exc[0] is not None and self.comm is not None:
+            comm, self.comm = self.comm, None  # a failed rank does not wait for its peers
+            comm.abort()
+        self.close()
+
+
+class DataParallelCnnGraphsStage(CnnGraphsStage):
+    """The cnn's `graphs` rung as one rank: CnnDevice holds this rank's C/N rows, gathers its
+    slice, and sums the packed gradients over the ranks before the optimizer (see the module's
+    docstring); the step graph is captured and replayed as on one GPU."""
+
+    name = RUNG
+    summary = "the cnn's graphs rung on several GPUs, the gradients all-reduced through NCCL inside the step graph"
+    group: ClassVar[Group | None] = None  # set by `for_group`
+
+    @classmethod
+    def for_group(cls, group: Group) -> type[DataParallelCnnGraphsStage]:
+        """This stage bound to one rank of `group` (the trainer makes a stage from its class)."""
+        return type(cls.__name__, (cls,), {"group": group})
+
+    def __init__(self, plan, data):
+        if self.group is None:
+            raise TypeError("DataParallelCnnGraphsStage trains as one rank of a group: use for_group(group)")
+        super().__init__(plan, data)
+        self.local_rows = check_split(plan, self.group.size)
+        self.comm: nccl.Communicator | None = None
+
+    def model_options(self) -> dict:
+        # Called by setup once the GPU is open and current, before the model is built and its
+        # first (warm-up) step runs: the communicator joins here.
+        self.comm = nccl.Communicator(self.group.unique_id, self.group.size, self.group.rank)
+        return {"rank": self.group.rank, "ranks": self.group.size, "all_reduce": self.all_reduce_gradients}
+
+    def all_reduce_gradients(self, stream, ptr: int, count: int) -> None:
+        """The step's all-reduce: Σ over the ranks of `count` fp32 gradients at `ptr`, in place."""
+        self.comm.all_reduce_sum(ptr, count, nccl.FLOAT32, stream)
+
+    def read_loss_sum(self) -> float:
+        # Σ loss over every rank's slices: the combined batches' sum (fp64).
+        m = self.model
+        self.comm.all_reduce_sum(m.loss_sum.ptr, 1, nccl.FLOAT64, m.stream)
+        return m.read_loss_sum()
+
+    def environment(self) -> dict:
+        return {**super().environment(), "nccl": nccl.version()}
+
+    def close(self) -> None:
+        graph = getattr(self, "step_graph", None)
+        if graph is not None:
+            graph.close()  # the captured all-reduce goes before its communicator
         if self.comm is not None:
             comm, self.comm = self.comm, None
             comm.close()
