@@ -14,8 +14,11 @@ BATCH = 8  # loads a thread issues before it stores what they brought (staging, 
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
 BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
 # Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
-# in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 4 and 8.
+# in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 1, 4 and 8
+# for the 24→32 3×3 layer (16.25 µs against 17.33 at 1); with one input channel a sample is little
+# work and 1 beats 2 (the 1→24 5×5 layer: 9.55 µs against 10.61).
 WEIGHT_GRAD_SAMPLES = 2
+WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 
 
@@ -97,7 +100,7 @@ class ConvPoolTc(KernelFile):
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
-        self.chunk = WEIGHT_GRAD_SAMPLES
+        self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
         self.max_blocks = BLOCKS_PER_SM * device.sm_count
 
     def chunks(self, n: int) -> int:

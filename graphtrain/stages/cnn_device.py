@@ -10,11 +10,10 @@ and the evaluation into one graph.
     model.record_eval(stream)         # the test set's forward passes and the correct count
     model.read_correct()              # the one read of a run
 
-One step (nothing allocated or chosen in it, so it captures as is), on the model's stream but for
-two branches forked to a side stream and joined back before the optimizer, each beside work it
-does not touch: the logits layer's gradients beside the backward pass below it, and the last
-conv layer's weight gradient beside its input gradient and the layers before it (the `graphs`
-rung's step graph; the device loop's WHILE body keeps every launch on the model's stream):
+One step, every launch on the model's stream (nothing allocated or chosen in it, so it captures
+as is). Branches forked to a side stream (the logits layer's gradients beside the backward pass
+below them, the last conv layer's weight gradient beside its input gradient) measured slower on an
+H100: a replayed step graph of 99.0 µs against 97.2 µs as one chain (scripts/probes/cnn_step_profile.py):
 
     gather          x, y = the batch's rows through the order, from the device cursor
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
@@ -130,7 +129,6 @@ class CnnDevice:
         self.eval_chunks = ceil_div(self.num_test, e)
         rows = max(b, e)
         self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
-        self.side = cuda.Stream()  # the step's branches beside the model's stream (our kernels only)
         self.conv_shapes = spec.conv_shapes()
         self.fused = fused and all(
             convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool, first=i == 0)
@@ -336,17 +334,10 @@ class CnnDevice:
             src = out
         return ops
 
-    def step_ops(self, stream: cuda.Stream, branches: bool = True) -> list[tuple[str, Callable[[], None]]]:
+    def step_ops(self, stream: cuda.Stream) -> list[tuple[str, Callable[[], None]]]:
         """The launches of one training step, named, in order (record_step runs them; a profile
-        times them one by one, with `branches` False: every launch on `stream`, no fork or join)."""
+        times them one by one)."""
         spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
-        side, forks = (self.side if branches else stream), []
-
-        def fork(name: str) -> None:  # side's next launches run after stream's so far
-            if branches:
-                forks.append(name)
-                ops.append((name, partial(cuda.stream_wait, side, stream)))
-
         if self.ranks == 1:
             ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
                                       self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
@@ -364,9 +355,8 @@ class CnnDevice:
                 self.head.logits_loss, stream, inp, self.param(base + 2 * last), self.param(base + 2 * last + 1),
                 self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, b, dims[last],
                 self.num_train, self.loss_sum.ptr)))
-            fork("fork: logits layer's gradients")
             ops.append((f"linear{last} weight+bias grad", partial(
-                self.head.grads, side, inp, self.dh[last].ptr, self.grad(base + 2 * last),
+                self.head.grads, stream, inp, self.dh[last].ptr, self.grad(base + 2 * last),
                 self.grad(base + 2 * last + 1), b, dims[last])))
         else:
             ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
@@ -400,11 +390,8 @@ class CnnDevice:
             (_, h, w, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
             if self.fused:
                 src = self.x.ptr if i == 0 else self.a[i - 1].ptr
-                beside = i == nconv - 1 and i > 0  # beside its input gradient and the layers before
-                if beside:
-                    fork(f"fork: conv{i} weight grad")
                 ops.append((f"conv{i} weight+bias grad", partial(
-                    self.convpool[i].weight_grad, side if beside else stream, src, self.da[i].ptr, self.arg[i].ptr,
+                    self.convpool[i].weight_grad, stream, src, self.da[i].ptr, self.arg[i].ptr,
                     self.partial[i].ptr, self.grad(2 * i), self.grad(2 * i + 1), b, co, h, w)))
                 if i > 0:
                     ops.append((f"conv{i} input grad", partial(
@@ -423,8 +410,6 @@ class CnnDevice:
             if i > 0:
                 ops.append((f"conv{i} backward data", partial(self.train_plans[i].backward_data, self.param(2 * i),
                                                               self.dc[i].ptr, self.da[i - 1].ptr)))
-        if forks:
-            ops.append(("join", partial(cuda.stream_wait, stream, side)))
         if self.all_reduce is not None:  # Σ over the ranks of the whole span (its padding stays 0)
             ops.append(("all-reduce", partial(self.all_reduce, stream, self.grads.ptr, self.grads.size)))
         ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
@@ -433,10 +418,10 @@ class CnnDevice:
                                          recipe.schedule)))
         return ops
 
-    def record_step(self, stream: cuda.Stream, branches: bool = True) -> None:
-        """One training step on the batch at the cursor. `branches`: see step_ops."""
+    def record_step(self, stream: cuda.Stream) -> None:
+        """One training step on the batch at the cursor."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream, branches):
+        for _, op in self.step_ops(stream):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
@@ -463,11 +448,9 @@ class CnnDevice:
             raise RuntimeError("a device loop needs the model built with device_loop=True")
         iterations = steps // per_body if self.loop_cu else 0
         if iterations:
-            # The WHILE body is captured into its graph from the model's stream alone: its steps
-            # are one chain of launches, without the side stream's branches.
             def body(stream: cuda.Stream) -> None:
                 for _ in range(per_body):
-                    self.record_step(stream, branches=False)
+                    self.record_step(stream)
 
             self.loop_cu.record_while(outer, self.stream, self.iterations_left.ptr, iterations, body)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
@@ -525,6 +508,5 @@ class CnnDevice:
         for cp in getattr(self, "convpool", []):
             if cp is not None:
                 cp.close()
-        for name in ("stream", "side"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close()
+        if getattr(self, "stream", None) is not None:
+            self.stream.close()

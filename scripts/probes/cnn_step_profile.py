@@ -45,13 +45,12 @@ def graph_ms(record, reps: int) -> float:
 REPS = 50
 print(f"{'launch':32} {'µs':>8}")
 total = 0.0
-for name, op in model.step_ops(s, branches=False):
+for name, op in model.step_ops(s):
     us = 1e3 * graph_ms(op, REPS)
     total += us
     print(f"{name:32} {us:8.2f}")
 print(f"{'sum':32} {total:8.2f}")
 print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
-print(f"{'the same, no branches':32} {1e3 * graph_ms(lambda: [op() for _, op in model.step_ops(s, branches=False)], 20):8.2f}")
 print("algorithms:", model.environment()["cudnn_algorithms"])
 for i, plan in enumerate(model.train_plans):
     for name, results in (plan.timed.items() if plan else ()):

@@ -71,7 +71,8 @@ for name, c, h, w, outs, k in LAYERS:
     cp.close()
     for chunk in (1, 2, 4):
         for per_sm in (4,):
-            convpool_tc.WEIGHT_GRAD_SAMPLES, convpool_tc.BLOCKS_PER_SM = chunk, per_sm
+            convpool_tc.WEIGHT_GRAD_SAMPLES = convpool_tc.WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = chunk
+            convpool_tc.BLOCKS_PER_SM = per_sm
             cp = ConvPoolTc(device, c, h, w, k, 2, outs)
             row(f"{name} tf32 chunk {chunk} blocks/SM {per_sm}", passes(cp, c, h, w, outs, k, first))
             cp.close()
