@@ -22,9 +22,12 @@ import pytest
 from graphtrain import model_io, reference
 
 ROOT = Path(__file__).resolve().parents[1]
-# fp32 sums in another order (two half-batch products and their all-reduce against one product),
-# over an epoch: the same bound the rungs meet against the float64 reference (test_oracle_gpu).
-WEIGHT_TOLERANCE = 1e-5  # ‖a − b‖ / ‖b‖ of the weights
+# fp32 sums in another order (two half-batch products and their all-reduce against one product):
+# each step's update differs by a rounding (~1e-7 of it), and training's own dynamics carry the
+# differences on. Measured on H100s for the 784³ MLP: 1.75e-5 after 50 steps, 5.8e-4 after an
+# epoch; the bound for 50 steps keeps a margin of ~6 and is still far below what a wrong slice,
+# scale or order gives (≥ 1e-2).
+WEIGHT_TOLERANCE = 1e-4  # ‖a − b‖ / ‖b‖ of the weights
 CHANGE_TOLERANCE = 1e-4  # of what training changed: ‖(a − w0) − (b − w0)‖ / ‖b − w0‖
 
 
@@ -132,8 +135,8 @@ def test_two_cnn_ranks_stepped_in_lockstep_train_the_combined_batch(gpu_device, 
     task, seed = small_task(precision="fp32"), 5
     args = (gpu_device, task.spec, task.recipe, task.train_images, task.train_labels, task.test_images,
             task.test_labels)
-    one = CnnDevice(*args, **PATHS[path])
-    ranks = [CnnDevice(*args, **PATHS[path], rank=r, ranks=2, all_reduce=lambda *a: None) for r in range(2)]
+    one = CnnDevice(*args, **PATHS[path][0])
+    ranks = [CnnDevice(*args, **PATHS[path][0], rank=r, ranks=2, all_reduce=lambda *a: None) for r in range(2)]
     try:
         assert [m.batch for m in ranks] == [64, 64] and one.batch == 128
         for m in (one, *ranks):

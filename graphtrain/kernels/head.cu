@@ -8,6 +8,12 @@
 //   dW[j, c] = Σ_r dlogits[r, j]·h[r, c],  db[j] = Σ_r dlogits[r, j]
 // then *cursor += valid and loss_sum[0] += Σ_r loss_r (unless null). Every sum runs in a fixed
 // order (the warps' shuffles included), without float atomics: the same inputs give the same bits.
+//
+// Data-parallel over `ranks` GPUs (1: the one-GPU step, the same arithmetic), as cnn.cu's
+// softmax_xent_step: `batch` is the combined batch, this rank holds batch/ranks rows, the first
+// valid/ranks of them real (valid splits evenly: checked on the host); each row's gradient is
+// still divided by the combined `valid` (the ranks' dW summed is the combined batch's mean), and
+// the cursor moves by the combined `valid` on every rank.
 
 // ---- logits and the loss step: a warp per row ---------------------------------------------------
 // row_loss holds each row's loss (0 past valid); the last block to finish (an integer count,
@@ -16,13 +22,14 @@
 extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
         const float* __restrict__ h, const float* __restrict__ w, const float* __restrict__ b,
         const int* __restrict__ y, float* __restrict__ dlogits, double* __restrict__ row_loss, int* count,
-        int* cursor, int batch, int k, int epoch_samples, double* loss_sum) {
+        int* cursor, int batch, int k, int epoch_samples, double* loss_sum, int ranks) {
     __shared__ double tree[HL_ROW_THREADS];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, r = blockIdx.x * (HL_ROW_THREADS / 32) + (threadIdx.x >> 5);
     const int at = *cursor;
     const int valid = min(batch, epoch_samples - at % epoch_samples);
-    if (r < batch) {
+    const int rows = batch / ranks, mine = valid / ranks;  // this rank's rows, and its real ones
+    if (r < rows) {
         float acc[HL_CLASSES] = {};
         const float* hr = h + (long long)r * k;
         for (int c0 = lane; c0 < k; c0 += 32 * 8) {  // eight loads issued before any is used
@@ -52,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
 #pragma unroll
         for (int j = 0; j < HL_CLASSES; ++j) sum += expf(z[j] - m);
         const float rs = 1.0f / sum, inv = 1.0f / (float)valid;
-        const int label = r < valid ? y[r] : -1;
+        const int label = r < mine ? y[r] : -1;
         float zl = z[0], zy = z[0];  // z[lane] and z[label], picked without indexing registers
 #pragma unroll
         for (int j = 1; j < HL_CLASSES; ++j) {
@@ -61,8 +68,8 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
         }
         if (lane < HL_CLASSES)
             dlogits[(long long)r * HL_CLASSES + lane] =
-                r < valid ? (expf(zl - m) * rs - (lane == label ? 1.0f : 0.0f)) * inv : 0.0f;
-        if (lane == 0) row_loss[r] = r < valid ? (double)(logf(sum) + m - zy) : 0.0;
+                r < mine ? (expf(zl - m) * rs - (lane == label ? 1.0f : 0.0f)) * inv : 0.0f;
+        if (lane == 0) row_loss[r] = r < mine ? (double)(logf(sum) + m - zy) : 0.0;
     }
     __threadfence();  // this block's row losses are visible before it is counted
     __syncthreads();
@@ -71,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
     if (!last) return;
     __threadfence();
     double total = 0.0;
-    for (int i = threadIdx.x; i < batch; i += HL_ROW_THREADS) total += __ldcg(row_loss + i);  // past L1: other SMs wrote them
+    for (int i = threadIdx.x; i < rows; i += HL_ROW_THREADS) total += __ldcg(row_loss + i);  // past L1: other SMs wrote them
     tree[threadIdx.x] = total;
     __syncthreads();
     for (int s = HL_ROW_THREADS / 2; s > 0; s >>= 1) {

@@ -19,7 +19,7 @@ def fits(batch: int, classes: int) -> bool:
 class Head(KernelFile):
     stem = "head"
     defines = {"HL_CLASSES": 10, "HL_ROW_THREADS": ROW_THREADS, "HL_COL_THREADS": COL_THREADS}
-    _head_logits_loss = kernel("head_logits_loss", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR)
+    _head_logits_loss = kernel("head_logits_loss", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32)
     _head_grads = kernel("head_grads", PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
     note = "fp32 (head.cu, with the loss step)"
 
@@ -35,13 +35,17 @@ class Head(KernelFile):
                              f"in {MAX_DLOGITS_BYTES // 1024} KiB of shared memory")
 
     def logits_loss(self, stream, h: int, w: int, b: int, y: int, dlogits: int, row_loss: int, count: int,
-                    cursor: int, batch: int, k: int, epoch_samples: int, loss_sum: int = 0) -> None:
+                    cursor: int, batch: int, k: int, epoch_samples: int, loss_sum: int = 0, ranks: int = 1) -> None:
         """logits = h·Wᵀ + b (W: classes × k) and the loss step of the batch's valid rows: dlogits,
         the cursor advanced by them, Σ loss added to loss_sum unless 0. row_loss: batch doubles of
-        scratch; count: an int that is 0 (and is left 0)."""
-        self._check(batch)
-        self._head_logits_loss(stream, ceil_div(batch, ROW_THREADS // 32), ROW_THREADS, h, w, b, y, dlogits, row_loss,
-                               count, cursor, batch, k, epoch_samples, loss_sum)
+        scratch; count: an int that is 0 (and is left 0). With ranks > 1, `batch` is the combined
+        batch and this rank's batch / ranks rows hold its slice (see head.cu)."""
+        if batch % ranks:
+            raise ValueError(f"a combined batch of {batch} rows does not split over {ranks} ranks")
+        rows = batch // ranks
+        self._check(rows)
+        self._head_logits_loss(stream, ceil_div(rows, ROW_THREADS // 32), ROW_THREADS, h, w, b, y, dlogits, row_loss,
+                               count, cursor, batch, k, epoch_samples, loss_sum, ranks)
 
     def grads(self, stream, h: int, dlogits: int, dw: int, db: int, batch: int, k: int) -> None:
         """dW = dlogitsᵀ·h (classes × k), db = Σ_rows dlogits."""

@@ -147,9 +147,7 @@ class CnnDevice:
         self.loop_cu = Loop(device) if self.loop_kind == "while" else None
         self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
         # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
-        # (One rank of several: the loss step's own kernel, which slices the combined batch's rows.)
-        self.head = (Head(device, spec.classes) if fused_head and ranks == 1 and head_kernel.fits(b, spec.classes)
-                     else None)
+        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.classes) else None
         self.dnn = Cudnn(self.stream)
 
         # ---- the arena: data, parameters and their gradients and state, activations ----
@@ -353,8 +351,8 @@ class CnnDevice:
             inp = self.h[last - 1].ptr if last > 0 else self.a[-1].ptr
             ops.append((f"linear{last}+loss step", partial(
                 self.head.logits_loss, stream, inp, self.param(base + 2 * last), self.param(base + 2 * last + 1),
-                self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, b, dims[last],
-                self.num_train, self.loss_sum.ptr)))
+                self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, recipe.batch,
+                dims[last], self.num_train, self.loss_sum.ptr, self.ranks)))
             ops.append((f"linear{last} weight+bias grad", partial(
                 self.head.grads, stream, inp, self.dh[last].ptr, self.grad(base + 2 * last),
                 self.grad(base + 2 * last + 1), b, dims[last])))
