@@ -183,7 +183,11 @@ def table(workload: Workload, runs: list, batch: int) -> list[str]:
         lines.append(f"| {engine} | {n} | {per_gpu} | {per_gpu * n} | {ms:.2f} | {samples / ms * 1e3:,.0f} | {speed} | "
                      f"{'—' if loss is None else f'{loss:.4f}'} | {100 * record['test_accuracy']:.2f}% | "
                      f"{'—' if diff is None else f'{diff:.2e}'} |")
-    return lines + [""]
+    return lines + ["", "The weights column compares the whole runs: the ranks sum in another order than one GPU (each "
+                    "rank's rows, then the all-reduce) and training carries those roundings on, Adam's most of all "
+                    "(its first updates are ±lr whatever a gradient's size, so a near-zero gradient's sign decides). "
+                    "Equality within fp32 rounding is what tests/test_data_parallel_gpu.py checks, over a few steps.",
+                    ""]
 
 
 def cnn_workload_line(record: dict) -> str:
