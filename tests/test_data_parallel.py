@@ -34,7 +34,7 @@ def test_every_other_row_is_refused_with_its_reason(stage):
 
 def test_the_cnns_device_loop_is_refused_with_its_own_reason():
     line = one_line_error(invoke("run", "--stage", "device-loop", "--conv", "24x5", "--gpus", "2"), 2)
-    assert "device-loop cannot" in line and "conditional node's body" in line
+    assert "device-loop cannot" in line and "captured inside its body" in line
 
 
 def test_the_cnn_on_graphs_passes_the_request_checks():

@@ -30,9 +30,9 @@ Why only this rung: the earlier rungs replay no graph; `fused` and `bf16` fuse t
 the weight-gradient product (W ← W − lr·dYᵀX as one product), so no gradient exists to sum;
 `device-loop` and `persistent` run a whole epoch in one graph launch or one kernel, without a
 point between steps where a collective could be placed with the samples of the same batch. The
-cnn's `device-loop` has a step boundary, inside a conditional WHILE node's body, but NCCL's
-captured collectives bring event record and wait nodes with them, which CUDA does not allow in a
-conditional node's body (the epoch graph would not instantiate).
+cnn's `device-loop` has a step boundary, inside a conditional WHILE node's body; NCCL's captured
+collectives bring event record and wait nodes with them (its graph-mixing support), which public
+reports say CUDA does not allow in a conditional node's body. Not tried here: refused.
 """
 
 from __future__ import annotations
@@ -63,9 +63,8 @@ NOT_DATA_PARALLEL = {
 
 
 # The cnn's device-loop: a step boundary exists, inside the epoch's WHILE node.
-CNN_DEVICE_LOOP = ("the cnn's epoch is one conditional WHILE node, and NCCL's captured all-reduce brings event "
-                   "record and wait nodes (its graph-mixing support) that CUDA does not allow in a conditional "
-                   "node's body")
+CNN_DEVICE_LOOP = ("the cnn's epoch is one conditional WHILE node, and an all-reduce captured inside its body "
+                   "is not supported here")
 MODELS = ("mlp", "cnn")
 
 
