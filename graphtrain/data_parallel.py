@@ -27,6 +27,7 @@ from graphtrain.errors import GpuUnavailableError, GraphtrainError, TrainingErro
 from graphtrain.libs import nccl
 from graphtrain.stages import data_parallel as dp_stage
 from graphtrain.sweep import DataSource
+from graphtrain.workers import start_on
 
 JOIN_SECONDS = 10  # how long a rank that finished may take to exit before it is terminated
 
@@ -115,7 +116,7 @@ def train(plan, gpus: list[str], source: DataSource, progress=None):
             parent_end, child_end = context.Pipe()
             process = context.Process(target=_rank_main, args=(rank, size, plan.config, source, child_end),
                                       name=f"graphtrain-rank{rank}", daemon=True)
-            _start_on(process, ",".join(bound_gpus(gpus, rank)))
+            start_on(process, ",".join(bound_gpus(gpus, rank)))
             child_end.close()
             pipes.append(parent_end)
             processes.append(process)
@@ -142,19 +143,6 @@ def bound_gpus(gpus: list[str], rank: int) -> list[str]:
     then the other ranks' GPUs, visible so that NCCL can reach them directly (P2P over NVLink or
     PCIe) rather than through host memory."""
     return [gpus[rank], *(gpu for other, gpu in enumerate(gpus) if other != rank)]
-
-
-def _start_on(process, gpu: str) -> None:
-    """Start `process` with CUDA_VISIBLE_DEVICES=gpu: bound to it from its first line."""
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    try:
-        process.start()
-    finally:
-        if saved is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def _follow(pipes, processes, gpus, progress):

@@ -25,6 +25,21 @@ from collections.abc import Sequence
 from graphtrain.errors import GpuUnavailableError, UsageError
 from graphtrain.sweep import DataSource, OnTask, Task, _failed, gather, run_task
 
+
+def start_on(process, visible: str) -> None:
+    """Start the spawned `process` with CUDA_VISIBLE_DEVICES=visible (a GPU, or a list with its
+    own first): the child inherits it, bound from its first line; this process's own is put back."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        process.start()
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
 POLL_SECONDS = 0.5  # how often the parent looks for a dead worker while it waits for rows
 
 
@@ -141,15 +156,7 @@ class GpuWorkers:
     def _start(context, gpu: int, source: DataSource, task_queue, results):
         process = context.Process(target=_worker_main, args=(gpu, source, task_queue, results),
                                   name=f"graphtrain-gpu{gpu}", daemon=True)
-        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the child starts with it: bound from its first line
-        try:
-            process.start()
-        finally:
-            if saved is None:
-                del os.environ["CUDA_VISIBLE_DEVICES"]
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        start_on(process, str(gpu))
         return process
 
     @staticmethod

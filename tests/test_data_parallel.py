@@ -48,7 +48,7 @@ def test_a_cnn_tail_batch_that_does_not_split_evenly_is_refused_before_any_rank_
     # 60000 = 66 · 896 + 864 at batch 128 × 7 GPUs, and 864 is not a multiple of 7.
     monkeypatch.setattr(nccl.library, "load", lambda: None)
     monkeypatch.setattr(data_parallel, "visible_gpus", lambda: [str(g) for g in range(8)])
-    monkeypatch.setattr(data_parallel, "_start_on", lambda *a: pytest.fail("a rank was started"))
+    monkeypatch.setattr(data_parallel, "start_on", lambda *a: pytest.fail("a rank was started"))
     line = one_line_error(invoke("run", "--stage", "graphs", "--preset", "speedrun", "--batch", "128", "--gpus", "7",
                                  "--data-dir", str(mnist_dir)), 2)
     assert "864 samples" in line and "do not split evenly over 7 GPUs" in line
