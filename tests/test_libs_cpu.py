@@ -606,3 +606,43 @@ def test_work_given_to_before_capture_can_be_taken_back():
     cuda.drop_before_capture(load)
     cuda.drop_before_capture(load)  # twice: nothing left to take
     assert load not in cuda._before_capture and not loads
+
+
+def nvrtc_library():
+    import ctypes
+
+    from graphtrain.libs.shared_lib import SharedLibrary
+
+    return SharedLibrary("nvrtc", "NVRTC", {"nvrtcVersion": ([ctypes.POINTER(ctypes.c_int)] * 2, ctypes.c_int)},
+                         "nvrtcGetErrorString")
+
+
+def test_a_library_is_opened_at_the_path_the_last_load_found(tmp_path, monkeypatch):
+    """The path pathfinder found is remembered in the cache; the next process opens the library
+    there first (libc's dlopen, without the GIL), and a remembered path that is gone is no harm."""
+    import ctypes
+    import json
+
+    pytest.importorskip("cuda.pathfinder")
+    from graphtrain.errors import GpuUnavailableError
+    from graphtrain.libs import shared_lib
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    remembered = tmp_path / "graphtrain" / "libraries" / shared_lib.PATHS_FILE
+    try:
+        first = nvrtc_library()
+        first.load()
+    except GpuUnavailableError as exc:
+        pytest.skip(f"NVRTC is not installed here (the nvrtc-cu13 extra): {exc}")
+    assert json.loads(remembered.read_text()) == {"nvrtc": first.path}
+    opened = []
+    real = shared_lib._open_without_gil
+    monkeypatch.setattr(shared_lib, "_open_without_gil", lambda path: (opened.append(path), real(path)))
+    second = nvrtc_library()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    assert second.load().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0 and major.value >= 12
+    assert opened == [first.path] and second.path == first.path
+    remembered.write_text(json.dumps({"nvrtc": str(tmp_path / "gone" / "libnvrtc.so.13")}))
+    third = nvrtc_library()
+    third.load()
+    assert third.path == first.path and json.loads(remembered.read_text()) == {"nvrtc": first.path}
