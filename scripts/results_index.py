@@ -103,13 +103,14 @@ def speedup(slower_ms: float | None, faster_ms: float) -> str:
 
 def headline_region(base: str) -> list[str]:
     """The README's three headline results."""
-    lines = ["| workload (H100) | fastest graphtrain rung | fastest peer, same precision | speed-up | source |",
-             "|---|---|---|---:|---|"]
+    lines = ["| workload | GPU | fastest graphtrain rung | fastest peer, same precision | speed-up | source |",
+             "|---|---|---|---|---:|---|"]
     for title, name in (("softmax regression (`jhu`), epoch time", "ladder-jhu-softmax-h100.json"),
                         ("784-784-784-784-10 MLP, epoch time", "ladder-jhu-mlp784x3-h100.json")):
         best, peer = ladder_best(name)
         peer_cell = f"`{peer.name}` {report.fmt_ms(peer.epoch_ms)} ms" if peer else report.DASH
-        lines.append(f"| {title} | `{best.name}` {report.fmt_ms(best.epoch_ms)} ms | {peer_cell} | "
+        gpu = next(r["environment"]["gpu"] for r in load(name)["records"] if (r.get("environment") or {}).get("gpu"))
+        lines.append(f"| {title} | {gpu} | `{best.name}` {report.fmt_ms(best.epoch_ms)} ms | {peer_cell} | "
                      f"{speedup(peer.epoch_ms if peer else None, best.epoch_ms)} | "
                      f"{link(name.replace('.json', '.md'), base)} |")
     name = "speedrun-h100.json"
@@ -117,7 +118,7 @@ def headline_region(base: str) -> list[str]:
     seeds = len(best["seeds"])
     peer_cell = f"`{peer['name']}` {report.fmt_ms(peer['time_ms_median'])} ms" if peer else report.DASH
     lines.append(f"| cnn to {report.fmt_accuracy(best['accuracy_mean'])} mean test accuracy over {seeds} seeds, "
-                 f"median time | `{best['name']}` {report.fmt_ms(best['time_ms_median'])} ms | {peer_cell} | "
+                 f"median time | {best['environment']['gpu']} | `{best['name']}` {report.fmt_ms(best['time_ms_median'])} ms | {peer_cell} | "
                  f"{speedup(peer['time_ms_median'] if peer else None, best['time_ms_median'])} | "
                  f"{link(name.replace('.json', '.md'), base)} |")
     return lines
