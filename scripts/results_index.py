@@ -189,13 +189,14 @@ INTRO = """\
 What graphtrain measured: the outputs of `graphtrain ladder`, `sweep` and `speedrun`, and the
 tables of the scripts under `scripts/benchmarks/` and `scripts/probes/`, each from a real run.
 Every Markdown file opens with its date, graphtrain's git revision, the exact command and the
-device; a `.json` beside it holds every figure of its table, and the plots share its name.
+device. Where a `.json` shares a table's name it holds every figure of the table and more (the
+run records), and the plots share the name too.
 
 Names are `<kind>-<workload>-<model>-<GPU>[-variant]`: `ladder-jhu-softmax-h100` is the `jhu`
 preset (softmax regression), `ladder-jhu-mlp784x3-h100` the same schedule with three hidden layers
 of 784, `sweep-cuda-mnist-mlpHx3-h100` the sweep of H; options that depart from a preset add
 tags (`-e5`, `-b256`), and `-partial` marks a run of some rows only. To set your GPU beside
-these, see docs/ladder.md ("Compare with these").
+these, see [docs/ladder.md](../docs/ladder.md#compare-with-these).
 
 This file is written by `python3 scripts/results_index.py` from the files listed; the figures
 that README.md and docs/ quote come from the `.json` files the same way.
