@@ -130,9 +130,9 @@ def test_every_missing_piece_exits_2(monkeypatch, tmp_path):
     assert "matplotlib" in error_line(invoke("eval", "--model", model, "--plot", tmp_path / "c.png"), 2)
 
 
-def test_the_readme_states_the_exit_code_rule():
-    readme = (ROOT / "README.md").read_text()
-    rule = readme.split("Exit codes:", 1)[1].split("\n\n", 1)[0]
+def test_the_commands_page_states_the_exit_code_rule():
+    page = (ROOT / "docs/commands.md").read_text()
+    rule = page.split("Exit codes:", 1)[1].split("\n\n", 1)[0]
     for words in ("2 what you can fix", "missing GPU", "matplotlib", "CUPTI", "1 a failure", "130 interrupted"):
         assert words in " ".join(rule.split()), rule
 
@@ -191,8 +191,8 @@ def test_the_command_runs_numpys_blas_on_one_thread_unless_told_otherwise():
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert f"OPENBLAS_NUM_THREADS {expected}" in result.stdout, (extra, result.stdout)
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "OPENBLAS_NUM_THREADS=1" in readme
+    page = " ".join((ROOT / "docs/commands.md").read_text().split())
+    assert "OPENBLAS_NUM_THREADS=1" in page
 
 
 def test_ctrl_c_while_the_modules_load_is_one_line_and_exit_130(monkeypatch, capsys):
