@@ -180,9 +180,9 @@ WORKLOAD_OPTIONS = [
                  help="Conv layers before the hidden ones (the cnn model), e.g. 24x5,32x3; trains on numpy, "
                       "graphs and device-loop."),
     click.option("--optimizer", default=None, type=click.Choice(list(config_mod.OPTIMIZERS)),
-                 help="The update rule (the cnn rungs; the MLP rungs train with sgd)."),
+                 help="The update rule (numpy, and graphs through device-loop; the other rungs: sgd)."),
     click.option("--schedule", default=None, type=click.Choice(list(config_mod.SCHEDULES)),
-                 help="The learning-rate schedule, --lr its peak (the cnn rungs; the MLP rungs: constant)."),
+                 help="The learning-rate schedule, --lr its peak (where --optimizer is taken; else constant)."),
     *DATA_OPTIONS,
 ]
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
@@ -294,7 +294,7 @@ def main():
 def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
     from graphtrain import model_io, phases
-    from graphtrain.training import plan_for, run_stage
+    from graphtrain.training import plan_for, row_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
@@ -322,13 +322,12 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
             cfg = cfg.replace(batch=cfg.batch * gpus)  # the plan is one GPU's at the combined batch
         else:
             check_profile(profile)
-            stage_cls = require(stage)
+            stage_cls = row_for(require(stage), cfg)  # the cnn's own rung; refused if it cannot train the recipe
             stage_cls.check_precision(cfg.precision)
             batch_text = f"batch {cfg.batch}"
             # The libraries' first-call costs, beside the data loading rather than in the setup,
-            # each library on a thread of its own (they share nothing); the cnn model trains on
-            # rungs of its own (graphtrain.stages.cnn_rungs).
-            for first_use in stage_cls.first_uses() if cfg.model != "cnn" else []:
+            # each library on a thread of its own (they share nothing).
+            for first_use in stage_cls.first_uses():
                 from graphtrain.libs import cuda
 
                 library = first_use.__module__.rsplit(".", 1)[-1]

@@ -43,6 +43,7 @@ def check_request(gpus: int, stage: str, config, profile: bool = False, init: bo
     why = dp_stage.refusal(stage, config.model)
     if why is not None:
         raise UsageError(why)
+    dp_stage.stage_for(config.model).check_recipe(config)
     if profile:
         raise UsageError("--profile traces one process's GPU: run it without --gpus")
     if init:

@@ -1,5 +1,9 @@
 """The model in NumPy: init, sample order, forward, softmax cross-entropy, backward, SGD.
 
+The other update rules and the learning-rate schedules (graphtrain.reference_cnn's `Optimizer`
+and `Schedule`, the recipe) take the parameters as one list, `parameters(layers)`; `train_step`
+takes any of them as its `update`.
+
 This is the `numpy` stage's core (in float32) and the oracle every GPU stage is tested against
 (in float64). Shapes follow torch.nn.Linear: a layer's weight `w` is (out, in), `y = x wᵀ + b`.
 Every hidden layer is followed by a ReLU; the last layer's outputs are the logits.
@@ -90,6 +94,12 @@ def backward(layers: list[Layer], acts: list[np.ndarray], dlogits: np.ndarray) -
     return grads
 
 
+def parameters(layers: list[Layer]) -> list[np.ndarray]:
+    """Every parameter array in a fixed order, W then b layer by layer (no b without a bias):
+    the order the optimizers walk, the same for a model's layers and their gradients."""
+    return [array for layer in layers for array in (layer.w, layer.b) if array is not None]
+
+
 def sgd(layers: list[Layer], grads: list[Layer], lr: float) -> None:
     for layer, grad in zip(layers, grads):
         layer.w -= lr * grad.w
@@ -97,11 +107,12 @@ def sgd(layers: list[Layer], grads: list[Layer], lr: float) -> None:
             layer.b -= lr * grad.b
 
 
-def train_step(layers: list[Layer], x: np.ndarray, labels: np.ndarray, lr: float):
-    """One SGD step in place. Returns (summed loss, correct predictions) of the batch before the update."""
+def train_step(layers: list[Layer], x: np.ndarray, labels: np.ndarray, lr: float, update=sgd):
+    """One step in place: `update(layers, grads, lr)` (SGD unless given). Returns (summed loss,
+    correct predictions) of the batch before the update."""
     acts = forward(layers, x)
     loss, dlogits = loss_and_dlogits(acts[-1], labels)
-    sgd(layers, backward(layers, acts, dlogits), lr)
+    update(layers, backward(layers, acts, dlogits), lr)
     correct = int((acts[-1].argmax(axis=1) == labels).sum())
     return float(loss) * x.shape[0], correct
 

@@ -262,6 +262,11 @@ class Schedule:
         if self.kind not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.kind!r}")
 
+    @classmethod
+    def of(cls, config, total: int) -> Schedule:
+        """The schedule a TrainConfig asks for over a run of `total` steps."""
+        return cls(config.schedule, config.lr, total, config.warmup)
+
     def at(self, k: int) -> float:
         lr, total = self.lr, self.total
         if self.kind == "constant":
@@ -301,6 +306,11 @@ class Optimizer:
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.kind!r}")
+
+    @classmethod
+    def of(cls, config) -> Optimizer:
+        """The optimizer a TrainConfig asks for."""
+        return cls(config.optimizer, config.momentum, config.betas, 1e-8, config.weight_decay)
 
     @property
     def slots(self) -> int:

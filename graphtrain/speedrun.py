@@ -91,8 +91,7 @@ def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf
     from graphtrain.stages.cnn_device import Recipe
 
     return Recipe(batch=config.batch, epochs=epochs,
-                  optimizer=Optimizer(config.optimizer, config.momentum, config.betas, 1e-8, config.weight_decay),
-                  schedule=Schedule(config.schedule, config.lr, steps, config.warmup),
+                  optimizer=Optimizer.of(config), schedule=Schedule.of(config, steps),
                   precision=precision)
 
 

@@ -77,9 +77,24 @@ def plan_for(config: TrainConfig, data: data_mod.Dataset, init: Model | None = N
     """
     if init is None:
         return RunPlan.for_data(config, data)
+    if (config.optimizer, config.schedule) != ("sgd", "constant"):
+        raise UsageError("--init resumes SGD at a constant rate only: a saved model keeps no optimizer state "
+                         "and no place in a schedule")
     dims = (data.num_features, *config.hidden, data.num_classes)
     model_io.check_matches(init, init.source or "the saved model", dims, config.bias)
     return RunPlan.for_data(config, data, init.layers, init.info.epochs_trained)
+
+
+def row_for(stage_cls: type[Stage], config: TrainConfig) -> type[Stage]:
+    """The row that trains `config` when `stage_cls` is asked for (the cnn has rungs of its own,
+    graphtrain.stages.cnn_rungs), once it is checked that it can train the config's recipe: a
+    UsageError saying why not, before any data is read."""
+    if config.model == "cnn":
+        from graphtrain.stages.cnn_rungs import cnn_rung
+
+        stage_cls = cnn_rung(stage_cls)
+    stage_cls.check_recipe(config)
+    return stage_cls
 
 
 def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
@@ -88,13 +103,7 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     checked wherever it was measured, test accuracy outside the timed loop; then, with
     `profile`, the profiled epoch (see `_profile`), which total_ms leaves out."""
     config = plan.config
-    if config.model == "cnn":  # its own rungs (graphtrain.stages.cnn_rungs); the others refuse it
-        from graphtrain.stages.cnn_rungs import cnn_rung
-
-        stage_cls = cnn_rung(stage_cls)
-    elif config.optimizer != "sgd" or config.schedule != "constant":
-        raise UsageError(f"{stage_cls.name} trains MLPs with SGD at a constant rate; --optimizer and --schedule "
-                         "are the cnn rungs' (--conv): numpy, graphs, device-loop")
+    stage_cls = row_for(stage_cls, config)
     name = stage_cls.name
     plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()

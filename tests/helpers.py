@@ -83,3 +83,43 @@ def kink_margin(cfg, data, num_batches: int) -> float:
             a = np.maximum(z, 0.0)
         reference.train_step(layers, x, data.train_labels[order[lo:hi]], cfg.lr)
     return closest
+
+
+def recipe_reference_run(cfg, data, lrs):
+    """The float64 reference of the first len(lrs) steps of epoch 0 under `cfg`'s optimizer, step k
+    at rate lrs[k]: PyTorch's update rules written out here, one parameter at a time (torch.optim
+    SGD with momentum/nesterov, Adam, AdamW; eps 1e-8). Returns (initial layers, layers after)."""
+    start = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    layers = [layer.copy() for layer in start]
+    params = reference.parameters(layers)
+    m = [np.zeros_like(p) for p in params]  # momentum's buffer, Adam's first moment
+    v = [np.zeros_like(p) for p in params]  # Adam's second moment
+    mu, (b1, b2), eps, wd = cfg.momentum, cfg.betas, 1e-8, cfg.weight_decay
+    n = len(data.train_images)
+    order = reference.epoch_order(cfg.seed, 0, n)
+    for t, ((lo, hi), lr) in enumerate(zip(reference.batch_bounds(n, cfg.batch), lrs), 1):
+        x = data.train_images[order[lo:hi]].astype(np.float64)
+        acts = reference.forward(layers, x)
+        _, dlogits = reference.loss_and_dlogits(acts[-1], data.train_labels[order[lo:hi]])
+        grads = reference.parameters(reference.backward(layers, acts, dlogits))
+        for p, g, m_i, v_i in zip(params, grads, m, v):
+            if cfg.optimizer == "adamw":
+                p -= lr * wd * p  # decoupled weight decay
+            else:
+                g = g + wd * p  # L2 in the gradient
+            if cfg.optimizer == "sgd":
+                p -= lr * g
+            elif cfg.optimizer in ("momentum", "nesterov"):
+                m_i[...] = mu * m_i + g
+                p -= lr * (g + mu * m_i if cfg.optimizer == "nesterov" else m_i)
+            else:
+                m_i[...] = b1 * m_i + (1 - b1) * g
+                v_i[...] = b2 * v_i + (1 - b2) * g * g
+                m_hat, v_hat = m_i / (1 - b1 ** t), v_i / (1 - b2 ** t)
+                p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+    return start, layers
+
+
+def cosine_rates(lr: float, total: int, steps: int) -> list[float]:
+    """PyTorch's CosineAnnealingLR to 0 over `total` steps, its first `steps` rates."""
+    return [lr * (1 + np.cos(np.pi * k / total)) / 2 for k in range(steps)]

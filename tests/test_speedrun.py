@@ -182,8 +182,8 @@ def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
         with pytest.raises(UsageError, match="trains MLPs only"):
             run_stage(get_stage(rung), plan, small)
     mlp = plan_for(config.preset("jhu").replace(optimizer="adam", epochs=1), small)
-    with pytest.raises(UsageError, match="SGD at a constant rate"):
-        run_stage(get_stage("numpy"), mlp, small)
+    with pytest.raises(UsageError, match="SGD at a constant rate"):  # the MLP's recipe: numpy, graphs on
+        run_stage(get_stage("baseline"), mlp, small)
 
 
 def test_run_refuses_saving_a_cnn(tmp_path):

@@ -122,11 +122,14 @@ __device__ __forceinline__ float sum_over_warps(float v, float (*part)[32]) {
 // ---- the head's update: W and b of the logits layer, the metrics, the cursor --------------------
 // Blocks over the columns: W[j, c] −= lr · Σ_r dlogits[r, j] · x[r, c] for every class j.
 // The last block: b[j] −= lr · Σ_r dlogits[r, j]; totals += (Σ_r row_loss, Σ_r row_correct) when
-// measured; cursor += rows (every reader of the cursor ran before this kernel).
+// measured; cursor += rows (every reader of the cursor ran before this kernel). With `gradient`
+// the sums are stored instead, W[j, c] = Σ_r dlogits[r, j]·x[r, c] and b[j] = Σ_r dlogits[r, j]
+// (w and b then point at the gradients), for an optimizer that updates every parameter after.
 template <typename T>
 __device__ void head_update(const T* __restrict__ x, const float* __restrict__ dlogits, float* __restrict__ w,
-                            float* __restrict__ b, int k, int rows, float lr, const float* __restrict__ row_loss,
-                            const float* __restrict__ row_correct, double* totals, int* cursor) {
+                            float* __restrict__ b, int k, int rows, float lr, int gradient,
+                            const float* __restrict__ row_loss, const float* __restrict__ row_correct,
+                            double* totals, int* cursor) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
         __shared__ float part[COL_WARPS][32];
@@ -149,7 +152,10 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) {
             const float total = sum_over_warps(acc[j], part);
-            if (warp == 0 && c < k) w[j * k + c] -= lr * total;
+            if (warp == 0 && c < k) {
+                if (gradient) w[j * k + c] = total;  // dW, for the optimizer
+                else w[j * k + c] -= lr * total;
+            }
             __syncthreads();  // part is reused by the next class
         }
         return;
@@ -161,7 +167,7 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
             for (int r = lane; r < rows; r += 32) db += dlogits[r * CLASSES + j];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) db += __shfl_xor_sync(0xffffffffu, db, o);
-            if (lane == 0) b[j] -= lr * db;
+            if (lane == 0) b[j] = gradient ? db : b[j] - lr * db;
         }
     }
     if (warp == COL_WARPS - 1) {
@@ -240,9 +246,9 @@ extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step_##suffix(  
                  w_shared);                                                                             \
 }                                                                                                       \
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update_##suffix(                        \
-        const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr,                \
+        const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr, int gradient,  \
         const float* row_loss, const float* row_correct, double* totals, int* cursor) {                 \
-    head_update<T>(x, dlogits, w, b, k, rows, lr, row_loss, row_correct, totals, cursor);               \
+    head_update<T>(x, dlogits, w, b, k, rows, lr, gradient, row_loss, row_correct, totals, cursor);     \
 }                                                                                                       \
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward_##suffix(                      \
         const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {          \

@@ -26,9 +26,9 @@ class Fused(KernelFile):
     _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
     _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR,
                              I32)
-    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR,
+    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
                               max_shared_bytes=MAX_DLOGITS_BYTES)
-    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, PTR, PTR, PTR, PTR,
+    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
                                max_shared_bytes=MAX_DLOGITS_BYTES)
     _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
     _head_backward_bf16 = kernel("head_backward_bf16", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
@@ -73,11 +73,13 @@ class Fused(KernelFile):
                x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, shared > 0, shared_bytes=shared)
 
     def head_update(self, stream, x: int, dlogits: int, w: int, b: int, k: int, rows: int, lr: float,
-                    row_loss: int, row_correct: int, totals: int, cursor: int, gathered: bool = False) -> None:
-        """W −= lr·dlogitsᵀx, b −= lr·Σ dlogits, totals += the rows' metrics (row_loss ≠ 0) and
-        cursor += rows. `gathered`: x is the fp32 batch head_step gathered."""
+                    row_loss: int, row_correct: int, totals: int, cursor: int, gathered: bool = False,
+                    gradient: bool = False) -> None:
+        """W −= lr·dlogitsᵀx, b −= lr·Σ dlogits (`gradient`: W = dlogitsᵀx and b = Σ dlogits, the
+        head's gradients written where w and b point), totals += the rows' metrics (row_loss ≠ 0)
+        and cursor += rows. `gathered`: x is the fp32 batch head_step gathered."""
         launch = self._gathered_update if gathered else self._head_update
-        launch(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr,
+        launch(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr, int(gradient),
                row_loss, row_correct, totals, cursor, shared_bytes=self.dlogits_bytes(rows))
 
     def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from graphtrain.data import Dataset
-from graphtrain.errors import UsageError
+from graphtrain.errors import ModelUnsupported, UsageError
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 
@@ -35,6 +35,11 @@ class Stage:
     # always); `config.precision` picks one, and `self.precision` is the one it trains in
     # (`precision_run`), what its record states.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    # Whether this row trains every recipe (`config.optimizer` and `config.schedule`, with
+    # `config.lr` the peak); a row that does not trains SGD at a constant rate and refuses others.
+    trains_recipes: ClassVar[bool] = False
+    # Why a row that does not train recipes cannot, and where one trains (its refusal's end).
+    recipe_refusal: ClassVar[str] = "the recipe trains on numpy and on graphs through device-loop"
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
@@ -50,6 +55,15 @@ class Stage:
             raise UsageError(f"{cls.name} trains in {' or '.join(cls.precisions)}, not --precision "
                              f"{precision}")
         return precision or cls.precisions[0]
+
+    @classmethod
+    def check_recipe(cls, config) -> None:
+        """A ModelUnsupported saying why, where this row cannot train `config`'s recipe (checked
+        before any data is read)."""
+        if cls.trains_recipes or (config.optimizer, config.schedule) == ("sgd", "constant"):
+            return
+        raise ModelUnsupported(f"{cls.name} trains with SGD at a constant rate, not --optimizer {config.optimizer} "
+                               f"--schedule {config.schedule}; {cls.recipe_refusal}")
 
     @classmethod
     def precision_run(cls, config, chosen: str) -> str:

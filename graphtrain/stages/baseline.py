@@ -4,11 +4,12 @@ This file is also the skeleton every later rung of the chain reuses, built on th
 graphtrain.stages.device (the arena with the dataset, the parameters): forward, backward and SGD.
 Later rungs override one method each:
 
-    train_step    gather → forward → [metrics] → softmax → dlogits → backward → SGD
+    train_step    gather → forward → [metrics] → softmax → dlogits → backward → update
     gemm          the matrix products               (cublas replaces it)
     softmax       probabilities from logits         (cudnn-softmax replaces it)
     record_metrics / read_metrics                   (fewer-syncs, sparse-metrics replace them)
     run_batches   the loop over an epoch's batches  (graphs replaces it)
+    update        SGD at a constant rate            (graphs adds the recipe's optimizers and schedules)
 
 and each states in `uses` what its setup makes beyond the device pieces, so that no rung compiles,
 creates or reserves what its steps never touch.
@@ -44,6 +45,10 @@ class BaselineStage(Stage):
     #   "cublas"   a cuBLAS handle and its workspace          "cudnn"  a cuDNN handle
     #   "fused"    the fused rungs' kernels (fused.cu)        "cublaslt"  cuBLASLt and its plans
     uses: ClassVar[frozenset[str]] = frozenset({"matmul", "softmax"})
+    # The rungs before `graphs` teach one idea each on plain SGD; from `graphs` on, the step's
+    # update is the recipe's (graphtrain.stages.device.DeviceOptimizer).
+    recipe_refusal = ("the first GPU rungs teach one idea each on plain SGD; the recipe trains on numpy and on "
+                      "graphs through device-loop")
 
     def needs(self, what: str) -> bool:
         """Whether this rung, training this model, sets up `what` (one of `uses`'s names)."""
@@ -157,7 +162,8 @@ class BaselineStage(Stage):
                           0.0, dx.ptr, fan_in)
                 self.layers_cu.relu_backward(self.stream, dx.ptr, x.ptr, rows * fan_in)
 
-    def sgd(self) -> None:
+    def update(self) -> None:
+        """SGD at a constant rate: W −= lr·dW, b −= lr·db, one launch a parameter."""
         lr = self.config.lr
         for param, grad in [*zip(self.w, self.dw), *zip(self.b, self.db)]:
             if param is not None:
@@ -172,7 +178,7 @@ class BaselineStage(Stage):
         self.softmax(rows)
         self.softmax_cu.xent_grad(self.stream, self.probs.ptr, self.y.ptr, self.grads[-1].ptr, rows, classes)
         self.backward(rows)
-        self.sgd()
+        self.update()
 
     # ---- metrics: the baseline reads loss and accuracy back after every step ---------------------
 

@@ -72,8 +72,13 @@ class Bf16Stage(FusedStage):
                                         self.cursor.ptr, self.config.in_features, rows, self.x16.ptr, self.y.ptr)
 
     def end_step(self, lr: float | None = None) -> None:
-        """Hidden biases −= lr·db, then the bf16 copies of their weights and biases, in one kernel."""
+        """Hidden biases −= lr·db, then the bf16 copies of their weights and biases, in one kernel.
+        With another recipe the optimizer updates every parameter first, and the kernel (lr 0)
+        only refreshes the copies."""
         cfg = self.config
+        if self.device_optimizer is not None and lr is None:
+            self.device_optimizer.step(self.stream)
+            lr = 0.0  # b − 0·db = b: the biases moved with the rest
         if len(self.w) == 1:
             return  # softmax regression: nothing but the head, which keeps fp32
         self.fused_cu.sgd_bias_refresh(

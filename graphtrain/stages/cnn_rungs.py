@@ -47,6 +47,7 @@ def as_layers(params: list[np.ndarray]) -> list[Layer]:
 class CnnNumpyStage(Stage):
     name = "numpy"
     summary = "CPU reference in float32 (the cnn: NumPy convolutions, Adam or SGD, the schedule)"
+    trains_recipes = True
 
     def setup(self) -> None:
         self.spec, self.recipe, self.train_x, self.test_x = cnn_setup(self)
@@ -78,6 +79,7 @@ class CnnGraphsStage(Stage):
     name = "graphs"
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
     uses_gpu = True
+    trains_recipes = True
     # the products': tf32 puts the fused conv layers on the tensor cores (convpool_tc.cu) and the
     # hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32
     precisions = ("tf32", "fp32")

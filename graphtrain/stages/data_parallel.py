@@ -120,6 +120,8 @@ class DataParallelGraphsStage(GraphsStage):
     name = RUNG
     summary = "the graphs rung on several GPUs, the gradients all-reduced through NCCL inside the step graph"
     group: ClassVar[Group | None] = None  # set by `for_group`
+    trains_recipes = False  # its SGD takes the all-reduced sum with lr/N; the optimizer kernel takes a mean
+    recipe_refusal = "with --gpus, where SGD takes the all-reduced gradient sum at lr/N; train the recipe on one GPU"
 
     @classmethod
     def for_group(cls, group: Group) -> type[DataParallelGraphsStage]:
@@ -169,7 +171,7 @@ class DataParallelGraphsStage(GraphsStage):
         self.gather_cu.gather_batch_at(self.stream, self.train_images.ptr, self.train_labels.ptr, order,
                                        self.cursor.ptr, self.config.in_features, rows, self.acts[0].ptr, self.y.ptr)
 
-    def sgd(self) -> None:
+    def update(self) -> None:
         self.comm.all_reduce_sum(self.grad_ptr, self.grad_count, nccl.FLOAT32, self.stream)
         lr = self.config.lr / self.group.size  # Σ_r (mean over slice r) / N = mean over the combined batch
         for param, grad in [*zip(self.w, self.dw), *zip(self.b, self.db)]:

@@ -3,6 +3,9 @@
     DeviceContext    the GPU, the stream everything runs on, the two events that time an epoch
     DatasetOnDevice  the training and test sets and every epoch's sample order, in the run's arena
     Parameters       each layer's W and b in fp32, from the plan's initial weights; weights out
+    DeviceOptimizer  the recipe's update (optimizer and schedule) of every parameter from its
+                     gradient: one optimizer_step launch (kernels/optim.cu) over the packed span,
+                     its rate from the device's step counter, so a replayed graph follows the schedule
     Evaluation       test accuracy on the device: a forward pass of up to EVAL_ROWS test rows at a
                      time through the naive kernels (matmul.cu, layers.cu), then a count of the
                      rows whose largest logit is the label (metrics.cu), read once at the end
@@ -24,10 +27,12 @@ from graphtrain.data import Dataset
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.matmul import Matmul
 from graphtrain.kernels.metrics import Metrics
+from graphtrain.kernels.optim import STATE_INTS, Optim
 from graphtrain.libs import cuda
 from graphtrain.libs.memory import Arena, Buffer
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
+from graphtrain.reference_cnn import Optimizer, Schedule
 
 EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
 
@@ -98,6 +103,53 @@ class Parameters:
 
     def download(self, stream: cuda.Stream) -> list[Layer]:
         return [Layer(w.download(stream), None if b is None else b.download(stream)) for w, b in zip(self.w, self.b)]
+
+
+class DeviceOptimizer:
+    """The recipe's update of all the parameters at once, as the cnn's (graphtrain.stages.cnn_device):
+    one optimizer_step over the packed span of `params` (every W, then every b) from the gradients'
+    span laid out alike (`grads`, every dW then every db, in the same order and shapes), with
+    `slots` state spans beside them. The step counter lives on the device and the kernel reads
+    its rate from it, so a captured step replays the schedule; the update is elementwise, the
+    same bits every run."""
+
+    def __init__(self, arena: Arena, params: Parameters, grads: Sequence[Buffer], optimizer: Optimizer,
+                 schedule: Schedule):
+        self.optimizer, self.schedule = optimizer, schedule
+        weights = [*params.w, *(b for b in params.b if b is not None)]
+        self.params_span, self.grads_span = weights[0], grads[0]
+        self.count = (weights[-1].offset + weights[-1].nbytes - weights[0].offset) // 4
+        for param, grad in zip(weights, grads, strict=True):  # one index serves both spans
+            if (param.shape != grad.shape
+                    or param.offset - weights[0].offset != grad.offset - grads[0].offset):
+                raise RuntimeError(f"the gradient {grad.name} does not lie where {param.name} does in its span")
+        self.slot1 = arena.reserve("opt_slot1", (self.count,)) if optimizer.slots >= 1 else None
+        self.slot2 = arena.reserve("opt_slot2", (self.count,)) if optimizer.slots >= 2 else None
+        self.state = arena.reserve("opt_state", (STATE_INTS,), np.int32)  # [steps taken, blocks done]
+        self.lr_used = arena.reserve("opt_lr", (1,))  # the rate of the last step
+        self.optim_cu: Optim | None = None
+
+    def load(self, device: cuda.DeviceInfo) -> None:
+        """Compile (or read from the cache) and load optim.cu."""
+        self.optim_cu = Optim(device)
+
+    def reset(self, stream: cuda.Stream) -> None:
+        """Queue the start of a run: no steps taken, zero state, and the gradients' span zeroed,
+        so the alignment padding between them is 0 (its parameters stay as they are)."""
+        for buf in (self.state, self.slot1, self.slot2):
+            if buf is not None:
+                buf.zero(stream)
+        cuda.memset(self.grads_span.ptr, 0, self.count * 4, stream)
+
+    def step(self, stream: cuda.Stream) -> None:
+        """Queue one update of every parameter from its gradient (capturable)."""
+        self.optim_cu.step(stream, self.params_span.ptr, self.grads_span.ptr, self.slot1.ptr if self.slot1 else 0,
+                           self.slot2.ptr if self.slot2 else 0, self.count, self.state.ptr, self.lr_used.ptr,
+                           self.optimizer, self.schedule)
+
+    def close(self) -> None:
+        if self.optim_cu is not None:
+            self.optim_cu.close()
 
 
 def forward(gemm: Gemm, layers_cu: Layers, stream: cuda.Stream, dims: Sequence[int], params: Parameters,

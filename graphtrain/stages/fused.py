@@ -20,6 +20,10 @@ does, and the `graphs` step has one node per kernel (12 for softmax regression, 
 Products run without split-K (one kernel each, the same bits every run). Nodes per step: 2 for
 softmax regression, 15 for the 4-layer MLP with biases (`graphs`: 12 and 42). The eager path of
 the earlier rungs (cuBLAS, the test-set forward) is kept as it was.
+
+Another recipe (an optimizer other than SGD, or a schedule) cannot be folded into a product: there
+the weight-gradient products write dW = dYᵀX (α = 1, β = 0), the head's update kernel writes its
+dW and db, and the step ends in the recipe's one update of every parameter (graphs' DeviceOptimizer).
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class FusedStage(GraphsStage):
 
     def plan_products(self, rows: int) -> dict[str, list[Matmul | None]]:
         """The hidden layers' products for a batch of `rows`: forward, dX (none for the first
-        layer) and SGD. The head has its own kernels."""
+        layer) and SGD (W −= lr·dYᵀX, or dW = dYᵀX for another recipe). The head has its own kernels."""
         dims, plans = self.config.dims, {"forward": [], "dx": [], "sgd": []}
         for i in range(len(self.w) - 1):
             fan_in, fan_out = dims[i], dims[i + 1]
@@ -133,14 +137,20 @@ class FusedStage(GraphsStage):
                             gather=(self.train_images.ptr, self.train_labels.ptr, self.order.ptr, self.cursor.ptr,
                                     self.x_copy_ptr()))
             head_input = self.x_copy_ptr()
-        fused.head_update(stream, head_input, dlogits, w_head, b_head, width, rows, lr, *metrics, self.metrics.ptr,
-                          self.cursor.ptr, gathered=head == 0)
+        # SGD: the head's W and b updated in place; another recipe: its dW and db, for the optimizer.
+        head_out = (w_head, b_head) if self.device_optimizer is None else (
+            self.dw[head].ptr, self.db[head].ptr if cfg.bias else 0)
+        fused.head_update(stream, head_input, dlogits, *head_out, width, rows, lr, *metrics, self.metrics.ptr,
+                          self.cursor.ptr, gathered=head == 0, gradient=self.device_optimizer is not None)
         for i in reversed(range(head)):
             if i > 0:  # dX before W_i changes, then the ReLU below and that layer's bias gradient
                 plans["dx"][i](self.layer_grad(i + 1), self.product_weight(i), self.layer_grad(i), 1.0, 0.0, handle)
                 fused.relu_bias_grad(stream, self.layer_input(i), self.layer_grad(i),
                                      self.db[i - 1].ptr if cfg.bias else 0, cfg.dims[i], rows)
-            plans["sgd"][i](self.layer_grad(i + 1), self.layer_input(i), self.w[i].ptr, -lr, 1.0, handle)
+            if self.device_optimizer is None:  # W −= lr·dYᵀX: SGD as the product
+                plans["sgd"][i](self.layer_grad(i + 1), self.layer_input(i), self.w[i].ptr, -lr, 1.0, handle)
+            else:  # dW = dYᵀX, for the optimizer
+                plans["sgd"][i](self.layer_grad(i + 1), self.layer_input(i), self.dw[i].ptr, 1.0, 0.0, handle)
         self.end_step()
 
     def x_copy_ptr(self) -> int:
@@ -148,8 +158,11 @@ class FusedStage(GraphsStage):
         return self.acts[0].ptr
 
     def end_step(self) -> None:
-        """The hidden layers' biases: b −= lr·db over their packed span."""
-        if self.config.bias and len(self.b) > 1:
+        """The hidden layers' biases: b −= lr·db over their packed span; with another recipe,
+        every parameter's update from its gradient."""
+        if self.device_optimizer is not None:
+            self.device_optimizer.step(self.stream)
+        elif self.config.bias and len(self.b) > 1:
             self.fused_cu.sgd_bias_refresh(self.stream, self.b[0].ptr, self.db[0].ptr, 0, self.span(self.b[:-1]),
                                            self.config.lr, 0, 0, 0)
 

@@ -6,6 +6,11 @@ gather kernel reads it from a device cursor that the step itself advances: the g
 unchanged and the host does nothing per batch but launch it.
 
 One graph per (batch rows, metrics on/off): the tail batch (60000 = 468·128 + 96) has its own.
+
+From here on a rung trains every recipe: an optimizer other than SGD, or a schedule, is one
+optimizer_step over all the parameters (graphtrain.stages.device.DeviceOptimizer), its rate read
+on the device from its step counter so that the replayed graph follows the schedule. SGD at a
+constant rate keeps the earlier rungs' update, one launch a parameter.
 """
 
 from __future__ import annotations
@@ -13,21 +18,44 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain.libs import cuda
+from graphtrain.reference_cnn import Optimizer, Schedule
+from graphtrain.stages import device
 from graphtrain.stages.cudnn_softmax import CudnnSoftmaxStage
 
 
 class GraphsStage(CudnnSoftmaxStage):
     name = "graphs"
     summary = "one whole training step captured into a CUDA Graph and replayed per batch"
+    trains_recipes = True
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
         self.cursor = arena.reserve("cursor", (1,), np.int32)  # first sample of the next batch
+        cfg = self.config
+        self.device_optimizer = None  # SGD at a constant rate: the update of the rungs before
+        if (cfg.optimizer, cfg.schedule) != ("sgd", "constant"):
+            grads = [*self.dw, *(db for db in self.db if db is not None)]
+            self.device_optimizer = device.DeviceOptimizer(arena, self.params, grads, Optimizer.of(cfg),
+                                                           Schedule.of(cfg, sum(self.plan.batches)))
 
     def setup_extra(self) -> None:
         super().setup_extra()
         self.graphs = {}
         self.set_cursor(0)
+        if self.device_optimizer is not None:
+            self.device_optimizer.load(self.device)
+            self.device_optimizer.reset(self.stream)  # before the warm-up's step
+
+    def upload_initial_weights(self) -> None:
+        super().upload_initial_weights()
+        if self.device_optimizer is not None:
+            self.device_optimizer.reset(self.stream)  # the warm-up's step undone: step 0, zero state
+
+    def update(self) -> None:
+        if self.device_optimizer is None:
+            super().update()
+        else:
+            self.device_optimizer.step(self.stream)
 
     def set_cursor(self, sample: int) -> None:
         self.gather_cu.set_cursor(self.stream, self.cursor.ptr, sample)
@@ -60,4 +88,6 @@ class GraphsStage(CudnnSoftmaxStage):
     def close(self) -> None:
         for graph in getattr(self, "graphs", {}).values():
             graph.close()
+        if getattr(self, "device_optimizer", None) is not None:
+            self.device_optimizer.close()
         super().close()
