@@ -33,8 +33,8 @@ TOLERANCE = {("momentum", "fp32"): 1e-4, ("adam", "fp32"): 1e-2, ("momentum", "b
 
 
 def config(model: str, optimizer: str, seed: int, **changes) -> TrainConfig:
-    return TrainConfig(**MODELS[model], batch=100, epochs=1, lr=0.01 if optimizer == "adam" else 0.1, seed=seed,
-                       optimizer=optimizer, schedule="cosine", weight_decay=0.5, **changes)
+    return TrainConfig(**{**MODELS[model], "batch": 100, "epochs": 1, "lr": 0.01 if optimizer == "adam" else 0.1,
+                          "seed": seed, "optimizer": optimizer, "schedule": "cosine", "weight_decay": 0.5, **changes})
 
 
 def run_steps(rung: str, cfg: TrainConfig, data: Dataset, steps: int):
