@@ -727,8 +727,9 @@ def predict(model_path, input_path, out_path):
     \b
     INPUT is an IDX images file (gzipped or not, like t10k-images-idx3-ubyte.gz) or a
     .npy array of shape (N, H, W) with the model's image size, e.g. (N, 28, 28), or
-    (N, features), e.g. (N, 784). Pixels are uint8 0-255 (divided by 255, as in
-    training) or floats already in 0-1.
+    (N, features), e.g. (N, 784); a cnn's also (N, channels, H, W). Pixels are
+    uint8 0-255 (divided by 255, as in training) or floats already in 0-1; a model
+    trained on normalised inputs (the cnn) normalises them as its file records.
 
     Prints CSV (index,class,probability) to stdout, or writes it to --out.
     Runs on the CPU with NumPy.
