@@ -4,6 +4,7 @@ ladder, from naive NVRTC kernels to whole training steps captured in CUDA Graphs
     from graphtrain import train, TrainConfig, save
     record = train(TrainConfig(hidden=(784,)), stage="graphs")   # a RunRecord
     save("model.safetensors", record)          # load(path), to_torch(path) read it back
+    load("model.safetensors").predict(images)  # the class of each image (uint8 0-255 or floats 0-1)
 """
 
 from __future__ import annotations

@@ -112,8 +112,9 @@ class Workload:
         return load_dataset(config.dataset, self.data_file, self.data_dir, self.offline)
 
     def resuming(self, model, path: Path) -> Workload:
-        """The workload of a run resumed from a saved `model`: its hidden sizes, bias, seed,
-        batch, lr and dataset, where the command line does not say otherwise."""
+        """The workload of a run resumed from a saved `model`: its conv layers, hidden sizes, bias,
+        seed, batch, lr and dataset, where the command line does not say otherwise (the recipe,
+        optimizer and schedule, is the preset's or the options')."""
         info = model.info
 
         def given_or(value, saved):
@@ -125,6 +126,7 @@ class Workload:
         return dataclasses.replace(
             self, hidden=given_or(self.hidden, ",".join(map(str, info.hidden)) or "none"),
             bias=given_or(self.bias, info.bias), seed=given_or(self.seed, info.seed),
+            conv=given_or(self.conv, ",".join(f"{c.out_channels}x{c.kernel}" for c in info.convs) or None),
             batch=given_or(self.batch, info.batch), lr=given_or(self.lr, info.lr), dataset=dataset)
 
 
@@ -280,9 +282,10 @@ def main():
 @click.option("--init", "init_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="MODEL.safetensors",
               help="Resume training a saved model: start from its parameters and go on with its next "
-                   "epoch's sample order (epochs are numbered on from its count). Its hidden sizes, "
-                   "bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
-                   "more to train.")
+                   "epoch's sample order (epochs are numbered on from its count). Its conv layers, hidden "
+                   "sizes, bias, seed, batch, lr and dataset are the defaults; --epochs/--steps say how much "
+                   "more to train. The optimizer's state and the learning-rate schedule start afresh over "
+                   "this run's steps (SGD at a constant rate goes on exactly as one longer run).")
 @PROFILE_OPTION
 @click.option("--gpus", type=int, default=None, metavar="N",
               help="Train data-parallel on N GPUs of this host, one process each, the gradients summed "
@@ -306,8 +309,6 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
         if save_path is not None and str(save_path) == "-":
             raise UsageError("--save writes a binary file: give it a name (MODEL.safetensors); "
                              "'-' (standard output) is not supported")
-        if cfg.model == "cnn" and (save_path is not None or init_path is not None):
-            raise UsageError("--save and --init take MLPs only: a cnn model is not saved yet")
         for path in (json_path, save_path):
             if path is not None:
                 files.check_writable(path)
@@ -701,7 +702,7 @@ def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
             dataset = registered_dataset(model.info.dataset, model_path)
         data = load_dataset(dataset, data_file, data_dir, offline)
         model_io.check_data(model, model_path, data.num_features, data.num_classes, str(data.source or data.name))
-        result = evaluate.evaluate(model.layers, data.test_images, data.test_labels, model.info.classes)
+        result = evaluate.evaluate(model, data.test_images, data.test_labels, model.info.classes)
         if plot_path is not None:
             evaluate.plot_confusion(result, plot_path, f"{model_path.name} on {data.name}")
 
@@ -725,8 +726,9 @@ def predict(model_path, input_path, out_path):
     \b
     INPUT is an IDX images file (gzipped or not, like t10k-images-idx3-ubyte.gz) or a
     .npy array of shape (N, H, W) with the model's image size, e.g. (N, 28, 28), or
-    (N, features), e.g. (N, 784). Pixels are uint8 0-255 (divided by 255, as in
-    training) or floats already in 0-1.
+    (N, features), e.g. (N, 784); a cnn's also (N, channels, H, W). Pixels are
+    uint8 0-255 (divided by 255, as in training) or floats already in 0-1; a model
+    trained on normalised inputs (the cnn) normalises them as its file records.
 
     Prints CSV (index,class,probability) to stdout, or writes it to --out.
     Runs on the CPU with NumPy.
@@ -738,9 +740,8 @@ def predict(model_path, input_path, out_path):
         if out_path is not None:
             files.check_writable(out_path)
         model = model_io.load(model_path)
-        raw = images.read_images(input_path)
-        images.check_sample_shape(raw, model.info.in_features, model.info.image_shape, str(input_path))
-        predicted, probability = evaluate.predict(model.layers, images.to_features(raw, str(input_path)))
+        features = model.features(images.read_images(input_path), str(input_path))
+        predicted, probability = evaluate.predict(model, features)
         if out_path is not None:
             evaluate.write_predictions(out_path, predicted, probability)
     if out_path is None:

@@ -1,6 +1,7 @@
 """Using a trained model on the CPU: evaluation (accuracy, loss, per class, confusion) and prediction.
 
-The forward pass is the numpy stage's (`reference.logits`, float32, the same chunks), so a model
+The forward pass is the numpy stage's (`Model.logits`: `reference.logits` for an MLP,
+`reference_cnn.logits` on the normalised features for a cnn, float32, the same chunks), so a model
 the numpy stage trained evaluates to exactly the test accuracy its run reported. A model trained
 on the GPU evaluates to its run's accuracy up to the test samples whose two top logits are so
 close that the GPU's and NumPy's float32 rounding order them differently.
@@ -17,6 +18,7 @@ from rich.table import Table
 from graphtrain import reference
 from graphtrain.errors import INSTALL_HINTS, MissingRequirement
 from graphtrain.files import write_atomic
+from graphtrain.model_io import Model
 from graphtrain.reference import Layer
 
 
@@ -46,23 +48,24 @@ class Evaluation:
             return np.diag(self.confusion) / self.class_samples
 
 
-def log_probabilities(layers: list[Layer], features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(predicted class, log-softmax in float64) of each row; the class is the float32 logits' argmax."""
-    logits = reference.logits(layers, features)
+def log_probabilities(model: Model | list[Layer], features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted class, log-softmax in float64) of each row of features in [0, 1]; the class is
+    the float32 logits' argmax. `model`: a saved model, or an MLP's layers."""
+    logits = model.logits(features) if isinstance(model, Model) else reference.logits(model, features)
     return logits.argmax(axis=1), reference.log_softmax(logits.astype(np.float64))
 
 
-def evaluate(layers: list[Layer], features: np.ndarray, labels: np.ndarray, classes: int) -> Evaluation:
-    predicted, logp = log_probabilities(layers, features)
+def evaluate(model: Model | list[Layer], features: np.ndarray, labels: np.ndarray, classes: int) -> Evaluation:
+    predicted, logp = log_probabilities(model, features)
     loss = float(-logp[np.arange(len(labels)), labels].mean())
     confusion = np.zeros((classes, classes), np.int64)
     np.add.at(confusion, (labels, predicted), 1)
     return Evaluation(confusion, loss)
 
 
-def predict(layers: list[Layer], features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def predict(model: Model | list[Layer], features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The predicted class of each row and the model's probability for it."""
-    predicted, logp = log_probabilities(layers, features)
+    predicted, logp = log_probabilities(model, features)
     return predicted, np.exp(logp[np.arange(len(predicted)), predicted])
 
 

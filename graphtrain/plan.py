@@ -94,7 +94,13 @@ class RunPlan:
         else:
             initial = [layer.copy(np.float32) for layer in initial]
             shapes = [(layer.w.shape, None if layer.b is None else layer.b.shape) for layer in initial]
-            wanted = [((o, i), (o,) if config.bias else None) for i, o in zip(config.dims, config.dims[1:])]
+            if config.model == "cnn":  # every layer of the cnn has a bias
+                from graphtrain.config import cnn_spec
+
+                params = cnn_spec(config).param_shapes()
+                wanted = list(zip(params[::2], params[1::2]))
+            else:
+                wanted = [((o, i), (o,) if config.bias else None) for i, o in zip(config.dims, config.dims[1:])]
             if shapes != wanted:  # the caller checks a user's file; this guards the plan itself
                 raise ValueError(f"initial parameters {shapes} do not fit the model {config.dims}")
         for array in (orders, *(a for layer in initial for a in (layer.w, layer.b) if a is not None)):

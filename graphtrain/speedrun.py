@@ -30,6 +30,7 @@ import numpy as np
 
 from graphtrain import environment, reference_cnn, report
 from graphtrain.config import TrainConfig
+from graphtrain.data import images as images_mod
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.plan import RunPlan
 from graphtrain.errors import UsageError
@@ -37,7 +38,7 @@ from graphtrain.kernels import ceil_div
 from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
 
 # MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation.
-MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+MNIST_MEAN, MNIST_STD = images_mod.MNIST_NORMALISATION
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Task:
 
 def normalise(images: np.ndarray) -> np.ndarray:
     """Pixels in [0, 1] as the recipe trains on them: (x − mean) / std, float32."""
-    return ((images - MNIST_MEAN) / MNIST_STD).astype(np.float32)
+    return images_mod.normalise(images, MNIST_MEAN, MNIST_STD)
 
 
 def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf32"):

@@ -73,15 +73,14 @@ def plan_for(config: TrainConfig, data: data_mod.Dataset, init: Model | None = N
     `epochs_trained`: the run's first epoch is the model's next one and takes that epoch's
     sample order, so (with the same seed, batch and lr) training 2 epochs, saving and resuming
     for 2 more gives the same parameters as training 4 epochs at once. A run that stopped inside
-    an epoch (--steps) resumes at the start of the next one.
+    an epoch (--steps) resumes at the start of the next one. The file holds no optimizer state:
+    momentum and Adam's moments start from zero, and the schedule spans this run's steps, so only
+    SGD at a constant rate continues exactly.
     """
     if init is None:
         return RunPlan.for_data(config, data)
-    if (config.optimizer, config.schedule) != ("sgd", "constant"):
-        raise UsageError("--init resumes SGD at a constant rate only: a saved model keeps no optimizer state "
-                         "and no place in a schedule")
-    dims = (data.num_features, *config.hidden, data.num_classes)
-    model_io.check_matches(init, init.source or "the saved model", dims, config.bias)
+    model_io.check_config(init, init.source or "the saved model",
+                          config.replace(in_features=data.num_features, classes=data.num_classes))
     return RunPlan.for_data(config, data, init.layers, init.info.epochs_trained)
 
 

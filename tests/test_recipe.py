@@ -101,12 +101,14 @@ def test_a_refused_recipe_stops_the_run_before_its_setup(monkeypatch):
         training.run_stage(stage_cls, RunPlan.for_data(ADAM, data), data)
 
 
-def test_resuming_takes_sgd_at_a_constant_rate_only(tmp_path):
+def test_resuming_with_another_recipe_starts_from_the_files_weights(tmp_path):
+    """A saved model keeps no optimizer state: Adam's moments start at zero, from the file's weights."""
     data = Dataset.synthetic(200, 100, seed=0)
     cfg = TrainConfig(hidden=(16,), batch=100, epochs=1, lr=0.1)
     record = training.train(cfg, "numpy", data=data)
-    with pytest.raises(UsageError, match="--init resumes SGD at a constant rate only"):
-        training.plan_for(ADAM, data, record_model(record, tmp_path))
+    plan = training.plan_for(ADAM, data, record_model(record, tmp_path))
+    for got, want in zip(plan.initial, record.params):
+        assert np.array_equal(got.w, want.w) and np.array_equal(got.b, want.b)
 
 
 def record_model(record, tmp_path):

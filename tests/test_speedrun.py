@@ -184,9 +184,3 @@ def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
     mlp = plan_for(config.preset("jhu").replace(optimizer="adam", epochs=1), small)
     with pytest.raises(UsageError, match="SGD at a constant rate"):  # the MLP's recipe: numpy, graphs on
         run_stage(get_stage("baseline"), mlp, small)
-
-
-def test_run_refuses_saving_a_cnn(tmp_path):
-    result = CliRunner().invoke(main, ["run", "--preset", "speedrun", "--save", str(tmp_path / "m.safetensors")])
-    assert result.exit_code == 2 and "not saved" in result.output
-    assert not (tmp_path / "m.safetensors").exists()

@@ -21,6 +21,9 @@ from graphtrain.errors import DataError
 from graphtrain.files import read_input
 
 PREPROCESSING = "each sample flattened row-major to float32; uint8 pixels divided by 255, floats in [0, 1] as they are"
+# The cnn recipe's input normalisation (train_mnist_fast's): MNIST's pixel mean and standard
+# deviation in [0, 1]; the features are fed to the cnn as (x − mean) / std.
+MNIST_NORMALISATION = (0.1307, 0.3081)
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -47,6 +50,11 @@ def to_features(images: np.ndarray, what: str) -> np.ndarray:
         raise DataError(f"{what}: float pixels must lie in [0, 1], found values from {low:g} to {high:g} "
                         "(uint8 pixels 0-255 are divided by 255; floats are taken as they are)")
     return features
+
+
+def normalise(features: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """(features − mean) / std in float32: what a model trained on normalised inputs is fed."""
+    return ((features - mean) / std).astype(np.float32)
 
 
 def check_sample_shape(images: np.ndarray, in_features: int, image_shape: tuple[int, ...] | None,

@@ -11,7 +11,7 @@ the MLPs:
 
 Every batch is a full-size step (the tail batch's extra rows get zero gradient), so one step
 graph serves the whole run. The images are normalised with MNIST's mean and standard deviation
-on upload, as the speedrun recipe does; a cnn is not saved (`--save` refuses it).
+on upload, as the speedrun recipe does (a saved cnn records it, `graphtrain.model_io`).
 """
 
 from __future__ import annotations
