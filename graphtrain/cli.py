@@ -297,7 +297,7 @@ def main():
 def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus):
     """Train one model with one stage; print per-epoch loss, accuracy and time."""
     from graphtrain import model_io, phases
-    from graphtrain.training import plan_for, row_for, run_stage
+    from graphtrain.training import begin_first_uses, plan_for, row_for, run_stage
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
@@ -326,13 +326,7 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
             stage_cls = row_for(require(stage), cfg)  # the cnn's own rung; refused if it cannot train the recipe
             stage_cls.check_precision(cfg.precision)
             batch_text = f"batch {cfg.batch}"
-            # The libraries' first-call costs, beside the data loading rather than in the setup,
-            # each library on a thread of its own (they share nothing).
-            for first_use in stage_cls.first_uses():
-                from graphtrain.libs import cuda
-
-                library = first_use.__module__.rsplit(".", 1)[-1]
-                cuda.start_beside([first_use], cuda.open_device(), name=f"graphtrain-first-use-{library}")
+            begin_first_uses(stage_cls)  # the libraries' first-call costs, beside the data loading
         phases.advance("data")
         data = workload.load(cfg)
         plan = plan_for(cfg, data, init)

@@ -121,12 +121,9 @@ def gpu(device: Any) -> dict[str, Any]:
 def bindings_version() -> str | None:
     """cuda-bindings' version, from the package itself where it says (no scan of the installed
     distributions, which takes tens of ms in a large environment), else from its metadata."""
-    try:
-        import cuda.bindings
+    from graphtrain.libs import cuda
 
-        return str(cuda.bindings.__version__)
-    except (ImportError, AttributeError):
-        return package_version("cuda-bindings")
+    return cuda.bindings_version() or package_version("cuda-bindings")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -150,10 +147,8 @@ def probe() -> dict[str, dict[str, Any]]:
                 "driver_cuda_version": info.driver_cuda_version, "runtime_version": info.runtime_version}
 
     def nvrtc_library() -> dict[str, Any]:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
         found_version = nvrtc.version()
-        return {"version": found_version, "path": load_nvidia_dynamic_lib("nvrtc").abs_path}
+        return {"version": found_version, "path": nvrtc.library_path()}
 
     def shared(module: Any) -> dict[str, Any]:
         module.library.load()

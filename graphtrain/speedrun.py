@@ -24,76 +24,17 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from graphtrain import environment, reference_cnn, report
 from graphtrain.config import TrainConfig
-from graphtrain.data import images as images_mod
 from graphtrain.config import cnn_spec as config_cnn_spec
-from graphtrain.plan import RunPlan
 from graphtrain.errors import UsageError
 from graphtrain.kernels import ceil_div
-from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
-
-# MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation.
-MNIST_MEAN, MNIST_STD = images_mod.MNIST_NORMALISATION
-
-
-@dataclass(frozen=True)
-class Task:
-    """What every row of a speedrun trains: the model, the recipe, the normalised data."""
-
-    spec: CnnSpec
-    recipe: object  # graphtrain.stages.cnn_device.Recipe (imported lazily: no GPU code on import)
-    train_images: np.ndarray
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    evaluated_on: str = "test"  # or "holdout"
-    config: TrainConfig | None = None  # the plans' workload; None: the speedrun preset with this model and batch
-    plans: dict = field(default_factory=dict, compare=False)
-    fused_convs: bool = True  # graphtrain's rows: convpool.cu's fused conv layers, or cuDNN's
-
-    @property
-    def steps(self) -> int:
-        return self.recipe.steps(len(self.train_images))
-
-    def plan(self, seed: int) -> RunPlan:
-        """Seed `seed`'s run plan: its initial weights and sample orders (built once per seed)."""
-        if seed not in self.plans:
-            from graphtrain.config import preset
-
-            cfg = self.config or preset("speedrun").replace(
-                conv=tuple((layer.out_channels, layer.kernel) for layer in self.spec.convs), hidden=self.spec.hidden,
-                batch=self.recipe.batch, epochs=self.recipe.epochs)
-            self.plans[seed] = RunPlan.build(cfg.replace(seed=seed), len(self.train_images), len(self.test_images),
-                                             self.spec.channels * self.spec.height * self.spec.width,
-                                             self.spec.classes)
-        return self.plans[seed]
-
-    def initial(self, seed: int) -> list[np.ndarray]:
-        """The parameters in order: each layer's weight, then its bias (float32 copies)."""
-        return [a.copy() for layer in self.plan(seed).initial for a in (layer.w, layer.b)]
-
-    def orders(self, seed: int) -> np.ndarray:
-        return self.plan(seed).orders
-
-
-def normalise(images: np.ndarray) -> np.ndarray:
-    """Pixels in [0, 1] as the recipe trains on them: (x − mean) / std, float32."""
-    return images_mod.normalise(images, MNIST_MEAN, MNIST_STD)
-
-
-def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf32"):
-    """The recipe of `config` over a run of `epochs` epochs, `steps` steps in all (what the
-    schedule spans)."""
-    from graphtrain.stages.cnn_device import Recipe
-
-    return Recipe(batch=config.batch, epochs=epochs,
-                  optimizer=Optimizer.of(config), schedule=Schedule.of(config, steps),
-                  precision=precision)
+from graphtrain.recipe import MNIST_MEAN, MNIST_STD, Row, Task, normalise, recipe_of
+from graphtrain.reference_cnn import CnnSpec
 
 
 def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> Task:
@@ -115,23 +56,6 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
 
 # --------------------------------------------------------------------------------------------
 # graphtrain's rows
-
-
-class Row:
-    name: str
-    note: str = ""
-
-    def setup(self, task: Task) -> None:
-        self.task = task
-
-    def run(self, seed: int) -> float:
-        raise NotImplementedError
-
-    def environment(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 class NumpyRow(Row):

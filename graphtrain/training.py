@@ -96,6 +96,17 @@ def row_for(stage_cls: type[Stage], config: TrainConfig) -> type[Stage]:
     return stage_cls
 
 
+def begin_first_uses(stage_cls: type[Stage]) -> None:
+    """Begin the once-a-process work of the libraries `stage_cls`'s setup calls (its
+    `first_uses`), each library on a thread of its own (they share nothing), so that
+    `graphtrain run` pays their first-call costs beside the data loading rather than in the setup."""
+    for first_use in stage_cls.first_uses():
+        from graphtrain.libs import cuda
+
+        library = first_use.__module__.rsplit(".", 1)[-1]
+        cuda.start_beside([first_use], cuda.open_device(), name=f"graphtrain-first-use-{library}")
+
+
 def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
               progress: Progress | None = None, profile: bool = False) -> RunRecord:
     """The timing protocol around any row: setup apart, each epoch timed by the row, the loss

@@ -202,8 +202,7 @@ SMALL = R.CnnSpec((R.ConvLayer(6, 5), R.ConvLayer(8, 3)), (32,), classes=10)
 
 def small_task(num_train=600, num_test=300, batch=128, optimizer=None, schedule_kind="one-cycle",
                precision="fp32", spec=SMALL, seed=0):
-    from graphtrain.speedrun import Task
-    from graphtrain.stages.cnn_device import Recipe
+    from graphtrain.recipe import Recipe, Task
 
     rng = np.random.default_rng([seed, 99])
     # Learnable synthetic digits: a class mean image plus noise.

@@ -455,7 +455,8 @@ def test_the_trainer_keeps_the_cnn_rank_it_is_given():
 
 def test_a_cnn_model_checks_its_rank_before_touching_the_gpu():
     from graphtrain import reference_cnn as R
-    from graphtrain.stages.cnn_device import CnnDevice, Recipe
+    from graphtrain.recipe import Recipe
+    from graphtrain.stages.cnn_device import CnnDevice
 
     spec, images, labels = R.CnnSpec((R.ConvLayer(4, 5),), (8,)), np.zeros((10, 784), np.float32), np.zeros(10)
     with pytest.raises(ValueError, match="split evenly"):

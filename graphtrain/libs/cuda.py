@@ -45,6 +45,17 @@ def bindings(name: str) -> Any:
                                   f"{INSTALL_HINTS['cuda_bindings']}") from None
 
 
+def bindings_version() -> str | None:
+    """cuda-bindings' version as the package itself says it; None where it is not installed or
+    does not say (graphtrain.environment then reads the distribution's metadata)."""
+    try:
+        import cuda.bindings
+
+        return str(cuda.bindings.__version__)
+    except (ImportError, AttributeError):
+        return None
+
+
 def runtime_api() -> Any:
     return bindings("runtime")
 

@@ -96,6 +96,13 @@ def version() -> str:
     return f"{major}.{minor}"
 
 
+def library_path() -> str:
+    """The path of the NVRTC library this process loads, as cuda.pathfinder finds it."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    return load_nvidia_dynamic_lib("nvrtc").abs_path
+
+
 def cache_dir() -> Path:
     """Where compiled cubins are kept: $GRAPHTRAIN_CACHE, else graphtrain's per-user cache folder
     `kernels` (graphtrain.files.cache_dir)."""

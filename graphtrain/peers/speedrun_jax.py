@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain.peers.jax_scan import import_jax
-from graphtrain.speedrun import Row, Task
+from graphtrain.recipe import Row, Task
 
 
 class JaxScanRow(Row):

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from graphtrain.peers.torch_common import import_torch
-from graphtrain.speedrun import Row, Task
+from graphtrain.recipe import Row, Task
 
 WARMUP_STEPS = 3
 

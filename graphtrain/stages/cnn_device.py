@@ -48,7 +48,6 @@ then updates with the combined batch's mean gradient, and all hold the same para
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -69,27 +68,14 @@ from graphtrain.libs import cublas, cuda, cudnn
 from graphtrain.libs.cublas import Cublas
 from graphtrain.libs.cudnn import ConvPlan, Cudnn
 from graphtrain.libs.memory import Arena
-from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
+from graphtrain.recipe import Recipe
+from graphtrain.reference_cnn import CnnSpec
 
 STEPS_PER_BODY = 5  # steps in a WHILE body: 235 = 47 × 5, and few nodes to capture
 
 CUBLAS_WORKSPACE_BYTES = 32 << 20
 PARAM_ALIGN = 64  # floats: each parameter starts 256-byte aligned inside the packed span
 MAX_EVAL_ROWS = 10_000  # test rows per forward pass: the whole MNIST test set at once
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How the model is trained: batch, epochs, optimizer and learning-rate schedule, precision."""
-
-    batch: int = 256
-    epochs: int = 1
-    optimizer: Optimizer = field(default_factory=Optimizer)
-    schedule: Schedule = field(default_factory=Schedule)  # its `total` is the run's step count
-    precision: str = "tf32"
-
-    def steps(self, num_train: int) -> int:
-        return self.epochs * ceil_div(num_train, self.batch)
 
 
 def packed_layout(shapes) -> tuple[list[int], int]:

@@ -27,13 +27,13 @@ from graphtrain.stages.base import EpochResult, Stage
 
 def cnn_setup(stage: Stage):
     """The spec, the recipe and the normalised images of a stage's cnn run."""
-    from graphtrain import speedrun
     from graphtrain.config import cnn_spec
+    from graphtrain.recipe import normalise, recipe_of
 
     plan = stage.plan
-    recipe = speedrun.recipe_of(stage.config, sum(plan.batches), plan.num_epochs, stage.precision)
-    return (cnn_spec(stage.config), recipe, speedrun.normalise(stage.data.train_images),
-            speedrun.normalise(stage.data.test_images))
+    recipe = recipe_of(stage.config, sum(plan.batches), plan.num_epochs, stage.precision)
+    return (cnn_spec(stage.config), recipe, normalise(stage.data.train_images),
+            normalise(stage.data.test_images))
 
 
 def flat_params(layers) -> list[np.ndarray]:

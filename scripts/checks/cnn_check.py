@@ -10,8 +10,8 @@ import numpy as np
 
 from graphtrain import reference_cnn as R
 from graphtrain.libs import cuda
-from graphtrain.speedrun import Task
-from graphtrain.stages.cnn_device import CnnDevice, Recipe
+from graphtrain.recipe import Recipe, Task
+from graphtrain.stages.cnn_device import CnnDevice
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "adam"
 fused, loop = "cudnn" not in sys.argv, "no-loop" not in sys.argv

@@ -20,7 +20,7 @@ from graphtrain import reference_cnn
 from graphtrain.config import cnn_spec, preset
 from graphtrain.libs import cuda
 from graphtrain.plan import RunPlan
-from graphtrain.speedrun import normalise, recipe_of
+from graphtrain.recipe import normalise, recipe_of
 from graphtrain.stages.cnn_device import CnnDevice
 
 
