@@ -244,7 +244,34 @@ def name_list(text: str | None, default: list[str]) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def click_error_line(error: click.ClickException) -> str:
+    """click's own error (a bad option value, a missing argument, an unknown command) as the one
+    line every other error is, with where to read the command's options."""
+    message = error.format_message()
+    context = getattr(error, "ctx", None)
+    if isinstance(error, click.UsageError) and context is not None:
+        command = " ".join(["graphtrain", *context.command_path.split()[1:]])
+        message += f" (see {command} --help)"
+    return message
+
+
+class Graphtrain(click.Group):
+    """The command group, whose click errors are written as `error: ...` in one line, with exit
+    code 2 (click's usage errors) like graphtrain's own, not as click's `Usage:` block."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Abort:  # click's Ctrl-C; __main__ makes it "interrupted", 130
+            raise KeyboardInterrupt from None
+        except click.ClickException as error:
+            fail(click_error_line(error), error.exit_code)
+        if standalone_mode:
+            sys.exit(code if isinstance(code, int) else 0)
+        return code
+
+
+@click.group(cls=Graphtrain, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="graphtrain")
 def main():
     """Train MNIST-style classifiers on an NVIDIA GPU, rung by rung up the optimisation ladder.
