@@ -142,7 +142,10 @@ def load_dataset(name: str, data_file: Path | None, data_dir: Path | None, offli
         return data_mod.load(name, data_dir=data_dir, offline=offline)
     if data_dir is not None:
         raise UsageError("give --data FILE.npz or --data-dir, not both")
-    return data_mod.load_npz(data_file)
+    data = data_mod.load_npz(data_file)
+    for warning in data.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    return data
 
 
 # Where the data comes from: shared by the workload options and `eval`.

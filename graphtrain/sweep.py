@@ -431,7 +431,9 @@ def pack_lines(rows: list[dict]) -> list[str]:
 
 def grid_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                   images=None, plot_notes=None) -> str:
-    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command)
+    widths = {row.get("hidden_size") for row in records} - {None}
+    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command,
+                           sweep=len(widths) > 1)
     columns = grid_columns(records)
     lines += report.markdown_table(columns, [grid_cells(row, columns) for row in records]) + [""]
     lines += [f"- {line}" for line in [*pack_lines(records), LEGEND]] + [""]
