@@ -503,6 +503,9 @@ def info():
 
     from graphtrain import environment
 
+    found = environment.probe()
+    out.print(escape(environment.verdict(found)), highlight=False, soft_wrap=True)
+    out.print(escape(mnist_whereabouts()), highlight=False, soft_wrap=True)
     host = environment.host()
     table = Table(show_header=True, title="graphtrain info")
     table.add_column("component")
@@ -510,9 +513,18 @@ def info():
     table.add_column("details", overflow="fold")
     table.add_row("python", "ok", f"{host['python']} ({sys.executable})")
     table.add_row("numpy", "ok", host["numpy"])
-    for name, finding in environment.probe().items():
+    hints_given: dict[str, str] = {}  # install hint -> the first row that gave it
+    for name, finding in found.items():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
-        details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
+        hint = finding.get("install")
+        if hint is not None and "install" in finding.get("error", ""):  # the reason says it already
+            finding = {k: v for k, v in finding.items() if k != "install"}
+        elif hint in hints_given:
+            finding = {**finding, "install": f"as for {hints_given[hint]}"}
+        elif hint is not None:
+            hints_given[hint] = name
+        details = "; ".join(f"{k}: {v}" if k != "error" else str(v) for k, v in finding.items()
+                            if k != "found" and v not in (None, ""))
         table.add_row(name, status, escape(details))
     optional = {"torch": "optional: the ladder skips the torch peers without it",
                 "jax": "optional: the ladder skips the jax peers without it",
@@ -527,6 +539,24 @@ def info():
     table.add_row("cupti", "[yellow]absent[/]" if missing else "[green]importable[/]",
                   escape(f"optional, for --profile: {missing}") if missing else "")
     out.print(table)
+
+
+def mnist_whereabouts() -> str:
+    """Where `graphtrain run` finds MNIST (the folder, and which setting points there), or that
+    it is not there and what fetches it. Reads nothing but the folders' listings."""
+    from graphtrain.data.load import find_files
+
+    try:
+        lookup = find_files("mnist")
+    except GraphtrainError as exc:  # GRAPHTRAIN_DATA names a file, say
+        return f"MNIST: {exc}"
+    via = "GRAPHTRAIN_DATA" if lookup.explicit else "the cache"
+    if lookup.complete:
+        return f"MNIST: found in {lookup.folder} ({via})"
+    where = " or ".join(map(str, lookup.searched))
+    fetch = ("give a folder that holds it" if lookup.explicit
+             else "`graphtrain data download` (or the first run) fetches it")
+    return f"MNIST: not in {where} ({via}); {fetch}"
 
 
 @main.group()
