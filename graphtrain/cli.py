@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from graphtrain import __version__ as graphtrain_version
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
 from graphtrain import files, terminal
@@ -309,7 +310,7 @@ class Graphtrain(click.Group):
 
 
 @click.group(cls=Graphtrain, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="graphtrain")
+@click.version_option(version=graphtrain_version, prog_name="graphtrain")
 def main():
     """Train MNIST-style classifiers on an NVIDIA GPU, rung by rung up the optimisation ladder.
 
@@ -362,6 +363,8 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
+        files.check_outputs({"--json": json_path, "--save": save_path},
+                            {"--init": init_path, "--data": workload.data_file})
         init = None
         if init_path is not None:
             init = model_io.load(init_path)
@@ -372,8 +375,6 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
                              "'-' (standard output) is not supported")
         if cfg.model == "cnn" and (save_path is not None or init_path is not None):
             raise UsageError("--save and --init take MLPs only: a cnn model is not saved yet")
-        files.check_outputs({"--json": json_path, "--save": save_path},
-                            {"--init": init_path, "--data": workload.data_file})
         ranks = None
         if gpus is not None:  # refused before any data is read: the rung, NCCL, the GPUs
             from graphtrain import data_parallel
