@@ -518,7 +518,8 @@ def info():
     for name, finding in found.items():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         hint = finding.get("install")
-        if hint is not None and "install" in finding.get("error", ""):  # the reason says it already
+        error = finding.get("error", "")
+        if hint is not None and ("install" in error or error.startswith("needs ")):  # said already, or above
             finding = {k: v for k, v in finding.items() if k != "install"}
         elif hint in hints_given:
             finding = {**finding, "install": f"as for {hints_given[hint]}"}

@@ -172,7 +172,8 @@ def probe() -> dict[str, dict[str, Any]]:
     for key, step in steps.items():
         if key != "cuda_bindings" and not report["cuda_bindings"]["found"]:
             # Each of them is reached through the bindings: one reason, said once, on their row.
-            report[key] = {"found": False, "error": "needs the CUDA bindings (cuda_bindings)"}
+            report[key] = {"found": False, "error": "needs the CUDA bindings (cuda_bindings)",
+                           "install": INSTALL_HINTS[key]}
             continue
         try:
             report[key] = {"found": True, **step()}
