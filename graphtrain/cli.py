@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -519,7 +520,7 @@ def info():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
         hint = finding.get("install")
         error = finding.get("error", "")
-        if hint is not None and ("install" in error or error.startswith("needs ")):  # said already, or above
+        if hint is not None and (re.search(r"\binstall\b", error) or error.startswith("needs ")):  # said already, or above
             finding = {k: v for k, v in finding.items() if k != "install"}
         elif hint in hints_given:
             finding = {**finding, "install": f"as for {hints_given[hint]}"}

@@ -720,6 +720,8 @@ def test_info_on_a_cpu_machine_opens_with_what_it_can_do(mnist_dir):
     assert lines[1] == f"MNIST: found in {mnist_dir} (GRAPHTRAIN_DATA)"
     assert "Error:" not in result.stdout and "GpuUnavailableError" not in result.stdout
     assert result.stdout.count("cuda-bindings) are not installed") == 1
+    assert " ".join(result.stdout.split()).count("install: pip install 'graphtrain[cu12]'") == 1  # on its row
+    assert result.stdout.count("needs the CUDA bindings") == 6  # driver, NVRTC, the libraries: no hint again
     assert len(lines) < 30, result.stdout
 
 
