@@ -121,18 +121,11 @@ def command() -> None:
         if not any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
             os.environ["OPENBLAS_NUM_THREADS"] = "1"
         start(sys.argv[1:])
-        import click
-
         from graphtrain.cli import main as cli_main
 
-        try:
-            # standalone_mode=False: click would turn a Ctrl-C into "Aborted!" and exit code 1.
-            code = cli_main.main(standalone_mode=False)
-        except click.exceptions.Abort:
-            raise KeyboardInterrupt from None
-        except click.exceptions.ClickException as error:  # bad usage: click's message, exit 2
-            error.show()
-            sys.exit(error.exit_code)
+        # standalone_mode=False: click would turn a Ctrl-C into "Aborted!" and exit code 1 (the
+        # group writes click's own errors as one line, exit 2: graphtrain.cli.Graphtrain).
+        code = cli_main.main(prog_name="graphtrain", standalone_mode=False)
     except KeyboardInterrupt:
         interrupted()
     except BrokenPipeError:  # the reader left (`| head`): say nothing more, on a stdout that is gone

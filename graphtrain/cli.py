@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -21,10 +22,11 @@ from pathlib import Path
 
 import click
 
+from graphtrain import __version__ as graphtrain_version
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
 from graphtrain import files, terminal
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, UsageError
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, UsageError
 from graphtrain.stages import LADDER, PEERS, check_names, get_stage, row_names
 
 out, err = terminal.out, terminal.err
@@ -144,7 +146,10 @@ def load_dataset(name: str, data_file: Path | None, data_dir: Path | None, offli
         return data_mod.load(name, data_dir=data_dir, offline=offline)
     if data_dir is not None:
         raise UsageError("give --data FILE.npz or --data-dir, not both")
-    return data_mod.load_npz(data_file)
+    data = data_mod.load_npz(data_file)
+    for warning in data.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    return data
 
 
 # Where the data comes from: shared by the workload options and `eval`.
@@ -225,6 +230,40 @@ def require(stage: str):
     return stage_cls
 
 
+def check_rows(stages: list[str], peers: list[str], peers_named: bool, check_peer=None) -> tuple[list[str], dict[str, list[str]]]:
+    """Before any data is read, what the rows asked for need: the GPU rungs a usable GPU (none:
+    refused with the CPU's way, --stages numpy), each peer its framework and a GPU it can see.
+    A peer named with --peer that cannot run is refused; one of the default peers is left out.
+    Returns (the peers that can run, {why: the default peers left out for it}).
+    `check_peer(name)`: a peer's check where it is not a graphtrain.stages row (the sweep's packs)."""
+    from graphtrain.peers import PeerUnavailable
+
+    gpu_rungs = [name for name in stages if name in LADDER and get_stage(name).uses_gpu]
+    if gpu_rungs:
+        try:
+            get_stage(gpu_rungs[0]).check_available()
+        except GpuUnavailableError as exc:
+            rungs = ", ".join(gpu_rungs) if len(gpu_rungs) <= 3 else f"{gpu_rungs[0]} and {len(gpu_rungs) - 1} more"
+            raise GpuUnavailableError(f"{exc}; the GPU rungs asked for ({rungs}) cannot run here: "
+                                      "to train on the CPU, use --stages numpy") from None
+    runnable, left_out = [], {}
+    for peer in peers:
+        try:
+            (check_peer or (lambda name: get_stage(name).check_available()))(peer)
+        except PeerUnavailable as exc:
+            if peers_named:
+                raise PeerUnavailable(f"peer {peer}: {exc}; leave it out of --peer, or give --no-peers") from None
+            left_out.setdefault(str(exc), []).append(peer)
+        else:
+            runnable.append(peer)
+    return runnable, left_out
+
+
+def left_out_note(left_out: dict[str, list[str]]) -> str:
+    """The default peers that did not run, said once per reason."""
+    return "; ".join(f"{', '.join(peers)}: {why}" for why, peers in left_out.items())
+
+
 PROFILE_OPTION = click.option(
     "--profile", is_flag=True,
     help="After the timed epochs, run one more under CUPTI: kernels and launches per step, GPU-busy "
@@ -246,8 +285,35 @@ def name_list(text: str | None, default: list[str]) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="graphtrain")
+def click_error_line(error: click.ClickException) -> str:
+    """click's own error (a bad option value, a missing argument, an unknown command) as the one
+    line every other error is, with where to read the command's options."""
+    message = error.format_message()
+    context = getattr(error, "ctx", None)
+    if isinstance(error, click.UsageError) and context is not None:
+        command = " ".join(["graphtrain", *context.command_path.split()[1:]])
+        message += f" (see {command} --help)"
+    return message
+
+
+class Graphtrain(click.Group):
+    """The command group, whose click errors are written as `error: ...` in one line, with exit
+    code 2 (click's usage errors) like graphtrain's own, not as click's `Usage:` block."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Abort:  # click's Ctrl-C; __main__ makes it "interrupted", 130
+            raise KeyboardInterrupt from None
+        except click.ClickException as error:
+            fail(click_error_line(error), error.exit_code)
+        if standalone_mode:
+            sys.exit(code if isinstance(code, int) else 0)
+        return code
+
+
+@click.group(cls=Graphtrain, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(version=graphtrain_version, prog_name="graphtrain")
 def main():
     """Train MNIST-style classifiers on an NVIDIA GPU, rung by rung up the optimisation ladder.
 
@@ -301,6 +367,8 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
 
     to_stdout = json_path is not None and str(json_path) == "-"
     with reported_errors():
+        files.check_outputs({"--json": json_path, "--save": save_path},
+                            {"--init": init_path, "--data": workload.data_file})
         init = None
         if init_path is not None:
             init = model_io.load(init_path)
@@ -309,9 +377,6 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
         if save_path is not None and str(save_path) == "-":
             raise UsageError("--save writes a binary file: give it a name (MODEL.safetensors); "
                              "'-' (standard output) is not supported")
-        for path in (json_path, save_path):
-            if path is not None:
-                files.check_writable(path)
         ranks = None
         if gpus is not None:  # refused before any data is read: the rung, NCCL, the GPUs
             from graphtrain import data_parallel
@@ -434,6 +499,9 @@ def info():
 
     from graphtrain import environment
 
+    found = environment.probe()
+    out.print(escape(environment.verdict(found)), highlight=False, soft_wrap=True)
+    out.print(escape(mnist_whereabouts()), highlight=False, soft_wrap=True)
     host = environment.host()
     table = Table(show_header=True, title="graphtrain info")
     table.add_column("component")
@@ -441,9 +509,19 @@ def info():
     table.add_column("details", overflow="fold")
     table.add_row("python", "ok", f"{host['python']} ({sys.executable})")
     table.add_row("numpy", "ok", host["numpy"])
-    for name, finding in environment.probe().items():
+    hints_given: dict[str, str] = {}  # install hint -> the first row that gave it
+    for name, finding in found.items():
         status = "[green]found[/]" if finding.get("found") else "[red]missing[/]"
-        details = "; ".join(f"{k}: {v}" for k, v in finding.items() if k != "found" and v not in (None, ""))
+        hint = finding.get("install")
+        error = finding.get("error", "")
+        if hint is not None and (re.search(r"\binstall\b", error) or error.startswith("needs ")):  # said already, or above
+            finding = {k: v for k, v in finding.items() if k != "install"}
+        elif hint in hints_given:
+            finding = {**finding, "install": f"as for {hints_given[hint]}"}
+        elif hint is not None:
+            hints_given[hint] = name
+        details = "; ".join(f"{k}: {v}" if k != "error" else str(v) for k, v in finding.items()
+                            if k != "found" and v not in (None, ""))
         table.add_row(name, status, escape(details))
     optional = {"torch": "optional: the ladder skips the torch peers without it",
                 "jax": "optional: the ladder skips the jax peers without it",
@@ -458,6 +536,24 @@ def info():
     table.add_row("cupti", "[yellow]absent[/]" if missing else "[green]importable[/]",
                   escape(f"optional, for --profile: {missing}") if missing else "")
     out.print(table)
+
+
+def mnist_whereabouts() -> str:
+    """Where `graphtrain run` finds MNIST (the folder, and which setting points there), or that
+    it is not there and what fetches it. Reads nothing but the folders' listings."""
+    from graphtrain.data.load import find_files
+
+    try:
+        lookup = find_files("mnist")
+    except GraphtrainError as exc:  # GRAPHTRAIN_DATA names a file, say
+        return f"MNIST: {exc}"
+    via = "GRAPHTRAIN_DATA" if lookup.explicit else "the cache"
+    if lookup.complete:
+        return f"MNIST: found in {lookup.folder} ({via})"
+    where = " or ".join(map(str, lookup.searched))
+    fetch = ("give a folder that holds it" if lookup.explicit
+             else "`graphtrain data download` (or the first run) fetches it")
+    return f"MNIST: not in {where} ({via}); {fetch}"
 
 
 @main.group()
@@ -544,6 +640,9 @@ def prepare_rows(workload: Workload, stages: str | None, default_stages: list[st
     stage_list = name_list(stages, default_stages)
     peer_list = name_list(peer_names, list(PEERS)) if peers_flag else []
     check_names(stage_list, peer_list)
+    # The default peers a machine lacks stay in the ladder's table as skipped rows: only the
+    # peers named are checked here.
+    check_rows(stage_list, peer_list if peer_names is not None else [], peers_named=True)
     files.check_writable(out_dir, folder=True)
     return cfg, stage_list, peer_list, workload.load(cfg)
 
@@ -576,7 +675,11 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
 @main.command()
 @workload_options
 @click.option("--hidden-sizes", default=None, metavar="H1,H2,...",
-              help="Hidden widths to sweep, e.g. 128,256,512 (every hidden layer that wide).")
+              help="Hidden widths to sweep, e.g. 128,256,512 (every hidden layer that wide; how many "
+                   "layers: --depth).")
+@click.option("--depth", type=click.IntRange(1), default=None, metavar="N",
+              help="Hidden layers of each swept width (with --hidden-sizes). Default: as many as the "
+                   "preset's model has, or 3 where it has none (jhu: softmax regression).")
 @click.option("--lrs", default=None, metavar="LR1,LR2,...", help="Learning rates to sweep, e.g. 0.05,0.1,0.2.")
 @click.option("--seeds", default=None, metavar="S1,S2,... or A-B",
               help="Seeds to sweep (initial weights and sample order), e.g. 0,1,2 or 0-7.")
@@ -594,8 +697,8 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
                    "together on one GPU, one thread-block cluster each (each bit-identical to its run alone).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               default=None, help="Write every row's record (and the sweep's wall time) here; '-' prints it on stdout.")
-def sweep(workload, hidden_sizes, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster, pack,
-          json_path):
+def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster,
+          pack, json_path):
     """Train the cross product of hidden sizes, learning rates and seeds with chosen stages and peers."""
     from graphtrain import report
     from graphtrain import sweep as sweep_mod
@@ -612,10 +715,17 @@ def sweep(workload, hidden_sizes, lrs, seeds, stages, peers_flag, peer_names, ou
         sizes = config_mod.parse_hidden(hidden_sizes) if hidden_sizes is not None else ()
         if hidden_sizes is not None and not sizes:
             raise UsageError("--hidden-sizes needs at least one size")
+        if depth is not None and not sizes:
+            raise UsageError("--depth is the depth of the swept widths: give --hidden-sizes too")
+        left_out = {}
+        if cluster is None or cluster == "local":  # a remote cluster's workers have what they have
+            peer_list, left_out = check_rows(stage_list, peer_list, peers_named=peer_names is not None,
+                                             check_peer=sweep_mod.check_peer)
+            if not stage_list and not peer_list:
+                raise UsageError(f"no row of the sweep can run here: {left_out_note(left_out)}")
         points = sweep_mod.expand_grid(cfg, stage_list, peer_list, sizes, sweep_mod.parse_floats("--lrs", lrs),
-                                       sweep_mod.parse_seeds(seeds))
-        if json_path is not None:
-            files.check_writable(json_path)
+                                       sweep_mod.parse_seeds(seeds), depth=depth)
+        files.check_outputs({"--json": json_path}, {"--data": workload.data_file})
         files.check_writable(out_dir, folder=True)
         out_dir = where_to_write(out_dir)
         if cluster is not None:
@@ -645,11 +755,13 @@ def sweep(workload, hidden_sizes, lrs, seeds, stages, peers_flag, peer_names, ou
             for row in rows:
                 row["command"] = command_line()
             if out_dir is not None:
-                label = sweep_mod.grid_label(cfg, bool(sizes), lrs is not None, seeds is not None)
+                label = sweep_mod.grid_label(cfg, bool(sizes), lrs is not None, seeds is not None, depth)
                 partial = not force and report.has_problems(rows)
                 write = report.write_sweep if sweep_mod.only_sizes_vary(points, rows) else sweep_mod.write_grid
                 for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial):
                     err.print(f"wrote {escape(str(path))}")
+        if left_out:
+            summary["peers_left_out"] = left_out
         document = {"sweep": summary, "command": command_line(), "records": rows}
         if to_stdout:
             sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
@@ -657,6 +769,9 @@ def sweep(workload, hidden_sizes, lrs, seeds, stages, peers_flag, peer_names, ou
             files.write_json(json_path, document)
             log(f"sweep records written to {json_path}")
     (err if to_stdout else out).print(sweep_mod.grid_table(rows, summary))
+    if left_out:
+        (err if to_stdout else out).print(f"note: not run, {escape(left_out_note(left_out))}", highlight=False,
+                                          soft_wrap=True)
     if not any(report.is_ok(row) for row in rows):
         err.print("[bold red]error:[/] no row of the table ran; see the notes above")
         sys.exit(1)
@@ -690,7 +805,7 @@ def eval_command(model_path, dataset, data_file, data_dir, offline, plot_path):
     with reported_errors():
         if plot_path is not None:
             evaluate.require_matplotlib()
-            files.check_writable(plot_path)
+        files.check_outputs({"--plot": plot_path}, {"--model": model_path, "--data": data_file})
         model = model_io.load(model_path)
         if dataset is None and data_file is None:
             dataset = registered_dataset(model.info.dataset, model_path)
@@ -731,8 +846,7 @@ def predict(model_path, input_path, out_path):
     from graphtrain.data import images
 
     with reported_errors():
-        if out_path is not None:
-            files.check_writable(out_path)
+        files.check_outputs({"--out": out_path}, {"--model": model_path, "INPUT": input_path})
         model = model_io.load(model_path)
         features = model.features(images.read_images(input_path), str(input_path))
         predicted, probability = evaluate.predict(model, features)
@@ -827,6 +941,8 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
         if unknown or not names:
             raise UsageError(f"unknown speedrun row(s) {', '.join(unknown)}; choose from "
                              f"{', '.join([*sr.ROWS, *sr.PEER_ROWS])}" if unknown else "no rows to run")
+        files.check_outputs({"--json": json_path, "--markdown": md_path})
+        check_speedrun_rows(names)
         data = data_mod.load("mnist", data_dir=data_dir)
         task = sr.make_task(cfg, data, holdout, precision, fused_convs=conv_path == "fused")
         seed_list = list(range(seeds))
@@ -836,10 +952,7 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             def progress(row, seed, acc, ms):
                 log(f"{row} seed {seed}: {100 * acc:.2f}% in {ms:.2f} ms")
 
-            try:
-                result = sr.run_row(name, task, seed_list, progress)
-            except (GpuUnavailableError, ImportError) as error:  # no GPU, or a peer's framework missing
-                result = sr.RowResult(name, "", seed_list, [], [], 0.0, {}, error=str(error))
+            result = sr.run_row(name, task, seed_list, progress)  # each row's needs checked above
             if process_wall and result.accuracies:
                 result.process_wall_s = sr.process_wall(name, _without_row_options(forwarded))
             results.append(result)
@@ -861,8 +974,30 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             files.write_json(json_path, doc)
         if md_path:
             files.write_atomic(md_path, sr.markdown(doc))
-        if not any(r.accuracies for r in results):
-            sys.exit(1)
+
+
+def check_speedrun_rows(names: list[str]) -> None:
+    """Every row's needs, before the data is read: what cannot run here is refused, all of it
+    said in one line, with the options that leave it out."""
+    from graphtrain import speedrun as sr
+    from graphtrain.peers import PeerUnavailable
+
+    missing: dict[str, list[str]] = {}  # why -> the rows it stops
+    for name in names:
+        try:
+            sr.check_row(name)
+        except (GpuUnavailableError, PeerUnavailable) as exc:
+            missing.setdefault(str(exc), []).append(name)
+    if missing:
+        gpu_rows = [n for n in names if n in sr.ROWS and n != "numpy"]
+        peers = [n for n in names if n in sr.PEER_ROWS]
+        ways = []
+        if gpu_rows and any(set(rows) & set(gpu_rows) for rows in missing.values()):
+            ways.append("--stages numpy to time the CPU's row alone")
+        if peers and any(set(rows) & set(peers) for rows in missing.values()):
+            ways.append("--peer none (or the peers that can run) to leave the peers out")
+        raise MissingRequirement("cannot run " + "; ".join(f"{', '.join(rows)}: {why}" for why, rows in missing.items())
+                                 + (f"; use {' and '.join(ways)}" if ways else ""))
 
 
 def _without_row_options(argv: list[str]) -> list[str]:

@@ -127,7 +127,13 @@ def bindings_version() -> str | None:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of why a probe failed: graphtrain's own message as it is (written for the
+    user), any other exception with its class's name (it says what kind of failure it was)."""
+    from graphtrain.errors import GraphtrainError
+
     text = str(exc).strip()
+    if isinstance(exc, GraphtrainError) and text:
+        return text.splitlines()[0]
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
@@ -159,6 +165,11 @@ def probe() -> dict[str, dict[str, Any]]:
              "nccl": lambda: shared(nccl)}  # run --gpus N only
     report: dict[str, dict[str, Any]] = {}
     for key, step in steps.items():
+        if key != "cuda_bindings" and not report["cuda_bindings"]["found"]:
+            # Each of them is reached through the bindings: one reason, said once, on their row.
+            report[key] = {"found": False, "error": "needs the CUDA bindings (cuda_bindings)",
+                           "install": INSTALL_HINTS[key]}
+            continue
         try:
             report[key] = {"found": True, **step()}
         except Exception as exc:  # reported, not hidden: `info` exists to say what is missing and why
@@ -166,3 +177,19 @@ def probe() -> dict[str, dict[str, Any]]:
             report[key] = {"found": False, "error": why, "install": INSTALL_HINTS[key]}
     report["driver"]["driver_version"] = driver_version()
     return report
+
+
+GPU_PIECES = ("cuda_bindings", "driver", "nvrtc", "cublas", "cublasLt", "cudnn")  # what the GPU rungs use
+
+
+def verdict(found: dict[str, dict[str, Any]]) -> str:
+    """What this machine can do, in one line, from `probe()`'s findings."""
+    missing = [key for key in GPU_PIECES if not found[key]["found"]]
+    if not missing:
+        return f"GPU ready ({found['driver']['device']}): every rung runs, numpy on the CPU"
+    if found["driver"]["found"]:
+        return (f"GPU {found['driver']['device']}, but {', '.join(missing)} missing: the rungs that use them "
+                "cannot run; numpy and the rest can")
+    if missing[0] == "cuda_bindings":
+        return f"CPU only: the numpy rung runs here; the GPU rungs need the CUDA bindings ({INSTALL_HINTS['cuda_bindings']})"
+    return "CPU only: the numpy rung runs here; the GPU rungs need an NVIDIA GPU and its driver (none usable here)"

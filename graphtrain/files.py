@@ -1,6 +1,7 @@
 """Files graphtrain writes: checked before the work, written atomically, cached in one place.
 
     check_writable(path)     before training: can the results be written there? (UsageError)
+    check_outputs(outs, ins) before training: each output writable, none an input or another output
     read_input(path, error)  an input's bytes, or one line saying why not
     write_atomic(path, data) after: the whole file or nothing (OutputError on an OSError)
     cache_dir(name)          graphtrain's per-user cache folder `name` (datasets, kernels)
@@ -101,6 +102,49 @@ def check_writable(path: str | os.PathLike[str], folder: bool = False) -> None:
         reason = _probe_folder(_existing_ancestor(path))
     if reason:
         raise UsageError(f"cannot write {path}: {reason}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once resolved (links followed, whether or
+    not it exists yet), or one existing file by two names (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: different files
+        return False
+
+
+def _written_through(path: Path) -> bool:
+    """A device or a FIFO (/dev/null, a named pipe): written through, never replaced, so two
+    outputs may share it."""
+    try:
+        return not stat.S_ISREG(path.stat().st_mode) and not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike[str] | None],
+                  inputs: dict[str, str | os.PathLike[str] | None] | None = None) -> None:
+    """Before any work: UsageError unless every output (option -> path; None: not asked for) can
+    be written (check_writable) and none is the same file as an input (which writing it would
+    destroy) or as another output (which would leave only one of the two). '-' is standard
+    output, never a file."""
+    given = {option: Path(path).expanduser() for option, path in outputs.items()
+             if path is not None and str(path) != "-"}
+    sources = {option: Path(path).expanduser() for option, path in (inputs or {}).items() if path is not None}
+    seen: dict[str, Path] = {}
+    for option, path in given.items():
+        for other, source in sources.items():
+            if _same_file(path, source):
+                raise UsageError(f"{option} {path} is the same file as {other}: writing it would destroy that "
+                                 "input; give another path")
+        for other, earlier in seen.items():
+            if _same_file(path, earlier) and not _written_through(path):
+                raise UsageError(f"{option} and {other} name the same file, {path}: give each its own path")
+        seen[option] = path
+    for path in given.values():
+        check_writable(path)
 
 
 def read_input(path: Path, error: type[UsageError] = UsageError, size: int = -1) -> bytes:

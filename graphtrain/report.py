@@ -320,7 +320,14 @@ def environment_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def grid_values(name: str, values: list) -> str:
+    """"lr 0.1", or for a grid of several, "lrs 0.05, 0.1" (in the order first met)."""
+    distinct = list(dict.fromkeys(values))
+    return f"{name} {distinct[0]}" if len(distinct) == 1 else f"{name}s {', '.join(map(str, distinct))}"
+
+
 def workload_line(records: list[dict], sweep: bool = False) -> str | None:
+    """The workload in a line; for a sweep, its grid: every width, lr and seed it trained."""
     record = next((r for r in records if r.get("config")), None)
     if record is None:
         return None
@@ -332,8 +339,11 @@ def workload_line(records: list[dict], sweep: bool = False) -> str | None:
         model += " softmax regression" if not cfg.get("hidden") else " ReLU MLP"
     length = (counted(cfg["epochs"], "epoch") if cfg.get("epochs") is not None
               else counted(cfg["steps"], "step"))
+    configs = [r["config"] for r in records if r.get("config")]
+    widths = sorted({r["hidden_size"] for r in records if r.get("hidden_size") is not None})
     parts = [model, "bias" if cfg.get("bias") else "no bias", f"batch {cfg['batch']}", length,
-             f"lr {cfg['lr']}", f"seed {cfg['seed']}"]
+             *([f"H {', '.join(map(str, widths))}"] if widths else []),
+             grid_values("lr", [c["lr"] for c in configs]), grid_values("seed", [c["seed"] for c in configs])]
     data = record.get("data")
     if data:
         parts.append(f"data {data['name']} ({data['train']} train / {data['test']} test)")

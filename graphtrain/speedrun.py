@@ -171,6 +171,25 @@ DEFAULT_STAGES = ["device-loop", "graphs"]
 DEFAULT_PEERS = ["torch-graph", "jax-scan"]
 
 
+def check_row(name: str) -> None:
+    """Before any data is read: GpuUnavailableError (a peer: PeerUnavailable) unless row `name`
+    can run here: numpy anywhere, graphtrain's other rows on a GPU, a peer with its framework."""
+    if name == "numpy":
+        return
+    if name in ROWS:
+        from graphtrain.libs import cuda
+
+        cuda.open_device()
+    elif name.startswith("jax"):
+        from graphtrain.peers.jax_scan import import_jax
+
+        import_jax()
+    else:
+        from graphtrain.peers.torch_common import import_torch
+
+        import_torch()
+
+
 def get_row(name: str) -> Row:
     target = {**ROWS, **PEER_ROWS}.get(name)
     if target is None:

@@ -43,7 +43,7 @@ from graphtrain import report
 from graphtrain.config import TrainConfig
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, ModelUnsupported, UsageError
 
-SWEEP_DEPTH = 3  # hidden layers of a swept width when the preset has none: cuda-mnist's (H, H, H)
+SWEEP_DEPTH = 3  # hidden layers of a swept width when the preset has none: cuda-mnist's (H, H, H); --depth
 
 # Rows that only exist as packs of models: the sweep's own peers.
 PACKED_PEERS = {"jax-vmap": "graphtrain.peers.jax_vmap:JaxVmapPeer"}
@@ -67,14 +67,31 @@ class GridPoint:
     hidden_size: int | None = None  # the swept width, when the sweep varies it
 
 
-def sized_config(config: TrainConfig, size: int) -> TrainConfig:
-    """config with every hidden layer `size` wide: (H,)·depth, or (H, H, H) for a preset without any."""
-    return config.replace(hidden=(size,) * (len(config.hidden) or SWEEP_DEPTH))
+def swept_depth(config: TrainConfig, depth: int | None = None) -> int:
+    """Hidden layers of a swept width: `depth` (--depth), else the config's, else SWEEP_DEPTH."""
+    return depth or len(config.hidden) or SWEEP_DEPTH
+
+
+def sized_config(config: TrainConfig, size: int, depth: int | None = None) -> TrainConfig:
+    """config with `swept_depth` hidden layers, every one `size` wide."""
+    return config.replace(hidden=(size,) * swept_depth(config, depth))
+
+
+def check_peer(name: str) -> None:
+    """PeerUnavailable unless peer `name` (a graphtrain.stages peer, or a packed peer) can run here."""
+    if name in PACKED_PEERS:
+        from graphtrain.peers.jax_scan import import_jax
+
+        import_jax()
+    else:
+        from graphtrain.stages import get_stage
+
+        get_stage(name).check_available()
 
 
 def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str],
                 hidden_sizes: Sequence[int] = (), lrs: Sequence[float] = (),
-                seeds: Sequence[int] = ()) -> list[GridPoint]:
+                seeds: Sequence[int] = (), depth: int | None = None) -> list[GridPoint]:
     """The cross product of the hidden sizes, learning rates and seeds (each, when empty, the
     config's own), and for each point every stage then every peer: hidden size outermost, then
     lr, then seed, then the row. Invalid values are a UsageError before anything runs."""
@@ -86,7 +103,7 @@ def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str]
     sizes = list(hidden_sizes) or [None]
     points = []
     for size in sizes:
-        sized = config if size is None else sized_config(config, size)
+        sized = config if size is None else sized_config(config, size, depth)
         for lr in list(lrs) or [config.lr]:
             for seed in list(seeds) or [config.seed]:
                 point_config = sized.replace(lr=lr, seed=seed)  # TrainConfig checks the values
@@ -414,7 +431,9 @@ def pack_lines(rows: list[dict]) -> list[str]:
 
 def grid_markdown(records: list[dict], label: str, command: str, date: str | None = None,
                   images=None, plot_notes=None) -> str:
-    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command)
+    widths = {row.get("hidden_size") for row in records} - {None}
+    lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command,
+                           sweep=len(widths) > 1)
     columns = grid_columns(records)
     lines += report.markdown_table(columns, [grid_cells(row, columns) for row in records]) + [""]
     lines += [f"- {line}" for line in [*pack_lines(records), LEGEND]] + [""]
@@ -473,18 +492,18 @@ def only_sizes_vary(points: Sequence[GridPoint], rows: Sequence[dict]) -> bool:
             and not any(row.get("packed") for row in rows))
 
 
-def sweep_label(config: TrainConfig) -> str:
+def sweep_label(config: TrainConfig, depth: int | None = None) -> str:
     """Like graphtrain.ladder.run_label, with the swept hidden size as H: "cuda-mnist-mlpHx3"."""
     from graphtrain.config import PRESETS
     from graphtrain.ladder import model_tag, run_label
 
     preset = PRESETS.get(config.preset) if config.preset else None
-    depth = len(config.hidden) or SWEEP_DEPTH
+    depth = swept_depth(config, depth)
     label = run_label(config.replace(hidden=preset.hidden if preset else ()))
     return label.replace(f"-{model_tag(preset.hidden if preset else ())}", f"-{model_tag(('H',) * depth)}", 1)
 
 
-def grid_label(config: TrainConfig, sizes: bool, lrs: bool, seeds: bool) -> str:
+def grid_label(config: TrainConfig, sizes: bool, lrs: bool, seeds: bool, depth: int | None = None) -> str:
     """The files' label: the workload's (graphtrain.ladder.run_label) without what the grid varies;
     a swept width is H (`sweep_label`)."""
     from graphtrain.config import PRESETS
@@ -494,4 +513,4 @@ def grid_label(config: TrainConfig, sizes: bool, lrs: bool, seeds: bool) -> str:
     if preset is None:
         return run_label(config)
     config = config.replace(lr=preset.lr if lrs else None, seed=preset.seed if seeds else None)
-    return sweep_label(config) if sizes else run_label(config)
+    return sweep_label(config, depth) if sizes else run_label(config)

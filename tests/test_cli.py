@@ -318,7 +318,7 @@ def test_sweep_where_no_row_can_run_exits_1(mnist_dir, monkeypatch, tmp_path):
         return [sweep._failed(point, "no GPU", skipped=True) for point in task.points]
 
     monkeypatch.setattr(sweep, "run_task", every_row_skipped)
-    result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers",
+    result = invoke("sweep", "--data-dir", str(mnist_dir), "--hidden-sizes", "8", "--no-peers", "--stages", "numpy",
                     "--out", str(tmp_path))
     assert result.exit_code == 1 and "no row" in result.output
 

@@ -89,3 +89,43 @@ def test_two_gpu_workers_give_the_rows_of_one(gpu_device, mnist_dir):
     assert [r["weights_sha256"] for r in one] == [r["weights_sha256"] for r in two]
     assert {r["device"] for r in two} == {"GPU 0", "GPU 1"}
     assert summary["tasks"] == 2 + 4  # the persistent pack split in two, four device-loop rows
+
+
+def test_the_sweep_command_on_a_gpu_with_depth_and_the_peers_it_lacks_noted(gpu_device, mnist_dir, tmp_path):
+    """--depth sets the swept widths' layers; a default peer whose framework is missing is one note
+    under the table, not rows; the workload line names the grid."""
+    import importlib.util
+    import json
+
+    from click.testing import CliRunner
+
+    from graphtrain.cli import main
+
+    result = CliRunner().invoke(main, ["sweep", "--data-dir", str(mnist_dir), "--epochs", "1", "--hidden-sizes", "16",
+                                       "--depth", "2", "--lrs", "0.05,0.1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(next(tmp_path.glob("sweep-*.json")).read_text())
+    graphs = [r for r in document["records"] if r["stage"] == "graphs"]
+    assert len(graphs) == 2 and all(tuple(r["config"]["hidden"]) == (16, 16) for r in graphs)
+    assert "lrs 0.05, 0.1" in next(tmp_path.glob("sweep-*.md")).read_text()
+    notes = [line for line in result.output.splitlines() if line.startswith("note: not run")]
+    lacking = [name for name in ("torch", "jax") if importlib.util.find_spec(name) is None]
+    assert len(notes) == (1 if lacking else 0), result.output
+    for name in lacking:
+        assert f"{name} is not installed" in " ".join(result.output.split())
+        assert not any(r["stage"].startswith(name) for r in document["records"])
+
+
+def test_speedrun_on_a_gpu_checks_its_rows_then_runs(gpu_device, mnist_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from graphtrain.cli import main
+
+    out = tmp_path / "speedrun.json"
+    result = CliRunner().invoke(main, ["speedrun", "--data-dir", str(mnist_dir), "--stages", "graphs", "--peer", "none",
+                                       "--seeds", "1", "--epochs", "1", "--no-process-wall", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+    same = CliRunner().invoke(main, ["speedrun", "--data-dir", str(mnist_dir), "--stages", "graphs", "--peer", "none",
+                                     "--json", str(out), "--markdown", str(out)])
+    assert same.exit_code == 2 and "name the same file" in same.output

@@ -88,6 +88,31 @@ def check_labels(labels: np.ndarray, count: int, what: str, classes: int | None 
     return labels.astype(np.int32)
 
 
+def number_ranges(numbers) -> str:
+    """Sorted whole numbers as runs: [3, 4, 5, 9] -> "3 to 5, 9"."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(lo) if lo == hi else f"{lo}, {hi}" if hi == lo + 1 else f"{lo} to {hi}" for lo, hi in runs)
+
+
+def empty_classes_warning(train_labels: np.ndarray, classes: int, what: str) -> str | None:
+    """The classes 0 to `classes` - 1 with no training sample, named (None: every class has one).
+    The classes are counted from the largest label, so a stray label (a 99 among 0 to 2) makes a
+    model with outputs that never see a sample: trained as asked, but said."""
+    counts = np.bincount(train_labels, minlength=classes)
+    empty = np.flatnonzero(counts == 0)
+    if not len(empty):
+        return None
+    present = np.flatnonzero(counts)
+    return (f"{what}: classes {number_ranges(empty.tolist())} have no training sample (the labels are "
+            f"{number_ranges(present.tolist())}): the model gets {classes} outputs, one per class from 0 to the "
+            f"largest label {classes - 1}; if a label is a mistake, fix it or drop its samples")
+
+
 def arrays_to_splits(x_train, y_train, x_test, y_test, label: str = "arrays"):
     """Checked, preprocessed train and test splits, the classes and the per-sample shape.
 

@@ -145,6 +145,7 @@ class Dataset:
     num_classes: int = 10
     source: Path | None = None  # the folder or file the data came from; None when not from files
     image_shape: tuple[int, ...] | None = None  # one sample before flattening, e.g. (28, 28)
+    warnings: tuple[str, ...] = ()  # what the user should hear about the data (classes with no sample)
 
     @property
     def num_features(self) -> int:
@@ -158,13 +159,14 @@ class Dataset:
         Images are (N, ...) uint8 pixels 0-255 or floats in [0, 1] (see `graphtrain.data.images`);
         labels are integers 0 to classes - 1, the classes being counted from y_train.
         """
-        from graphtrain.data.images import arrays_to_splits
+        from graphtrain.data.images import arrays_to_splits, empty_classes_warning
 
         train_images, train_labels, test_images, test_labels, classes, image_shape = arrays_to_splits(
             x_train, y_train, x_test, y_test, label=str(source or name))
+        warning = empty_classes_warning(train_labels, classes, f"{source or name}: y_train")
         return cls(name=name, train_images=train_images, train_labels=train_labels,
                    test_images=test_images, test_labels=test_labels, num_classes=classes,
-                   source=source, image_shape=image_shape)
+                   source=source, image_shape=image_shape, warnings=(warning,) if warning else ())
 
     @classmethod
     def synthetic(

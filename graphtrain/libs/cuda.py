@@ -235,7 +235,12 @@ def open_device_in_background(ordinal: int = 0, then: Callable[[], Any] | None =
         opening.start()
         # Its `then` may use the context (the libraries' first calls): no capture begins beside it.
         before_capture(opening.join)
-        runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
+        try:
+            runtime_api(), driver_api()  # imported here meanwhile: the caller needs them next
+        except GpuUnavailableError:
+            # No bindings: the thread met the same error and keeps it; the command's first use of
+            # the GPU (open_device) raises it there, as the command's own one-line error.
+            pass
 
 
 def _open_device(ordinal: int) -> DeviceInfo:
