@@ -18,6 +18,7 @@ def fits(batch: int, classes: int) -> bool:
 
 class Head(KernelFile):
     stem = "head"
+    headers = ("logits_loss.cuh", "batch_slice.cuh")
     defines = {"HL_CLASSES": 10, "HL_ROW_THREADS": ROW_THREADS, "HL_COL_THREADS": COL_THREADS}
     _head_logits_loss = kernel("head_logits_loss", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32)
     _head_grads = kernel("head_grads", PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
