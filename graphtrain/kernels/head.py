@@ -7,7 +7,9 @@ from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 
 ROW_THREADS = 256  # head_logits_loss: 8 rows (warps) per block
 COL_THREADS = 512  # head_grads: 16 warps split a block's rows
-MAX_CLASSES = 32  # a row's classes are at most one warp's lanes
+# A row's classes are at most one warp's lanes, and head_grads keeps its warps' partial sums
+# (warps × classes × 32 floats) in static shared memory, which a block has 48 KiB of: 24 classes.
+MAX_CLASSES = min(32, 48 * 1024 // (COL_THREADS // 32 * 32 * 4))
 MAX_DLOGITS_BYTES = 96 * 1024  # head_grads stages the batch's dlogits (raised once)
 
 
