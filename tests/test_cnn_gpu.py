@@ -361,3 +361,39 @@ def test_head_kernels_match_reference(stream, gpu_device, seed, batch, k, cursor
     assert rel_err(dw, ref_dl.T @ h[:valid]) < 1e-5, msg
     assert rel_err(db, ref_dl.sum(axis=0)) < 1e-5, msg
     assert abs(loss[0] - 1.5 - 2 * ref_loss * valid) < 1e-5 * ref_loss * valid, msg
+
+
+@pytest.mark.parametrize("batch,cursor,ranks", [(256, 59904, 1), (256, 59904, 2), (100, 0, 1), (100, 0, 2)],
+                         ids=["speedrun tail", "speedrun tail, rank of 2", "small", "small, rank of 2"])
+def test_softmax_xent_step_matches_reference(stream, gpu_device, seed, batch, cursor, ranks):
+    """cnn.cu's loss step (the unfused head's) against float64: each rank's real rows are its slice
+    of the batch's valid ones (96 of 256 at the speedrun's tail), divided by the combined batch's
+    valid rows, the rows it reads past them zero; the cursor moves on by the valid rows; loss_sum
+    gets the rank's rows' losses."""
+    from graphtrain.kernels.cnn import Cnn
+
+    classes, epoch = 10, 60000
+    rng = np.random.default_rng(seed)
+    z = 3 * rng.standard_normal((batch, classes))
+    y = rng.integers(0, classes, batch).astype(np.int32)
+    valid = min(batch, epoch - cursor % epoch)
+    rows, mine = batch // ranks, valid // ranks
+    cu = Cnn(gpu_device)
+    f32 = np.float32
+    try:
+        for rank in range(ranks):
+            first = rank * mine  # the rank's rows: its slice of the valid ones, then the rows it reads on
+            z_rank, y_rank = z[first:first + rows], y[first:first + rows]
+            with Scratch(stream, z=z_rank.astype(f32), y=y_rank, dl=np.full((rows, classes), np.nan, f32),
+                         cursor=np.array([cursor], np.int32), loss=np.array([1.5])) as s:
+                cu.softmax_xent_step(stream, s["z"], s["y"], s["dl"], s["cursor"], batch, epoch, classes, s["loss"],
+                                     ranks)
+                dl, cur, loss = (s.get(name) for name in ("dl", "cursor", "loss"))
+            ref_loss, ref_dl = R.loss_and_dlogits(z_rank[:mine], y_rank[:mine])
+            msg = f"batch {batch}, cursor {cursor}, rank {rank} of {ranks}, seed {seed}"
+            assert cur[0] == cursor + valid, msg
+            assert np.all(dl[mine:] == 0), msg
+            assert rel_err(dl[:mine], ref_dl * mine / valid) < 1e-5, msg
+            assert abs(loss[0] - 1.5 - ref_loss * mine) < 1e-5 * ref_loss * mine, msg
+    finally:
+        cu.close()

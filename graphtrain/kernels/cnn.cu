@@ -1,6 +1,7 @@
 // The convolutional model's own kernels, around cuDNN's convolutions: bias + max-pool + ReLU in
 // one pass, its backward pass, the conv bias gradient, the loss step of a batch whose valid rows
-// are known only on the device, and the count of correct test predictions.
+// are known only on the device (logits_loss.cuh's math, batch_slice.cuh's rows: put before this
+// file by the launcher), and the count of correct test predictions.
 //
 // Layout: fp32, each tensor NCHW or NHWC as its flag says. A pool window is P×P with stride P; rows and columns past the last whole
 // window are dropped (PyTorch's MaxPool2d without padding). Each pooled value remembers which
@@ -86,45 +87,37 @@ extern "C" __global__ void channel_bias_grad(const float* __restrict__ dout, con
     if (threadIdx.x == 0) db[ch] = part[0];
 }
 
-// The loss step of a batch of `batch` rows starting at sample *cursor of the run's sample stream
-// (epoch e's samples are e·epoch_samples ...): only the first
-//   valid = min(batch, epoch_samples − *cursor mod epoch_samples)
-// rows are real (the tail batch of an epoch is smaller; its other rows hold whatever the
-// gather read past the epoch's end, and get zero gradient, so the step is exactly the tail
-// batch's). For a valid row r:
+// The loss step of a batch of `batch` rows starting at sample *cursor of the run's sample stream,
+// of which only the first `valid` are real (batch_slice.cuh: the tail batch of an epoch is
+// smaller; its other rows hold whatever the gather read past the epoch's end, and get zero
+// gradient, so the step is exactly the tail batch's). For a valid row r (logits_loss.cuh):
 //   dlogits[r, j] = (softmax(z_r)_j − [j = y_r]) / valid,   loss_r = log Σ_j e^{z_j − m} + m − z_{y_r}
 // Then *cursor += valid (the last kernel of the step to read it), and Σ_r loss_r is added to
 // loss_sum[0] unless null. One block of CNN_REDUCE_THREADS threads, rows strided over them.
 //
 // Data-parallel over `ranks` GPUs (1: the one-GPU step, the same arithmetic): `batch` is the
-// combined batch, this rank holds batch/ranks rows, its slice of the valid rows valid/ranks of
-// them (valid splits evenly: checked on the host). Each row's gradient is still divided by the
-// combined `valid`, so the ranks' dW summed (the all-reduce) is Σ over the combined batch's
-// rows / valid: its mean, each row's term the one-GPU run's bit for bit. The cursor moves by
-// the combined `valid` on every rank; loss_sum gets this rank's rows only.
+// combined batch, this rank holds its slice (batch_slice.cuh); each row's gradient is still
+// divided by the combined `valid`, so the ranks' dW summed (the all-reduce) is the combined
+// batch's mean, each row's term the one-GPU run's bit for bit. loss_sum gets this rank's rows only.
 extern "C" __global__ void softmax_xent_step(const float* __restrict__ logits, const int* __restrict__ y,
                                              float* __restrict__ dlogits, int* cursor, int batch,
                                              int epoch_samples, int classes, double* loss_sum, int ranks) {
     __shared__ double part[CNN_REDUCE_THREADS];
-    const int at = *cursor;
-    const int valid = min(batch, epoch_samples - at % epoch_samples);
-    const int rows = batch / ranks, mine = valid / ranks;
-    const float inv = 1.0f / (float)valid;
+    const BatchSlice slice = batch_slice(*cursor, batch, epoch_samples, ranks);
+    const float inv = 1.0f / (float)slice.valid;
     double loss = 0.0;
-    for (int r = threadIdx.x; r < rows; r += CNN_REDUCE_THREADS) {
+    for (int r = threadIdx.x; r < slice.rows; r += CNN_REDUCE_THREADS) {
         const float* z = logits + (long long)r * classes;
         float* d = dlogits + (long long)r * classes;
-        if (r >= mine) {
+        if (r >= slice.mine) {
             for (int k = 0; k < classes; ++k) d[k] = 0.0f;
             continue;
         }
-        float m = z[0];
-        for (int k = 1; k < classes; ++k) m = fmaxf(m, z[k]);
-        float sum = 0.0f;
-        for (int k = 0; k < classes; ++k) sum += expf(z[k] - m);
+        float m, sum;
+        row_max_sum(z, classes, m, sum);
         const float rs = 1.0f / sum;
-        for (int k = 0; k < classes; ++k) d[k] = (expf(z[k] - m) * rs - (k == y[r] ? 1.0f : 0.0f)) * inv;
-        loss += (double)(logf(sum) + m - z[y[r]]);
+        for (int k = 0; k < classes; ++k) d[k] = xent_dlogit(z[k], m, rs, k, y[r], inv);
+        loss += (double)xent_loss(sum, m, z[y[r]]);
     }
     part[threadIdx.x] = loss;
     __syncthreads();  // also: every thread has read *cursor before thread 0 moves it
@@ -133,7 +126,7 @@ extern "C" __global__ void softmax_xent_step(const float* __restrict__ logits, c
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        *cursor = at + valid;
+        *cursor = slice.next();
         if (loss_sum) loss_sum[0] += part[0];
     }
 }

@@ -11,6 +11,7 @@ REDUCE_THREADS = 256  # channel_bias_grad and softmax_xent_step: one block, a fi
 
 class Cnn(KernelFile):
     stem = "cnn"
+    headers = ("logits_loss.cuh", "batch_slice.cuh")
     defines = {"CNN_REDUCE_THREADS": REDUCE_THREADS}
     _pool_bias_relu = kernel("pool_bias_relu", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)
     _pool_relu_backward = kernel("pool_relu_backward", PTR, PTR, PTR, I32, I32, I32, I32, I32, I32, I32)

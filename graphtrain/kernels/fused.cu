@@ -2,19 +2,26 @@
 // the loss step, the backward pass through it, the ReLU's derivative with the bias gradient, the
 // bf16 batch gather, and the end of a step. Products this narrow (N or K = classes) leave the
 // tensor cores and cuBLAS's tiles idle; one pass of plain FMAs is faster and fuses what surrounds
-// them. CLASSES (compile time, ≤ 32) and the block sizes come from kernels/fused.py. Every sum runs
-// in a fixed order, without atomics: the same seed gives the same weights bit for bit.
+// them. CLASSES (compile time, ≤ 32), BF16 and the block sizes come from kernels/fused.py; the
+// math of the logits layer and its loss step is logits_loss.cuh's (put before this file by the
+// launcher). Every sum runs in a fixed order, without atomics: the same seed gives the same
+// weights bit for bit.
 
 // bf16 values travel as their 16 bits; cvt.rn rounds to nearest even (sm_80 and later).
 typedef unsigned short bf16;
 __device__ __forceinline__ bf16 to_bf16(float v) {
     bf16 out; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(v)); return out;
 }
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float((unsigned)v << 16); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) { return to_bf16(v); }
+
+// floatX: the hidden activations' and their gradients' element type, one per build (BF16): bf16 on
+// the bf16 rung, else fp32. The head's weights, logits, dlogits and sums are fp32 either way.
+#if BF16
+typedef bf16 floatX;
+__device__ __forceinline__ floatX to_floatX(float v) { return to_bf16(v); }
+#else
+typedef float floatX;
+__device__ __forceinline__ floatX to_floatX(float v) { return v; }
+#endif
 
 // dst[0:n] = src[0:n] by the whole block, 16 bytes a copy and eight copies in flight per thread.
 template <int THREADS>
@@ -27,38 +34,16 @@ __device__ __forceinline__ void copy_to_shared(float4* dst, const float* __restr
 }
 
 // ---- head: logits and the loss step, one warp per row ------------------------------------------
-//   z[r, j] = b[j] + Σ_k x[r, k] · W[j, k]          (W: CLASSES × K fp32, the master weights)
-//   dlogits[r, j] = (softmax(z[r])_j − [j = y_r]) / rows
-//   row_loss[r] = log Σ_j e^{z_j − m} + m − z_{y_r},  row_correct[r] = [first argmax = y_r]
-// The batch is x, or, when `order` is given, gathered here: x[r] = images[order[*cursor + r]],
-// with y[r] from `labels`, and the rows kept in x_copy for the weight update.
-// acc[j] += Σ_c x[c] · W[j, c] over the lane's columns c = lane + 32·i, and copy[c] = x[c] when
-// given. Eight loads are issued before any is used, so a row's reads overlap instead of queueing.
-template <typename T>
-__device__ __forceinline__ void row_logits(const T* __restrict__ x, float* __restrict__ copy, const float* w,
-                                           int k, int lane, float (&acc)[CLASSES]) {
-    for (int c0 = lane; c0 < k; c0 += 32 * 8) {
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = c0 + 32 * u < k ? to_float(x[c0 + 32 * u]) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int c = c0 + 32 * u;
-            if (c >= k) break;
-            if (copy != nullptr) copy[c] = v[u];
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) acc[j] = fmaf(v[u], w[j * k + c], acc[j]);
-        }
-    }
-}
-
-// W is read by every row: when the launcher gives shared memory for it (CLASSES·k floats), the
-// block copies it there first.
-template <typename T>
-__device__ void head_step(const T* __restrict__ x, const float* __restrict__ images, const int* labels,
-                          const int* order, const int* cursor, float* __restrict__ x_copy, int* y,
-                          const float* __restrict__ w_global, const float* b, int k, int rows,
-                          float* __restrict__ dlogits, float* row_loss, float* row_correct, int w_shared) {
+// z[r], dlogits[r] (divided by rows), row_loss[r] and row_correct[r] (when row_loss is given) as
+// logits_loss.cuh says, a class per lane: lane j ends with z_j. The row is x[r], or, when `order`
+// is given, gathered here: x[r] = images[order[*cursor + r]], with y[r] from `labels`, and the
+// rows kept in x_copy (fp32) for the weight update. W (CLASSES × k fp32, the master
+// weights) is read by every row: when the launcher gives shared memory for it (CLASSES·k floats),
+// the block copies it there first.
+__device__ void head_step_body(const floatX* __restrict__ x, const float* __restrict__ images, const int* labels,
+                               const int* order, const int* cursor, float* __restrict__ x_copy, int* y,
+                               const float* __restrict__ w_global, const float* b, int k, int rows,
+                               float* __restrict__ dlogits, float* row_loss, float* row_correct, int w_shared) {
     extern __shared__ float4 w_smem4[];
     const float* w = w_global;
     if (w_shared) {  // float4 copies, many in flight (W's rows are 16-byte aligned when k % 4 == 0)
@@ -77,29 +62,26 @@ __device__ void head_step(const T* __restrict__ x, const float* __restrict__ ima
         const int sample = order[*cursor + r];
         label = labels[sample];
         if (lane == 0) y[r] = label;
-        row_logits(images + (long long)sample * k, x_copy + (long long)r * k, w, k, lane, acc);
+        row_logit_partials(images + (long long)sample * k, x_copy + (long long)r * k, w, k, lane, acc);
     } else {
         label = y[r];
-        row_logits(x + (long long)r * k, static_cast<float*>(nullptr), w, k, lane, acc);
+        row_logit_partials(x + (long long)r * k, static_cast<float*>(nullptr), w, k, lane, acc);
     }
-    // Butterfly sums: every lane ends with every class's total, summed in the same order.
     float z = -__int_as_float(0x7f800000);  // lane j keeps z_j; −∞ past the classes
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) {
-        float s = acc[j];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float s = warp_sum(acc[j]);
         if (lane == j) z = s + (b != nullptr ? b[j] : 0.0f);
     }
-    float m, total;  // warp_softmax.cuh, put before this file by the launcher
+    float m, total;
     const float dl = warp_softmax_grad(z, lane < CLASSES, lane, label, rows, m, total);
     if (lane < CLASSES) dlogits[(long long)r * CLASSES + lane] = dl;
     if (row_loss != nullptr) {
-        const float z_label = __shfl_sync(0xffffffffu, z, label);
-        const unsigned at_max = __ballot_sync(0xffffffffu, lane < CLASSES && z == m);
+        unsigned at_max;
+        const float z_label = warp_label_logit(z, lane < CLASSES, 0, label, m, at_max);
         if (lane == 0) {
-            row_loss[r] = logf(total) + m - z_label;
-            row_correct[r] = (__ffs(at_max) - 1) == label ? 1.0f : 0.0f;
+            row_loss[r] = xent_loss(total, m, z_label);
+            row_correct[r] = first_max_is(at_max, label) ? 1.0f : 0.0f;
         }
     }
 }
@@ -125,11 +107,10 @@ __device__ __forceinline__ float sum_over_warps(float v, float (*part)[32]) {
 // measured; cursor += rows (every reader of the cursor ran before this kernel). With `gradient`
 // the sums are stored instead, W[j, c] = Σ_r dlogits[r, j]·x[r, c] and b[j] = Σ_r dlogits[r, j]
 // (w and b then point at the gradients), for an optimizer that updates every parameter after.
-template <typename T>
-__device__ void head_update(const T* __restrict__ x, const float* __restrict__ dlogits, float* __restrict__ w,
-                            float* __restrict__ b, int k, int rows, float lr, int gradient,
-                            const float* __restrict__ row_loss, const float* __restrict__ row_correct,
-                            double* totals, int* cursor) {
+__device__ void head_update_body(const floatX* __restrict__ x, const float* __restrict__ dlogits,
+                                 float* __restrict__ w, float* __restrict__ b, int k, int rows, float lr, int gradient,
+                                 const float* __restrict__ row_loss, const float* __restrict__ row_correct,
+                                 double* totals, int* cursor) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (blockIdx.x < gridDim.x - 1) {
         __shared__ float part[COL_WARPS][32];
@@ -188,9 +169,9 @@ __device__ void head_update(const T* __restrict__ x, const float* __restrict__ d
 // ---- backward into the top hidden layer: a product with K = classes, fused with the ReLU -------
 // dh[r, c] = [h[r, c] > 0] · Σ_j dlogits[r, j] · W[j, c], and (db given) db[c] = Σ_r dh[r, c]:
 // the bias gradient of the layer that made h, summed from the values as stored.
-template <typename T>
-__device__ void head_backward(const float* __restrict__ dlogits, const float* __restrict__ w, const T* __restrict__ h,
-                              T* __restrict__ dh, float* __restrict__ db, int k, int rows) {
+__device__ void head_backward_body(const float* __restrict__ dlogits, const float* __restrict__ w,
+                                   const floatX* __restrict__ h, floatX* __restrict__ dh, float* __restrict__ db,
+                                   int k, int rows) {
     __shared__ float part[COL_WARPS][32];
     extern __shared__ float4 dl_smem4[];  // dlogits, read by every column
     copy_to_shared<COL_THREADS>(dl_smem4, dlogits, rows * CLASSES);
@@ -209,7 +190,7 @@ __device__ void head_backward(const float* __restrict__ dlogits, const float* __
 #pragma unroll
             for (int j = 0; j < CLASSES; ++j) g = fmaf(dl[r * CLASSES + j], wc[j], g);
             if (!(to_float(h[i]) > 0.0f)) g = 0.0f;
-            const T stored = from_float<T>(g);
+            const floatX stored = to_floatX(g);
             dh[i] = stored;
             sum += to_float(stored);
         }
@@ -220,8 +201,8 @@ __device__ void head_backward(const float* __restrict__ dlogits, const float* __
 
 // ---- the ReLU's derivative and the bias gradient after a dX product ----------------------------
 // dh[r, c] = 0 where h[r, c] ≤ 0 (in place), and (db given) db[c] = Σ_r dh[r, c].
-template <typename T>
-__device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, float* __restrict__ db, int k, int rows) {
+__device__ void relu_bias_grad_body(const floatX* __restrict__ h, floatX* __restrict__ dh, float* __restrict__ db,
+                                    int k, int rows) {
     __shared__ float part[COL_WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float sum = 0.0f;
@@ -229,7 +210,7 @@ __device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, floa
 #pragma unroll 8
         for (int r = warp; r < rows; r += COL_WARPS) {
             const long long i = (long long)r * k + c;
-            if (!(to_float(h[i]) > 0.0f)) dh[i] = from_float<T>(0.0f);
+            if (!(to_float(h[i]) > 0.0f)) dh[i] = to_floatX(0.0f);
             else sum += to_float(dh[i]);
         }
     }
@@ -237,29 +218,30 @@ __device__ void relu_bias_grad(const T* __restrict__ h, T* __restrict__ dh, floa
     if (warp == 0 && c < k && db != nullptr) db[c] = total;
 }
 
-#define HEAD_KERNELS(suffix, T)                                                                        \
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step_##suffix(                          \
-        const T* x, const float* images, const int* labels, const int* order, const int* cursor,        \
-        float* x_copy, int* y, const float* w, const float* b, int k, int rows, float* dlogits,         \
-        float* row_loss, float* row_correct, int w_shared) {                                            \
-    head_step<T>(x, images, labels, order, cursor, x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, \
-                 w_shared);                                                                             \
-}                                                                                                       \
-extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update_##suffix(                        \
-        const T* x, const float* dlogits, float* w, float* b, int k, int rows, float lr, int gradient,  \
-        const float* row_loss, const float* row_correct, double* totals, int* cursor) {                 \
-    head_update<T>(x, dlogits, w, b, k, rows, lr, gradient, row_loss, row_correct, totals, cursor);     \
-}                                                                                                       \
-extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward_##suffix(                      \
-        const float* dlogits, const float* w, const T* h, T* dh, float* db, int k, int rows) {          \
-    head_backward<T>(dlogits, w, h, dh, db, k, rows);                                                   \
-}                                                                                                       \
-extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad_##suffix(                     \
-        const T* h, T* dh, float* db, int k, int rows) {                                                \
-    relu_bias_grad<T>(h, dh, db, k, rows);                                                              \
+// ---- the kernels: each hands its arguments to its body above ----------------------------------
+// The bodies take the pointers as __restrict__, the kernels plainly: a kernel's own __restrict__
+// parameters would let the compiler read more of them through the read-only cache, another build
+// than the one measured.
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step(
+        const floatX* x, const float* images, const int* labels, const int* order, const int* cursor, float* x_copy,
+        int* y, const float* w, const float* b, int k, int rows, float* dlogits, float* row_loss, float* row_correct,
+        int w_shared) {
+    head_step_body(x, images, labels, order, cursor, x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct,
+                   w_shared);
 }
-HEAD_KERNELS(f32, float)
-HEAD_KERNELS(bf16, bf16)
+extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update(
+        const floatX* x, const float* dlogits, float* w, float* b, int k, int rows, float lr, int gradient,
+        const float* row_loss, const float* row_correct, double* totals, int* cursor) {
+    head_update_body(x, dlogits, w, b, k, rows, lr, gradient, row_loss, row_correct, totals, cursor);
+}
+extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward(
+        const float* dlogits, const float* w, const floatX* h, floatX* dh, float* db, int k, int rows) {
+    head_backward_body(dlogits, w, h, dh, db, k, rows);
+}
+extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad(const floatX* h, floatX* dh, float* db, int k,
+                                                                       int rows) {
+    relu_bias_grad_body(h, dh, db, k, rows);
+}
 
 // x[r, :] = bf16(images[order[*cursor + r], :]), y[r] = labels[order[*cursor + r]]; one block per row.
 extern "C" __global__ void gather_batch_bf16(const float* images, const int* labels, const int* order,

@@ -21,32 +21,23 @@ MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 
 class Fused(KernelFile):
     stem = "fused"
-    headers = ("warp_softmax.cuh",)
-    defines = {"HEAD_THREADS": HEAD_THREADS, "COL_THREADS": COL_THREADS, "CLASSES": 10}  # CLASSES: the model's, per instance
-    _head_step_f32 = kernel("head_step_f32", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
-    _head_step_bf16 = kernel("head_step_bf16", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR,
-                             I32)
-    _head_update_f32 = kernel("head_update_f32", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
-                              max_shared_bytes=MAX_DLOGITS_BYTES)
-    _head_update_bf16 = kernel("head_update_bf16", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
-                               max_shared_bytes=MAX_DLOGITS_BYTES)
-    _head_backward_f32 = kernel("head_backward_f32", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
-    _head_backward_bf16 = kernel("head_backward_bf16", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
-    _relu_bias_grad_f32 = kernel("relu_bias_grad_f32", PTR, PTR, PTR, I32, I32)
-    _relu_bias_grad_bf16 = kernel("relu_bias_grad_bf16", PTR, PTR, PTR, I32, I32)
+    headers = ("logits_loss.cuh",)
+    # CLASSES and BF16 (the activations' element type, fused.cu's floatX): the model's, per instance.
+    defines = {"HEAD_THREADS": HEAD_THREADS, "COL_THREADS": COL_THREADS, "CLASSES": 10, "BF16": 0}
+    _head_step = kernel("head_step", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
+    _head_update = kernel("head_update", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
+                          max_shared_bytes=MAX_DLOGITS_BYTES)
+    _head_backward = kernel("head_backward", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
+    _relu_bias_grad = kernel("relu_bias_grad", PTR, PTR, PTR, I32, I32)
     _gather_batch_bf16 = kernel("gather_batch_bf16", PTR, PTR, PTR, PTR, I32, PTR, PTR)
     _sgd_bias_refresh = kernel("sgd_bias_refresh", PTR, PTR, PTR, I64, F32, PTR, PTR, I64)
 
     def __init__(self, device, classes: int, bf16: bool):
-        """`bf16`: the hidden activations and their gradients are bf16 (the head stays fp32; the
-        softmax-regression head reads the fp32 batch it gathered)."""
-        super().__init__(device, {"CLASSES": classes})
-        self.classes = classes
-        kind = "bf16" if bf16 else "f32"  # the activations' type
-        self._head_step, self._head_update = getattr(self, f"_head_step_{kind}"), getattr(self, f"_head_update_{kind}")
-        self._head_backward = getattr(self, f"_head_backward_{kind}")
-        self._relu_bias_grad = getattr(self, f"_relu_bias_grad_{kind}")
-        self._gathered_step, self._gathered_update = self._head_step_f32, self._head_update_f32
+        """`bf16`: the hidden activations and their gradients are bf16 (a model with hidden layers
+        on the bf16 rung); else fp32, which softmax regression's head, gathering its own fp32
+        batch, needs. The head itself is fp32 either way."""
+        super().__init__(device, {"CLASSES": classes, "BF16": int(bf16)})
+        self.classes, self.bf16 = classes, bf16
 
     def dlogits_bytes(self, rows: int) -> int:
         return rows * self.classes * 4
@@ -65,22 +56,21 @@ class Fused(KernelFile):
                   row_correct: int, gather: tuple[int, int, int, int, int] | None = None) -> None:
         """dlogits of the logits layer (W: classes × k) from x, or from the batch gathered here
         (gather = images, labels, order, cursor, x_copy); row_loss/row_correct unless 0."""
+        if gather is not None and self.bf16:
+            raise ValueError("the gathered batch is fp32, and these kernels read bf16 activations (bf16=True)")
         images, labels, order, cursor, x_copy = gather or (0, 0, 0, 0, 0)
-        launch = self._head_step if gather is None else self._gathered_step
         w_bytes = self.classes * k * 4
         shared = w_bytes if w_bytes <= SHARED_W_BYTES else 0
-        launch(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
-               x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, shared > 0, shared_bytes=shared)
+        self._head_step(stream, ceil_div(rows, HEAD_THREADS // 32), HEAD_THREADS, x, images, labels, order, cursor,
+                        x_copy, y, w, b, k, rows, dlogits, row_loss, row_correct, shared > 0, shared_bytes=shared)
 
     def head_update(self, stream, x: int, dlogits: int, w: int, b: int, k: int, rows: int, lr: float,
-                    row_loss: int, row_correct: int, totals: int, cursor: int, gathered: bool = False,
-                    gradient: bool = False) -> None:
+                    row_loss: int, row_correct: int, totals: int, cursor: int, gradient: bool = False) -> None:
         """W −= lr·dlogitsᵀx, b −= lr·Σ dlogits (`gradient`: W = dlogitsᵀx and b = Σ dlogits, the
         head's gradients written where w and b point), totals += the rows' metrics (row_loss ≠ 0)
-        and cursor += rows. `gathered`: x is the fp32 batch head_step gathered."""
-        launch = self._gathered_update if gathered else self._head_update
-        launch(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr, int(gradient),
-               row_loss, row_correct, totals, cursor, shared_bytes=self.dlogits_bytes(rows))
+        and cursor += rows. x: the activations, or the fp32 batch head_step gathered."""
+        self._head_update(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr,
+                          int(gradient), row_loss, row_correct, totals, cursor, shared_bytes=self.dlogits_bytes(rows))
 
     def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
         """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""

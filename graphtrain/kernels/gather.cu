@@ -31,21 +31,16 @@ extern "C" __global__ void gather_batch_at(const float* images, const int* label
     gather_rows(images, labels, order, *cursor, features, x, y);
 }
 
-// One rank's slice of a combined batch of `batch` rows at *cursor, data-parallel over `ranks`
-// GPUs (graphtrain.stages.data_parallel): the combined batch's real rows are
-//   valid = min(batch, epoch_samples − *cursor mod epoch_samples)
-// (the tail batch of an epoch is smaller), and rank `rank` takes the valid/ranks of them from
-//   offset = *cursor + rank · valid/ranks
-// on (valid splits evenly over the ranks: checked on the host), so the ranks' slices in rank
-// order are the one-GPU batch. One block per row of this rank's batch / ranks rows; the rows past
-// its slice read on (the next rank's rows, or the order's padding at the run's end) and are given
-// zero gradient by the loss step.
+// One rank's slice of the combined batch of `batch` rows at *cursor, data-parallel over `ranks`
+// GPUs (graphtrain.stages.data_parallel; the arithmetic is batch_slice.cuh's, put before this file
+// by the launcher): rows from sample cursor + rank·valid/ranks of the order on, so the ranks'
+// slices in rank order are the one-GPU batch. One block per row of this rank's batch / ranks rows;
+// the rows past its slice read on and are given zero gradient by the loss step.
 extern "C" __global__ void gather_slice_at(const float* images, const int* labels, const int* order,
                                            const int* cursor, int features, float* x, int* y, int batch,
                                            int epoch_samples, int rank, int ranks) {
-    const int at = *cursor;
-    const int valid = min(batch, epoch_samples - at % epoch_samples);
-    gather_rows(images, labels, order, at + rank * (valid / ranks), features, x, y);
+    const BatchSlice slice = batch_slice(*cursor, batch, epoch_samples, ranks);
+    gather_rows(images, labels, order, slice.first(rank), features, x, y);
 }
 
 // cursor += rows, after every kernel of the step that reads the batch has run.

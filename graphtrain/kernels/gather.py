@@ -9,6 +9,7 @@ THREADS = 256  # threads per row copied: 784 floats are 196 float4s, one pass
 
 class Gather(KernelFile):
     stem = "gather"
+    headers = ("batch_slice.cuh",)
     _gather_batch = kernel("gather_batch", PTR, PTR, PTR, I32, I32, PTR, PTR)
     _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR)
     _gather_slice_at = kernel("gather_slice_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I32, I32, I32, I32)

@@ -1,19 +1,15 @@
 // The cnn's logits layer with its loss step, and the layer's gradients: products this narrow
 // (HL_CLASSES outputs) leave cuBLAS's tiles idle, and five launches become two. fp32 FMAs;
-// HL_CLASSES (≤ 32, compile time) and the block sizes come from head.py. For the batch's rows
-// r < valid (valid = min(batch, epoch_samples − *cursor mod epoch_samples), the tail batch's
-// real rows; the others get zero gradient):
+// HL_CLASSES (≤ 32, compile time) and the block sizes come from head.py; the math of a row is
+// logits_loss.cuh's, the batch's valid rows and this rank's slice batch_slice.cuh's (both put
+// before this file by the launcher). For the batch's rows r < valid (the others get zero gradient):
 //   z[r, j] = b[j] + Σ_c h[r, c]·W[j, c]
 //   dlogits[r, j] = (softmax(z_r)_j − [j = y_r]) / valid,  loss_r = log Σ_j e^{z_j − m} + m − z_{y_r}
 //   dW[j, c] = Σ_r dlogits[r, j]·h[r, c],  db[j] = Σ_r dlogits[r, j]
 // then *cursor += valid and loss_sum[0] += Σ_r loss_r (unless null). Every sum runs in a fixed
 // order (the warps' shuffles included), without float atomics: the same inputs give the same bits.
-//
-// Data-parallel over `ranks` GPUs (1: the one-GPU step, the same arithmetic), as cnn.cu's
-// softmax_xent_step: `batch` is the combined batch, this rank holds batch/ranks rows, the first
-// valid/ranks of them real (valid splits evenly: checked on the host); each row's gradient is
-// still divided by the combined `valid` (the ranks' dW summed is the combined batch's mean), and
-// the cursor moves by the combined `valid` on every rank.
+// Data-parallel over `ranks` GPUs (1: the one-GPU step), as cnn.cu's softmax_xent_step: `batch`
+// is the combined batch, this rank holds its batch/ranks rows.
 
 // ---- logits and the loss step: a warp per row ---------------------------------------------------
 // row_loss holds each row's loss (0 past valid); the last block to finish (an integer count,
@@ -26,39 +22,17 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
     __shared__ double tree[HL_ROW_THREADS];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, r = blockIdx.x * (HL_ROW_THREADS / 32) + (threadIdx.x >> 5);
-    const int at = *cursor;
-    const int valid = min(batch, epoch_samples - at % epoch_samples);
-    const int rows = batch / ranks, mine = valid / ranks;  // this rank's rows, and its real ones
+    const BatchSlice slice = batch_slice(*cursor, batch, epoch_samples, ranks);
+    const int rows = slice.rows, mine = slice.mine;  // this rank's rows, and its real ones
     if (r < rows) {
         float acc[HL_CLASSES] = {};
-        const float* hr = h + (long long)r * k;
-        for (int c0 = lane; c0 < k; c0 += 32 * 8) {  // eight loads issued before any is used
-            float v[8];
+        row_logit_partials(h + (long long)r * k, static_cast<float*>(nullptr), w, k, lane, acc);
+        float z[HL_CLASSES];  // every lane holds the whole row
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = c0 + 32 * u < k ? hr[c0 + 32 * u] : 0.0f;
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int c = c0 + 32 * u;
-                if (c >= k) break;
-#pragma unroll
-                for (int j = 0; j < HL_CLASSES; ++j) acc[j] = fmaf(v[u], w[j * k + c], acc[j]);
-            }
-        }
-        float z[HL_CLASSES];
-#pragma unroll
-        for (int j = 0; j < HL_CLASSES; ++j) {  // a butterfly: every lane ends with the same sum
-            float s = acc[j];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-            z[j] = s + b[j];
-        }
-        float m = z[0];
-#pragma unroll
-        for (int j = 1; j < HL_CLASSES; ++j) m = fmaxf(m, z[j]);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HL_CLASSES; ++j) sum += expf(z[j] - m);
-        const float rs = 1.0f / sum, inv = 1.0f / (float)valid;
+        for (int j = 0; j < HL_CLASSES; ++j) z[j] = warp_sum(acc[j]) + b[j];
+        float m, sum;
+        row_max_sum(z, HL_CLASSES, m, sum);
+        const float rs = 1.0f / sum, inv = 1.0f / (float)slice.valid;
         const int label = r < mine ? y[r] : -1;
         float zl = z[0], zy = z[0];  // z[lane] and z[label], picked without indexing registers
 #pragma unroll
@@ -67,9 +41,8 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
             if (j == label) zy = z[j];
         }
         if (lane < HL_CLASSES)
-            dlogits[(long long)r * HL_CLASSES + lane] =
-                r < mine ? (expf(zl - m) * rs - (lane == label ? 1.0f : 0.0f)) * inv : 0.0f;
-        if (lane == 0) row_loss[r] = r < mine ? (double)(logf(sum) + m - zy) : 0.0;
+            dlogits[(long long)r * HL_CLASSES + lane] = r < mine ? xent_dlogit(zl, m, rs, lane, label, inv) : 0.0f;
+        if (lane == 0) row_loss[r] = r < mine ? (double)xent_loss(sum, m, zy) : 0.0;
     }
     __threadfence();  // this block's row losses are visible before it is counted
     __syncthreads();
@@ -86,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        *cursor = at + valid;
+        *cursor = slice.next();
         if (loss_sum) loss_sum[0] += tree[0];
         *count = 0;
     }

@@ -7,7 +7,9 @@ from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 
 ROW_THREADS = 256  # head_logits_loss: 8 rows (warps) per block
 COL_THREADS = 512  # head_grads: 16 warps split a block's rows
-MAX_CLASSES = 32  # a row's classes are at most one warp's lanes
+# A row's classes are at most one warp's lanes, and head_grads keeps its warps' partial sums
+# (warps × classes × 32 floats) in static shared memory, which a block has 48 KiB of: 24 classes.
+MAX_CLASSES = min(32, 48 * 1024 // (COL_THREADS // 32 * 32 * 4))
 MAX_DLOGITS_BYTES = 96 * 1024  # head_grads stages the batch's dlogits (raised once)
 
 
@@ -18,6 +20,7 @@ def fits(batch: int, classes: int) -> bool:
 
 class Head(KernelFile):
     stem = "head"
+    headers = ("logits_loss.cuh", "batch_slice.cuh")
     defines = {"HL_CLASSES": 10, "HL_ROW_THREADS": ROW_THREADS, "HL_COL_THREADS": COL_THREADS}
     _head_logits_loss = kernel("head_logits_loss", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32)
     _head_grads = kernel("head_grads", PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)

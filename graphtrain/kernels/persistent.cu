@@ -89,10 +89,11 @@ __device__ __forceinline__ Elem to_elem(float v) { return Values<BF16 != 0>::of(
 #error "persistent.cu: unsupported SLICE / CLASSES"
 #endif
 
-// From cluster.cuh, tf32_mma.cuh and warp_softmax.cuh (put before this file by the launcher):
+// From cluster.cuh, tf32_mma.cuh and logits_loss.cuh (put before this file by the launcher):
 // cluster_rank, cluster_sync, remote, copy4_async, copy16_async, async_wait_all, smem_addr, send,
 // send2, send4, mbarrier_expect, mbarrier_arrive, mbarrier_wait, cluster_metrics, step_rows;
-// mma_tf32, split_tf32, Sums3, total, mma_x; warp_softmax_grad.
+// mma_tf32, split_tf32, Sums3, total, mma_x; warp_softmax_grad, warp_label_logit,
+// first_max_is, xent_loss.
 
 // The compute warps' own barrier (the fetch warps never wait at it).
 __device__ __forceinline__ void compute_sync() {
@@ -526,12 +527,11 @@ __device__ __forceinline__ void train_step(const Smem& s, Compute& me, int step,
                 send4(me.dl_to + sizeof(Elem) * (r * DL_STRIDE + DL_PIECE * q), pieces[q], me.dl_full_to);
         }
         if (measure) {
-            const float z_label = __shfl_sync(0xffffffffu, z, (lane & ~(ROW_LANES - 1)) + label);
-            // The first index of the largest logit: the lowest of the row's lanes holding m.
-            const unsigned at_max = __ballot_sync(0xffffffffu, is_class && z == m) >> (lane & ~(ROW_LANES - 1));
+            unsigned at_max;
+            const float z_label = warp_label_logit(z, is_class, lane & ~(ROW_LANES - 1), label, m, at_max);
             if (row_owned && j == 0) {
-                me.loss_sum += (double)(logf(sum) + m - z_label);
-                me.correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+                me.loss_sum += (double)xent_loss(sum, m, z_label);
+                me.correct_sum += first_max_is(at_max, label) ? 1.0 : 0.0;
             }
         }
         __syncwarp();  // the row's pieces are read before the next row's overwrite them

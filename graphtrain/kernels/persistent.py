@@ -231,7 +231,7 @@ def kernel_images(images: np.ndarray, shape) -> np.ndarray:
 class Persistent(KernelFile):
     stem = "persistent"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "warp_softmax.cuh")
+    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "logits_loss.cuh")
     # The class's defines compile the file for MNIST's shapes (the CPU tests); a stage passes its own.
     defines = {"CLUSTER": CLUSTER, "COMPUTE_WARPS": COMPUTE_WARPS, "FETCH_WARPS": FETCH_WARPS,
                **Shape(784, 10, 128).defines}

@@ -61,7 +61,7 @@
 //
 // The sizes, element types, shared memory and shared helpers: persistent_mlp_shape.cuh; the products:
 // persistent_mlp_products.cuh (both put before this file by the launcher, after cluster.cuh,
-// smem_layout.cuh, probes.cuh, tf32_mma.cuh, bf16_mma.cuh and warp_softmax.cuh). This file: the
+// smem_layout.cuh, probes.cuh, tf32_mma.cuh, bf16_mma.cuh and logits_loss.cuh). This file: the
 // phases of a step, and the epoch.
 
 // h_l[:, U_c] = relu(unit · Σ_w partial[w] + b) (warp order; unit: the inputs' unit, X_UNIT for
@@ -358,12 +358,11 @@ __device__ __forceinline__ void softmax(const Smem& s, const Step& st, const Epo
                 for (int q = 0; q < QUADS; ++q) send4(remote(s.dl + r * CS + 4 * q, j), row[q], remote(dl_bar(s), j));
             }
             if (measure) {
-                const float z_label = __shfl_sync(0xffffffffu, z, group + label);
-                // The first index of the largest logit: the lowest of the row's lanes holding m.
-                const unsigned at_max = __ballot_sync(0xffffffffu, j < CLASSES && z == m) >> group;
+                unsigned at_max;
+                const float z_label = warp_label_logit(z, j < CLASSES, group, label, m, at_max);
                 if (row_owned && j == 0) {
-                    loss_sum += (double)(logf(sum) + m - z_label);
-                    correct_sum += (__ffs(at_max) - 1) == label ? 1.0 : 0.0;
+                    loss_sum += (double)xent_loss(sum, m, z_label);
+                    correct_sum += first_max_is(at_max, label) ? 1.0 : 0.0;
                 }
             }
             PROBE_END(probes, SOFTMAX_ROWS, 0);

@@ -1,6 +1,6 @@
 // The compile-time sizes of persistent_mlp.cu, its element types, its shared memory and the helpers
 // its phases share. Not a kernel file: kernels/persistent_mlp.py lists it in `headers`, after the
-// common ones (cluster.cuh, smem_layout.cuh, probes.cuh, tf32_mma.cuh, bf16_mma.cuh, warp_softmax.cuh)
+// common ones (cluster.cuh, smem_layout.cuh, probes.cuh, tf32_mma.cuh, bf16_mma.cuh, logits_loss.cuh)
 // and before persistent_mlp_products.cuh. The sizes come from the launcher as -D values (see
 // persistent_mlp.cu's header).
 

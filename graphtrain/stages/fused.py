@@ -64,7 +64,8 @@ class FusedStage(GraphsStage):
 
     def setup_extra(self) -> None:
         super().setup_extra()
-        self.fused_cu = Fused(self.device, self.config.classes, bf16=self.ACT != R_32F)
+        # bf16 activations where there are hidden layers; softmax regression's head gathers fp32.
+        self.fused_cu = Fused(self.device, self.config.classes, bf16=self.ACT != R_32F and bool(self.config.hidden))
         # cuBLASLt shares cuBLAS's workspace: both run on the one stream, one call at a time.
         self.lt, self.products = None, {}
         if self.needs("cublaslt"):
@@ -141,7 +142,7 @@ class FusedStage(GraphsStage):
         head_out = (w_head, b_head) if self.device_optimizer is None else (
             self.dw[head].ptr, self.db[head].ptr if cfg.bias else 0)
         fused.head_update(stream, head_input, dlogits, *head_out, width, rows, lr, *metrics, self.metrics.ptr,
-                          self.cursor.ptr, gathered=head == 0, gradient=self.device_optimizer is not None)
+                          self.cursor.ptr, gradient=self.device_optimizer is not None)
         for i in reversed(range(head)):
             if i > 0:  # dX before W_i changes, then the ReLU below and that layer's bias gradient
                 plans["dx"][i](self.layer_grad(i + 1), self.product_weight(i), self.layer_grad(i), 1.0, 0.0, handle)

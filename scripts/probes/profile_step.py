@@ -25,7 +25,7 @@ import sys
 # The first kernel of every step: a gather, or, for softmax regression on the fused rungs, the
 # head, which gathers the batch itself.
 STEP_START = ("gather_batch", "gather_batch_at", "gather_batch_bf16")
-HEAD_START = ("head_step_f32", "head_step_bf16")
+HEAD_START = ("head_step",)
 
 
 def profile(stage: str, run_args: list[str], skip: int, count: int) -> tuple[list[tuple[str, float]], str]:
