@@ -33,11 +33,11 @@ from graphtrain.config import TrainConfig
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.errors import UsageError
 from graphtrain.kernels import ceil_div
-from graphtrain.recipe import MNIST_MEAN, MNIST_STD, Row, Task, normalise, recipe_of
+from graphtrain.recipe import MNIST_MEAN, MNIST_STD, SpeedrunRow, SpeedrunTask, normalise, recipe_of
 from graphtrain.reference_cnn import CnnSpec
 
 
-def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> Task:
+def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> SpeedrunTask:
     """The task of `config` on a loaded dataset, its images normalised once here."""
     if config.epochs is None:
         raise UsageError("the speedrun trains whole epochs: give --epochs, not --steps")
@@ -49,7 +49,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
         train_x, train_y, test_x, test_y = (train_x[:-holdout], train_y[:-holdout], train_x[-holdout:],
                                             train_y[-holdout:])
     recipe = recipe_of(config, config.epochs * ceil_div(len(train_x), config.batch), config.epochs, precision)
-    return Task(config_cnn_spec(config), recipe, normalise(train_x),
+    return SpeedrunTask(config_cnn_spec(config), recipe, normalise(train_x),
                 train_y.astype(np.int32), normalise(test_x), test_y.astype(np.int32),
                 "holdout" if holdout else "test", config, fused_convs=fused_convs)
 
@@ -58,7 +58,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
 # graphtrain's rows
 
 
-class NumpyRow(Row):
+class NumpyRow(SpeedrunRow):
     name = "numpy"
     note = "float32 NumPy on the CPU"
 
@@ -77,10 +77,10 @@ class NumpyRow(Row):
         return reference_cnn.accuracy(spec, params, task.test_images, task.test_labels)
 
 
-class _CnnGpuRow(Row):
+class _CnnGpuRow(SpeedrunRow):
     device_loop = False  # whether the model records WHILE nodes
 
-    def setup(self, task: Task) -> None:
+    def setup(self, task: SpeedrunTask) -> None:
         from graphtrain.libs import cuda
         from graphtrain.stages.cnn_device import CnnDevice
 
@@ -190,7 +190,7 @@ def check_row(name: str) -> None:
         import_torch()
 
 
-def get_row(name: str) -> Row:
+def get_row(name: str) -> SpeedrunRow:
     target = {**ROWS, **PEER_ROWS}.get(name)
     if target is None:
         raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join([*ROWS, *PEER_ROWS])}")
@@ -237,7 +237,7 @@ class RowResult:
         return d
 
 
-def run_row(name: str, task: Task, seeds: list[int], progress=None) -> RowResult:
+def run_row(name: str, task: SpeedrunTask, seeds: list[int], progress=None) -> RowResult:
     """Set the row up (untimed), then time each seed's run from model construction to accuracy."""
     row = get_row(name)
     start = time.perf_counter()
@@ -279,7 +279,7 @@ def fastest_peer(results: list[RowResult]) -> RowResult | None:
     return min(peers, key=lambda r: r.time_ms_median) if peers else None
 
 
-def summary(results: list[RowResult], task: Task, command: str, date: str) -> dict:
+def summary(results: list[RowResult], task: SpeedrunTask, command: str, date: str) -> dict:
     """The JSON document: the task, the environment, one entry per row."""
     peer = fastest_peer(results)
     rows = []

@@ -115,7 +115,7 @@ def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str]
 
 
 @dataclass(frozen=True)
-class Task:
+class SweepTask:
     """What one worker runs at a time: one point, or a pack of points trained together."""
 
     points: tuple[GridPoint, ...]
@@ -142,7 +142,7 @@ def pack_key(point: GridPoint) -> tuple | None:
     return point.name, dataclasses.replace(point.config, lr=1.0, seed=0)
 
 
-def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1) -> list[Task]:
+def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1) -> list[SweepTask]:
     """The points as tasks. With `pack`, the points that can share a GPU (see `pack_key`) go
     into packs, each split into `workers` packs of near-equal size so every worker gets a share;
     the jax-vmap peer always runs as packs. Tasks come out in the order of their first point."""
@@ -153,7 +153,7 @@ def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1)
     for point in points:
         key = pack_key(point)
         if key is None or (not pack and point.name not in PACKED_PEERS):
-            singles.append(Task((point,)))
+            singles.append(SweepTask((point,)))
         else:
             groups.setdefault(key, []).append(point)
     tasks = list(singles)
@@ -161,7 +161,7 @@ def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1)
         parts = min(workers, len(members))
         for part in range(parts):  # contiguous shares, the first ones one larger
             lo, hi = part * len(members) // parts, (part + 1) * len(members) // parts
-            tasks.append(Task(tuple(members[lo:hi])))
+            tasks.append(SweepTask(tuple(members[lo:hi])))
     return sorted(tasks, key=lambda task: task.points[0].index)
 
 
@@ -187,7 +187,7 @@ class DataSource:
         return data_mod.load(self.name, data_dir=self.data_dir, offline=self.offline)
 
 
-def run_task(task: Task, data, device: str) -> list[dict]:
+def run_task(task: SweepTask, data, device: str) -> list[dict]:
     """Train the task's points on this process's GPU; one JSON row per point, in point order.
     A failure becomes failed rows (a missing framework or GPU, or a model the rung cannot
     train by design: skipped rows), so one task's trouble never stops a sweep."""
@@ -213,7 +213,7 @@ def run_task(task: Task, data, device: str) -> list[dict]:
 _last_plan: list = [None, None, None]  # (config, data, plan): this process's last run plan
 
 
-def plan_for(config: TrainConfig, data):
+def shared_plan(config: TrainConfig, data):
     """The run plan of `config` on `data`, built once for the consecutive points that share it
     (every row of one grid point: its stages and peers train from one plan, as a ladder's do).
     Only the last is kept: a wide model's initial weights are large."""
@@ -228,10 +228,10 @@ def _train_one(point: GridPoint, data):
     from graphtrain import training
     from graphtrain.stages import get_stage
 
-    return training.run_stage(get_stage(point.name), plan_for(point.config, data), data)
+    return training.run_stage(get_stage(point.name), shared_plan(point.config, data), data)
 
 
-def _train_pack(task: Task, data):
+def _train_pack(task: SweepTask, data):
     from graphtrain.plan import RunPlan
 
     plans = [RunPlan.for_data(point.config, data) for point in task.points]
@@ -293,7 +293,7 @@ def device_label() -> str:
 # --------------------------------------------------------------------------------------------
 
 # on_task(task, rows) after each task, for progress.
-OnTask = Callable[[Task, list[dict]], None]
+OnTask = Callable[[SweepTask, list[dict]], None]
 
 
 class InProcess:
@@ -302,7 +302,7 @@ class InProcess:
     workers = 1
     description = "this process"
 
-    def run(self, tasks: Sequence[Task], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
+    def run(self, tasks: Sequence[SweepTask], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         data = data if data is not None else source.load()
         rows = []
         for task in tasks:
@@ -313,7 +313,7 @@ class InProcess:
         return gather(rows)
 
 
-def _device_of(task: Task) -> str:
+def _device_of(task: SweepTask) -> str:
     """Where a task trains: the CPU rung on the CPU, everything else on this process's GPU."""
     return "CPU" if all(point.name == "numpy" for point in task.points) else device_label()
 

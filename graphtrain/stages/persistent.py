@@ -118,7 +118,7 @@ class PersistentStage(Stage):
         self.off_levels = arena.reserve("off_levels", (1,), np.uint64)  # images.cu's count
         if cfg.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
-        self.evaluation = device.Evaluation(arena, cfg, self.dataset)
+        self.evaluation = device.DeviceEvaluation(arena, cfg, self.dataset)
         arena.allocate()
         self.dataset.upload(self.stream)
         images_cu, fp32 = Images(self.device), self.dataset.train_images
