@@ -19,7 +19,6 @@ the last `holdout` ones instead of the test set: where the recipe is tuned.
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphtrain import environment, reference_cnn, report
+from graphtrain import environment, reference_cnn, report, stages
 from graphtrain.config import TrainConfig
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.errors import UsageError
@@ -156,46 +155,21 @@ class DeviceLoopRow(_CnnGpuRow):
         return float(self.model.correct.download(stream)[0]) / len(self.task.test_images)
 
 
-ROWS = {
-    "device-loop": "graphtrain.speedrun:DeviceLoopRow",
-    "graphs": "graphtrain.speedrun:GraphsRow",
-    "numpy": "graphtrain.speedrun:NumpyRow",
-}
-PEER_ROWS = {
-    "torch-eager": "graphtrain.peers.speedrun_torch:TorchEagerRow",
-    "torch-graph": "graphtrain.peers.speedrun_torch:TorchGraphRow",
-    "torch-compile": "graphtrain.peers.speedrun_torch:TorchCompileRow",
-    "jax-scan": "graphtrain.peers.speedrun_jax:JaxScanRow",
-}
-DEFAULT_STAGES = ["device-loop", "graphs"]
-DEFAULT_PEERS = ["torch-graph", "jax-scan"]
-
-
 def check_row(name: str) -> None:
     """Before any data is read: GpuUnavailableError (a peer: PeerUnavailable) unless row `name`
     can run here: numpy anywhere, graphtrain's other rows on a GPU, a peer with its framework."""
-    if name == "numpy":
-        return
-    if name in ROWS:
-        from graphtrain.libs import cuda
-
-        cuda.open_device()
-    elif name.startswith("jax"):
-        from graphtrain.peers.jax_scan import import_jax
-
-        import_jax()
-    else:
-        from graphtrain.peers.torch_common import import_torch
-
-        import_torch()
+    stages.get_stage(name).check_available()
 
 
 def get_row(name: str) -> SpeedrunRow:
-    target = {**ROWS, **PEER_ROWS}.get(name)
-    if target is None:
-        raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join([*ROWS, *PEER_ROWS])}")
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)()
+    spec = stages.SPECS.get(name)
+    if spec is None or spec.speedrun is None:
+        raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join(stages.speedrun_names())}")
+    return stages.load_target(spec.speedrun)()
+
+
+def is_peer(name: str) -> bool:
+    return stages.SPECS[name].kind == "peer"
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +249,7 @@ def process_wall(name: str, argv: list[str]) -> float:
 
 
 def fastest_peer(results: list[RowResult]) -> RowResult | None:
-    peers = [r for r in results if r.name in PEER_ROWS and r.accuracies]
+    peers = [r for r in results if is_peer(r.name) and r.accuracies]
     return min(peers, key=lambda r: r.time_ms_median) if peers else None
 
 
@@ -285,7 +259,7 @@ def summary(results: list[RowResult], task: SpeedrunTask, command: str, date: st
     rows = []
     for r in results:
         d = r.to_dict()
-        if peer is not None and r.accuracies and r.name not in PEER_ROWS:
+        if peer is not None and r.accuracies and not is_peer(r.name):
             d["speedup_vs_fastest_peer"] = peer.time_ms_median / r.time_ms_median
         rows.append(d)
     recipe = task.recipe
@@ -310,7 +284,7 @@ def markdown(doc: dict) -> str:
     libraries; then the task), then the table."""
     task, rows = doc["task"], doc["rows"]
     records = [{"environment": {"revision": doc["revision"]}},
-               *({"kind": "peer" if r["name"] in PEER_ROWS else "stage", "environment": r.get("environment", {})}
+               *({"kind": stages.SPECS[r["name"]].kind, "environment": r.get("environment", {})}
                  for r in rows)]
     lines = [
         "# Speedrun: time to 99% on MNIST", "",

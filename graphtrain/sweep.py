@@ -39,16 +39,12 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from graphtrain import report
+from graphtrain import report, stages
 from graphtrain.config import TrainConfig
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, ModelUnsupported, UsageError
 
 SWEEP_DEPTH = 3  # hidden layers of a swept width when the preset has none: cuda-mnist's (H, H, H); --depth
 
-# Rows that only exist as packs of models: the sweep's own peers.
-PACKED_PEERS = {"jax-vmap": "graphtrain.peers.jax_vmap:JaxVmapPeer"}
-# Rungs whose softmax regressions can share one GPU as a pack (graphtrain.packed).
-PACKABLE_STAGES = ("persistent",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,14 +75,11 @@ def sized_config(config: TrainConfig, size: int, depth: int | None = None) -> Tr
 
 def check_peer(name: str) -> None:
     """PeerUnavailable unless peer `name` (a graphtrain.stages peer, or a packed peer) can run here."""
-    if name in PACKED_PEERS:
-        from graphtrain.peers.jax_scan import import_jax
-
-        import_jax()
+    pack = stages.SPECS[name].pack
+    if pack is not None and pack.only:
+        stages.load_target(pack.check)()
     else:
-        from graphtrain.stages import get_stage
-
-        get_stage(name).check_available()
+        stages.get_stage(name).check_available()
 
 
 def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str],
@@ -122,7 +115,7 @@ class SweepTask:
 
     @property
     def packed(self) -> bool:
-        return len(self.points) > 1 or self.points[0].name in PACKED_PEERS
+        return len(self.points) > 1 or self.points[0].name in stages.PACKED_PEERS
 
     @property
     def label(self) -> str:
@@ -136,8 +129,8 @@ class SweepTask:
 def pack_key(point: GridPoint) -> tuple | None:
     """Points with the same key can train as one pack: the same row and workload but for the
     learning rate and the seed. None: this point always runs alone."""
-    packable = point.name in PACKED_PEERS or (point.name in PACKABLE_STAGES and not point.config.hidden)
-    if not packable:
+    pack = stages.SPECS[point.name].pack
+    if pack is None or (pack.softmax_only and point.config.hidden):
         return None
     return point.name, dataclasses.replace(point.config, lr=1.0, seed=0)
 
@@ -152,7 +145,7 @@ def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1)
     singles = []
     for point in points:
         key = pack_key(point)
-        if key is None or (not pack and point.name not in PACKED_PEERS):
+        if key is None or (not pack and point.name not in stages.PACKED_PEERS):
             singles.append(SweepTask((point,)))
         else:
             groups.setdefault(key, []).append(point)
@@ -235,14 +228,7 @@ def _train_pack(task: SweepTask, data):
     from graphtrain.plan import RunPlan
 
     plans = [RunPlan.for_data(point.config, data) for point in task.points]
-    name = task.points[0].name
-    if name in PACKED_PEERS:
-        from graphtrain.peers.jax_vmap import train_vmapped
-
-        return train_vmapped(plans, data)
-    from graphtrain.packed import train_packed
-
-    return train_packed(plans, data)
+    return stages.load_target(stages.SPECS[task.points[0].name].pack.target)(plans, data)
 
 
 def weights_digest(params) -> str:
@@ -315,7 +301,7 @@ class InProcess:
 
 def _device_of(task: SweepTask) -> str:
     """Where a task trains: the CPU rung on the CPU, everything else on this process's GPU."""
-    return "CPU" if all(point.name == "numpy" for point in task.points) else device_label()
+    return "CPU" if not any(stages.SPECS[point.name].uses_gpu for point in task.points) else device_label()
 
 
 def gather(rows: Sequence[dict]) -> list[dict]:

@@ -38,7 +38,6 @@ from graphtrain.stages.graphs import GraphsStage
 class FusedStage(GraphsStage):
     name = "fused"
     summary = "fewer, fatter graph nodes: cuBLASLt epilogues, a fused head, SGD fused into the products"
-    precisions = ("fp32",)
     AB, ACT = R_32F, R_32F  # the products' operand type, and the hidden activations' type
     # The fused head replaces softmax.cu and cuDNN; cuBLAS stays for the test-set forward pass.
     uses = GraphsStage.uses - {"softmax", "cudnn"} | {"fused", "cublaslt"}

@@ -87,10 +87,6 @@ class PersistentStage(Stage):
 
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
-    uses_gpu = True
-    precisions = ("bf16", "fp32")
-    recipe_refusal = ("its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "
-                      "on numpy and on graphs through device-loop")
 
     def measures(self, epoch: int) -> bool:
         return self.plan.metrics_due[epoch]
