@@ -88,7 +88,7 @@ def row_for(stage_cls: type[Stage], config: TrainConfig) -> type[Stage]:
     """The row that trains `config` when `stage_cls` is asked for (the class of the same row for
     the config's model kind, graphtrain.stages.REGISTRY), once it is checked that it can train the
     config's recipe: a UsageError saying why not, before any data is read."""
-    if stage_cls.model != config.model:
+    if stage_cls.model_kind != config.model:
         stage_cls = get_stage(stage_cls.name, config.model, data_parallel=stage_cls.data_parallel)
     stage_cls.check_recipe(config)
     return stage_cls

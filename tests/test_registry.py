@@ -42,7 +42,7 @@ def test_every_row_resolves_to_its_class_and_the_class_says_what_the_registry_sa
         return
     cls = trainer.load()
     assert issubclass(cls, Stage), cls
-    assert (cls.name, cls.model, cls.data_parallel) == (spec.name, model, data_parallel), cls
+    assert (cls.name, cls.model_kind, cls.data_parallel) == (spec.name, model, data_parallel), cls
     assert (cls.uses_gpu, cls.kind, cls.precisions, cls.recipe_refusal) == \
         (spec.uses_gpu, spec.kind, trainer.precisions, trainer.recipe_refusal), cls
     if not data_parallel:

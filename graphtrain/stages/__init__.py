@@ -179,7 +179,6 @@ ROWS: dict[str, RowSpec] = {spec.name: spec for spec in REGISTRY if not (spec.pa
 LADDER: tuple[str, ...] = tuple(name for name, spec in ROWS.items() if spec.kind == "stage")
 PEERS: tuple[str, ...] = tuple(name for name, spec in ROWS.items() if spec.kind == "peer")
 PACKED_PEERS: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.pack and spec.pack.only)
-PACKABLE_STAGES: tuple[str, ...] = tuple(name for name in LADDER if ROWS[name].pack)
 
 # The ladder's chain runs from `baseline` to CHAIN_END, each rung deriving from the one before; the
 # rungs after it are their own programs, composing the device pieces (graphtrain.stages.device)

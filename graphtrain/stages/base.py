@@ -28,11 +28,11 @@ class EpochResult:
 class Stage:
     name: ClassVar[str]
     summary: ClassVar[str]  # what this rung adds to the one before it
-    model: ClassVar[str] = "mlp"  # the model kind it trains (graphtrain.stages.MODELS)
+    model_kind: ClassVar[str] = "mlp"  # the model it trains (graphtrain.config.MODELS)
     data_parallel: ClassVar[bool] = False  # whether it trains as one rank of `run --gpus`
     note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
-    # What varies per row is the registry's (graphtrain.stages.REGISTRY), filled in below for a
-    # class the registry lists (by name, model kind and data_parallel):
+    # What varies per row is the registry's (graphtrain.stages.REGISTRY), filled in below for the
+    # class it names (by name, model kind and data_parallel):
     uses_gpu: ClassVar[bool] = False
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
     # The products' operand precisions this row can train in, its own first (fp32 accumulation
@@ -45,15 +45,12 @@ class Stage:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        trainer = stages.find_trainer(getattr(cls, "name", None), cls.model, cls.data_parallel)
-        if trainer is None:  # not a row of the registry (a base class, a test's stand-in)
-            return
+        trainer = stages.find_trainer(getattr(cls, "name", None), cls.model_kind, cls.data_parallel)
+        if trainer is None or trainer.target != f"{cls.__module__}:{cls.__qualname__}":
+            return  # not the registry's class: it inherits them (a rank's class, a test's stand-in)
         spec = stages.SPECS[cls.name]
-        found = {"uses_gpu": spec.uses_gpu, "kind": spec.kind, "precisions": trainer.precisions,
-                 "recipe_refusal": trainer.recipe_refusal}
-        for attribute, value in found.items():
-            if attribute not in cls.__dict__:  # a test's stand-in may claim otherwise
-                setattr(cls, attribute, value)
+        cls.uses_gpu, cls.kind, cls.precisions = spec.uses_gpu, spec.kind, trainer.precisions
+        cls.recipe_refusal = trainer.recipe_refusal
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan

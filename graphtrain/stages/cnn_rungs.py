@@ -48,7 +48,7 @@ def as_layers(params: list[np.ndarray]) -> list[Layer]:
 class CnnNumpyStage(Stage):
     name = "numpy"
     summary = "CPU reference in float32 (the cnn: NumPy convolutions, Adam or SGD, the schedule)"
-    model = "cnn"
+    model_kind = "cnn"
 
     def setup(self) -> None:
         self.spec, self.recipe, self.train_x, self.test_x = cnn_setup(self)
@@ -79,7 +79,7 @@ class CnnNumpyStage(Stage):
 class CnnGraphsStage(Stage):
     name = "graphs"
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
-    model = "cnn"
+    model_kind = "cnn"
     device_loop = False  # whether the model records WHILE nodes (device-loop's own)
 
     def setup(self) -> None:

@@ -92,7 +92,7 @@ class DataParallelGraphsStage(GraphsStage):
     def __init__(self, plan, data):
         if self.group is None:
             raise TypeError("DataParallelGraphsStage trains as one rank of a group: use for_group(group)")
-        if plan.config.model != self.model:
+        if plan.config.model != self.model_kind:
             raise ModelUnsupported(f"DataParallelGraphsStage trains MLPs; the {plan.config.model}'s is "
                                    f"{stages.get_stage(self.name, plan.config.model, data_parallel=True).__name__}")
         super().__init__(plan, data)
