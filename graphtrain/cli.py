@@ -240,7 +240,7 @@ def check_rows(stages: list[str], peers: list[str], peers_named: bool, check_pee
     `check_peer(name)`: a peer's check where it is not a graphtrain.stages row (the sweep's packs)."""
     from graphtrain.peers import PeerUnavailable
 
-    gpu_rungs = [name for name in stages if name in LADDER and get_stage(name).uses_gpu]
+    gpu_rungs = [name for name in stages if name in LADDER and SPECS[name].uses_gpu]
     if gpu_rungs:
         try:
             get_stage(gpu_rungs[0]).check_available()
@@ -611,7 +611,7 @@ def where_to_write(out_dir: Path) -> Path | None:
     if source is not click.core.ParameterSource.DEFAULT:
         return out_dir
     try:
-        get_stage("baseline").check_available()  # the first GPU rung: is there a GPU?
+        get_stage(next(name for name in LADDER if SPECS[name].uses_gpu)).check_available()  # is there a GPU?
     except GpuUnavailableError:
         log(f"no GPU here: the table is shown, not written into {out_dir}/ (--out DIR writes it)")
         return None
