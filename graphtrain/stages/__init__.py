@@ -81,8 +81,8 @@ class RowSpec:
         if model not in MODELS:
             raise ValueError(f"unknown model kind {model!r}")
         if data_parallel:
-            return self.data_parallel_mlp if model == MODELS[0] else self.data_parallel_cnn
-        return self.mlp if model == MODELS[0] else self.cnn
+            return {"mlp": self.data_parallel_mlp, "cnn": self.data_parallel_cnn}[model]
+        return {"mlp": self.mlp, "cnn": self.cnn}[model]
 
 
 # ---- the reasons, each said once -----------------------------------------------------------
@@ -112,6 +112,7 @@ def _peer(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",),
 # hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32.
 CNN_TRAINS = ("tf32", "fp32")
 WHOLE_EPOCH = Refused("it runs a whole epoch per graph launch, with no step boundary for the all-reduce")
+ONE_KERNEL = Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce")
 
 REGISTRY: tuple[RowSpec, ...] = (
     # the rungs, in ladder order
@@ -151,8 +152,7 @@ REGISTRY: tuple[RowSpec, ...] = (
                     "its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "
                     "on numpy and on graphs through device-loop"),
             MLP_ONLY,
-            Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce"),
-            Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce"),
+            ONE_KERNEL, ONE_KERNEL,
             pack=Pack("graphtrain.packed:train_packed", softmax_only=True)),
     # the peers: the same workload trained by frameworks, in the order the ladder runs them
     _peer("torch-eager", "graphtrain.peers.torch_eager:TorchEagerPeer",
