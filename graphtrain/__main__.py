@@ -63,8 +63,10 @@ def run_rung(argv: list[str]) -> str | None:
 def gpu_stage(argv: list[str]) -> str | None:
     """The rung of a `graphtrain run` on the GPU (not the CPU's numpy, not a peer, which makes its
     own context), else None."""
+    from graphtrain.stages import ROWS
+
     stage = run_rung(argv)
-    return stage if stage != "numpy" else None
+    return stage if stage is not None and ROWS[stage].uses_gpu else None
 
 
 def head_start() -> None:
@@ -103,9 +105,8 @@ def interrupted() -> None:
 def start(argv: list[str]) -> None:
     """Note a run of a rung, and for one on the GPU start CUDA on its own thread."""
     global _leave_without_teardown
-    rung = run_rung(argv)
-    _leave_without_teardown = rung is not None
-    if rung is not None and rung != "numpy":
+    _leave_without_teardown = run_rung(argv) is not None
+    if gpu_stage(argv) is not None:
         from graphtrain import phases
         from graphtrain.libs import cuda
 

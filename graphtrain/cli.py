@@ -27,7 +27,8 @@ from graphtrain import config as config_mod
 from graphtrain import data as data_mod
 from graphtrain import files, terminal
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, UsageError
-from graphtrain.stages import LADDER, PEERS, check_names, get_stage, row_names
+from graphtrain.stages import (LADDER, PACKED_PEERS, PEERS, SPECS, check_names, get_stage, models_on, row_names, speedrun_defaults,
+                               speedrun_names, spoken)
 
 out, err = terminal.out, terminal.err
 log = terminal.log
@@ -107,7 +108,7 @@ class Workload:
             bias=self.bias, batch=self.batch, epochs=self.epochs, steps=self.steps, lr=self.lr,
             seed=self.seed, metrics_every=self.metrics_every, precision=self.precision,
             dataset=self.dataset if self.data_file is None else self.data_file.stem,
-            model="cnn" if self.conv else None, conv=config_mod.parse_conv(self.conv) if self.conv else None,
+            conv=config_mod.parse_conv(self.conv) if self.conv else None,
             optimizer=self.optimizer, schedule=self.schedule)
 
     def load(self, config: config_mod.TrainConfig) -> data_mod.Dataset:
@@ -184,8 +185,8 @@ WORKLOAD_OPTIONS = [
                       "tf32: cublas to graphs; bf16: bf16, device-loop, persistent and the bf16 peers; "
                       "fp32: persistent's TF32 passes."),
     click.option("--conv", default=None, metavar="CxK,...",
-                 help="Conv layers before the hidden ones (the cnn model), e.g. 24x5,32x3; trains on numpy, "
-                      "graphs and device-loop."),
+                 help="Conv layers before the hidden ones (the cnn model), e.g. 24x5,32x3; trains on "
+                      f"{spoken(models_on('cnn'))}."),
     click.option("--optimizer", default=None, type=click.Choice(list(config_mod.OPTIMIZERS)),
                  help="The update rule (numpy, and graphs through device-loop; the other rungs: sgd)."),
     click.option("--schedule", default=None, type=click.Choice(list(config_mod.SCHEDULES)),
@@ -217,12 +218,13 @@ def workload_options(command):
     return with_options(WORKLOAD_OPTIONS)(with_workload)
 
 
-def require(stage: str):
-    """The row's class, once what it needs (bindings, driver, GPU; a framework) is checked:
-    before any data is looked for, so a missing GPU is the first thing the user hears of."""
+def require(stage: str, model: str = "mlp"):
+    """The class of row `stage` that trains `model`, once what it needs (bindings, driver, GPU; a
+    framework) is checked: before any data is looked for, so a missing GPU is the first thing the
+    user hears of."""
     from graphtrain.peers import PeerUnavailable
 
-    stage_cls = get_stage(stage)
+    stage_cls = get_stage(stage, model)
     try:
         stage_cls.check_available()
     except (GpuUnavailableError, PeerUnavailable) as exc:
@@ -238,7 +240,7 @@ def check_rows(stages: list[str], peers: list[str], peers_named: bool, check_pee
     `check_peer(name)`: a peer's check where it is not a graphtrain.stages row (the sweep's packs)."""
     from graphtrain.peers import PeerUnavailable
 
-    gpu_rungs = [name for name in stages if name in LADDER and get_stage(name).uses_gpu]
+    gpu_rungs = [name for name in stages if name in LADDER and SPECS[name].uses_gpu]
     if gpu_rungs:
         try:
             get_stage(gpu_rungs[0]).check_available()
@@ -382,13 +384,12 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
             from graphtrain import data_parallel
 
             data_parallel.check_request(gpus, stage, cfg, profile, init_path is not None)
-            get_stage(stage).check_precision(cfg.precision)
             ranks = data_parallel.require(gpus)
             batch_text = f"batch {cfg.batch} per GPU × {gpus} GPUs = {cfg.batch * gpus}"
             cfg = cfg.replace(batch=cfg.batch * gpus)  # the plan is one GPU's at the combined batch
         else:
             check_profile(profile)
-            stage_cls = row_for(require(stage), cfg)  # the cnn's own rung; refused if it cannot train the recipe
+            stage_cls = row_for(require(stage, cfg.model), cfg)  # refused if it cannot train the recipe
             stage_cls.check_precision(cfg.precision)
             batch_text = f"batch {cfg.batch}"
             begin_first_uses(stage_cls)  # the libraries' first-call costs, beside the data loading
@@ -397,10 +398,7 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
         plan = plan_for(cfg, data, init)
         phases.advance("setup")
         length = terminal.counted(cfg.epochs, "epoch") if cfg.epochs else terminal.counted(cfg.steps, "step")
-        model = "-".join(map(str, plan.config.dims))
-        if cfg.model == "cnn":
-            model = "conv " + ",".join(f"{c}x{k}" for c, k in cfg.conv) + f", {model}"
-        log(f"graphtrain: stage {stage}, model {model}, {batch_text}, "
+        log(f"graphtrain: stage {stage}, model {plan.config.layers_text}, {batch_text}, "
             f"lr {cfg.lr}, {length}, data {data.source or data.name}")
         with epoch_progress(plan.num_epochs, stage) as progress:
             if ranks is not None:
@@ -408,7 +406,7 @@ def run(stage, workload, json_path, save_path, init_path, profile, verbose, gpus
 
                 source = DataSource(cfg.dataset if workload.data_file is None else "npz", workload.data_file,
                                     workload.data_dir, workload.offline)
-                record = data_parallel.train(plan, ranks, source, progress)
+                record = data_parallel.train(plan, ranks, source, progress, stage)
             else:
                 record = run_stage(stage_cls, plan, data, progress, profile=profile)
         phases.advance("writing")
@@ -613,7 +611,7 @@ def where_to_write(out_dir: Path) -> Path | None:
     if source is not click.core.ParameterSource.DEFAULT:
         return out_dir
     try:
-        get_stage("baseline").check_available()  # the first GPU rung: is there a GPU?
+        get_stage(next(name for name in LADDER if SPECS[name].uses_gpu)).check_available()  # is there a GPU?
     except GpuUnavailableError:
         log(f"no GPU here: the table is shown, not written into {out_dir}/ (--out DIR writes it)")
         return None
@@ -709,7 +707,7 @@ def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_na
         cfg = workload.config()
         stage_list = name_list(stages, ["graphs"])
         peer_list = name_list(peer_names, list(PEERS)) if peers_flag else []
-        ordinary_peers = [p for p in peer_list if p not in sweep_mod.PACKED_PEERS]
+        ordinary_peers = [p for p in peer_list if p not in PACKED_PEERS]
         if stage_list or ordinary_peers:
             check_names(stage_list, ordinary_peers)
         sizes = config_mod.parse_hidden(hidden_sizes) if hidden_sizes is not None else ()
@@ -882,9 +880,12 @@ def compare(a, b):
 
 @main.command()
 @click.option("--seeds", type=click.IntRange(1), default=10, show_default=True, help="Runs per row: seeds 0..N-1.")
-@click.option("--stages", default=None, metavar="A,B", help="graphtrain rows (default device-loop,graphs; numpy too).")
+@click.option("--stages", default=None, metavar="A,B",
+              help=f"graphtrain rows (default {','.join(speedrun_defaults('stage'))}; "
+                   f"also {', '.join(n for n in speedrun_names('stage') if n not in speedrun_defaults('stage'))}).")
 @click.option("--peer", "peers", default=None, metavar="A,B",
-              help="Peers (default torch-graph,jax-scan; also torch-eager, torch-compile; 'none').")
+              help=f"Peers (default {','.join(speedrun_defaults('peer'))}; "
+                   f"also {', '.join(n for n in speedrun_names('peer') if n not in speedrun_defaults('peer'))}; 'none').")
 @click.option("--rows", default=None, metavar="A,B", help="Exactly these rows, in this order (stages and peers).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the results as JSON.")
@@ -936,11 +937,12 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
         if rows:
             names = name_list(rows, [])
         else:
-            names = name_list(stages, sr.DEFAULT_STAGES) + [p for p in name_list(peers, sr.DEFAULT_PEERS) if p != "none"]
-        unknown = [n for n in names if n not in {**sr.ROWS, **sr.PEER_ROWS}]
+            names = (name_list(stages, speedrun_defaults("stage"))
+                     + [p for p in name_list(peers, speedrun_defaults("peer")) if p != "none"])
+        unknown = [n for n in names if n not in speedrun_names()]
         if unknown or not names:
             raise UsageError(f"unknown speedrun row(s) {', '.join(unknown)}; choose from "
-                             f"{', '.join([*sr.ROWS, *sr.PEER_ROWS])}" if unknown else "no rows to run")
+                             f"{', '.join(speedrun_names())}" if unknown else "no rows to run")
         files.check_outputs({"--json": json_path, "--markdown": md_path})
         check_speedrun_rows(names)
         data = data_mod.load("mnist", data_dir=data_dir)
@@ -989,8 +991,8 @@ def check_speedrun_rows(names: list[str]) -> None:
         except (GpuUnavailableError, PeerUnavailable) as exc:
             missing.setdefault(str(exc), []).append(name)
     if missing:
-        gpu_rows = [n for n in names if n in sr.ROWS and n != "numpy"]
-        peers = [n for n in names if n in sr.PEER_ROWS]
+        gpu_rows = [n for n in names if SPECS[n].kind == "stage" and SPECS[n].uses_gpu]
+        peers = [n for n in names if SPECS[n].kind == "peer"]
         ways = []
         if gpu_rows and any(set(rows) & set(gpu_rows) for rows in missing.values()):
             ways.append("--stages numpy to time the CPU's row alone")

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Sequence
 
 from graphtrain.errors import UsageError
-from graphtrain.sweep import DataSource, OnTask, Task, gather, run_task
+from graphtrain.sweep import DataSource, OnTask, SweepTask, gather, run_task
 
 INSTALL_HINT = "pip install 'graphtrain[cluster]' (Dask's distributed)"
 
@@ -40,7 +40,7 @@ def _worker_data(source: DataSource):
     return source.load()
 
 
-def run_remote(task: Task, source: DataSource, local: bool) -> list[dict]:
+def run_remote(task: SweepTask, source: DataSource, local: bool) -> list[dict]:
     """A Dask task: the task's rows, trained on this worker's GPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
     device = f"GPU {visible}" if local else f"{socket.gethostname()} GPU {visible}"
@@ -93,7 +93,7 @@ class DaskCluster:
         with dask.config.set({"distributed.nanny.pre-spawn-environ": {}, "distributed.nanny.environ": {}}):
             return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
 
-    def run(self, tasks: Sequence[Task], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
+    def run(self, tasks: Sequence[SweepTask], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         distributed = import_distributed()
         cluster = self.local_cluster() if self.address is None else None
         try:

@@ -52,9 +52,18 @@ class TrainConfig:
     def dims(self) -> tuple[int, ...]:
         return (self.in_features, *self.hidden, self.classes)
 
+    @property
+    def layers_text(self) -> str:
+        """The model in a few words: '784-256-10', a cnn's conv layers first ('conv 24x5,32x3, 800-256-10')."""
+        dims = "-".join(map(str, self.dims))
+        return f"conv {','.join(f'{c}x{k}' for c, k in self.conv)}, {dims}" if self.conv else dims
+
     def replace(self, **changes) -> TrainConfig:
-        """A copy with `changes` applied; None values mean 'keep the current one'."""
+        """A copy with `changes` applied; None values mean 'keep the current one'. Conv layers
+        given without a model make the model the cnn."""
         changes = {k: v for k, v in changes.items() if v is not None}
+        if changes.get("conv") and "model" not in changes:
+            changes["model"] = "cnn"
         if "steps" in changes:
             changes.setdefault("epochs", None)
         elif "epochs" in changes:

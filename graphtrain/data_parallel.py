@@ -24,6 +24,7 @@ import traceback
 from multiprocessing.connection import wait
 
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, TrainingError, UsageError
+from graphtrain import stages
 from graphtrain.libs import nccl
 from graphtrain.stages import data_parallel as dp_stage
 from graphtrain.sweep import DataSource
@@ -40,14 +41,13 @@ def check_request(gpus: int, stage: str, config, profile: bool = False, init: bo
     """UsageError where `run --gpus` cannot train this at all, whatever the machine."""
     if gpus < 1:
         raise UsageError(f"--gpus wants a whole number >= 1, got {gpus}")
-    why = dp_stage.refusal(stage, config.model)
-    if why is not None:
-        raise UsageError(why)
-    dp_stage.stage_for(config.model).check_recipe(config)
+    trainer = stages.data_parallel_trainer(stage, config.model)  # the rung and the model, or why not
+    stages.check_recipe(stage, trainer.recipe_refusal, config)
     if profile:
         raise UsageError("--profile traces one process's GPU: run it without --gpus")
     if init:
         raise UsageError("--init resumes on one GPU: run it without --gpus")
+    stages.check_precision(stage, trainer.precisions, config.precision)
 
 
 def visible_gpus() -> list[str]:
@@ -76,8 +76,9 @@ def require(gpus: int) -> list[str]:
     return names[:gpus]
 
 
-def _rank_main(rank: int, size: int, plan_config, source: DataSource, conn) -> None:
-    """One rank's life; everything it has to say goes up `conn`."""
+def _rank_main(rank: int, size: int, plan_config, source: DataSource, conn,
+               stage: str = stages.DATA_PARALLEL_RUNGS[0]) -> None:
+    """One rank's life, training on rung `stage`; everything it has to say goes up `conn`."""
     nccl.disable_nvls()
     try:
         if rank == 0:
@@ -90,7 +91,8 @@ def _rank_main(rank: int, size: int, plan_config, source: DataSource, conn) -> N
 
         data = source.load()
         plan = RunPlan.for_data(plan_config, data)
-        stage_cls = dp_stage.stage_for(plan_config.model).for_group(dp_stage.Group(rank, size, uid))
+        stage_cls = stages.get_stage(stage, plan_config.model, data_parallel=True)
+        stage_cls = stage_cls.for_group(dp_stage.Group(rank, size, uid))
 
         def progress(epoch: int, num_epochs: int, entry) -> None:
             if rank == 0:
@@ -104,9 +106,9 @@ def _rank_main(rank: int, size: int, plan_config, source: DataSource, conn) -> N
                    traceback.format_exc()))
 
 
-def train(plan, gpus: list[str], source: DataSource, progress=None):
-    """Train `plan` (the one-GPU plan at the combined batch) on `gpus`, one rank each; rank 0's
-    run record, its `data_parallel` saying how."""
+def train(plan, gpus: list[str], source: DataSource, progress=None, stage: str = stages.DATA_PARALLEL_RUNGS[0]):
+    """Train `plan` (the one-GPU plan at the combined batch) on `gpus`, one rank each, on rung
+    `stage`; rank 0's run record, its `data_parallel` saying how."""
     size = len(gpus)
     dp_stage.check_split(plan, size)
     nccl.disable_nvls()  # inherited by every rank, as is the rest of this environment
@@ -115,7 +117,7 @@ def train(plan, gpus: list[str], source: DataSource, progress=None):
     try:
         for rank, gpu in enumerate(gpus):
             parent_end, child_end = context.Pipe()
-            process = context.Process(target=_rank_main, args=(rank, size, plan.config, source, child_end),
+            process = context.Process(target=_rank_main, args=(rank, size, plan.config, source, child_end, stage),
                                       name=f"graphtrain-rank{rank}", daemon=True)
             start_on(process, ",".join(bound_gpus(gpus, rank)))
             child_end.close()

@@ -35,7 +35,7 @@ from graphtrain.errors import GpuUnavailableError, GraphtrainError, ModelUnsuppo
 from graphtrain.peers import PeerUnavailable
 from graphtrain.plan import RunPlan
 from graphtrain.record import FailedRun, Row, data_summary, merge_repeats
-from graphtrain.stages import PEERS, check_names, get_stage, peer_names, stage_names
+from graphtrain.stages import ROWS, check_names, get_stage, peer_names, stage_names
 
 
 
@@ -154,7 +154,7 @@ def _run_row(name: str, plan: RunPlan, data: Dataset, progress: Progress, skips:
     def on_epoch(epoch: int, num_epochs: int, entry) -> None:
         progress.update(task, completed=len(runs) * num_epochs + epoch + 1)
 
-    kind = "peer" if name in PEERS else "stage"
+    kind = ROWS[name].kind
     log_path = None
     captured = output.capture(name) if output else contextlib.nullcontext()  # the log named after the row
     try:

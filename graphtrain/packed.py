@@ -63,7 +63,7 @@ class PackBuffers:
         self.arena = Arena()
         self.dataset = device_pieces.DatasetOnDevice(self.arena, first, data, train_images=False)
         self.images = self.arena.reserve("images", (first.num_train, shape.padded_features), shape.image_dtype)
-        self.evaluation = device_pieces.Evaluation(self.arena, cfg, self.dataset)
+        self.evaluation = device_pieces.DeviceEvaluation(self.arena, cfg, self.dataset)
         self.model_arenas = [Arena() for _ in plans]
         self.orders = [self.dataset.order] + [arena.reserve("order", (plan.orders.size,), np.int32)
                                               for arena, plan in zip(self.model_arenas[1:], plans[1:])]

@@ -4,10 +4,10 @@
 `recipe_of` builds it from a `TrainConfig`; `normalise` puts [0, 1] pixels on MNIST's mean and
 standard deviation, as the recipe trains on them. The cnn rungs (graphtrain.stages) and the
 speedrun (graphtrain.speedrun) take these from here, and the speedrun's peers (graphtrain.peers)
-its `Task` and `Row`, so that no row imports a runner.
+its `SpeedrunTask` and `SpeedrunRow`, so that no row imports a runner.
 
-`Task` is what every row of a speedrun trains (the model, the recipe, the normalised data, each
-seed's run plan) and `Row` the protocol a speedrun row answers to: set up once, then `run(seed)`
+`SpeedrunTask` is what every row of a speedrun trains (the model, the recipe, the normalised data, each
+seed's run plan) and `SpeedrunRow` the protocol a speedrun row answers to: set up once, then `run(seed)`
 returns the test accuracy of one seed's training.
 """
 
@@ -56,7 +56,7 @@ def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf
 
 
 @dataclass(frozen=True)
-class Task:
+class SpeedrunTask:
     """What every row of a speedrun trains: the model, the recipe, the normalised data."""
 
     spec: CnnSpec
@@ -93,11 +93,11 @@ class Task:
         return self.plan(seed).orders
 
 
-class Row:
+class SpeedrunRow:
     name: str
     note: str = ""
 
-    def setup(self, task: Task) -> None:
+    def setup(self, task: SpeedrunTask) -> None:
         self.task = task
 
     def run(self, seed: int) -> float:

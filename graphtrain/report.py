@@ -47,7 +47,7 @@ DASH = "—"
 
 
 @dataclass
-class Row:
+class TableRow:
     name: str
     kind: str  # "stage" or "peer"
     status: str  # "ok", "failed" or "skipped"
@@ -75,7 +75,7 @@ def kind_of(record: dict) -> str:
     return record.get("kind", "stage")
 
 
-def ladder_rows(records: list[dict]) -> list[Row]:
+def ladder_rows(records: list[dict]) -> list[TableRow]:
     """One display row per record, with both speed-ups worked out."""
     baseline = next((r for r in records if r.get("stage") == "baseline" and is_ok(r)), None)
     baseline_ms = baseline["epoch_ms"] if baseline else None
@@ -85,13 +85,13 @@ def ladder_rows(records: list[dict]) -> list[Row]:
         kind = kind_of(record)
         if not is_ok(record):
             status = "skipped" if record.get("skipped") else "failed"
-            rows.append(Row(record.get("stage", "?"), kind, status, note=record.get("error", "")))
+            rows.append(TableRow(record.get("stage", "?"), kind, status, note=record.get("error", "")))
         else:
             ms = record["epoch_ms"]
             vs_prev = None
             if kind == "stage" and prev_stage is not None and is_ok(prev_stage):
                 vs_prev = _ratio(prev_stage["epoch_ms"], ms)
-            rows.append(Row(
+            rows.append(TableRow(
                 record["stage"], kind, "ok", epoch_ms=ms, total_ms=record.get("total_ms"), setup_ms=record.get("setup_ms"),
                 vs_prev=vs_prev,
                 vs_baseline=_ratio(baseline_ms, ms) if baseline_ms is not None else None,
@@ -139,7 +139,7 @@ def fmt_loss(loss: float | None) -> str:
     return DASH if loss is None else f"{loss:.4f}"
 
 
-def row_note(row: Row) -> str:
+def row_note(row: TableRow) -> str:
     if row.status == "ok":
         return row.note
     return f"{row.status}: {row.note}" if row.note else row.status
@@ -180,7 +180,7 @@ PROFILE_LEGEND = ("From one extra epoch under CUPTI: kernels and host launches p
                   "share of the median epoch the GPU sat idle.")
 
 
-def ladder_columns(rows: list[Row]) -> list[str]:
+def ladder_columns(rows: list[TableRow]) -> list[str]:
     """LADDER_COLUMNS, with the range column after epoch ms when rows were repeated, then before
     the note the nodes column when rows captured a step graph and the profile columns when rows
     were profiled."""
@@ -198,7 +198,7 @@ def ladder_columns(rows: list[Row]) -> list[str]:
     return columns + [LADDER_COLUMNS[-1]]
 
 
-def ladder_legend(rows: list[Row]) -> str:
+def ladder_legend(rows: list[TableRow]) -> str:
     columns = ladder_columns(rows)
     extra = [SPREAD_LEGEND] if SPREAD_COLUMN in columns else []
     extra += [WALL_LEGEND] if WALL_COLUMN in columns else []
@@ -207,7 +207,7 @@ def ladder_legend(rows: list[Row]) -> str:
     return " ".join([LADDER_LEGEND, *extra])
 
 
-def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS) -> list[str]:
+def ladder_cells(row: TableRow, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS) -> list[str]:
     """A row's cells in `columns` order; a peer's name is marked so it never reads as a rung."""
     profile = row.profile or {}
     values = {
@@ -231,7 +231,7 @@ def ladder_cells(row: Row, columns: list[str] | tuple[str, ...] = LADDER_COLUMNS
     return [values[column] for column in columns]
 
 
-def headline(rows: list[Row]) -> str | None:
+def headline(rows: list[TableRow]) -> str | None:
     """The fastest graphtrain rung against `baseline` and the fastest peer of its precision."""
     ok = [row for row in rows if row.status == "ok"]
     stages = [row for row in ok if row.kind == "stage"]
@@ -500,7 +500,7 @@ def ladder_markdown(records: list[dict], label: str, command: str, date: str | N
     return "\n".join(lines)
 
 
-def _display_name(row: Row) -> str:
+def _display_name(row: TableRow) -> str:
     return f"{row.name} (peer)" if row.kind == "peer" else row.name
 
 

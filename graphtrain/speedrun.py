@@ -19,7 +19,6 @@ the last `holdout` ones instead of the test set: where the recipe is tuned.
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import subprocess
 import sys
@@ -28,16 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphtrain import environment, reference_cnn, report
+from graphtrain import environment, reference_cnn, report, stages
 from graphtrain.config import TrainConfig
 from graphtrain.config import cnn_spec as config_cnn_spec
 from graphtrain.errors import UsageError
 from graphtrain.kernels import ceil_div
-from graphtrain.recipe import MNIST_MEAN, MNIST_STD, Row, Task, normalise, recipe_of
+from graphtrain.recipe import MNIST_MEAN, MNIST_STD, SpeedrunRow, SpeedrunTask, normalise, recipe_of
 from graphtrain.reference_cnn import CnnSpec
 
 
-def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> Task:
+def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> SpeedrunTask:
     """The task of `config` on a loaded dataset, its images normalised once here."""
     if config.epochs is None:
         raise UsageError("the speedrun trains whole epochs: give --epochs, not --steps")
@@ -49,7 +48,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
         train_x, train_y, test_x, test_y = (train_x[:-holdout], train_y[:-holdout], train_x[-holdout:],
                                             train_y[-holdout:])
     recipe = recipe_of(config, config.epochs * ceil_div(len(train_x), config.batch), config.epochs, precision)
-    return Task(config_cnn_spec(config), recipe, normalise(train_x),
+    return SpeedrunTask(config_cnn_spec(config), recipe, normalise(train_x),
                 train_y.astype(np.int32), normalise(test_x), test_y.astype(np.int32),
                 "holdout" if holdout else "test", config, fused_convs=fused_convs)
 
@@ -58,7 +57,7 @@ def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf3
 # graphtrain's rows
 
 
-class NumpyRow(Row):
+class NumpyRow(SpeedrunRow):
     name = "numpy"
     note = "float32 NumPy on the CPU"
 
@@ -77,10 +76,10 @@ class NumpyRow(Row):
         return reference_cnn.accuracy(spec, params, task.test_images, task.test_labels)
 
 
-class _CnnGpuRow(Row):
+class _CnnGpuRow(SpeedrunRow):
     device_loop = False  # whether the model records WHILE nodes
 
-    def setup(self, task: Task) -> None:
+    def setup(self, task: SpeedrunTask) -> None:
         from graphtrain.libs import cuda
         from graphtrain.stages.cnn_device import CnnDevice
 
@@ -156,46 +155,21 @@ class DeviceLoopRow(_CnnGpuRow):
         return float(self.model.correct.download(stream)[0]) / len(self.task.test_images)
 
 
-ROWS = {
-    "device-loop": "graphtrain.speedrun:DeviceLoopRow",
-    "graphs": "graphtrain.speedrun:GraphsRow",
-    "numpy": "graphtrain.speedrun:NumpyRow",
-}
-PEER_ROWS = {
-    "torch-eager": "graphtrain.peers.speedrun_torch:TorchEagerRow",
-    "torch-graph": "graphtrain.peers.speedrun_torch:TorchGraphRow",
-    "torch-compile": "graphtrain.peers.speedrun_torch:TorchCompileRow",
-    "jax-scan": "graphtrain.peers.speedrun_jax:JaxScanRow",
-}
-DEFAULT_STAGES = ["device-loop", "graphs"]
-DEFAULT_PEERS = ["torch-graph", "jax-scan"]
-
-
 def check_row(name: str) -> None:
     """Before any data is read: GpuUnavailableError (a peer: PeerUnavailable) unless row `name`
     can run here: numpy anywhere, graphtrain's other rows on a GPU, a peer with its framework."""
-    if name == "numpy":
-        return
-    if name in ROWS:
-        from graphtrain.libs import cuda
-
-        cuda.open_device()
-    elif name.startswith("jax"):
-        from graphtrain.peers.jax_scan import import_jax
-
-        import_jax()
-    else:
-        from graphtrain.peers.torch_common import import_torch
-
-        import_torch()
+    stages.get_stage(name).check_available()
 
 
-def get_row(name: str) -> Row:
-    target = {**ROWS, **PEER_ROWS}.get(name)
-    if target is None:
-        raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join([*ROWS, *PEER_ROWS])}")
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)()
+def get_row(name: str) -> SpeedrunRow:
+    spec = stages.SPECS.get(name)
+    if spec is None or spec.speedrun is None:
+        raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join(stages.speedrun_names())}")
+    return stages.load_target(spec.speedrun)()
+
+
+def is_peer(name: str) -> bool:
+    return stages.SPECS[name].kind == "peer"
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,7 +211,7 @@ class RowResult:
         return d
 
 
-def run_row(name: str, task: Task, seeds: list[int], progress=None) -> RowResult:
+def run_row(name: str, task: SpeedrunTask, seeds: list[int], progress=None) -> RowResult:
     """Set the row up (untimed), then time each seed's run from model construction to accuracy."""
     row = get_row(name)
     start = time.perf_counter()
@@ -275,17 +249,17 @@ def process_wall(name: str, argv: list[str]) -> float:
 
 
 def fastest_peer(results: list[RowResult]) -> RowResult | None:
-    peers = [r for r in results if r.name in PEER_ROWS and r.accuracies]
+    peers = [r for r in results if is_peer(r.name) and r.accuracies]
     return min(peers, key=lambda r: r.time_ms_median) if peers else None
 
 
-def summary(results: list[RowResult], task: Task, command: str, date: str) -> dict:
+def summary(results: list[RowResult], task: SpeedrunTask, command: str, date: str) -> dict:
     """The JSON document: the task, the environment, one entry per row."""
     peer = fastest_peer(results)
     rows = []
     for r in results:
         d = r.to_dict()
-        if peer is not None and r.accuracies and r.name not in PEER_ROWS:
+        if peer is not None and r.accuracies and not is_peer(r.name):
             d["speedup_vs_fastest_peer"] = peer.time_ms_median / r.time_ms_median
         rows.append(d)
     recipe = task.recipe
@@ -310,7 +284,7 @@ def markdown(doc: dict) -> str:
     libraries; then the task), then the table."""
     task, rows = doc["task"], doc["rows"]
     records = [{"environment": {"revision": doc["revision"]}},
-               *({"kind": "peer" if r["name"] in PEER_ROWS else "stage", "environment": r.get("environment", {})}
+               *({"kind": stages.SPECS[r["name"]].kind, "environment": r.get("environment", {})}
                  for r in rows)]
     lines = [
         "# Speedrun: time to 99% on MNIST", "",

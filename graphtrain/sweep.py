@@ -39,16 +39,12 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from graphtrain import report
+from graphtrain import report, stages
 from graphtrain.config import TrainConfig
 from graphtrain.errors import GpuUnavailableError, GraphtrainError, ModelUnsupported, UsageError
 
 SWEEP_DEPTH = 3  # hidden layers of a swept width when the preset has none: cuda-mnist's (H, H, H); --depth
 
-# Rows that only exist as packs of models: the sweep's own peers.
-PACKED_PEERS = {"jax-vmap": "graphtrain.peers.jax_vmap:JaxVmapPeer"}
-# Rungs whose softmax regressions can share one GPU as a pack (graphtrain.packed).
-PACKABLE_STAGES = ("persistent",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,14 +75,11 @@ def sized_config(config: TrainConfig, size: int, depth: int | None = None) -> Tr
 
 def check_peer(name: str) -> None:
     """PeerUnavailable unless peer `name` (a graphtrain.stages peer, or a packed peer) can run here."""
-    if name in PACKED_PEERS:
-        from graphtrain.peers.jax_scan import import_jax
-
-        import_jax()
+    pack = stages.SPECS[name].pack
+    if pack is not None and pack.only:
+        stages.load_target(pack.check)()
     else:
-        from graphtrain.stages import get_stage
-
-        get_stage(name).check_available()
+        stages.get_stage(name).check_available()
 
 
 def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str],
@@ -115,14 +108,14 @@ def expand_grid(config: TrainConfig, stages: Sequence[str], peers: Sequence[str]
 
 
 @dataclass(frozen=True)
-class Task:
+class SweepTask:
     """What one worker runs at a time: one point, or a pack of points trained together."""
 
     points: tuple[GridPoint, ...]
 
     @property
     def packed(self) -> bool:
-        return len(self.points) > 1 or self.points[0].name in PACKED_PEERS
+        return len(self.points) > 1 or self.points[0].name in stages.PACKED_PEERS
 
     @property
     def label(self) -> str:
@@ -136,13 +129,13 @@ class Task:
 def pack_key(point: GridPoint) -> tuple | None:
     """Points with the same key can train as one pack: the same row and workload but for the
     learning rate and the seed. None: this point always runs alone."""
-    packable = point.name in PACKED_PEERS or (point.name in PACKABLE_STAGES and not point.config.hidden)
-    if not packable:
+    pack = stages.SPECS[point.name].pack
+    if pack is None or (pack.softmax_only and point.config.hidden):
         return None
     return point.name, dataclasses.replace(point.config, lr=1.0, seed=0)
 
 
-def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1) -> list[Task]:
+def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1) -> list[SweepTask]:
     """The points as tasks. With `pack`, the points that can share a GPU (see `pack_key`) go
     into packs, each split into `workers` packs of near-equal size so every worker gets a share;
     the jax-vmap peer always runs as packs. Tasks come out in the order of their first point."""
@@ -152,8 +145,8 @@ def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1)
     singles = []
     for point in points:
         key = pack_key(point)
-        if key is None or (not pack and point.name not in PACKED_PEERS):
-            singles.append(Task((point,)))
+        if key is None or (not pack and point.name not in stages.PACKED_PEERS):
+            singles.append(SweepTask((point,)))
         else:
             groups.setdefault(key, []).append(point)
     tasks = list(singles)
@@ -161,7 +154,7 @@ def make_tasks(points: Sequence[GridPoint], pack: bool = True, workers: int = 1)
         parts = min(workers, len(members))
         for part in range(parts):  # contiguous shares, the first ones one larger
             lo, hi = part * len(members) // parts, (part + 1) * len(members) // parts
-            tasks.append(Task(tuple(members[lo:hi])))
+            tasks.append(SweepTask(tuple(members[lo:hi])))
     return sorted(tasks, key=lambda task: task.points[0].index)
 
 
@@ -187,7 +180,7 @@ class DataSource:
         return data_mod.load(self.name, data_dir=self.data_dir, offline=self.offline)
 
 
-def run_task(task: Task, data, device: str) -> list[dict]:
+def run_task(task: SweepTask, data, device: str) -> list[dict]:
     """Train the task's points on this process's GPU; one JSON row per point, in point order.
     A failure becomes failed rows (a missing framework or GPU, or a model the rung cannot
     train by design: skipped rows), so one task's trouble never stops a sweep."""
@@ -213,7 +206,7 @@ def run_task(task: Task, data, device: str) -> list[dict]:
 _last_plan: list = [None, None, None]  # (config, data, plan): this process's last run plan
 
 
-def plan_for(config: TrainConfig, data):
+def shared_plan(config: TrainConfig, data):
     """The run plan of `config` on `data`, built once for the consecutive points that share it
     (every row of one grid point: its stages and peers train from one plan, as a ladder's do).
     Only the last is kept: a wide model's initial weights are large."""
@@ -228,21 +221,14 @@ def _train_one(point: GridPoint, data):
     from graphtrain import training
     from graphtrain.stages import get_stage
 
-    return training.run_stage(get_stage(point.name), plan_for(point.config, data), data)
+    return training.run_stage(get_stage(point.name), shared_plan(point.config, data), data)
 
 
-def _train_pack(task: Task, data):
+def _train_pack(task: SweepTask, data):
     from graphtrain.plan import RunPlan
 
     plans = [RunPlan.for_data(point.config, data) for point in task.points]
-    name = task.points[0].name
-    if name in PACKED_PEERS:
-        from graphtrain.peers.jax_vmap import train_vmapped
-
-        return train_vmapped(plans, data)
-    from graphtrain.packed import train_packed
-
-    return train_packed(plans, data)
+    return stages.load_target(stages.SPECS[task.points[0].name].pack.target)(plans, data)
 
 
 def weights_digest(params) -> str:
@@ -293,7 +279,7 @@ def device_label() -> str:
 # --------------------------------------------------------------------------------------------
 
 # on_task(task, rows) after each task, for progress.
-OnTask = Callable[[Task, list[dict]], None]
+OnTask = Callable[[SweepTask, list[dict]], None]
 
 
 class InProcess:
@@ -302,7 +288,7 @@ class InProcess:
     workers = 1
     description = "this process"
 
-    def run(self, tasks: Sequence[Task], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
+    def run(self, tasks: Sequence[SweepTask], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         data = data if data is not None else source.load()
         rows = []
         for task in tasks:
@@ -313,9 +299,9 @@ class InProcess:
         return gather(rows)
 
 
-def _device_of(task: Task) -> str:
+def _device_of(task: SweepTask) -> str:
     """Where a task trains: the CPU rung on the CPU, everything else on this process's GPU."""
-    return "CPU" if all(point.name == "numpy" for point in task.points) else device_label()
+    return "CPU" if not any(stages.SPECS[point.name].uses_gpu for point in task.points) else device_label()
 
 
 def gather(rows: Sequence[dict]) -> list[dict]:

@@ -85,13 +85,11 @@ def plan_for(config: TrainConfig, data: data_mod.Dataset, init: Model | None = N
 
 
 def row_for(stage_cls: type[Stage], config: TrainConfig) -> type[Stage]:
-    """The row that trains `config` when `stage_cls` is asked for (the cnn has rungs of its own,
-    graphtrain.stages.cnn_rungs), once it is checked that it can train the config's recipe: a
-    UsageError saying why not, before any data is read."""
-    if config.model == "cnn":
-        from graphtrain.stages.cnn_rungs import cnn_rung
-
-        stage_cls = cnn_rung(stage_cls)
+    """The row that trains `config` when `stage_cls` is asked for (the class of the same row for
+    the config's model kind, graphtrain.stages.REGISTRY), once it is checked that it can train the
+    config's recipe: a UsageError saying why not, before any data is read."""
+    if stage_cls.model_kind != config.model:
+        stage_cls = get_stage(stage_cls.name, config.model, data_parallel=stage_cls.data_parallel)
     stage_cls.check_recipe(config)
     return stage_cls
 

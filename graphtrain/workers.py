@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Sequence
 
 from graphtrain.errors import GpuUnavailableError, UsageError
-from graphtrain.sweep import DataSource, OnTask, Task, _failed, gather, run_task
+from graphtrain.sweep import DataSource, OnTask, SweepTask, _failed, gather, run_task
 
 
 def start_on(process, visible: str) -> None:
@@ -98,7 +98,7 @@ class GpuWorkers:
     def for_request(cls, request: str) -> GpuWorkers:
         return cls(resolve_gpus(request))
 
-    def run(self, tasks: Sequence[Task], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
+    def run(self, tasks: Sequence[SweepTask], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         """Every task on whichever worker is free; rows in grid order. (`data`, this process's
         loaded dataset, is not sent: each worker loads its own from `source`.)"""
         context = multiprocessing.get_context("spawn")

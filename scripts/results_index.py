@@ -79,7 +79,7 @@ def short_device(text: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def ladder_best(name: str) -> tuple[report.Row, report.Row | None]:
+def ladder_best(name: str) -> tuple[report.TableRow, report.TableRow | None]:
     """A ladder's fastest rung and the fastest peer of that rung's precision."""
     rows = [row for row in report.ladder_rows(load(name)["records"]) if row.status == "ok"]
     best = min((row for row in rows if row.kind == "stage"), key=lambda row: row.epoch_ms)

@@ -202,7 +202,7 @@ SMALL = R.CnnSpec((R.ConvLayer(6, 5), R.ConvLayer(8, 3)), (32,), classes=10)
 
 def small_task(num_train=600, num_test=300, batch=128, optimizer=None, schedule_kind="one-cycle",
                precision="fp32", spec=SMALL, seed=0):
-    from graphtrain.recipe import Recipe, Task
+    from graphtrain.recipe import Recipe, SpeedrunTask
 
     rng = np.random.default_rng([seed, 99])
     # Learnable synthetic digits: a class mean image plus noise.
@@ -213,7 +213,7 @@ def small_task(num_train=600, num_test=300, batch=128, optimizer=None, schedule_
     steps = -(-num_train // batch)
     recipe = Recipe(batch=batch, epochs=1, optimizer=optimizer or R.Optimizer("adam", betas=(0.7, 0.9)),
                     schedule=R.Schedule(schedule_kind, 0.01, steps), precision=precision)
-    return Task(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
+    return SpeedrunTask(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
 
 
 def reference_run(task, seed, steps):

@@ -18,7 +18,7 @@ from graphtrain.errors import GpuUnavailableError, TrainingError, UsageError
 from graphtrain.libs import nccl
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord
-from graphtrain.stages import LADDER
+from graphtrain.stages import LADDER, get_stage
 from graphtrain.stages import data_parallel as dp_stage
 from test_cli import invoke, one_line_error
 
@@ -40,8 +40,8 @@ def test_the_cnns_device_loop_is_refused_with_its_own_reason():
 def test_the_cnn_on_graphs_passes_the_request_checks():
     cnn = preset("speedrun").replace(batch=128)
     data_parallel.check_request(2, "graphs", cnn)
-    assert dp_stage.stage_for("cnn") is dp_stage.DataParallelCnnGraphsStage
-    assert dp_stage.stage_for("mlp") is dp_stage.DataParallelGraphsStage
+    assert get_stage("graphs", "cnn", data_parallel=True) is dp_stage.DataParallelCnnGraphsStage
+    assert get_stage("graphs", "mlp", data_parallel=True) is dp_stage.DataParallelGraphsStage
 
 
 def test_a_cnn_tail_batch_that_does_not_split_evenly_is_refused_before_any_rank_starts(monkeypatch, mnist_dir):
@@ -445,12 +445,14 @@ def test_the_cnn_rank_closes_its_step_graph_before_its_communicator_and_aborts_o
 
 
 def test_the_trainer_keeps_the_cnn_rank_it_is_given():
-    from graphtrain.stages.cnn_rungs import CnnGraphsStage, cnn_rung
+    from graphtrain.stages.cnn_rungs import CnnGraphsStage
     from graphtrain.stages.graphs import GraphsStage
+    from graphtrain.training import row_for
 
+    cnn = preset("speedrun")
     bound = dp_stage.DataParallelCnnGraphsStage.for_group(dp_stage.Group(0, 2, bytes(128)))
-    assert cnn_rung(bound) is bound
-    assert cnn_rung(GraphsStage) is CnnGraphsStage
+    assert row_for(bound, cnn) is bound
+    assert row_for(GraphsStage, cnn) is CnnGraphsStage
 
 
 def test_a_cnn_model_checks_its_rank_before_touching_the_gpu():

@@ -2,7 +2,7 @@
 
 graphtrain keeps matrices row-major; cuBLASLt is column-major. A row-major C (m×n) = op(A)·op(B)
 is planned as the column-major Cᵀ (n×m) = op(B)ᵀ·op(A)ᵀ: B and A swap places, and so do m and n.
-Read in row-major terms, the epilogues a `Matmul` offers are
+Read in row-major terms, the epilogues a `LtMatmul` offers are
 
     bias        C += b, b of length n (one per column: y = x·Wᵀ + b)
     relu        C = max(C, 0)
@@ -12,7 +12,7 @@ Read in row-major terms, the epilogues a `Matmul` offers are
 for graphtrain's shapes on an H100: one node more each, so the fused rungs do that work in their
 own kernels instead.)
 
-A `Matmul` holds its descriptors, layouts and the heuristic's first algorithm without split-K
+A `LtMatmul` holds its descriptors, layouts and the heuristic's first algorithm without split-K
 (one block owns each output: a single kernel, the same bits every run), all chosen at setup; a
 call passes pointers and the two scalars to cublasLtMatmul and nothing else.
 """
@@ -108,7 +108,7 @@ class Product:
 
 
 class Lt:
-    """A cuBLASLt handle and the workspace every Matmul of a run shares (from the arena)."""
+    """A cuBLASLt handle and the workspace every LtMatmul of a run shares (from the arena)."""
 
     def __init__(self, workspace: int, workspace_bytes: int):
         self.lib = library.load()
@@ -123,7 +123,7 @@ class Lt:
             library.check(self.lib.cublasLtDestroy(handle), "cublasLtDestroy")
 
 
-class Matmul:
+class LtMatmul:
     """One planned product: `matmul(a, b, c, alpha, beta, stream)` queues C = alpha·op(A)·op(B) +
     beta·C with the epilogue. The bias belongs to the layer and is bound here."""
 

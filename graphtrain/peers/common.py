@@ -14,9 +14,6 @@ WARMUP_STEPS = 3  # per batch shape; enough for lazy init, autotuning and CUDA-g
 
 
 class Peer(Stage):
-    uses_gpu = True
-    kind = "peer"
-
     @classmethod
     def check_available(cls) -> int | None:
         """Each framework checks its own GPU (the subclasses); graphtrain's CUDA is not needed."""

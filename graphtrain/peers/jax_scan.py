@@ -300,7 +300,6 @@ class JaxScanBf16Peer(JaxScanPeer):
     summary = "JAX: one jitted lax.scan per epoch, bf16 operands, fp32 accumulation and weights"
     note = ("bf16 operands (backward products too, through a custom VJP), fp32 accumulation, "
             "results and weights")
-    precisions = ("bf16",)
 
     product = "bf16"
     gather = "rows"

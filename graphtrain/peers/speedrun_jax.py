@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from graphtrain.peers.jax_scan import import_jax
-from graphtrain.recipe import Row, Task
+from graphtrain.recipe import SpeedrunRow, SpeedrunTask
 
 
-class JaxScanRow(Row):
+class JaxScanRow(SpeedrunRow):
     name = "jax-scan"
 
-    def setup(self, task: Task) -> None:
+    def setup(self, task: SpeedrunTask) -> None:
         super().setup(task)
         jax, device = import_jax()
         import jax.numpy as jnp

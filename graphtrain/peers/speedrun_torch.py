@@ -22,13 +22,13 @@ import math
 import numpy as np
 
 from graphtrain.peers.torch_common import import_torch
-from graphtrain.recipe import Row, Task
+from graphtrain.recipe import SpeedrunRow, SpeedrunTask
 
 WARMUP_STEPS = 3
 
 
-class _TorchRow(Row):
-    def setup(self, task: Task) -> None:
+class _TorchRow(SpeedrunRow):
+    def setup(self, task: SpeedrunTask) -> None:
         super().setup(task)
         torch = self.torch = import_torch()
         tf32 = task.recipe.precision == "tf32"

@@ -30,7 +30,6 @@ def compile_mode() -> str:
 class TorchCompilePeer(TorchPeer):
     name = "torch-compile"
     summary = "PyTorch: the whole step through torch.compile (fullgraph), bf16 autocast"
-    precisions = ("bf16",)
 
     def setup(self) -> None:
         self.mode = compile_mode()

@@ -77,7 +77,6 @@ class TorchGraphBf16Peer(TorchGraphPeer):
     name = "torch-graph-bf16"
     summary = "PyTorch: the step in one CUDA graph per batch shape, bf16 autocast, fp32 weights"
     note = "bf16 autocast, fp32 weights"
-    precisions = ("bf16",)
 
     def autocast(self):
         return self.torch.autocast("cuda", dtype=self.torch.bfloat16)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from graphtrain.data import Dataset
-from graphtrain.errors import ModelUnsupported, UsageError
+from graphtrain import stages
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 
@@ -28,18 +28,29 @@ class EpochResult:
 class Stage:
     name: ClassVar[str]
     summary: ClassVar[str]  # what this rung adds to the one before it
+    model_kind: ClassVar[str] = "mlp"  # the model it trains (graphtrain.config.MODELS)
+    data_parallel: ClassVar[bool] = False  # whether it trains as one rank of `run --gpus`
+    note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
+    # What varies per row is the registry's (graphtrain.stages.REGISTRY), filled in below for the
+    # class it names (by name, model kind and data_parallel):
     uses_gpu: ClassVar[bool] = False
     kind: ClassVar[str] = "stage"  # "peer" for the framework peers
-    note: ClassVar[str] = ""  # what sets a run apart (precision, compile mode), shown in reports
     # The products' operand precisions this row can train in, its own first (fp32 accumulation
     # always); `config.precision` picks one, and `self.precision` is the one it trains in
     # (`precision_run`), what its record states.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
-    # Whether this row trains every recipe (`config.optimizer` and `config.schedule`, with
-    # `config.lr` the peak); a row that does not trains SGD at a constant rate and refuses others.
-    trains_recipes: ClassVar[bool] = False
-    # Why a row that does not train recipes cannot, and where one trains (its refusal's end).
-    recipe_refusal: ClassVar[str] = "the recipe trains on numpy and on graphs through device-loop"
+    # None where this row trains every recipe (`config.optimizer` and `config.schedule`, with
+    # `config.lr` the peak); else why it trains SGD at a constant rate only, and where the recipe trains.
+    recipe_refusal: ClassVar[str | None] = stages.RECIPE_ROWS
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        trainer = stages.find_trainer(getattr(cls, "name", None), cls.model_kind, cls.data_parallel)
+        if trainer is None or trainer.target != f"{cls.__module__}:{cls.__qualname__}":
+            return  # not the registry's class: it inherits them (a rank's class, a test's stand-in)
+        spec = stages.SPECS[cls.name]
+        cls.uses_gpu, cls.kind, cls.precisions = spec.uses_gpu, spec.kind, trainer.precisions
+        cls.recipe_refusal = trainer.recipe_refusal
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
@@ -51,19 +62,13 @@ class Stage:
     def check_precision(cls, precision: str | None) -> str:
         """The precision picked from `precisions` when asked for `precision` (None: the row's
         own); a UsageError where it cannot (checked by `run` before any data is read)."""
-        if precision is not None and precision not in cls.precisions:
-            raise UsageError(f"{cls.name} trains in {' or '.join(cls.precisions)}, not --precision "
-                             f"{precision}")
-        return precision or cls.precisions[0]
+        return stages.check_precision(cls.name, cls.precisions, precision)
 
     @classmethod
     def check_recipe(cls, config) -> None:
         """A ModelUnsupported saying why, where this row cannot train `config`'s recipe (checked
         before any data is read)."""
-        if cls.trains_recipes or (config.optimizer, config.schedule) == ("sgd", "constant"):
-            return
-        raise ModelUnsupported(f"{cls.name} trains with SGD at a constant rate, not --optimizer {config.optimizer} "
-                               f"--schedule {config.schedule}; {cls.recipe_refusal}")
+        stages.check_recipe(cls.name, cls.recipe_refusal, config)
 
     @classmethod
     def precision_run(cls, config, chosen: str) -> str:

@@ -37,7 +37,6 @@ from graphtrain.stages.base import EpochResult, Stage
 class BaselineStage(Stage):
     name = "baseline"
     summary = "naive NVRTC kernels for everything; loss and accuracy copied to the host every step"
-    uses_gpu = True
     # What the setup makes beyond the device pieces and the kernels every rung of the chain runs
     # (gather.cu, layers.cu, metrics.cu); a rung adds what it brings and drops what it replaced:
     #   "matmul"   the naive product kernel (matmul.cu)
@@ -45,10 +44,6 @@ class BaselineStage(Stage):
     #   "cublas"   a cuBLAS handle and its workspace          "cudnn"  a cuDNN handle
     #   "fused"    the fused rungs' kernels (fused.cu)        "cublaslt"  cuBLASLt and its plans
     uses: ClassVar[frozenset[str]] = frozenset({"matmul", "softmax"})
-    # The rungs before `graphs` teach one idea each on plain SGD; from `graphs` on, the step's
-    # update is the recipe's (graphtrain.stages.device.DeviceOptimizer).
-    recipe_refusal = ("the first GPU rungs teach one idea each on plain SGD; the recipe trains on numpy and on "
-                      "graphs through device-loop")
 
     def needs(self, what: str) -> bool:
         """Whether this rung, training this model, sets up `what` (one of `uses`'s names)."""

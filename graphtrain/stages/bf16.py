@@ -32,7 +32,6 @@ BF16 = np.uint16  # the arena holds bf16 values as their 16 bits
 class Bf16Stage(FusedStage):
     name = "bf16"
     summary = "bf16 tensor-core operands, fp32 accumulation and fp32 master weights"
-    precisions = ("bf16",)
     AB, ACT = R_16BF, R_16BF
 
     @classmethod

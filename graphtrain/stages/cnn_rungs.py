@@ -1,5 +1,6 @@
-"""The rungs that train the `cnn` model (`--model cnn`, the `speedrun` preset): `numpy`, `graphs`
-and `device-loop`. The ladder's other rungs train MLPs only and refuse the cnn with the reason.
+"""The rungs' classes that train the `cnn` model (`--conv`, the `speedrun` preset) on `numpy`,
+`graphs` and `device-loop`; the row registry (graphtrain.stages.REGISTRY) names them, and the
+reason each other row cannot train the cnn.
 
 The cnn is its own program rather than a step of the MLP chain (baseline → … → device-loop):
 its layers, optimizer and schedule live in `graphtrain.stages.cnn_device.CnnDevice`, and these
@@ -47,7 +48,7 @@ def as_layers(params: list[np.ndarray]) -> list[Layer]:
 class CnnNumpyStage(Stage):
     name = "numpy"
     summary = "CPU reference in float32 (the cnn: NumPy convolutions, Adam or SGD, the schedule)"
-    trains_recipes = True
+    model_kind = "cnn"
 
     def setup(self) -> None:
         self.spec, self.recipe, self.train_x, self.test_x = cnn_setup(self)
@@ -78,11 +79,7 @@ class CnnNumpyStage(Stage):
 class CnnGraphsStage(Stage):
     name = "graphs"
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
-    uses_gpu = True
-    trains_recipes = True
-    # the products': tf32 puts the fused conv layers on the tensor cores (convpool_tc.cu) and the
-    # hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32
-    precisions = ("tf32", "fp32")
+    model_kind = "cnn"
     device_loop = False  # whether the model records WHILE nodes (device-loop's own)
 
     def setup(self) -> None:
@@ -194,18 +191,3 @@ class CnnDeviceLoopStage(CnnGraphsStage):
         if getattr(self, "outer", None) is not None:
             self.outer.close()
         super().close()
-
-
-CNN_RUNGS = {"numpy": CnnNumpyStage, "graphs": CnnGraphsStage, "device-loop": CnnDeviceLoopStage}
-
-
-def cnn_rung(stage_cls: type[Stage]) -> type[Stage]:
-    """The rung that trains the cnn in place of `stage_cls` (an MLP rung or a peer), or a
-    UsageError saying which can."""
-    if issubclass(stage_cls, tuple(CNN_RUNGS.values())):  # a cnn rung already (a data-parallel rank's)
-        return stage_cls
-    cls = CNN_RUNGS.get(stage_cls.name)
-    if cls is None:
-        raise UsageError(f"{stage_cls.name} trains MLPs only; the cnn trains on {', '.join(CNN_RUNGS)} "
-                         "(and its framework peers run in `graphtrain speedrun`)")
-    return cls

@@ -19,7 +19,6 @@ WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommended workspace on Hopper; it comes
 class CublasStage(FewerSyncsStage):
     name = "cublas"
     summary = "all matrix products through cublasGemmEx (row-major via the transpose trick)"
-    precisions = ("fp32", "tf32")  # cuBLAS's math mode; the fused rungs leave cuBLAS, and tf32, behind
     uses = FewerSyncsStage.uses - {"matmul"} | {"cublas"}
 
     def reserve_extra(self, arena) -> None:

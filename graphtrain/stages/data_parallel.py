@@ -32,7 +32,8 @@ the weight-gradient product (W ← W − lr·dYᵀX as one product), so no gradi
 point between steps where a collective could be placed with the samples of the same batch. The
 cnn's `device-loop` has a step boundary, inside a conditional WHILE node's body; NCCL's captured
 collectives bring event record and wait nodes with them (its graph-mixing support), which public
-reports say CUDA does not allow in a conditional node's body. Not tried here: refused.
+reports say CUDA does not allow in a conditional node's body. Not tried here: refused. Each rung's
+reason lives in the row registry (graphtrain.stages.REGISTRY).
 """
 
 from __future__ import annotations
@@ -40,50 +41,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from graphtrain import stages
 from graphtrain.errors import ModelUnsupported, UsageError
 from graphtrain.libs import cuda, nccl
 from graphtrain.plan import RunPlan
 from graphtrain.stages.cnn_rungs import CnnGraphsStage
 from graphtrain.stages.graphs import GraphsStage
-
-# The rung that can train data-parallel, and why each other one cannot (for `run --gpus`).
-RUNG = "graphs"
-NOT_DATA_PARALLEL = {
-    "numpy": "it trains on the CPU",
-    "baseline": "it replays no step graph to put the all-reduce in",
-    "fewer-syncs": "it replays no step graph to put the all-reduce in",
-    "cublas": "it replays no step graph to put the all-reduce in",
-    "sparse-metrics": "it replays no step graph to put the all-reduce in",
-    "cudnn-softmax": "it replays no step graph to put the all-reduce in",
-    "fused": "it fuses SGD into the weight-gradient product, so there is no gradient to all-reduce",
-    "bf16": "it fuses SGD into the weight-gradient product, so there is no gradient to all-reduce",
-    "device-loop": "it runs a whole epoch per graph launch, with no step boundary for the all-reduce",
-    "persistent": "it runs a whole epoch in one kernel, with no step boundary for the all-reduce",
-}
-
-
-# The cnn's device-loop: a step boundary exists, inside the epoch's WHILE node.
-CNN_DEVICE_LOOP = ("the cnn's epoch is one conditional WHILE node, and an all-reduce captured inside its body "
-                   "is not supported here")
-MODELS = ("mlp", "cnn")
-
-
-def refusal(stage: str, model: str) -> str | None:
-    """Why `run --stage stage --gpus N` cannot train `model`, or None."""
-    if stage != RUNG:
-        why = NOT_DATA_PARALLEL.get(stage, "it is a framework peer, not a graphtrain rung")
-        if model == "cnn" and stage == "device-loop":
-            why = CNN_DEVICE_LOOP
-        return f"--gpus trains data-parallel on the {RUNG} rung only; {stage} cannot: {why}"
-    if model not in MODELS:
-        return f"--gpus trains the {' and '.join(MODELS)} models, not {model}"
-    return None
-
-
-def stage_for(model: str) -> type:
-    """The data-parallel rung that trains `model` (bind it to a rank with `for_group`)."""
-    return DataParallelCnnGraphsStage if model == "cnn" else DataParallelGraphsStage
-
 
 def rank_slice(rows: int, rank: int, size: int) -> tuple[int, int]:
     """(first row, rows) of rank `rank`'s slice of a combined batch of `rows` rows: N equal,
@@ -117,11 +80,9 @@ class Group:
 
 
 class DataParallelGraphsStage(GraphsStage):
-    name = RUNG
+    data_parallel = True
     summary = "the graphs rung on several GPUs, the gradients all-reduced through NCCL inside the step graph"
     group: ClassVar[Group | None] = None  # set by `for_group`
-    trains_recipes = False  # its SGD takes the all-reduced sum with lr/N; the optimizer kernel takes a mean
-    recipe_refusal = "with --gpus, where SGD takes the all-reduced gradient sum at lr/N; train the recipe on one GPU"
 
     @classmethod
     def for_group(cls, group: Group) -> type[DataParallelGraphsStage]:
@@ -131,9 +92,9 @@ class DataParallelGraphsStage(GraphsStage):
     def __init__(self, plan, data):
         if self.group is None:
             raise TypeError("DataParallelGraphsStage trains as one rank of a group: use for_group(group)")
-        if plan.config.model != "mlp":
+        if plan.config.model != self.model_kind:
             raise ModelUnsupported(f"DataParallelGraphsStage trains MLPs; the {plan.config.model}'s is "
-                                   f"{stage_for(plan.config.model).__name__}")
+                                   f"{stages.get_stage(self.name, plan.config.model, data_parallel=True).__name__}")
         super().__init__(plan, data)
         self.local_rows = check_split(plan, self.group.size)
         self.comm: nccl.Communicator | None = None
@@ -210,7 +171,7 @@ class DataParallelCnnGraphsStage(CnnGraphsStage):
     slice, and sums the packed gradients over the ranks before the optimizer (see the module's
     docstring); the step graph is captured and replayed as on one GPU."""
 
-    name = RUNG
+    data_parallel = True
     summary = "the cnn's graphs rung on several GPUs, the gradients all-reduced through NCCL inside the step graph"
     group: ClassVar[Group | None] = None  # set by `for_group`
 

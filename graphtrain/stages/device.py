@@ -6,7 +6,7 @@
     DeviceOptimizer  the recipe's update (optimizer and schedule) of every parameter from its
                      gradient: one optimizer_step launch (kernels/optim.cu) over the packed span,
                      its rate from the device's step counter, so a replayed graph follows the schedule
-    Evaluation       test accuracy on the device: a forward pass of up to EVAL_ROWS test rows at a
+    DeviceEvaluation test accuracy on the device: a forward pass of up to EVAL_ROWS test rows at a
                      time through the naive kernels (matmul.cu, layers.cu), then a count of the
                      rows whose largest logit is the label (metrics.cu), read once at the end
 
@@ -179,7 +179,7 @@ def count_correct(stream: cuda.Stream, metrics_cu: Metrics, dataset: DatasetOnDe
     return float(count) / dataset.num_test
 
 
-class Evaluation:
+class DeviceEvaluation:
     """Test accuracy of the fp32 parameters through the naive kernels, with buffers of its own:
     for a rung whose training loop computes no forward pass that could serve (its own program)."""
 

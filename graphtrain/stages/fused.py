@@ -31,14 +31,13 @@ from __future__ import annotations
 from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.fused import Fused
 from graphtrain.libs import cublaslt
-from graphtrain.libs.cublaslt import R_32F, Lt, Matmul, Product
+from graphtrain.libs.cublaslt import R_32F, Lt, LtMatmul, Product
 from graphtrain.stages.graphs import GraphsStage
 
 
 class FusedStage(GraphsStage):
     name = "fused"
     summary = "fewer, fatter graph nodes: cuBLASLt epilogues, a fused head, SGD fused into the products"
-    precisions = ("fp32",)
     AB, ACT = R_32F, R_32F  # the products' operand type, and the hidden activations' type
     # The fused head replaces softmax.cu and cuDNN; cuBLAS stays for the test-set forward pass.
     uses = GraphsStage.uses - {"softmax", "cudnn"} | {"fused", "cublaslt"}
@@ -79,23 +78,23 @@ class FusedStage(GraphsStage):
         # From here on cuBLAS runs only the eager test-set forward pass, on the fp32 weights.
         return "fp32"
 
-    def plan_products(self, rows: int) -> dict[str, list[Matmul | None]]:
+    def plan_products(self, rows: int) -> dict[str, list[LtMatmul | None]]:
         """The hidden layers' products for a batch of `rows`: forward, dX (none for the first
         layer) and SGD (W −= lr·dYᵀX, or dW = dYᵀX for another recipe). The head has its own kernels."""
         dims, plans = self.config.dims, {"forward": [], "dx": [], "sgd": []}
         for i in range(len(self.w) - 1):
             fan_in, fan_out = dims[i], dims[i + 1]
             bias = self.b[i] is not None
-            plans["forward"].append(Matmul(self.lt, Product(
+            plans["forward"].append(LtMatmul(self.lt, Product(
                 rows, fan_out, fan_in, transb=True, ab_type=self.AB, c_type=self.ACT,
                 epilogue="relu_bias" if bias else "relu", bias_type=self.ACT), self.forward_bias(i) if bias else 0))
-            plans["dx"].append(Matmul(self.lt, Product(rows, fan_in, fan_out, ab_type=self.AB, c_type=self.ACT))
+            plans["dx"].append(LtMatmul(self.lt, Product(rows, fan_in, fan_out, ab_type=self.AB, c_type=self.ACT))
                                if i > 0 else None)
-            plans["sgd"].append(Matmul(self.lt, Product(fan_out, fan_in, rows, transa=True, ab_type=self.AB,
+            plans["sgd"].append(LtMatmul(self.lt, Product(fan_out, fan_in, rows, transa=True, ab_type=self.AB,
                                                         c_type=R_32F)))
         return plans
 
-    def products_for(self, rows: int) -> dict[str, list[Matmul | None]]:
+    def products_for(self, rows: int) -> dict[str, list[LtMatmul | None]]:
         """The planned products of a batch of `rows`; none for softmax regression (all head)."""
         return self.products[rows] if self.lt is not None else {"forward": [], "dx": [], "sgd": []}
 

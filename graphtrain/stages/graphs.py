@@ -26,7 +26,6 @@ from graphtrain.stages.cudnn_softmax import CudnnSoftmaxStage
 class GraphsStage(CudnnSoftmaxStage):
     name = "graphs"
     summary = "one whole training step captured into a CUDA Graph and replayed per batch"
-    trains_recipes = True
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)

@@ -15,7 +15,6 @@ from graphtrain.stages.base import EpochResult, Stage
 class NumpyStage(Stage):
     name = "numpy"
     summary = "CPU reference in float32, the same math as the GPU stages"
-    trains_recipes = True
 
     def setup(self) -> None:
         self.layers = self.plan.initial_params(np.float32)

@@ -87,10 +87,6 @@ class PersistentStage(Stage):
 
     name = "persistent"
     summary = "one kernel trains the epoch: a thread-block cluster, weights in shared memory"
-    uses_gpu = True
-    precisions = ("bf16", "fp32")
-    recipe_refusal = ("its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "
-                      "on numpy and on graphs through device-loop")
 
     def measures(self, epoch: int) -> bool:
         return self.plan.metrics_due[epoch]
@@ -118,7 +114,7 @@ class PersistentStage(Stage):
         self.off_levels = arena.reserve("off_levels", (1,), np.uint64)  # images.cu's count
         if cfg.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
-        self.evaluation = device.Evaluation(arena, cfg, self.dataset)
+        self.evaluation = device.DeviceEvaluation(arena, cfg, self.dataset)
         arena.allocate()
         self.dataset.upload(self.stream)
         images_cu, fp32 = Images(self.device), self.dataset.train_images

@@ -10,7 +10,7 @@ import numpy as np
 
 from graphtrain import reference_cnn as R
 from graphtrain.libs import cuda
-from graphtrain.recipe import Recipe, Task
+from graphtrain.recipe import Recipe, SpeedrunTask
 from graphtrain.stages.cnn_device import CnnDevice
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "adam"
@@ -23,7 +23,7 @@ xte = (means[yte] + rng.standard_normal((300, 784))).astype(np.float32)
 spec = R.CnnSpec((R.ConvLayer(24, 5), R.ConvLayer(32, 3)), (256,))
 recipe = Recipe(batch=128, optimizer=R.Optimizer(kind, betas=(0.7, 0.9)), schedule=R.Schedule("one-cycle", 0.01, 5),
                 precision="fp32" if "fp32" in sys.argv else "tf32")
-task = Task(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
+task = SpeedrunTask(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
 model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte, task.test_labels, fused=fused, device_loop=loop)
 outer = cuda.Stream()
 if loop:

@@ -7,9 +7,10 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m pytest -m gpu -q -rs "$@" 2>&1 | tee "$out/pytest-gpu.log" | tail -n 25
+rungs=$(python3 -c 'from graphtrain.stages import LADDER; print(*LADDER)')  # the registry's rungs, in order
 for model in jhu mlp; do
   extra=(); [ "$model" = mlp ] && extra=(--hidden 784,784,784)
-  for stage in numpy baseline fewer-syncs cublas sparse-metrics cudnn-softmax graphs fused bf16 device-loop persistent; do
+  for stage in $rungs; do
     python3 -m graphtrain run --stage "$stage" --preset jhu "${extra[@]}" --json "$out/$model-$stage.json" \
       > "$out/$model-$stage.log" 2>&1 || echo "FAILED: $model $stage (see $model-$stage.log)"
     python3 - "$out/$model-$stage.json" <<'PY'
