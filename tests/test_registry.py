@@ -195,11 +195,6 @@ def test_no_cnn_branches_in_the_cli_or_the_trainer():
 
 # ---- one class per name ----------------------------------------------------------------------
 
-# Two launchers in graphtrain/kernels/ still share a class name; rename them together with their
-# kernel files. The test fails once they no longer do, so this entry goes then.
-SHARED_FOR_NOW = {"Shape"}
-
-
 def test_each_class_name_means_one_thing():
     where: dict[str, list[str]] = {}
     for path in sources():
@@ -207,5 +202,4 @@ def test_each_class_name_means_one_thing():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE.parent)))
     shared = {name: paths for name, paths in where.items() if len(paths) > 1}
-    assert set(shared) == SHARED_FOR_NOW, shared
-    assert all(path.startswith("graphtrain/kernels/") for name in SHARED_FOR_NOW for path in shared[name])
+    assert not shared, shared

@@ -26,7 +26,7 @@ def _c(n: int, d: int) -> int:
     return ceil_div(n, d)
 
 
-class Shape:
+class ConvPoolShape:
     """A layer's sizes as convpool_tc.cu derives them, and each kernel's shared memory in bytes."""
 
     def __init__(self, c: int, h: int, w: int, k: int, outs: int):
@@ -72,7 +72,7 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
     pairs of a window's positions), and each kernel's staging within the shared memory limit."""
     if stride != 1 or padding != 0 or pool != 2 or h - k + 1 < 2 or w - k + 1 < 2:
         return False
-    s = Shape(c, h, w, k, outs)
+    s = ConvPoolShape(c, h, w, k, outs)
     return (4 * s.forward_words(1) <= MAX_SHARED and 4 * s.weight_grad_words() <= MAX_SHARED
             and s.weight_grad_groups() <= WARPS and (first or 4 * s.backward_data_words(1) <= MAX_SHARED))
 
@@ -93,7 +93,7 @@ class ConvPoolTc(KernelFile):
     def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int):
         if not fits(c, h, w, outs, k, 1, 0, pool, first=False) and not fits(c, h, w, outs, k, 1, 0, pool, True):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
-        self.shape = s = Shape(c, h, w, k, outs)
+        self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
         self.bd_spb = s.samples_per_block(s.backward_data_words, ceil_div(h * w, 16))  # items: 16 input positions
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
