@@ -640,3 +640,17 @@ def test_real_mnist():
     lookup = data.find_files("mnist", data_dir=folder)
     for role in ROLES:
         assert data.verify_file(lookup.found[role], spec.files[role]) is not None
+
+
+def test_normalise_rounds_each_operation_to_float32():
+    """The in-place normalisation gives the bits of float32 (x − mean) / std, each step rounded."""
+    from graphtrain.data.images import normalise
+
+    seed = 1234
+    x = np.random.default_rng(seed).random((300, 784), dtype=np.float32)
+    mean, std = 0.1307, 0.3081
+    expected = ((x - np.float32(mean)).astype(np.float32) / np.float32(std)).astype(np.float32)
+    got = normalise(x, mean, std)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), f"seed {seed}"
+    assert not np.shares_memory(got, x), "the input is left as it was"

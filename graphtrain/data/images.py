@@ -53,8 +53,12 @@ def to_features(images: np.ndarray, what: str) -> np.ndarray:
 
 
 def normalise(features: np.ndarray, mean: float, std: float) -> np.ndarray:
-    """(features − mean) / std in float32: what a model trained on normalised inputs is fed."""
-    return ((features - mean) / std).astype(np.float32)
+    """(features − mean) / std in float32: what a model trained on normalised inputs is fed. Each
+    operation rounds to float32 (mean and std taken as float32), in one new array: a training set
+    of 47 M pixels is two passes, not three and a copy."""
+    out = np.subtract(np.asarray(features, np.float32), np.float32(mean))
+    np.divide(out, np.float32(std), out=out)
+    return out
 
 
 def check_sample_shape(images: np.ndarray, in_features: int, image_shape: tuple[int, ...] | None,
