@@ -53,6 +53,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from numbers import Integral
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,6 +69,41 @@ def ceil_div(n: int, d: int) -> int:
     """⌈n / d⌉ for n >= 0 and d > 0, in integers (no float rounding): the blocks of d threads
     that cover n items, the batches of d samples that cover n samples."""
     return -(-n // d)
+
+
+# --------------------------------------------------------------------------------------------
+# The model axis (model_axis.cuh): K models of one shape trained by one launch, model k along
+# gridDim.z, its per-model buffers model_stride bytes after model k − 1's. A launcher that has the
+# axis takes `models: int = 1, model_stride: int = 0` (bytes); one model is the launch as it was.
+
+MODEL_STRIDE_ALIGNMENT = 256  # bytes: an arena's own alignment, which the kernels' 16-byte loads rely on
+MAX_MODELS = 65535  # gridDim.z's limit
+
+
+def model_stride_arg(models: int, model_stride: int) -> int:
+    """The stride a launch of `models` models hands its kernel: model_stride, or 0 for one model
+    (whatever was given: a one-model launch is the same launch as before the axis). ValueError, a
+    bug in the caller, for a count gridDim.z cannot hold, or a stride that is negative, not a
+    multiple of MODEL_STRIDE_ALIGNMENT, or 0 for several models (their outputs would overlap)."""
+    if isinstance(models, bool) or not isinstance(models, Integral) or not 1 <= models <= MAX_MODELS:
+        raise ValueError(f"models must be an int in 1..{MAX_MODELS} (gridDim.z), not {models!r}")
+    if isinstance(model_stride, bool) or not isinstance(model_stride, Integral) or model_stride < 0 \
+            or model_stride % MODEL_STRIDE_ALIGNMENT:
+        raise ValueError(f"model_stride must be a non-negative multiple of {MODEL_STRIDE_ALIGNMENT} bytes, "
+                         f"not {model_stride!r}")
+    if models > 1 and model_stride == 0:
+        raise ValueError(f"{models} models with model_stride 0 would write one another's buffers")
+    return int(model_stride) if models > 1 else 0
+
+
+def model_grid(grid: int | tuple[int, int, int], models: int) -> int | tuple[int, int, int]:
+    """A one-model launch's grid (blocks, or (x, y, 1)) with the models along z; one model: as given."""
+    if models == 1:
+        return grid
+    x, y, z = grid if isinstance(grid, tuple) else (grid, 1, 1)
+    if z != 1:
+        raise ValueError(f"a grid of {grid} already uses z: the model axis needs it")
+    return (x, y, int(models))
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@
 // of its window's P² inputs was the (first) largest in a byte, or RELU_OFF when the ReLU after
 // the pool zeroed it: the backward pass then needs neither the conv output nor the activation.
 // Every sum that feeds the weights runs in a fixed order, without atomics.
+// softmax_xent_step and count_correct have the model axis (model_axis.cuh, put before this file by
+// the launcher): blockIdx.z is the model, the grid's x a model's own; which buffers are per model
+// each says.
 
 #define RELU_OFF 255
 
@@ -99,9 +102,16 @@ extern "C" __global__ void channel_bias_grad(const float* __restrict__ dout, con
 // combined batch, this rank holds its slice (batch_slice.cuh); each row's gradient is still
 // divided by the combined `valid`, so the ranks' dW summed (the all-reduce) is the combined
 // batch's mean, each row's term the one-GPU run's bit for bit. loss_sum gets this rank's rows only.
+// Model axis: every buffer per model (logits, y, dlogits, cursor, loss_sum).
 extern "C" __global__ void softmax_xent_step(const float* __restrict__ logits, const int* __restrict__ y,
                                              float* __restrict__ dlogits, int* cursor, int batch,
-                                             int epoch_samples, int classes, double* loss_sum, int ranks) {
+                                             int epoch_samples, int classes, double* loss_sum, int ranks,
+                                             long long model_stride) {
+    logits = model_at(logits, model_stride);
+    y = model_at(y, model_stride);
+    dlogits = model_at(dlogits, model_stride);
+    cursor = model_at(cursor, model_stride);
+    loss_sum = model_at(loss_sum, model_stride);
     __shared__ double part[CNN_REDUCE_THREADS];
     const BatchSlice slice = batch_slice(*cursor, batch, epoch_samples, ranks);
     const float inv = 1.0f / (float)slice.valid;
@@ -132,9 +142,11 @@ extern "C" __global__ void softmax_xent_step(const float* __restrict__ logits, c
 }
 
 // *correct += #{r < rows : the first largest logit of row r is labels[r]}. Integer atomics: the
-// count is exact in any order.
+// count is exact in any order. Model axis: per model logits, correct; shared labels.
 extern "C" __global__ void count_correct(const float* __restrict__ logits, const int* __restrict__ labels,
-                                         int rows, int classes, int* correct) {
+                                         int rows, int classes, int* correct, long long model_stride) {
+    logits = model_at(logits, model_stride);
+    correct = model_at(correct, model_stride);
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     int hit = 0;
     if (r < rows) {

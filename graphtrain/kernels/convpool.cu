@@ -10,6 +10,10 @@
 // Tensors are NCHW. Pooled value (s, o, i, j) keeps in arg the position u·P + v of its window's
 // first maximum, or RELU_OFF where the ReLU after the pool zeroed it (no gradient flows there).
 // Sums feeding the weights run in a fixed order, without atomics.
+//
+// Model axis (model_axis.cuh, put before this file by the launcher): every kernel's buffers are
+// per model (the forward's input x moves by its own x_stride: 0 where every model reads the same
+// images); blockIdx.z is the model, the grids' x and y are a model's own.
 
 #define RELU_OFF 255
 #define TAPS (CP_C * CP_K * CP_K)
@@ -20,7 +24,13 @@
 // The P×P conv outputs of a window share one SPAN×SPAN patch per channel, read once into registers.
 extern "C" __global__ void convpool_forward(const float* __restrict__ x, const float* __restrict__ w,
                                             const float* __restrict__ bias, float* __restrict__ out,
-                                            unsigned char* __restrict__ arg, int outs, int h, int wd) {
+                                            unsigned char* __restrict__ arg, int outs, int h, int wd,
+                                            long long x_stride, long long model_stride) {
+    x = model_at(x, x_stride);
+    w = model_at(w, model_stride);
+    bias = model_at(bias, model_stride);
+    out = model_at(out, model_stride);
+    arg = model_at(arg, model_stride);
     extern __shared__ float smem[];
     const int image = CP_C * h * wd;
     float* xs = smem;
@@ -80,7 +90,11 @@ extern "C" __global__ void convpool_forward(const float* __restrict__ x, const f
 extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
-                                                     int per_chunk) {
+                                                     int per_chunk, long long model_stride) {
+    x = model_at(x, model_stride);
+    dout = model_at(dout, model_stride);
+    arg = model_at(arg, model_stride);
+    partial = model_at(partial, model_stride);
     extern __shared__ float xs[];  // per_chunk samples of CP_C·h·wd
     __shared__ float part[CP_REDUCE_THREADS];
     const int o = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
@@ -129,7 +143,11 @@ extern "C" __global__ void convpool_weight_grad_regs(const float* __restrict__ x
 extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x, const float* __restrict__ dout,
                                                      const unsigned char* __restrict__ arg,
                                                      float* __restrict__ partial, int n, int outs, int h, int wd,
-                                                     int per_chunk) {
+                                                     int per_chunk, long long model_stride) {
+    x = model_at(x, model_stride);
+    dout = model_at(dout, model_stride);
+    arg = model_at(arg, model_stride);
+    partial = model_at(partial, model_stride);
     extern __shared__ float smem[];
     const int chunk = blockIdx.x, chunks = gridDim.x;
     const int ho = (h - CP_K + 1) / CP_P, wo = (wd - CP_K + 1) / CP_P, plane = ho * wo, image = CP_C * h * wd;
@@ -178,7 +196,10 @@ extern "C" __global__ void convpool_weight_grad_taps(const float* __restrict__ x
 
 // dw[o, t] = Σ_chunk partial[o, chunk, t] (t < TAPS), db[o] = the same at t = TAPS, in order.
 extern "C" __global__ void convpool_reduce(const float* __restrict__ partial, float* __restrict__ dw,
-                                           float* __restrict__ db, int outs, int chunks) {
+                                           float* __restrict__ db, int outs, int chunks, long long model_stride) {
+    partial = model_at(partial, model_stride);
+    dw = model_at(dw, model_stride);
+    db = model_at(db, model_stride);
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= outs * (TAPS + 1)) return;
     const int o = idx / (TAPS + 1), t = idx % (TAPS + 1);
@@ -197,7 +218,11 @@ extern "C" __global__ void convpool_reduce(const float* __restrict__ partial, fl
 #define XT 4
 extern "C" __global__ void convpool_backward_data(const float* __restrict__ dout, const unsigned char* __restrict__ arg,
                                                   const float* __restrict__ w, float* __restrict__ dx, int outs,
-                                                  int h, int wd) {
+                                                  int h, int wd, long long model_stride) {
+    dout = model_at(dout, model_stride);
+    arg = model_at(arg, model_stride);
+    w = model_at(w, model_stride);
+    dx = model_at(dx, model_stride);
     extern __shared__ float smem[];
     const int hc = h - CP_K + 1, wc = wd - CP_K + 1;
     const int hp = hc + 2 * (CP_K - 1), wp = wc + 2 * (CP_K - 1);  // the padded conv gradient

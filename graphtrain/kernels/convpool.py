@@ -1,9 +1,12 @@
 """Launchers for convpool.cu: one small conv layer with bias, max-pool and ReLU as fused kernels,
-compiled once per layer shape (input channels, kernel, pool)."""
+compiled once per layer shape (input channels, kernel, pool). With `models` > 1 the launchers
+train that many models at once (graphtrain.kernels' model axis: every buffer per model,
+model_stride bytes apart, but a forward's input where `shared_input` says every model reads the
+same x)."""
 
 from __future__ import annotations
 
-from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels import I32, I64, PTR, KernelFile, ceil_div, kernel, model_grid, model_stride_arg
 
 THREADS = 256  # convpool_reduce
 SAMPLE_THREADS = 512  # the kernels with a block per sample (a batch of 256 is ~2 blocks an SM: wide blocks)
@@ -34,14 +37,17 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 
 class ConvPool(KernelFile):
     stem = "convpool"
+    headers = ("model_axis.cuh",)
     defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_REDUCE_THREADS": REDUCE_THREADS,
                "CP_OUT_GROUPS": OUT_GROUPS}
     note = "fp32 (convpool.cu's fused conv+bias+pool+ReLU kernels)"
-    _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32)
-    _convpool_weight_grad_regs = kernel("convpool_weight_grad_regs", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
-    _convpool_weight_grad_taps = kernel("convpool_weight_grad_taps", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32)
-    _convpool_reduce = kernel("convpool_reduce", PTR, PTR, PTR, I32, I32)
-    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32,
+    _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I64, I64)
+    _convpool_weight_grad_regs = kernel("convpool_weight_grad_regs", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32,
+                                        I64)
+    _convpool_weight_grad_taps = kernel("convpool_weight_grad_taps", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32,
+                                        I64)
+    _convpool_reduce = kernel("convpool_reduce", PTR, PTR, PTR, I32, I32, I64)
+    _convpool_backward_data = kernel("convpool_backward_data", PTR, PTR, PTR, PTR, I32, I32, I32, I64,
                                      max_shared_bytes=BACKWARD_DATA_SHARED)
 
     def __init__(self, device, c: int, k: int, pool: int, outs: int):
@@ -58,26 +64,36 @@ class ConvPool(KernelFile):
         return ((h - self.k + 1) // self.pool) * ((w - self.k + 1) // self.pool)
 
     def forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
-                wd: int) -> None:
-        """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd."""
+                wd: int, models: int = 1, model_stride: int = 0, shared_input: bool = False) -> None:
+        """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd;
+        `shared_input`: every model reads the same x (the test images)."""
+        stride = model_stride_arg(models, model_stride)
         shared = 4 * (self.c * h * wd + outs * self.taps)
-        self._convpool_forward(stream, n, SAMPLE_THREADS, x, w, b, out, arg, outs, h, wd, shared_bytes=shared)
+        self._convpool_forward(stream, model_grid(n, models), SAMPLE_THREADS, x, w, b, out, arg, outs, h, wd,
+                               0 if shared_input else stride, stride, shared_bytes=shared)
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
-                    h: int, wd: int) -> None:
+                    h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
         """dw, db from the pooled gradient dout: per-chunk partial sums (partial: outs × chunks ×
         (taps + 1) floats), then their sum in order."""
+        stride = model_stride_arg(models, model_stride)
         chunks, image = self.chunks(n), self.c * h * wd
         if self.taps <= MAX_REGISTER_TAPS:
-            self._convpool_weight_grad_regs(stream, (outs, chunks, 1), REDUCE_THREADS, x, dout, arg, partial, n, outs,
-                                            h, wd, self.chunk, shared_bytes=4 * self.chunk * image)
+            self._convpool_weight_grad_regs(stream, model_grid((outs, chunks, 1), models), REDUCE_THREADS, x, dout,
+                                            arg, partial, n, outs, h, wd, self.chunk, stride,
+                                            shared_bytes=4 * self.chunk * image)
         else:
             threads = ceil_div(self.taps + 1, 32) * 32 * OUT_GROUPS
-            self._convpool_weight_grad_taps(stream, chunks, threads, x, dout, arg, partial, n, outs, h, wd, self.chunk,
+            self._convpool_weight_grad_taps(stream, model_grid(chunks, models), threads, x, dout, arg, partial, n,
+                                            outs, h, wd, self.chunk, stride,
                                             shared_bytes=4 * (image + 2 * outs * self._plane(h, wd)))
-        self._convpool_reduce(stream, ceil_div(outs * (self.taps + 1), THREADS), THREADS, partial, dw, db, outs, chunks)
+        self._convpool_reduce(stream, model_grid(ceil_div(outs * (self.taps + 1), THREADS), models), THREADS, partial,
+                              dw, db, outs, chunks, stride)
 
-    def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int) -> None:
+    def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int,
+                      models: int = 1, model_stride: int = 0) -> None:
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
+        stride = model_stride_arg(models, model_stride)
         shared = 4 * (outs * self.taps + outs * (h + self.k - 1) * (wd + self.k - 1))  # padded by k − 1
-        self._convpool_backward_data(stream, n, SAMPLE_THREADS, dout, arg, w, dx, outs, h, wd, shared_bytes=shared)
+        self._convpool_backward_data(stream, model_grid(n, models), SAMPLE_THREADS, dout, arg, w, dx, outs, h, wd,
+                                     stride, shared_bytes=shared)

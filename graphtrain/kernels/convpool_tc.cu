@@ -4,6 +4,9 @@
 // One build per layer shape: TC_C input channels of TC_H × TC_W, TC_K × TC_K filters, TC_OUTS
 // output channels, stride 1, no padding, pool 2; blocks of TC_WARPS warps. Every sum feeding
 // the weights runs in a fixed order, without atomics. Tensors NCHW, filters KCHW, as convpool.cu.
+// Model axis (model_axis.cuh, put before this file by the launcher): every kernel's buffers are
+// per model (the forward's input x moves by its own x_stride: 0 where every model reads the same
+// images); blockIdx.z is the model, the grids' x (and the loops over it) are a model's own.
 
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
@@ -79,7 +82,12 @@ __device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restr
 #define F_GROUPS ((PLANE + 7) / 8)
 extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-        float* __restrict__ out, unsigned char* __restrict__ arg, int n) {
+        float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
+    x = model_at(x, x_stride);
+    w = model_at(w, model_stride);
+    bias = model_at(bias, model_stride);
+    out = model_at(out, model_stride);
+    arg = model_at(arg, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
     unsigned* ws = smem;                                        // [TC_OUTS][WST]: the filters
     int* tapoff = reinterpret_cast<int*>(smem + TC_OUTS * WST);  // [F_KT·8]: c·H·W + a·W + b
@@ -177,7 +185,11 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 #define B_MT ((TC_H * TC_W + 15) / 16)
 extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
-        float* __restrict__ dx, int n) {
+        float* __restrict__ dx, int n, long long model_stride) {
+    dout = model_at(dout, model_stride);
+    arg = model_at(arg, model_stride);
+    w = model_at(w, model_stride);
+    dx = model_at(dx, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
     unsigned* ws = smem;                                             // [TC_OUTS][WST]: the filters
     int* koff = reinterpret_cast<int*>(smem + TC_OUTS * WST);        // [B_KT·8]: k's offset in dcp
@@ -256,7 +268,11 @@ static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups
 #define DCS_WORDS (W_MT * 16 * KPS > RED_WORDS ? W_MT * 16 * KPS : RED_WORDS)
 extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
         const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
-        float* __restrict__ partial, int n, int per_chunk) {
+        float* __restrict__ partial, int n, int per_chunk, long long model_stride) {
+    x = model_at(x, model_stride);
+    dout = model_at(dout, model_stride);
+    arg = model_at(arg, model_stride);
+    partial = model_at(partial, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
     unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
     unsigned* xs = dcs + DCS_WORDS;                       // [IMAGE]
@@ -344,7 +360,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
 // block of 32 outputs × TC_REDUCE_SLICES: slice r sums the chunks ≡ r (mod slices) in order,
 // then slice 0 adds the slices' sums in order.
 extern "C" __global__ void convpool_tc_reduce(const float* __restrict__ partial, float* __restrict__ dw,
-                                              float* __restrict__ db, int chunks) {
+                                              float* __restrict__ db, int chunks, long long model_stride) {
+    partial = model_at(partial, model_stride);
+    dw = model_at(dw, model_stride);
+    db = model_at(db, model_stride);
     __shared__ float part[TC_REDUCE_SLICES][32];
     const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
     const int idx = blockIdx.x * 32 + lane, o = idx / (TAPS + 1), tap = idx % (TAPS + 1);

@@ -1,11 +1,13 @@
 """Launchers for convpool_tc.cu: convpool.cu's fused conv layer (conv + bias + 2×2 max-pool +
 ReLU and its backward passes) as implicit GEMMs on the tensor cores, TF32 operands and fp32
 sums; compiled once per layer shape. The launchers take the same arguments as ConvPool's, so a
-model holds either."""
+model holds either; with `models` > 1 they train that many models at once (graphtrain.kernels'
+model axis: every buffer per model, model_stride bytes apart, but a forward's input where
+`shared_input` says every model reads the same x)."""
 
 from __future__ import annotations
 
-from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels import I32, I64, PTR, KernelFile, ceil_div, kernel, model_grid, model_stride_arg
 
 WARPS = 8
 THREADS = 32 * WARPS
@@ -79,15 +81,16 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
-    headers = ("tf32_mma.cuh",)
+    headers = ("tf32_mma.cuh", "model_axis.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH}
-    _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, max_shared_bytes=MAX_SHARED)
-    _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32,
+    _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
+                                  max_shared_bytes=MAX_SHARED)
+    _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
                                         max_shared_bytes=MAX_SHARED)
-    _convpool_tc_weight_grad = kernel("convpool_tc_weight_grad", PTR, PTR, PTR, PTR, I32, I32,
+    _convpool_tc_weight_grad = kernel("convpool_tc_weight_grad", PTR, PTR, PTR, PTR, I32, I32, I64,
                                       max_shared_bytes=MAX_SHARED)
-    _convpool_tc_reduce = kernel("convpool_tc_reduce", PTR, PTR, PTR, I32)
+    _convpool_tc_reduce = kernel("convpool_tc_reduce", PTR, PTR, PTR, I32, I64)
     note = "TF32 tensor cores, fp32 sums (convpool_tc.cu's fused conv+bias+pool+ReLU implicit GEMMs)"
 
     def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int):
@@ -113,27 +116,33 @@ class ConvPoolTc(KernelFile):
             raise ValueError(f"convpool_tc was built for {s.outs} outputs of a {s.h}×{s.w} input, not {outs} of {h}×{wd}")
 
     def forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
-                wd: int) -> None:
-        """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd."""
+                wd: int, models: int = 1, model_stride: int = 0, shared_input: bool = False) -> None:
+        """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd;
+        `shared_input`: every model reads the same x (the test images)."""
         self._check(outs, h, wd)
+        stride = model_stride_arg(models, model_stride)
         grid = min(ceil_div(n, self.spb), self.max_blocks)
-        self._convpool_tc_forward(stream, grid, THREADS, x, w, b, out, arg, n,
+        self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, w, b, out, arg, n,
+                                  0 if shared_input else stride, stride,
                                   shared_bytes=4 * self.shape.forward_words(self.spb))
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
-                    h: int, wd: int) -> None:
+                    h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
         """dw, db from the pooled gradient dout: per-chunk partial sums (partial: outs × chunks ×
         (taps + 1) floats), then their sum in order."""
         self._check(outs, h, wd)
+        stride = model_stride_arg(models, model_stride)
         chunks = self.chunks(n)
-        self._convpool_tc_weight_grad(stream, chunks, THREADS, x, dout, arg, partial, n, self.chunk,
-                                      shared_bytes=4 * self.shape.weight_grad_words())
-        self._convpool_tc_reduce(stream, ceil_div(outs * (self.taps + 1), 32), 32 * REDUCE_SLICES, partial, dw, db,
-                                 chunks)
+        self._convpool_tc_weight_grad(stream, model_grid(chunks, models), THREADS, x, dout, arg, partial, n,
+                                      self.chunk, stride, shared_bytes=4 * self.shape.weight_grad_words())
+        self._convpool_tc_reduce(stream, model_grid(ceil_div(outs * (self.taps + 1), 32), models),
+                                 32 * REDUCE_SLICES, partial, dw, db, chunks, stride)
 
-    def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int) -> None:
+    def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int,
+                      models: int = 1, model_stride: int = 0) -> None:
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
         self._check(outs, h, wd)
+        stride = model_stride_arg(models, model_stride)
         grid = min(ceil_div(n, self.bd_spb), self.max_blocks)
-        self._convpool_tc_backward_data(stream, grid, THREADS, dout, arg, w, dx, n,
+        self._convpool_tc_backward_data(stream, model_grid(grid, models), THREADS, dout, arg, w, dx, n, stride,
                                         shared_bytes=4 * self.shape.backward_data_words(self.bd_spb))

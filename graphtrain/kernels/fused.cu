@@ -221,7 +221,9 @@ __device__ void relu_bias_grad_body(const floatX* __restrict__ h, floatX* __rest
 // ---- the kernels: each hands its arguments to its body above ----------------------------------
 // The bodies take the pointers as __restrict__, the kernels plainly: a kernel's own __restrict__
 // parameters would let the compiler read more of them through the read-only cache, another build
-// than the one measured.
+// than the one measured. head_backward and relu_bias_grad have the model axis (model_axis.cuh, put
+// before this file by the launcher): every buffer per model, blockIdx.z the model, gridDim.x a
+// model's own blocks.
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS) head_step(
         const floatX* x, const float* images, const int* labels, const int* order, const int* cursor, float* x_copy,
         int* y, const float* w, const float* b, int k, int rows, float* dlogits, float* row_loss, float* row_correct,
@@ -235,12 +237,14 @@ extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update(
     head_update_body(x, dlogits, w, b, k, rows, lr, gradient, row_loss, row_correct, totals, cursor);
 }
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward(
-        const float* dlogits, const float* w, const floatX* h, floatX* dh, float* db, int k, int rows) {
-    head_backward_body(dlogits, w, h, dh, db, k, rows);
+        const float* dlogits, const float* w, const floatX* h, floatX* dh, float* db, int k, int rows,
+        long long model_stride) {
+    head_backward_body(model_at(dlogits, model_stride), model_at(w, model_stride), model_at(h, model_stride),
+                       model_at(dh, model_stride), model_at(db, model_stride), k, rows);
 }
 extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad(const floatX* h, floatX* dh, float* db, int k,
-                                                                       int rows) {
-    relu_bias_grad_body(h, dh, db, k, rows);
+                                                                       int rows, long long model_stride) {
+    relu_bias_grad_body(model_at(h, model_stride), model_at(dh, model_stride), model_at(db, model_stride), k, rows);
 }
 
 // x[r, :] = bf16(images[order[*cursor + r], :]), y[r] = labels[order[*cursor + r]]; one block per row.

@@ -2,11 +2,13 @@
 update, the ReLU's derivative with the bias gradient, the bf16 gather, the end of a step.
 
 The head kernels unroll over the classes, so a `Fused` is compiled for a model's class count.
+head_backward and relu_bias_grad train `models` > 1 models at once when asked (graphtrain.kernels'
+model axis: every buffer per model, model_stride bytes apart).
 """
 
 from __future__ import annotations
 
-from graphtrain.kernels import F32, I32, I64, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels import F32, I32, I64, PTR, KernelFile, ceil_div, kernel, model_grid, model_stride_arg
 
 HEAD_THREADS = 256  # head_step: 8 rows (warps) per block
 COL_THREADS, COLUMNS = 512, 32  # the column kernels: 32 columns per block, its 16 warps split the rows
@@ -21,14 +23,15 @@ MAX_CLASSES = 32  # a row's classes are the lanes of one warp
 
 class Fused(KernelFile):
     stem = "fused"
-    headers = ("logits_loss.cuh",)
+    headers = ("logits_loss.cuh", "model_axis.cuh")
     # CLASSES and BF16 (the activations' element type, fused.cu's floatX): the model's, per instance.
     defines = {"HEAD_THREADS": HEAD_THREADS, "COL_THREADS": COL_THREADS, "CLASSES": 10, "BF16": 0}
     _head_step = kernel("head_step", PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, PTR, PTR, PTR, I32)
     _head_update = kernel("head_update", PTR, PTR, PTR, PTR, I32, I32, F32, I32, PTR, PTR, PTR, PTR,
                           max_shared_bytes=MAX_DLOGITS_BYTES)
-    _head_backward = kernel("head_backward", PTR, PTR, PTR, PTR, PTR, I32, I32, max_shared_bytes=MAX_DLOGITS_BYTES)
-    _relu_bias_grad = kernel("relu_bias_grad", PTR, PTR, PTR, I32, I32)
+    _head_backward = kernel("head_backward", PTR, PTR, PTR, PTR, PTR, I32, I32, I64,
+                            max_shared_bytes=MAX_DLOGITS_BYTES)
+    _relu_bias_grad = kernel("relu_bias_grad", PTR, PTR, PTR, I32, I32, I64)
     _gather_batch_bf16 = kernel("gather_batch_bf16", PTR, PTR, PTR, PTR, I32, PTR, PTR)
     _sgd_bias_refresh = kernel("sgd_bias_refresh", PTR, PTR, PTR, I64, F32, PTR, PTR, I64)
 
@@ -72,14 +75,19 @@ class Fused(KernelFile):
         self._head_update(stream, ceil_div(k, COLUMNS) + 1, COL_THREADS, x, dlogits, w, b, k, rows, lr,
                           int(gradient), row_loss, row_correct, totals, cursor, shared_bytes=self.dlogits_bytes(rows))
 
-    def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int) -> None:
+    def head_backward(self, stream, dlogits: int, w: int, h: int, dh: int, db: int, k: int, rows: int,
+                      models: int = 1, model_stride: int = 0) -> None:
         """dh = (dlogits·W) masked by h > 0, and db = Σ_rows dh unless 0."""
-        self._head_backward(stream, ceil_div(k, COLUMNS), COL_THREADS, dlogits, w, h, dh, db, k, rows,
-                            shared_bytes=self.dlogits_bytes(rows))
+        stride = model_stride_arg(models, model_stride)
+        self._head_backward(stream, model_grid(ceil_div(k, COLUMNS), models), COL_THREADS, dlogits, w, h, dh, db, k,
+                            rows, stride, shared_bytes=self.dlogits_bytes(rows))
 
-    def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int) -> None:
+    def relu_bias_grad(self, stream, h: int, dh: int, db: int, k: int, rows: int, models: int = 1,
+                       model_stride: int = 0) -> None:
         """dh = 0 where h ≤ 0 (in place), and db = Σ_rows dh unless 0."""
-        self._relu_bias_grad(stream, ceil_div(k, COLUMNS), COL_THREADS, h, dh, db, k, rows)
+        stride = model_stride_arg(models, model_stride)
+        self._relu_bias_grad(stream, model_grid(ceil_div(k, COLUMNS), models), COL_THREADS, h, dh, db, k, rows,
+                             stride)
 
     def gather_batch_bf16(self, stream, images: int, labels: int, order: int, cursor: int, features: int,
                           rows: int, x: int, y: int) -> None:

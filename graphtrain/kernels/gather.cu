@@ -25,9 +25,15 @@ extern "C" __global__ void gather_batch(const float* images, const int* labels, 
 }
 
 // The same, with the offset read from device memory: a captured graph replays unchanged while
-// the cursor it reads moves on, so no kernel parameter has to be patched per batch.
+// the cursor it reads moves on, so no kernel parameter has to be patched per batch. Model axis
+// (model_axis.cuh): per model order, cursor, x, y; shared images, labels.
 extern "C" __global__ void gather_batch_at(const float* images, const int* labels, const int* order,
-                                           const int* cursor, int features, float* x, int* y) {
+                                           const int* cursor, int features, float* x, int* y,
+                                           long long model_stride) {
+    order = model_at(order, model_stride);
+    cursor = model_at(cursor, model_stride);
+    x = model_at(x, model_stride);
+    y = model_at(y, model_stride);
     gather_rows(images, labels, order, *cursor, features, x, y);
 }
 

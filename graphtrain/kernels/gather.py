@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from graphtrain.kernels import I32, PTR, KernelFile, kernel
+from graphtrain.kernels import I32, I64, PTR, KernelFile, kernel, model_grid, model_stride_arg
 
 THREADS = 256  # threads per row copied: 784 floats are 196 float4s, one pass
 
 
 class Gather(KernelFile):
     stem = "gather"
-    headers = ("batch_slice.cuh",)
+    headers = ("batch_slice.cuh", "model_axis.cuh")
     _gather_batch = kernel("gather_batch", PTR, PTR, PTR, I32, I32, PTR, PTR)
-    _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR)
+    _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I64)
     _gather_slice_at = kernel("gather_slice_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I32, I32, I32, I32)
     _advance_cursor = kernel("advance_cursor", PTR, I32)
     _set_cursor = kernel("set_cursor", PTR, I32)
@@ -22,9 +22,12 @@ class Gather(KernelFile):
         self._gather_batch(stream, rows, THREADS, images, labels, order, offset, features, x, y)
 
     def gather_batch_at(self, stream, images: int, labels: int, order: int, cursor: int, features: int, rows: int,
-                        x: int, y: int) -> None:
-        """The same, with the offset read from the device int at `cursor`."""
-        self._gather_batch_at(stream, rows, THREADS, images, labels, order, cursor, features, x, y)
+                        x: int, y: int, models: int = 1, model_stride: int = 0) -> None:
+        """The same, with the offset read from the device int at `cursor`; for `models` models at
+        once, order, cursor, x and y each model's (model_stride bytes apart), images and labels shared."""
+        stride = model_stride_arg(models, model_stride)
+        self._gather_batch_at(stream, model_grid(rows, models), THREADS, images, labels, order, cursor, features, x,
+                              y, stride)
 
     def gather_slice_at(self, stream, images: int, labels: int, order: int, cursor: int, features: int, batch: int,
                         epoch_samples: int, rank: int, ranks: int, x: int, y: int) -> None:

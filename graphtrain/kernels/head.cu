@@ -10,6 +10,9 @@
 // order (the warps' shuffles included), without float atomics: the same inputs give the same bits.
 // Data-parallel over `ranks` GPUs (1: the one-GPU step), as cnn.cu's softmax_xent_step: `batch`
 // is the combined batch, this rank holds its batch/ranks rows.
+// Model axis (model_axis.cuh, put before this file by the launcher): every buffer of both kernels
+// is per model, the count and the cursor included (each model counts its own blocks in its own
+// int); blockIdx.z is the model, gridDim.x a model's own blocks.
 
 // ---- logits and the loss step: a warp per row ---------------------------------------------------
 // row_loss holds each row's loss (0 past valid); the last block to finish (an integer count,
@@ -18,7 +21,16 @@
 extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
         const float* __restrict__ h, const float* __restrict__ w, const float* __restrict__ b,
         const int* __restrict__ y, float* __restrict__ dlogits, double* __restrict__ row_loss, int* count,
-        int* cursor, int batch, int k, int epoch_samples, double* loss_sum, int ranks) {
+        int* cursor, int batch, int k, int epoch_samples, double* loss_sum, int ranks, long long model_stride) {
+    h = model_at(h, model_stride);
+    w = model_at(w, model_stride);
+    b = model_at(b, model_stride);
+    y = model_at(y, model_stride);
+    dlogits = model_at(dlogits, model_stride);
+    row_loss = model_at(row_loss, model_stride);
+    count = model_at(count, model_stride);
+    cursor = model_at(cursor, model_stride);
+    loss_sum = model_at(loss_sum, model_stride);
     __shared__ double tree[HL_ROW_THREADS];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, r = blockIdx.x * (HL_ROW_THREADS / 32) + (threadIdx.x >> 5);
@@ -71,7 +83,11 @@ extern "C" __global__ void __launch_bounds__(HL_ROW_THREADS) head_logits_loss(
 #define HL_COL_WARPS (HL_COL_THREADS / 32)
 extern "C" __global__ void __launch_bounds__(HL_COL_THREADS) head_grads(
         const float* __restrict__ h, const float* __restrict__ dlogits, float* __restrict__ dw,
-        float* __restrict__ db, int batch, int k) {
+        float* __restrict__ db, int batch, int k, long long model_stride) {
+    h = model_at(h, model_stride);
+    dlogits = model_at(dlogits, model_stride);
+    dw = model_at(dw, model_stride);
+    db = model_at(db, model_stride);
     extern __shared__ float dl[];  // [batch][HL_CLASSES]
     __shared__ float part[HL_COL_WARPS][HL_CLASSES][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;

@@ -1,7 +1,11 @@
 // The elementwise parts of a linear + ReLU layer, forward, backward and the SGD update.
+// bias_relu and bias_grad have the model axis (model_axis.cuh, put before this file by the
+// launcher): every buffer per model, blockIdx.z the model, the grid's x a model's own.
 
 // y[r, j] = act(y[r, j] + b[j]), act = ReLU when relu != 0 else identity; b may be null (no bias).
-extern "C" __global__ void bias_relu(float* y, const float* b, int rows, int cols, int relu) {
+extern "C" __global__ void bias_relu(float* y, const float* b, int rows, int cols, int relu, long long model_stride) {
+    y = model_at(y, model_stride);
+    b = model_at(b, model_stride);
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * cols) return;
     float v = y[idx];
@@ -20,7 +24,9 @@ extern "C" __global__ void relu_backward(float* dh, const float* h, int n) {
 // then the block adds the partial sums in a fixed tree order. No atomics, so the result is the
 // same bit for bit on every run (the sum feeds the weights). BIAS_GRAD_THREADS (a power of two,
 // the block size) comes from layers.py.
-extern "C" __global__ void bias_grad(const float* dy, float* db, int rows, int cols) {
+extern "C" __global__ void bias_grad(const float* dy, float* db, int rows, int cols, long long model_stride) {
+    dy = model_at(dy, model_stride);
+    db = model_at(db, model_stride);
     __shared__ float part[BIAS_GRAD_THREADS];
     int j = blockIdx.x;
     float acc = 0.0f;

@@ -32,6 +32,7 @@ PRECISIONS = {
 }
 
 _int, _ptr, _size = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+_i64 = ctypes.c_longlong  # the strided batched products' strides
 library = SharedLibrary("cublas", "cuBLAS (libcublas)", {
     "cublasGetStatusName": ([_int], ctypes.c_char_p),
     "cublasGetProperty": ([_int, ctypes.POINTER(_int)], _int),
@@ -45,6 +46,10 @@ library = SharedLibrary("cublas", "cuBLAS (libcublas)", {
     # computeType, algo
     "cublasGemmEx": ([_ptr, _int, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _ptr, _int, _int, _ptr, _ptr,
                       _int, _int, _int, _int], _int),
+    # handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C,
+    # Ctype, ldc, strideC, batchCount, computeType, algo
+    "cublasGemmStridedBatchedEx": ([_ptr, _int, _int, _int, _int, _int, _ptr, _ptr, _int, _int, _i64, _ptr, _int,
+                                    _int, _i64, _ptr, _ptr, _int, _int, _i64, _int, _int, _int], _int),
 }, status_name="cublasGetStatusName")
 
 
@@ -71,6 +76,17 @@ def check_gemm_shape(transa: bool, transb: bool, m: int, n: int, k: int, lda: in
     raise GemmShapeError(f"gemm(transa={transa}, transb={transb}, m={m}, n={n}, k={k}, lda={lda}, ldb={ldb}, "
                          f"ldc={ldc}): every dimension must be in 1..{_INT_MAX}, and the leading dimensions at least "
                          f"the row lengths of A ({a_cols}), B ({b_cols}) and C ({n})")
+
+
+def check_gemm_batch(m: int, ldc: int, batch: int, stride_a: int, stride_b: int, stride_c: int) -> None:
+    """GemmShapeError unless `batch` products (1..INT_MAX) have strides (in elements) that cuBLAS
+    takes and outputs that do not overlap: stride_a, stride_b ≥ 0 (0: every product reads the
+    same matrix), stride_c at least C's m rows of ldc (any stride for one product)."""
+    if 0 < batch <= _INT_MAX and stride_a >= 0 and stride_b >= 0 and (batch == 1 or stride_c >= m * ldc):
+        return
+    raise GemmShapeError(f"gemm_strided_batched(m={m}, ldc={ldc}, batch={batch}, stride_a={stride_a}, "
+                         f"stride_b={stride_b}, stride_c={stride_c}): the batch must be in 1..{_INT_MAX}, the input "
+                         f"strides non-negative, and C's stride at least its m·ldc = {m * ldc} elements")
 
 
 class Cublas:
@@ -121,6 +137,26 @@ class Cublas:
             self._beta_ref, c_ptr, CUDA_R_32F, ldc, self._compute_type, CUBLAS_GEMM_DEFAULT)
         if status:
             library.check(status, "cublasGemmEx")
+
+    def gemm_strided_batched(self, transa: bool, transb: bool, m: int, n: int, k: int, alpha: float,
+                             a_ptr: int, lda: int, stride_a: int, b_ptr: int, ldb: int, stride_b: int, beta: float,
+                             c_ptr: int, ldc: int, stride_c: int, batch: int) -> None:
+        """`gemm` for `batch` products in one call: product i reads A at a_ptr + i·stride_a and B at
+        b_ptr + i·stride_b and writes C at c_ptr + i·stride_c, strides in elements (a stride of 0:
+        every product reads the same matrix). Row-major, the same compute type and math mode as
+        `gemm`; the shape and the strides are checked first."""
+        check_gemm_shape(transa, transb, m, n, k, lda, ldb, ldc)
+        check_gemm_batch(m, ldc, batch, stride_a, stride_b, stride_c)
+        if self._handle is None:
+            raise cuda.ClosedError("this cuBLAS handle was closed")
+        self._alpha.value, self._beta.value = alpha, beta
+        # Column-major Cᵀ = op(B)ᵀ · op(A)ᵀ per product, as `gemm`: B first, then A, each with its stride.
+        status = self._lib.cublasGemmStridedBatchedEx(
+            self._handle, CUBLAS_OP_T if transb else CUBLAS_OP_N, CUBLAS_OP_T if transa else CUBLAS_OP_N,
+            n, m, k, self._alpha_ref, b_ptr, CUDA_R_32F, ldb, stride_b, a_ptr, CUDA_R_32F, lda, stride_a,
+            self._beta_ref, c_ptr, CUDA_R_32F, ldc, stride_c, batch, self._compute_type, CUBLAS_GEMM_DEFAULT)
+        if status:
+            library.check(status, "cublasGemmStridedBatchedEx")
 
     def close(self) -> None:
         """Destroy the handle (idempotent)."""
