@@ -37,12 +37,17 @@ def config(model: str, optimizer: str, seed: int, **changes) -> TrainConfig:
                           "seed": seed, "optimizer": optimizer, "schedule": "cosine", "weight_decay": 0.5, **changes})
 
 
+def device_optimizer(stage):
+    """The rung's DeviceOptimizer: graphs' own, or that of the fused rungs' model (stages/fused_mlp.py)."""
+    return stage.mlp.optimizer if stage.name != "graphs" else stage.device_optimizer
+
+
 def run_steps(rung: str, cfg: TrainConfig, data: Dataset, steps: int):
     """The weights after the first `steps` steps, the rate of the last one, the precision run."""
     with get_stage(rung)(RunPlan.for_data(cfg, data), data) as stage:
         stage.setup()
         stage.train_epoch(0, steps, measure=True)
-        lr = stage.device_optimizer.lr_used.download(stage.stream)[0]
+        lr = device_optimizer(stage).lr_used.download(stage.stream)[0]
         return stage.weights(), lr, stage.precision
 
 

@@ -183,6 +183,23 @@ def test_device_loop_matches_bf16_bit_for_bit():
         assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
 
 
+def test_bf16_trains_softmax_regression_as_fused_bit_for_bit():
+    """Softmax regression has no hidden layer to read bf16 operands: bf16 is the fused program at
+    fp32 there, the same kernels with the same arguments, so the same weights, bit for bit."""
+    data = Dataset.synthetic(1000, 100, seed=6)
+    cfg = TrainConfig(batch=128, epochs=2, seed=6)
+    weights = {}
+    for name in ("fused", "bf16"):
+        with stage_for(name, cfg, data) as stage:
+            stage.setup()
+            assert stage.precision == "fp32" and stage.nodes_per_step == 2, name
+            for epoch in range(2):
+                stage.train_epoch(epoch, 8, measure=True)
+            weights[name] = stage.weights()
+    for a, b in zip(weights["fused"], weights["bf16"]):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+
+
 def test_persistent_refuses_a_model_it_cannot_train():
     data = Dataset.synthetic(200, 50, seed=1)
     with pytest.raises(UsageError, match="multiple of 64"):

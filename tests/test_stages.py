@@ -32,44 +32,106 @@ def test_every_rung_of_the_chain_extends_the_rung_before():
         assert issubclass(get_stage(after), get_stage(before)), (before, after)
 
 
+def test_the_chain_ends_at_graphs():
+    assert CHAIN_END == "graphs" and chain() == ["baseline", "fewer-syncs", "cublas", "sparse-metrics",
+                                                 "cudnn-softmax", "graphs"]
+
+
 def test_a_rung_past_the_chain_composes_instead_of_inheriting():
-    """`persistent` (and every rung after the chain) holds no eager or graph rung in its MRO: it
-    has the device pieces, and sets up nothing of the chain's."""
+    """`fused`, `bf16`, `device-loop` and `persistent` hold no eager or graph rung of the chain in
+    their MRO: they compose the device pieces and set up nothing of the chain's. `bf16` is `fused`
+    at another precision (its only other class); the rest derive from Stage alone."""
     names = stage_names()
     past = names[names.index(CHAIN_END) + 1:]
-    assert "persistent" in past
+    assert past == ["fused", "bf16", "device-loop", "persistent"]
+    chain_classes = {get_stage(name) for name in chain()}
     for name in past:
         cls = get_stage(name)
         assert cls.uses_gpu and not issubclass(cls, BaselineStage), [k.__name__ for k in cls.__mro__]
-        assert [k for k in cls.__mro__ if k.__module__.startswith("graphtrain.stages.")] == [cls, Stage], cls.__mro__
+        assert not chain_classes & set(cls.__mro__), (name, cls.__mro__)
+        ours = [k for k in cls.__mro__ if k.__module__.startswith("graphtrain.stages.")]
+        assert ours == ([cls, get_stage("fused"), Stage] if name == "bf16" else [cls, Stage]), cls.__mro__
+
+
+def test_bf16_is_fused_at_another_precision():
+    """bf16 adds no method to `fused`: its precision (bf16 operands where there are hidden layers)
+    is the fused model's parameter."""
+    bf16 = get_stage("bf16")
+    added = {name for name, value in vars(bf16).items() if callable(value) or isinstance(value, classmethod)}
+    assert issubclass(bf16, get_stage("fused")) and added == {"precision_run"}, added
 
 
 def test_each_rung_of_the_chain_sets_up_only_what_its_steps_use():
-    """The naive product kernel until cuBLAS replaces it, cuDNN only while its softmax runs,
-    cuBLASLt only where hidden layers give it products."""
+    """The naive product kernel until cuBLAS replaces it, cuDNN only while its softmax runs."""
     uses = {name: get_stage(name).uses for name in chain()}
     assert [name for name in chain() if "matmul" in uses[name]] == ["baseline", "fewer-syncs"]
     assert [name for name in chain() if "cudnn" in uses[name]] == ["cudnn-softmax", "graphs"]
-    assert [name for name in chain() if "softmax" in uses[name]] == chain()[:chain().index("fused")]
-    assert all("cublas" in uses[name] for name in chain()[chain().index("cublas"):])  # the test-set forward
+    assert all("softmax" in uses[name] for name in chain())
+    assert all("cublas" in uses[name] for name in chain()[chain().index("cublas"):])
+    assert all(set(uses[name]) <= {"matmul", "softmax", "cublas", "cudnn"} for name in chain())
+
+
+FUSED_MODELS = [((), "fp32"), ((32,), "fp32"), ((32, 16), "fp32"), ((32,), "bf16"), ((32, 16), "bf16")]
+
+
+@pytest.mark.parametrize("hidden,precision", FUSED_MODELS)
+@pytest.mark.parametrize("recipe", [("sgd", "constant"), ("adam", "one-cycle")])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_fused_model_reserves_only_what_its_step_touches(hidden, precision, recipe, bias):
+    """No softmax's buffer (the head computes it), bf16 copies only with bf16 operands, the
+    optimizer's state only for another recipe; its gradients laid out as the parameters are."""
+    from graphtrain.libs.memory import Arena
+    from graphtrain.stages.fused_mlp import FusedMlp
+
     data = Dataset.synthetic(100, 10)
-    for hidden, lt in (((), False), ((32,), True)):
-        plan = RunPlan.for_data(TrainConfig(batch=50, epochs=1, hidden=hidden), data)
-        for name in chain()[chain().index("fused"):]:
-            assert get_stage(name)(plan, data).needs("cublaslt") == lt, (name, hidden)
+    cfg = TrainConfig(batch=50, epochs=1, hidden=hidden, bias=bias, optimizer=recipe[0], schedule=recipe[1])
+    arena = Arena()
+    mlp = FusedMlp(arena, RunPlan.for_data(cfg, data), data, precision)
+    names = set(arena.buffers)
+    assert "probs" not in names
+    copies = {"x16", "w16", "b16", *(f"h{i}_16" for i in range(1, len(hidden) + 1)),
+              *(f"dh{i}_16" for i in range(1, len(hidden) + 1))}
+    if not bias:
+        copies.discard("b16")
+    assert names & {n for n in names if n.endswith("16")} == (copies if precision == "bf16" else set())
+    assert ({"opt_state", "opt_lr"} <= names) == (recipe != ("sgd", "constant"))
+    params = [*mlp.params.w, *(b for b in mlp.params.b if b is not None)]
+    grads = [*mlp.dw, *(db for db in mlp.db if db is not None)]
+    assert [g.offset - grads[0].offset for g in grads] == [p.offset - params[0].offset for p in params]
+
+
+@pytest.mark.parametrize("name", ["fused", "bf16", "device-loop"])
+def test_a_fused_rung_refuses_a_batch_too_wide_for_its_head_before_any_gpu_work(name):
+    """On this machine (no GPU needed) the refusal comes before the GPU is opened."""
+    from graphtrain.errors import ModelUnsupported
+
+    data = Dataset.synthetic(5000, 10)
+    stage = get_stage(name)(RunPlan.for_data(TrainConfig(batch=4000, epochs=1), data), data)
+    with pytest.raises(ModelUnsupported, match=rf"^the {name} rung cannot train batch 4000 of 10 classes .*; "
+                                               r"use --stage graphs$"):
+        stage.setup()
+
+
+def test_bf16_operands_need_hidden_layers():
+    from graphtrain.libs.memory import Arena
+    from graphtrain.stages.fused_mlp import FusedMlp
+
+    data = Dataset.synthetic(100, 10)
+    with pytest.raises(ValueError, match="bf16 operands"):
+        FusedMlp(Arena(), RunPlan.for_data(TrainConfig(batch=50, epochs=1), data), data, "bf16")
 
 
 def test_the_step_kernels_know_nothing_of_the_device_loop():
     """The WHILE node's condition is set by device-loop's own node (kernels/loop.cu), so the fused
-    step and its kernels take no loop handle."""
+    step and its kernels take no loop handle: the step is handed the stream it queues on."""
     import inspect
 
     from graphtrain.kernels import KERNELS_DIR
-    from graphtrain.stages.fused import FusedStage
+    from graphtrain.stages.fused_mlp import FusedMlp
 
     assert "cudaGraphSetConditional" not in (KERNELS_DIR / "fused.cu").read_text(encoding="utf-8")
     assert "cudaGraphSetConditional" in (KERNELS_DIR / "loop.cu").read_text(encoding="utf-8")
-    assert list(inspect.signature(FusedStage.train_step).parameters) == ["self", "offset", "rows", "measure"]
+    assert list(inspect.signature(FusedMlp.record_step).parameters) == ["self", "stream", "rows", "measure"]
 
 
 # The precision each rung trains each model in (its record's `precision`), by default and with

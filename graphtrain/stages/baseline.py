@@ -1,18 +1,20 @@
 """`baseline`: the first GPU rung. Naive NVRTC kernels for everything, metrics read every step.
 
-This file is also the skeleton every later rung of the chain reuses, built on the device pieces of
-graphtrain.stages.device (the arena with the dataset, the parameters): forward, backward and SGD.
-Later rungs override one method each:
+This file is also the skeleton the later rungs of the chain (fewer-syncs … graphs) reuse, built on
+the device pieces of graphtrain.stages.device (the arena with the dataset, the parameters):
+forward, backward and SGD. Each later rung replaces one part of it, and the diff is its lesson:
 
     train_step    gather → forward → [metrics] → softmax → dlogits → backward → update
     gemm          the matrix products               (cublas replaces it)
     softmax       probabilities from logits         (cudnn-softmax replaces it)
     record_metrics / read_metrics                   (fewer-syncs, sparse-metrics replace them)
-    run_batches   the loop over an epoch's batches  (graphs replaces it)
+    run_batches   the loop over an epoch's batches  (graphs replaces it: step graphs replayed, the
+                                                     batch's start read from a device cursor)
     update        SGD at a constant rate            (graphs adds the recipe's optimizers and schedules)
 
 and each states in `uses` what its setup makes beyond the device pieces, so that no rung compiles,
-creates or reserves what its steps never touch.
+creates or reserves what its steps never touch. The chain ends at `graphs`
+(graphtrain.stages.CHAIN_END): the rungs after it are programs of their own.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ class BaselineStage(Stage):
     # (gather.cu, layers.cu, metrics.cu); a rung adds what it brings and drops what it replaced:
     #   "matmul"   the naive product kernel (matmul.cu)
     #   "softmax"  the softmax and its loss gradient (softmax.cu), and the probabilities' buffer
-    #   "cublas"   a cuBLAS handle and its workspace          "cudnn"  a cuDNN handle
-    #   "fused"    the fused rungs' kernels (fused.cu)        "cublaslt"  cuBLASLt and its plans
+    #   "cublas"   a cuBLAS handle and its workspace
+    #   "cudnn"    a cuDNN handle
     uses: ClassVar[frozenset[str]] = frozenset({"matmul", "softmax"})
 
     def needs(self, what: str) -> bool:

@@ -1,6 +1,7 @@
 """The pieces a GPU rung is made of, each setting up only itself:
 
     DeviceContext    the GPU, the stream everything runs on, the two events that time an epoch
+                     (and an epoch's loss and accuracy, read once at its end)
     DatasetOnDevice  the training and test sets and every epoch's sample order, in the run's arena
     Parameters       each layer's W and b in fp32, from the plan's initial weights; weights out
     DeviceOptimizer  the recipe's update (optimizer and schedule) of every parameter from its
@@ -10,8 +11,9 @@
                      time through the naive kernels (matmul.cu, layers.cu), then a count of the
                      rows whose largest logit is the label (metrics.cu), read once at the end
 
-The ladder's chain (baseline … device-loop) is built on them by `BaselineStage`; a rung that is its
-own program (`persistent`) composes the ones it uses beside its own kernel, and nothing else.
+The ladder's chain (baseline … graphs) is built on them by `BaselineStage`; a rung that is its own
+program composes the ones it uses beside its own kernels, and nothing else: `fused`, `bf16` and
+`device-loop` through the fused step's model (graphtrain.stages.fused_mlp), `persistent` directly.
 Every buffer comes from one arena: a piece reserves its buffers in the arena it is given, the
 rung allocates the arena once, then each piece uploads what it holds.
 """
@@ -33,6 +35,7 @@ from graphtrain.libs.memory import Arena, Buffer
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 from graphtrain.reference_cnn import Optimizer, Schedule
+from graphtrain.stages.base import EpochResult
 
 EVAL_ROWS = 1024  # test-set rows per forward pass when measuring accuracy
 
@@ -55,6 +58,17 @@ class DeviceContext:
         self.end_event.record(self.stream)
         self.end_event.synchronize()
         return self.start_event.elapsed_ms(self.end_event)
+
+    def epoch(self, work: Callable[[], None], metrics: Buffer, measure: bool, seen: int) -> EpochResult:
+        """One timed epoch (`timed(work)`); with `measure`, the [Σ loss, # correct] that `work` adds
+        into `metrics` (two doubles, zeroed before it, read once after it) as means over `seen` samples."""
+        if measure:
+            metrics.zero(self.stream)
+        ms = self.timed(work)
+        if not measure:
+            return EpochResult(ms)
+        loss_sum, correct = metrics.download(self.stream)
+        return EpochResult(ms, loss_sum / seen, correct / seen)
 
     def close(self) -> None:
         for obj in (self.start_event, self.end_event, self.stream):

@@ -12,40 +12,60 @@ the WHILE node costs a few microseconds of its own (hence several steps to a bod
 busy or slow CPU, tiny steps); on an idle host the queued step graphs already kept the GPU fed,
 and the ladder shows that honestly. Without conditional nodes (runtime or driver before CUDA
 12.4) the epoch graph is unrolled instead, one step after another; the record says which.
+
+Its own program: the GPU and its stream (graphtrain.stages.device's DeviceContext), the model the
+fused step trains at `bf16`'s precision (graphtrain.stages.fused_mlp.FusedMlp), and what this rung
+adds, loop.cu's counter and a stream for the WHILE node's body. An epoch's graph is the fused step
+recorded into the body, handed the body's stream, then on the epoch's own stream for the steps left.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graphtrain import environment
 from graphtrain.kernels.loop import Loop
 from graphtrain.libs import cuda
-from graphtrain.stages.bf16 import Bf16Stage
+from graphtrain.reference import Layer
+from graphtrain.stages.base import EpochResult, Stage
+from graphtrain.stages.fused_mlp import FusedMlp, bf16_where_hidden, open_fused
 
 
-class DeviceLoopStage(Bf16Stage):
+class DeviceLoopStage(Stage):
     name = "device-loop"
     summary = "the whole epoch from one graph launch: a conditional WHILE node over the steps"
     steps_per_iteration = 16  # full steps in the WHILE body (measured: scripts/benchmarks/device_loop_body.py)
 
-    def reserve_extra(self, arena) -> None:
-        super().reserve_extra(arena)
-        self.iterations_left = arena.reserve("iterations_left", (1,), np.int32)  # the loop's counter
+    @classmethod
+    def precision_run(cls, config, chosen: str) -> str:
+        return bf16_where_hidden(config, chosen)
 
-    def setup_extra(self) -> None:
-        super().setup_extra()
+    first_uses = staticmethod(FusedMlp.first_uses)
+
+    def measures(self, epoch: int) -> bool:
+        return self.plan.metrics_due[epoch]
+
+    def setup(self) -> None:
+        self.context, self.arena, self.mlp = open_fused(self)  # the model with bf16 operands (an MLP's)
+        self.device, self.stream = self.context.device, self.context.stream
+        self.iterations_left = self.arena.reserve("iterations_left", (1,), np.int32)  # the loop's counter
+        self.arena.allocate()
         self.loop_kind = "while" if cuda.conditional_nodes() else "unrolled"
-        self.loop_stream = cuda.Stream() if self.loop_kind == "while" else None  # the body's capture stream
+        self.body_stream = cuda.Stream() if self.loop_kind == "while" else None  # the body's capture stream
         self.loop_cu = Loop(self.device) if self.loop_kind == "while" else None
-
-    def capture(self) -> None:
-        super().capture()  # the step graphs: nodes per step
+        self.mlp.start(self.device, self.stream)
+        step_graph = self.mlp.capture_step(self.stream, self.config.batch, False)  # for the record only
+        try:
+            self.nodes_per_step = step_graph.num_nodes
+        finally:
+            step_graph.close()
         self.epoch_graphs = {}
         for num_batches in sorted(set(self.plan.batches)):
             for measure in (False, True):
                 self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
-        self.set_cursor(0)  # the warm-up moved it; from here each epoch leaves it at the next one's start
+        self.mlp.set_cursor(self.stream, 0)  # the warm-up moved it; from here each epoch leaves it at the next one's start
         self.next_sample = 0
+        cuda.wait_for_head_starts()  # none still runs beside the timed epochs
 
     def capture_epoch(self, num_batches: int, measure: bool) -> cuda.Graph:
         """One graph: the full batches of the epoch's first `num_batches`, then its tail batch.
@@ -62,41 +82,47 @@ class DeviceLoopStage(Bf16Stage):
         per_body = self.steps_per_iteration
         iterations, unrolled = divmod(count, per_body) if self.loop_kind == "while" else (0, count)
 
-        def body(stream: cuda.Stream) -> None:  # the steps queue on self.stream: the body's, meanwhile
-            outer, self.stream = self.stream, stream
-            try:
-                for _ in range(per_body):
-                    self.train_step(0, full, measure)
-            finally:
-                self.stream = outer
+        def body(stream: cuda.Stream) -> None:
+            for _ in range(per_body):
+                self.mlp.record_step(stream, full, measure)
 
         with cuda.Graph.capture(self.stream) as graph:
             if iterations:
-                self.loop_cu.record_while(self.stream, self.loop_stream, self.iterations_left.ptr, iterations, body)
+                self.loop_cu.record_while(self.stream, self.body_stream, self.iterations_left.ptr, iterations, body)
             for _ in range(unrolled):
-                self.train_step(0, full, measure)
+                self.mlp.record_step(self.stream, full, measure)
             if tail is not None:
-                self.train_step(0, tail, measure)
+                self.mlp.record_step(self.stream, tail, measure)
         return graph
 
+    def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
+        return self.context.epoch(lambda: self.run_batches(epoch, num_batches, measure), self.mlp.metrics, measure,
+                                  self.plan.samples_seen(num_batches))
+
     def run_batches(self, epoch: int, num_batches: int, measure: bool) -> None:
-        start = epoch * self.num_train
+        start = epoch * self.plan.num_train
         if start != self.next_sample:  # only when epochs are not run in order
-            self.set_cursor(start)
+            self.mlp.set_cursor(self.stream, start)
         graph = self.epoch_graphs.get((num_batches, measure))
         if graph is None:  # a length the run's epochs do not have (a test's partial epoch)
             graph = self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
         graph.launch(self.stream)
         self.next_sample = start + self.plan.samples_seen(num_batches)
 
+    def test_accuracy(self) -> float:
+        return self.mlp.accuracy(self.stream)
+
+    def weights(self) -> list[Layer]:
+        return self.mlp.weights(self.stream)
+
     def environment(self) -> dict:
-        return {**super().environment(), "device_loop": self.loop_kind}  # "while", or "unrolled"
+        return {**environment.gpu(self.device), **self.mlp.library_versions(),
+                "device_loop": self.loop_kind}  # "while", or "unrolled"
 
     def close(self) -> None:
         for graph in getattr(self, "epoch_graphs", {}).values():
             graph.close()
-        if getattr(self, "loop_stream", None) is not None:
-            self.loop_stream.close()
-        if getattr(self, "loop_cu", None) is not None:
-            self.loop_cu.close()
-        super().close()
+        for name in ("body_stream", "loop_cu", "mlp", "arena", "context"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()

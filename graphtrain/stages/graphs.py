@@ -11,6 +11,11 @@ From here on a rung trains every recipe: an optimizer other than SGD, or a sched
 optimizer_step over all the parameters (graphtrain.stages.device.DeviceOptimizer), its rate read
 on the device from its step counter so that the replayed graph follows the schedule. SGD at a
 constant rate keeps the earlier rungs' update, one launch a parameter.
+
+The ladder's chain ends here (graphtrain.stages.CHAIN_END). `fused`, `bf16` and `device-loop` keep
+its step graph and its device cursor, but as programs of their own built on another step, the fused
+one (graphtrain.stages.fused_mlp); this rung's step is the one `run --gpus` splits over GPUs
+(graphtrain.stages.data_parallel).
 """
 
 from __future__ import annotations

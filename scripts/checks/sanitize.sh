@@ -34,9 +34,9 @@ if [ "$only" = persistent ]; then
   done
   exit $status
 fi
-# the chain's rungs after graphs (kernels of their own), from the row registry
-chain_after_graphs=$(python3 -c 'from graphtrain.stages import CHAIN_END, LADDER as L; print(*L[L.index("graphs") + 1:L.index(CHAIN_END) + 1])')
-for stage in $chain_after_graphs; do
+# the rungs after the chain up to persistent (the fused step's kernels), from the row registry
+fused_rungs=$(python3 -c 'from graphtrain.stages import CHAIN_END, LADDER as L; print(*L[L.index(CHAIN_END) + 1:L.index("persistent")])')
+for stage in $fused_rungs; do
   check memcheck "$stage-mlp" --stage "$stage" --hidden 256,128
   check memcheck "$stage-jhu" --stage "$stage"
 done
