@@ -698,7 +698,7 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
 def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster,
           pack, json_path):
     """Train the cross product of hidden sizes, learning rates and seeds with chosen stages and peers."""
-    from graphtrain import report
+    from graphtrain import phases, report
     from graphtrain import sweep as sweep_mod
     from graphtrain.plan import RunPlan
 
@@ -750,16 +750,20 @@ def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_na
                 bar.update(progress, advance=len(rows), status=escape(task.label))
 
             rows, summary = sweep_mod.run_sweep(points, engine, source, data=data, pack=pack, on_task=on_task)
+            # The process's wall from its start (graphtrain.phases) to the sweep's end: the report's
+            # writing after it, and the process's teardown, are not counted.
+            sweep_mod.add_process_wall(summary, sum(phases.snapshot().values()), phases.origin())
+            if left_out:
+                summary["peers_left_out"] = left_out
             for row in rows:
                 row["command"] = command_line()
             if out_dir is not None:
                 label = sweep_mod.grid_label(cfg, bool(sizes), lrs is not None, seeds is not None, depth)
                 partial = not force and report.has_problems(rows)
                 write = report.write_sweep if sweep_mod.only_sizes_vary(points, rows) else sweep_mod.write_grid
-                for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial):
+                for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial,
+                                  summary=summary):
                     err.print(f"wrote {escape(str(path))}")
-        if left_out:
-            summary["peers_left_out"] = left_out
         document = {"sweep": summary, "command": command_line(), "records": rows}
         if to_stdout:
             sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
