@@ -84,11 +84,10 @@ class SpeedrunCase:
 
     def plan(self, config: TrainConfig, seed: int) -> RunPlan:
         """Seed `seed`'s run plan of `config` (built once per seed and config)."""
-        key = (config.replace(seed=seed), seed)
+        key = config.replace(seed=seed)
         if key not in self.plans:
-            self.plans[key] = RunPlan.for_data(key[0], self.data)
+            self.plans[key] = RunPlan.for_data(key, self.data)
         return self.plans[key]
-
 
 
 def row_class(name: str, config: TrainConfig) -> type[Stage]:
@@ -185,8 +184,8 @@ def run_row(name: str, case: SpeedrunCase, seeds: list[int], progress=None) -> R
                 setup_ms, setups = setup_ms + ms, setups + 1
             start = time.perf_counter()
             if not row.restart(plan):  # this row cannot take the seed's plan in place: a fresh one
-                row.close()
-                row = None
+                stale, row = row, None
+                stale.close()
                 row, ms = set_up(cls, plan, case.data)
                 setup_ms, setups = setup_ms + ms, setups + 1
                 start = time.perf_counter()
