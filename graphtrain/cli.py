@@ -26,7 +26,7 @@ from graphtrain import __version__ as graphtrain_version
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
 from graphtrain import files, terminal
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, UsageError
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, ModelUnsupported, UsageError
 from graphtrain.stages import (LADDER, PACKED_PEERS, PEERS, SPECS, check_names, get_stage, models_on, row_names, speedrun_defaults,
                                speedrun_names, spoken)
 
@@ -997,6 +997,10 @@ def check_speedrun_rows(names: list[str], cfg) -> None:
             sr.check_row(name, cfg)
         except (GpuUnavailableError, PeerUnavailable) as exc:
             missing.setdefault(str(exc), []).append(name)
+        except ModelUnsupported as exc:
+            if SPECS[name].kind != "peer":
+                raise
+            raise ModelUnsupported(f"{exc}; --peer none leaves the peers out") from None
     if missing:
         gpu_rows = [n for n in names if SPECS[n].kind == "stage" and SPECS[n].uses_gpu]
         peers = [n for n in names if SPECS[n].kind == "peer"]

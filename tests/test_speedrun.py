@@ -136,6 +136,9 @@ def test_cnn_too_deep_for_the_image_is_refused():
     (["--betas", "0.7"], "--betas wants two numbers"),
     (["--optimizer", "adam", "--schedule", "warmup"], "warmup"),
     (["--conv", "3"], "--conv wants"),
+    (["--optimizer", "sgd", "--peer", "jax-scan"],
+     "jax-scan trains the cnn with adam or adamw, not --optimizer sgd; the recipe trains on numpy and on graphs "
+     "through device-loop; --peer none leaves the peers out"),
 ])
 def test_speedrun_command_refuses_bad_input(args, words):
     result = CliRunner().invoke(main, ["speedrun", *args, "--no-process-wall"])
