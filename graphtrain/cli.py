@@ -26,7 +26,7 @@ from graphtrain import __version__ as graphtrain_version
 from graphtrain import config as config_mod
 from graphtrain import data as data_mod
 from graphtrain import files, terminal
-from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, UsageError
+from graphtrain.errors import GpuUnavailableError, GraphtrainError, MissingRequirement, ModelUnsupported, UsageError
 from graphtrain.stages import (LADDER, PACKED_PEERS, PEERS, SPECS, check_names, get_stage, models_on, row_names, speedrun_defaults,
                                speedrun_names, spoken)
 
@@ -698,7 +698,7 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
 def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster,
           pack, json_path):
     """Train the cross product of hidden sizes, learning rates and seeds with chosen stages and peers."""
-    from graphtrain import report
+    from graphtrain import phases, report
     from graphtrain import sweep as sweep_mod
     from graphtrain.plan import RunPlan
 
@@ -750,16 +750,20 @@ def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_na
                 bar.update(progress, advance=len(rows), status=escape(task.label))
 
             rows, summary = sweep_mod.run_sweep(points, engine, source, data=data, pack=pack, on_task=on_task)
+            # The process's wall from its start (graphtrain.phases) to the sweep's end: the report's
+            # writing after it, and the process's teardown, are not counted.
+            sweep_mod.add_process_wall(summary, sum(phases.snapshot().values()), phases.origin())
+            if left_out:
+                summary["peers_left_out"] = left_out
             for row in rows:
                 row["command"] = command_line()
             if out_dir is not None:
                 label = sweep_mod.grid_label(cfg, bool(sizes), lrs is not None, seeds is not None, depth)
                 partial = not force and report.has_problems(rows)
                 write = report.write_sweep if sweep_mod.only_sizes_vary(points, rows) else sweep_mod.write_grid
-                for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial):
+                for path in write(rows, label, out_dir, command_line(), log=terminal.logger(err), partial=partial,
+                                  summary=summary):
                     err.print(f"wrote {escape(str(path))}")
-        if left_out:
-            summary["peers_left_out"] = left_out
         document = {"sweep": summary, "command": command_line(), "records": rows}
         if to_stdout:
             sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
@@ -894,7 +898,8 @@ def compare(a, b):
 @click.option("--holdout", type=click.IntRange(0), default=0, show_default=True,
               help="Train on all but the last N training samples and report accuracy on those (for tuning).")
 @click.option("--precision", default="tf32", show_default=True, type=click.Choice(["tf32", "fp32"]),
-              help="The convolutions' and products' precision, for every row.")
+              help="The convolutions' and products' precision, for every row that has the choice (numpy "
+                   "computes in float32; each row's result says its own).")
 @click.option("--conv", default=None, metavar="CxK,...", help="Conv layers, e.g. 24x5,32x3.")
 @click.option("--hidden", default=None, metavar="H1,...", help="Hidden linear layers, e.g. 256.")
 @click.option("--batch", type=int, default=None, help="Batch size.")
@@ -916,8 +921,8 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
     """Time to 99% on MNIST: the speedrun preset (train_mnist_fast's recipe) N times per row.
 
     Reports per row the test accuracy's mean and spread over the seeds, the median time from
-    model construction to test accuracy (data on the GPU, kernels compiled beforehand, capture
-    included), and the wall time of one run as its own process.
+    model construction to test accuracy (the row set up once beforehand: data on the GPU, kernels
+    compiled, graphs captured), and the wall time of one run as its own process.
     """
     from rich.table import Table
 
@@ -944,9 +949,10 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             raise UsageError(f"unknown speedrun row(s) {', '.join(unknown)}; choose from "
                              f"{', '.join(speedrun_names())}" if unknown else "no rows to run")
         files.check_outputs({"--json": json_path, "--markdown": md_path})
-        check_speedrun_rows(names)
+        cfg = cfg.replace(precision=precision)
+        check_speedrun_rows(names, cfg)
         data = data_mod.load("mnist", data_dir=data_dir)
-        task = sr.make_task(cfg, data, holdout, precision, fused_convs=conv_path == "fused")
+        case = sr.SpeedrunCase.of(cfg, data, holdout, conv_path)
         seed_list = list(range(seeds))
         forwarded = [a for a in sys.argv[1:] if a not in ("speedrun",)]
         results = []
@@ -954,12 +960,12 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             def progress(row, seed, acc, ms):
                 log(f"{row} seed {seed}: {100 * acc:.2f}% in {ms:.2f} ms")
 
-            result = sr.run_row(name, task, seed_list, progress)  # each row's needs checked above
+            result = sr.run_row(name, case, seed_list, progress)  # each row's needs checked above
             if process_wall and result.accuracies:
                 result.process_wall_s = sr.process_wall(name, _without_row_options(forwarded))
             results.append(result)
-        doc = sr.summary(results, task, command_line(), report.utc_now())
-        table = Table(title=f"speedrun: {len(seed_list)} seed(s), accuracy on the {task.evaluated_on} set")
+        doc = sr.summary(results, case, command_line(), report.utc_now())
+        table = Table(title=f"speedrun: {len(seed_list)} seed(s), accuracy on the {case.evaluated_on} set")
         for column in ("row", "accuracy", "spread", "median ms", "× fastest peer", "process s", "note"):
             table.add_column(column)
         for r in doc["rows"]:
@@ -978,18 +984,23 @@ def speedrun(seeds, stages, peers, rows, json_path, md_path, holdout, precision,
             files.write_atomic(md_path, sr.markdown(doc))
 
 
-def check_speedrun_rows(names: list[str]) -> None:
-    """Every row's needs, before the data is read: what cannot run here is refused, all of it
-    said in one line, with the options that leave it out."""
+def check_speedrun_rows(names: list[str], cfg) -> None:
+    """Every row's needs, before the data is read: a row that cannot train the recipe is refused
+    with the reason; what cannot run here is refused, all of it said in one line, with the options
+    that leave it out."""
     from graphtrain import speedrun as sr
     from graphtrain.peers import PeerUnavailable
 
     missing: dict[str, list[str]] = {}  # why -> the rows it stops
     for name in names:
         try:
-            sr.check_row(name)
+            sr.check_row(name, cfg)
         except (GpuUnavailableError, PeerUnavailable) as exc:
             missing.setdefault(str(exc), []).append(name)
+        except ModelUnsupported as exc:
+            if SPECS[name].kind != "peer":
+                raise
+            raise ModelUnsupported(f"{exc}; --peer none leaves the peers out") from None
     if missing:
         gpu_rows = [n for n in names if SPECS[n].kind == "stage" and SPECS[n].uses_gpu]
         peers = [n for n in names if SPECS[n].kind == "peer"]

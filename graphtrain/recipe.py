@@ -2,26 +2,24 @@
 
 `Recipe` is how a model is trained (batch, epochs, optimizer, learning-rate schedule, precision);
 `recipe_of` builds it from a `TrainConfig`; `normalise` puts [0, 1] pixels on MNIST's mean and
-standard deviation, as the recipe trains on them. The cnn rungs (graphtrain.stages) and the
-speedrun (graphtrain.speedrun) take these from here, and the speedrun's peers (graphtrain.peers)
-its `SpeedrunTask` and `SpeedrunRow`, so that no row imports a runner.
-
-`SpeedrunTask` is what every row of a speedrun trains (the model, the recipe, the normalised data, each
-seed's run plan) and `SpeedrunRow` the protocol a speedrun row answers to: set up once, then `run(seed)`
-returns the test accuracy of one seed's training.
+standard deviation, as the recipe trains on them, and `normalised` does it once per array in a
+process. The cnn's classes (graphtrain.stages.cnn_rungs and the peers' in graphtrain.peers) and
+the speedrun (graphtrain.speedrun) take these from here, so that no row imports a runner.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphtrain.config import TrainConfig, preset
+from graphtrain.config import TrainConfig
 from graphtrain.data import images as images_mod
 from graphtrain.kernels import ceil_div
-from graphtrain.plan import RunPlan
-from graphtrain.reference_cnn import CnnSpec, Optimizer, Schedule
+from graphtrain.reference_cnn import Optimizer, Schedule
 
 # MNIST's pixel mean and standard deviation (of [0, 1] pixels), the usual normalisation: one pair,
 # kept in graphtrain.data.images, which saved models' `normalisation` and `predict` use too.
@@ -41,10 +39,53 @@ class Recipe:
     def steps(self, num_train: int) -> int:
         return self.epochs * ceil_div(num_train, self.batch)
 
+    def but_for_the_peak(self) -> Recipe:
+        """This recipe with its schedule's peak rate set aside: equal for two recipes that differ
+        in the learning rate only."""
+        return dataclasses.replace(self, schedule=dataclasses.replace(self.schedule, lr=1.0))
+
 
 def normalise(images: np.ndarray) -> np.ndarray:
     """Pixels in [0, 1] as the recipe trains on them: (x − mean) / std, float32."""
     return images_mod.normalise(images, MNIST_MEAN, MNIST_STD)
+
+
+# id(images) -> (a weak reference to images, their normalised copy): see `normalised`.
+_NORMALISED: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def normalised(images: np.ndarray) -> np.ndarray:
+    """`normalise(images)`, computed once per array object while it lives: every row of a
+    process that trains on the same dataset gets the same normalised array (shared: never
+    written), so what keys its uploads on the array's identity uploads it once."""
+    key = id(images)
+    cached = _NORMALISED.get(key)
+    if cached is not None and cached[0]() is images:
+        return cached[1]
+    result = normalise(images)
+    # The entry goes when `images` does (before its id can be given to another array).
+    _NORMALISED[key] = (weakref.ref(images, lambda _gone, key=key: _NORMALISED.pop(key, None)), result)
+    return result
+
+
+def schedule_rate(schedule: Schedule, k, peak, xp):
+    """The learning rate of step `k` (a float array: a framework's step counter) peaking at
+    `peak` (an array, so that another peak needs no new program), as `schedule.at` computes it,
+    written with the array module `xp` (torch, jax.numpy or numpy: its ones_like, minimum, cos
+    and where) for a framework's compiled step to compute on the device."""
+    if schedule.kind == "constant":
+        return peak * xp.ones_like(k)
+    if schedule.kind == "warmup":
+        return peak * xp.minimum(xp.ones_like(k), (k + 1) / max(schedule.warmup_steps, 1))
+    if schedule.kind == "cosine":
+        return peak * (1 + xp.cos(math.pi * k / schedule.total)) / 2
+    start, low = peak / schedule.div, peak / schedule.div / schedule.final_div
+    end1, end2 = schedule.pct * schedule.total - 1, schedule.total - 1
+
+    def anneal(a, b, pct):
+        return b + (a - b) / 2 * (xp.cos(math.pi * pct) + 1)
+
+    return xp.where(k <= end1, anneal(start, peak, k / end1), anneal(peak, low, (k - end1) / (end2 - end1)))
 
 
 def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf32") -> Recipe:
@@ -53,58 +94,3 @@ def recipe_of(config: TrainConfig, steps: int, epochs: int, precision: str = "tf
     return Recipe(batch=config.batch, epochs=epochs,
                   optimizer=Optimizer.of(config), schedule=Schedule.of(config, steps),
                   precision=precision)
-
-
-@dataclass(frozen=True)
-class SpeedrunTask:
-    """What every row of a speedrun trains: the model, the recipe, the normalised data."""
-
-    spec: CnnSpec
-    recipe: Recipe
-    train_images: np.ndarray
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
-    evaluated_on: str = "test"  # or "holdout"
-    config: TrainConfig | None = None  # the plans' workload; None: the speedrun preset with this model and batch
-    plans: dict = field(default_factory=dict, compare=False)
-    fused_convs: bool = True  # graphtrain's rows: convpool.cu's fused conv layers, or cuDNN's
-
-    @property
-    def steps(self) -> int:
-        return self.recipe.steps(len(self.train_images))
-
-    def plan(self, seed: int) -> RunPlan:
-        """Seed `seed`'s run plan: its initial weights and sample orders (built once per seed)."""
-        if seed not in self.plans:
-            cfg = self.config or preset("speedrun").replace(
-                conv=tuple((layer.out_channels, layer.kernel) for layer in self.spec.convs), hidden=self.spec.hidden,
-                batch=self.recipe.batch, epochs=self.recipe.epochs)
-            self.plans[seed] = RunPlan.build(cfg.replace(seed=seed), len(self.train_images), len(self.test_images),
-                                             self.spec.channels * self.spec.height * self.spec.width,
-                                             self.spec.classes)
-        return self.plans[seed]
-
-    def initial(self, seed: int) -> list[np.ndarray]:
-        """The parameters in order: each layer's weight, then its bias (float32 copies)."""
-        return [a.copy() for layer in self.plan(seed).initial for a in (layer.w, layer.b)]
-
-    def orders(self, seed: int) -> np.ndarray:
-        return self.plan(seed).orders
-
-
-class SpeedrunRow:
-    name: str
-    note: str = ""
-
-    def setup(self, task: SpeedrunTask) -> None:
-        self.task = task
-
-    def run(self, seed: int) -> float:
-        raise NotImplementedError
-
-    def environment(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass

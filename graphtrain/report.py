@@ -23,6 +23,7 @@ the ladder, a chosen subset of rows), so that it never replaces a complete table
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -633,8 +634,10 @@ def report_stem(kind: str, label: str, records: list[dict], partial: bool) -> st
 
 
 def _write_report(kind: str, records: list[dict], label: str, out_dir, command: str, plots: list[Plot],
-                  markdown, log: Log | None, date: str | None, partial: bool | None) -> list[Path]:
+                  markdown, log: Log | None, date: str | None, partial: bool | None,
+                  summary: dict | None = None) -> list[Path]:
     """<stem>.json, the plots when matplotlib is there, then <stem>.md; returns the paths.
+    `summary`: a sweep's figures as a whole (graphtrain.sweep.run_sweep), kept as the JSON's "sweep".
 
     The JSON goes first: whatever happens to the plots, the measurements are on disk.
     """
@@ -643,8 +646,11 @@ def _write_report(kind: str, records: list[dict], label: str, out_dir, command: 
     date = date or utc_now()
     stem = report_stem(kind, label, records, has_problems(records) if partial is None else partial)
     json_path = out_dir / f"{stem}.json"
-    write_json(json_path, {"report": kind, "label": label, "date": date, "revision": _first(records, "revision"),
-                           "command": command, "records": records})
+    document = {"report": kind, "label": label, "date": date, "revision": _first(records, "revision"),
+                "command": command, "records": records}
+    if summary is not None:
+        document["sweep"] = summary
+    write_json(json_path, document)
     images, plot_notes = _write_plots(records, out_dir, stem, plots, log)
     md_path = out_dir / f"{stem}.md"
     write_atomic(md_path, markdown(records, label, command, date, images, plot_notes))
@@ -665,6 +671,23 @@ def write_ladder(records: list[dict], label: str, out_dir, command: str,
 # --------------------------------------------------------------------------------------------
 # The sweep: time against hidden size
 # --------------------------------------------------------------------------------------------
+
+
+def sweep_summary_lines(summary: dict) -> list[str]:
+    """The sweep as a whole: its engine's wall, its models' training time, and (where the
+    command measured it) its process's wall and the models per second over it."""
+    lines = [f"{summary['models']} models in {summary['tasks']} tasks on {summary['engine']}: "
+             f"{summary['wall_ms'] / 1e3:.2f} s from the first task's start to the last row gathered"]
+    if "train_ms" in summary:
+        restarted = f"; {summary['restarted']} on a restarted row" if summary.get("restarted") else ""
+        lines.append(f"training: {fmt_ms(summary['train_ms'])} ms for the {summary['trained']} models "
+                     f"that trained (each pack once){restarted}")
+    if summary.get("process_wall_ms") is not None:
+        since = "the process's start" if summary["process_wall_from"] == "process" else "graphtrain's import"
+        per_s = summary.get("models_per_s")
+        lines.append(f"process wall: {summary['process_wall_ms'] / 1e3:.2f} s from {since} to the sweep's end"
+                     + (f", {per_s:.1f} models per second" if per_s is not None else ""))
+    return lines
 
 
 def train_ms(record: dict) -> float | None:
@@ -696,7 +719,10 @@ def sweep_cell(record: dict | None, value: Callable[[dict], str]) -> str:
 
 
 def sweep_markdown(records: list[dict], label: str, command: str, date: str | None = None,
-                   images: list[str] | None = None, plot_notes: list[str] | None = None) -> str:
+                   images: list[str] | None = None, plot_notes: list[str] | None = None,
+                   summary: dict | None = None) -> str:
+    """The time-against-width tables; `summary` (the sweep's as a whole: `sweep_summary_lines`)
+    after them."""
     lines = _header(f"graphtrain sweep: {label}", records, date or utc_now(), command, sweep=True)
     sizes, names, cells = sweep_grid(records)
     heads = ["hidden size H", *(f"{n} (peer)" if _is_peer_name(records, n) else n for n in names)]
@@ -709,6 +735,8 @@ def sweep_markdown(records: list[dict], label: str, command: str, date: str | No
     for title, value in tables:
         rows = [[str(size), *(sweep_cell(cells.get((size, n)), value) for n in names)] for size in sizes]
         lines += [f"## {title}", "", *markdown_table(heads, rows), ""]
+    if summary is not None:
+        lines += ["## The sweep", "", *(f"- {line}" for line in sweep_summary_lines(summary)), ""]
     notes = {r["stage"]: r["note"] for r in records if is_ok(r) and r.get("note")}
     if notes:
         lines += ["## Notes", ""] + [f"- {name}: {note}" for name, note in notes.items()] + [""]
@@ -753,10 +781,12 @@ def plot_sweep(records: list[dict], path: Path) -> None:
 
 
 def write_sweep(records: list[dict], label: str, out_dir, command: str,
-                log: Log | None = None, date: str | None = None, partial: bool | None = None) -> list[Path]:
-    """Write <stem>.md and .json, and with matplotlib <stem>.png."""
+                log: Log | None = None, date: str | None = None, partial: bool | None = None,
+                summary: dict | None = None) -> list[Path]:
+    """Write <stem>.md and .json, and with matplotlib <stem>.png; `summary` (the sweep's) in both."""
     plots = [Plot("", "plot", plot_sweep, _no_epoch_time)]
-    return _write_report("sweep", records, label, out_dir, command, plots, sweep_markdown, log, date, partial)
+    markdown = functools.partial(sweep_markdown, summary=summary)
+    return _write_report("sweep", records, label, out_dir, command, plots, markdown, log, date, partial, summary)
 
 
 # --------------------------------------------------------------------------------------------

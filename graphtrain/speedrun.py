@@ -2,16 +2,17 @@
 
 train_mnist_fast's protocol: the data already on the GPU and the kernels compiled, the clock
 runs from model construction (the initial weights put on the device) through one epoch of
-training to the test accuracy as a number on the host; capture is inside the clock. Each row
-trains the same recipe from the same initial weights in the same sample order for every seed:
-seed s's run plan (graphtrain.plan.RunPlan, the preset with seed s) gives them, on the same
-normalised images.
+training to the test accuracy as a number on the host. Each row trains the same recipe from the
+same initial weights in the same sample order for every seed: seed s's run plan
+(graphtrain.plan.RunPlan, the preset with seed s) gives them, on the same normalised images.
 
-A row is set up once (untimed: compile, cuDNN's algorithm search, upload the data, warm up),
-then `run` trains one seed and returns its test accuracy; the caller times the call with
-perf_counter. Rows: graphtrain's `graphs` (the step captured once per run, replayed per
-batch) and `device-loop` (the run, evaluation included, one graph), `numpy` (the float32
-reference on the CPU, slow), and the peers of graphtrain.peers.speedrun_torch / speedrun_jax.
+A row is a registry row whose class trains the speedrun's model (graphtrain.stages: the cnn's
+rungs and the peers' cnn classes), driven as every runner drives a `Stage`. It is set up once,
+untimed and reported apart (compile, cuDNN's algorithm search, the data's upload, warm-up, graph
+capture); then per seed the clock covers `restart(plan)` (the seed's initial weights, orders and
+recipe put on the set-up row), the plan's epochs (`train_epoch`) and `test_accuracy()`, timed
+with perf_counter. A row that cannot take a seed's plan in place is set up anew for it (untimed),
+and the result says how many setups a row took.
 
 `holdout` > 0 trains on the training set's first N − holdout samples and reports accuracy on
 the last `holdout` ones instead of the test set: where the recipe is tuned.
@@ -19,153 +20,88 @@ the last `holdout` ones instead of the test set: where the recipe is tuned.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from graphtrain import environment, reference_cnn, report, stages
-from graphtrain.config import TrainConfig
-from graphtrain.config import cnn_spec as config_cnn_spec
+from graphtrain import environment, report, stages, training
+from graphtrain.config import TrainConfig, cnn_spec
+from graphtrain.data import Dataset
 from graphtrain.errors import UsageError
 from graphtrain.kernels import ceil_div
-from graphtrain.recipe import MNIST_MEAN, MNIST_STD, SpeedrunRow, SpeedrunTask, normalise, recipe_of
+from graphtrain.plan import RunPlan
+from graphtrain.recipe import MNIST_MEAN, MNIST_STD, Recipe, recipe_of
 from graphtrain.reference_cnn import CnnSpec
+from graphtrain.stages.base import Stage
 
 
-def make_task(config: TrainConfig, data, holdout: int = 0, precision: str = "tf32", fused_convs: bool = True) -> SpeedrunTask:
-    """The task of `config` on a loaded dataset, its images normalised once here."""
-    if config.epochs is None:
-        raise UsageError("the speedrun trains whole epochs: give --epochs, not --steps")
-    train_x, train_y = data.train_images, data.train_labels
-    test_x, test_y = data.test_images, data.test_labels
-    if holdout:
-        if not 0 < holdout < len(train_x) - config.batch:
-            raise UsageError(f"--holdout must leave more than a batch to train on, got {holdout}")
-        train_x, train_y, test_x, test_y = (train_x[:-holdout], train_y[:-holdout], train_x[-holdout:],
-                                            train_y[-holdout:])
-    recipe = recipe_of(config, config.epochs * ceil_div(len(train_x), config.batch), config.epochs, precision)
-    return SpeedrunTask(config_cnn_spec(config), recipe, normalise(train_x),
-                train_y.astype(np.int32), normalise(test_x), test_y.astype(np.int32),
-                "holdout" if holdout else "test", config, fused_convs=fused_convs)
+@dataclass
+class SpeedrunCase:
+    """What every row of a speedrun trains: the config (the speedrun preset and the options, its
+    precision the one asked for), the dataset (with a holdout, its split), and where accuracy is
+    measured. Each seed's run plan is built once and shared by the rows."""
+
+    config: TrainConfig
+    data: Dataset
+    evaluated_on: str = "test"  # or "holdout"
+    conv_path: str = "fused"  # graphtrain's conv layers: convpool.cu's fused kernels, or cuDNN's
+    plans: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, config: TrainConfig, data: Dataset, holdout: int = 0, conv_path: str = "fused") -> SpeedrunCase:
+        if config.epochs is None:
+            raise UsageError("the speedrun trains whole epochs: give --epochs, not --steps")
+        if holdout:
+            if not 0 < holdout < len(data.train_images) - config.batch:
+                raise UsageError(f"--holdout must leave more than a batch to train on, got {holdout}")
+            x, y = data.train_images, data.train_labels
+            data = dataclasses.replace(data, train_images=x[:-holdout], train_labels=y[:-holdout],
+                                       test_images=x[-holdout:], test_labels=y[-holdout:])
+        return cls(config, data, "holdout" if holdout else "test", conv_path)
+
+    def row_class(self, name: str) -> type[Stage]:
+        """Row `name`'s class (see `row_class`), its conv layers on `conv_path` where it has a choice."""
+        found = row_class(name, self.config)
+        return found.on_conv_path(self.conv_path) if hasattr(found, "on_conv_path") else found
+
+    @property
+    def steps(self) -> int:
+        return self.config.epochs * ceil_div(len(self.data.train_images), self.config.batch)
+
+    @property
+    def recipe(self) -> Recipe:
+        """The recipe every row trains (its precision: the one asked for, None: each row's own)."""
+        return recipe_of(self.config, self.steps, self.config.epochs, self.config.precision)
+
+    def row_config(self, cls: type[Stage]) -> TrainConfig:
+        """The config row `cls` trains: the precision asked for where it trains in it, else its
+        own (numpy's float32: NumPy has no TF32), which its result states."""
+        asked = self.config.precision
+        return dataclasses.replace(self.config, precision=cls.check_precision(asked if asked in cls.precisions else None))
+
+    def plan(self, config: TrainConfig, seed: int) -> RunPlan:
+        """Seed `seed`'s run plan of `config` (built once per seed and config)."""
+        key = config.replace(seed=seed)
+        if key not in self.plans:
+            self.plans[key] = RunPlan.for_data(key, self.data)
+        return self.plans[key]
 
 
-# --------------------------------------------------------------------------------------------
-# graphtrain's rows
-
-
-class NumpyRow(SpeedrunRow):
-    name = "numpy"
-    note = "float32 NumPy on the CPU"
-
-    def run(self, seed: int) -> float:
-        task = self.task
-        spec, recipe = task.spec, task.recipe
-        params = task.initial(seed)
-        state = recipe.optimizer.init_state(params)
-        plan, t = task.plan(seed), 0
-        for epoch, order in enumerate(plan.orders):
-            for lo, hi in plan.epoch_bounds(epoch):
-                idx = order[lo:hi]
-                reference_cnn.train_step(spec, params, task.train_images[idx], task.train_labels[idx],
-                                         recipe.optimizer, state, t + 1, recipe.schedule.at(t))
-                t += 1
-        return reference_cnn.accuracy(spec, params, task.test_images, task.test_labels)
-
-
-class _CnnGpuRow(SpeedrunRow):
-    device_loop = False  # whether the model records WHILE nodes
-
-    def setup(self, task: SpeedrunTask) -> None:
-        from graphtrain.libs import cuda
-        from graphtrain.stages.cnn_device import CnnDevice
-
-        super().setup(task)
-        self.device = cuda.open_device()
-        self.model = CnnDevice(self.device, task.spec, task.recipe, task.train_images, task.train_labels,
-                               task.test_images, task.test_labels, fused=task.fused_convs,
-                               device_loop=self.device_loop)
-        self.note = self.model.precision_note()
-        self.outer = cuda.Stream()
-        # Warm-up: first launches of every kernel and library call (undone by the next load).
-        self.model.load(task.initial(0), task.orders(0))
-        self.model.reset(self.model.stream)
-        self.model.record_step(self.model.stream)
-        self.model.record_eval(self.model.stream)
-        self.model.stream.synchronize()
-
-    def accuracy(self) -> float:
-        return self.model.read_correct() / len(self.task.test_images)
-
-    def weights(self) -> list[np.ndarray]:
-        return self.model.weights()
-
-    def environment(self) -> dict:
-        return {**environment.gpu(self.device), **self.model.environment()}
-
-    def close(self) -> None:
-        if getattr(self, "model", None) is not None:
-            self.model.close()
-        if getattr(self, "outer", None) is not None:
-            self.outer.close()
-
-
-class GraphsRow(_CnnGpuRow):
-    """The step captured into a graph once per run and replayed per batch from the host."""
-
-    name = "graphs"
-
-    def run(self, seed: int) -> float:
-        from graphtrain.libs import cuda
-
-        m, s = self.model, self.model.stream
-        m.load(self.task.initial(seed), self.task.orders(seed))
-        m.reset(s)
-        with cuda.Graph.capture(s) as graph:
-            m.record_step(s)
-        try:
-            for _ in range(self.task.steps):
-                graph.launch(s)
-            m.record_eval(s)
-            return self.accuracy()
-        finally:
-            graph.close()
-
-
-class DeviceLoopRow(_CnnGpuRow):
-    """The whole run as one graph: reset, a WHILE node over the steps, the evaluation."""
-
-    name = "device-loop"
-    device_loop = True
-
-    def run(self, seed: int) -> float:
-        m = self.model
-        m.load(self.task.initial(seed), self.task.orders(seed))
-        graph = m.capture_run(self.task.steps, self.outer)
-        try:
-            graph.launch(self.outer)
-            return self.accuracy_after(self.outer)
-        finally:
-            graph.close()
-
-    def accuracy_after(self, stream) -> float:
-        return float(self.model.correct.download(stream)[0]) / len(self.task.test_images)
-
-
-def check_row(name: str) -> None:
-    """Before any data is read: GpuUnavailableError (a peer: PeerUnavailable) unless row `name`
-    can run here: numpy anywhere, graphtrain's other rows on a GPU, a peer with its framework."""
-    stages.get_stage(name).check_available()
-
-
-def get_row(name: str) -> SpeedrunRow:
-    spec = stages.SPECS.get(name)
-    if spec is None or spec.speedrun is None:
+def row_class(name: str, config: TrainConfig) -> type[Stage]:
+    """Row `name`'s class for the speedrun's model, once checked (before any data is read) that it
+    can train the recipe: a UsageError saying why not."""
+    if name not in stages.speedrun_names():
         raise UsageError(f"unknown speedrun row {name!r}; choose from {', '.join(stages.speedrun_names())}")
-    return stages.load_target(spec.speedrun)()
+    return training.row_for(stages.get_stage(name, config.model), config)
+
+
+def check_row(name: str, config: TrainConfig) -> None:
+    """Before any data is read: a UsageError where row `name` cannot train `config`'s recipe, and
+    GpuUnavailableError (a peer: PeerUnavailable) unless it can run here."""
+    row_class(name, config).check_available()
 
 
 def is_peer(name: str) -> bool:
@@ -183,8 +119,10 @@ class RowResult:
     seeds: list[int]
     accuracies: list[float]
     times_ms: list[float]
-    setup_ms: float
+    setup_ms: float  # every setup the row took, summed (one, where each seed restarted it)
     environment: dict
+    precision: str = ""  # what the row trained in
+    setups: int = 1  # fresh setups: one, unless a seed's plan could not be put on the set-up row
     process_wall_s: float | None = None
     error: str | None = None
 
@@ -201,9 +139,10 @@ class RowResult:
         return statistics.median(self.times_ms)
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "note": self.note, "seeds": self.seeds, "accuracies": self.accuracies,
-             "times_ms": self.times_ms, "setup_ms": self.setup_ms, "process_wall_s": self.process_wall_s,
-             "environment": self.environment, "error": self.error}
+        d = {"name": self.name, "note": self.note, "precision": self.precision, "seeds": self.seeds,
+             "accuracies": self.accuracies, "times_ms": self.times_ms, "setup_ms": self.setup_ms,
+             "setups": self.setups, "process_wall_s": self.process_wall_s, "environment": self.environment,
+             "error": self.error}
         if self.accuracies:
             d.update(accuracy_mean=self.accuracy_mean, accuracy_std=self.accuracy_std,
                      accuracy_min=min(self.accuracies), accuracy_max=max(self.accuracies),
@@ -211,24 +150,58 @@ class RowResult:
         return d
 
 
-def run_row(name: str, task: SpeedrunTask, seeds: list[int], progress=None) -> RowResult:
-    """Set the row up (untimed), then time each seed's run from model construction to accuracy."""
-    row = get_row(name)
+def set_up(cls: type[Stage], plan: RunPlan, data: Dataset) -> tuple[Stage, float]:
+    """A fresh row for `plan`, set up (untimed by the speedrun's clock); (the row, its setup ms)."""
     start = time.perf_counter()
+    row = cls(plan, data)
     try:
-        row.setup(task)
-        setup_ms = (time.perf_counter() - start) * 1e3
-        accuracies, times = [], []
+        row.setup()
+    except BaseException:
+        row.close()
+        raise
+    return row, (time.perf_counter() - start) * 1e3
+
+
+def train_and_test(row: Stage, plan: RunPlan) -> float:
+    """What the clock covers after the restart: the plan's epochs (no metrics read), then the test
+    accuracy as a number on the host."""
+    for epoch in range(plan.num_epochs):
+        row.train_epoch(epoch, plan.batches[epoch], False)
+    return float(row.test_accuracy())
+
+
+def run_row(name: str, case: SpeedrunCase, seeds: list[int], progress=None) -> RowResult:
+    """Set the row up once (untimed), then time each seed from `restart(plan)` to its accuracy."""
+    cls = case.row_class(name)
+    config = case.row_config(cls)
+    row, setup_ms, setups = None, 0.0, 0
+    accuracies, times = [], []
+    try:
         for seed in seeds:
-            t0 = time.perf_counter()
-            acc = row.run(seed)
-            times.append((time.perf_counter() - t0) * 1e3)
-            accuracies.append(float(acc))
+            plan = case.plan(config, seed)
+            if row is None:
+                row, ms = set_up(cls, plan, case.data)
+                setup_ms, setups = setup_ms + ms, setups + 1
+            start = time.perf_counter()
+            if not row.restart(plan):  # this row cannot take the seed's plan in place: a fresh one
+                stale, row = row, None
+                stale.close()
+                row, ms = set_up(cls, plan, case.data)
+                setup_ms, setups = setup_ms + ms, setups + 1
+                start = time.perf_counter()
+                if not row.restart(plan):
+                    raise RuntimeError(f"{name} cannot restart the plan it was set up for: the speedrun's clock "
+                                       "starts with Stage.restart")
+            accuracy = train_and_test(row, plan)
+            times.append((time.perf_counter() - start) * 1e3)
+            accuracies.append(accuracy)
             if progress:
                 progress(name, seed, accuracies[-1], times[-1])
-        return RowResult(name, row.note, list(seeds), accuracies, times, setup_ms, row.environment())
+        return RowResult(name, row.note, list(seeds), accuracies, times, setup_ms, row.environment(),
+                         precision=row.precision, setups=setups)
     finally:
-        row.close()
+        if row is not None:
+            row.close()
 
 
 def process_wall(name: str, argv: list[str]) -> float:
@@ -253,7 +226,7 @@ def fastest_peer(results: list[RowResult]) -> RowResult | None:
     return min(peers, key=lambda r: r.time_ms_median) if peers else None
 
 
-def summary(results: list[RowResult], task: SpeedrunTask, command: str, date: str) -> dict:
+def summary(results: list[RowResult], case: SpeedrunCase, command: str, date: str) -> dict:
     """The JSON document: the task, the environment, one entry per row."""
     peer = fastest_peer(results)
     rows = []
@@ -262,13 +235,13 @@ def summary(results: list[RowResult], task: SpeedrunTask, command: str, date: st
         if peer is not None and r.accuracies and not is_peer(r.name):
             d["speedup_vs_fastest_peer"] = peer.time_ms_median / r.time_ms_median
         rows.append(d)
-    recipe = task.recipe
+    recipe = case.recipe
     return {"date": date, "revision": environment.source_revision() or "unknown", "command": command,
-            "task": {"model": describe(task.spec), "batch": recipe.batch, "epochs": recipe.epochs,
-                     "steps": task.steps, "optimizer": vars(recipe.optimizer) | {"betas": list(recipe.optimizer.betas)},
+            "task": {"model": describe(cnn_spec(case.config)), "batch": recipe.batch, "epochs": recipe.epochs,
+                     "steps": case.steps, "optimizer": vars(recipe.optimizer) | {"betas": list(recipe.optimizer.betas)},
                      "schedule": vars(recipe.schedule), "precision": recipe.precision,
-                     "train_samples": len(task.train_images), "evaluated_on": task.evaluated_on,
-                     "evaluated_samples": len(task.test_images),
+                     "train_samples": len(case.data.train_images), "evaluated_on": case.evaluated_on,
+                     "evaluated_samples": len(case.data.test_images),
                      "normalisation": {"mean": MNIST_MEAN, "std": MNIST_STD}},
             "fastest_peer": peer.name if peer else None, "rows": rows}
 
@@ -293,12 +266,13 @@ def markdown(doc: dict) -> str:
         f"- Recipe: batch {task['batch']}, {task['epochs']} epoch(s) = {task['steps']} steps, "
         f"{task['optimizer']['kind']} (betas {tuple(task['optimizer']['betas'])}), "
         f"{task['schedule']['kind']} schedule peaking at {task['schedule']['lr']}, images normalised "
-        f"((x − {MNIST_MEAN}) / {MNIST_STD}); precision {task['precision']}",
+        f"((x − {MNIST_MEAN}) / {MNIST_STD}); precision {task['precision'] or 'each row its own'}",
         f"- Accuracy on the {task['evaluated_on']} set ({task['evaluated_samples']} samples), "
         f"trained on {task['train_samples']}",
-        "- Time: from model construction (initial weights to the device) to the test accuracy on the host, "
-        "data already on the GPU, kernels compiled and algorithms chosen beforehand, graph capture included; "
-        "median over the seeds. Process wall: `graphtrain speedrun --seeds 1` for that row alone, start to exit.",
+        "- Time: from model construction (the seed's initial weights, orders and recipe put on the row, set up "
+        "once beforehand: data on the GPU, kernels compiled, algorithms chosen, graphs captured) to the test "
+        "accuracy on the host; median over the seeds. Process wall: `graphtrain speedrun --seeds 1` for that "
+        "row alone, start to exit.",
         "",
         "| row | accuracy mean | spread (std; min–max) | median ms | × fastest peer | process wall s | note |",
         "|---|---|---|---|---|---|---|",

@@ -16,17 +16,27 @@ its run alone: the `persistent` rung's softmax regressions, one thread-block clu
 (graphtrain.peers.jax_vmap). Where several workers share a pack's points, the pack is split
 into one pack per worker.
 
+A process sets a row up once per shape: the points that run alone go through this process's
+`graphtrain.training.SetUpRows`, which restarts the row set up for an earlier point of the same
+row and shape (Stage.restart: another seed or learning rate put on it in place, the uploaded
+data and captured graphs kept) and sets one up anew only where it cannot. The dataset is loaded
+once per process and the same arrays handed to every row. Each row says whether it was
+restarted, and its setup_ms is then the restart's.
+
 Engines (where tasks run; each imports this module, never the other way round): `InProcess`
 (this process, its GPU), `graphtrain.workers.GpuWorkers`
 (one spawned process per GPU of this host) and `graphtrain.cluster.DaskCluster` (an existing
 Dask cluster, or a local one). All return the rows in grid order as JSON dicts (the run records'
-`to_json()`, plus `device`, `weights_sha256`, and `packed` for a pack's models); a row that could
-not run is a failed or skipped row, never a hole in the table.
+`to_json()`, plus `device`, `weights_sha256`, `restarted`, and `packed` for a pack's models); a row
+that could not run is a failed or skipped row, never a hole in the table. The sweep's summary
+adds its models' training time (each pack once), and the command adds its process's wall time
+from start to exit and the models per second over it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 import traceback
@@ -185,8 +195,12 @@ def run_task(task: SweepTask, data, device: str) -> list[dict]:
     A failure becomes failed rows (a missing framework or GPU, or a model the rung cannot
     train by design: skipped rows), so one task's trouble never stops a sweep."""
     try:
-        records = _train_pack(task, data) if task.packed else [_train_one(task.points[0], data)]
-        rows = [_row(point, record, device, len(task.points) if task.packed else None)
+        if task.packed:
+            records, restarted = _train_pack(task, data), False
+        else:
+            record, restarted = _train_one(task.points[0], data)
+            records = [record]
+        rows = [_row(point, record, device, len(task.points) if task.packed else None, restarted)
                 for point, record in zip(task.points, records)]
     except (GpuUnavailableError, ModelUnsupported) as exc:
         rows = [_failed(point, str(exc), skipped=True, unsupported=isinstance(exc, ModelUnsupported))
@@ -217,11 +231,29 @@ def shared_plan(config: TrainConfig, data):
     return _last_plan[2]
 
 
+_set_up: list = []  # this process's set-up rows (graphtrain.training.SetUpRows), made when first needed
+
+
+def set_up_rows():
+    """This process's set-up rows: every point that runs alone trains on them (see the module's
+    docstring); `close_set_up_rows` ends them."""
+    if not _set_up:
+        from graphtrain.training import SetUpRows
+
+        _set_up.append(SetUpRows())
+    return _set_up[0]
+
+
+def close_set_up_rows() -> None:
+    while _set_up:
+        _set_up.pop().close()
+
+
 def _train_one(point: GridPoint, data):
-    from graphtrain import training
+    """(the point's run record, whether it ran on a restarted row)."""
     from graphtrain.stages import get_stage
 
-    return training.run_stage(get_stage(point.name), shared_plan(point.config, data), data)
+    return set_up_rows().train(get_stage(point.name), shared_plan(point.config, data), data)
 
 
 def _train_pack(task: SweepTask, data):
@@ -241,13 +273,14 @@ def weights_digest(params) -> str:
     return digest.hexdigest()
 
 
-def _row(point: GridPoint, record, device: str, packed: int | None) -> dict:
+def _row(point: GridPoint, record, device: str, packed: int | None, restarted: bool = False) -> dict:
     record.hidden_size = point.hidden_size
     row = record.to_json()
     row["index"] = point.index
     row["device"] = device
     row["train_ms"] = report.train_ms(row)
     row["weights_sha256"] = weights_digest(record.params)
+    row["restarted"] = restarted  # trained on a row set up for an earlier point (setup_ms: the restart's)
     if packed is not None:
         row["packed"] = getattr(record, "pack", None) or {"models": packed}
         row["train_ms"] = row["packed"].get("train_ms", row["train_ms"])
@@ -291,11 +324,14 @@ class InProcess:
     def run(self, tasks: Sequence[SweepTask], source: DataSource, data=None, on_task: OnTask | None = None) -> list[dict]:
         data = data if data is not None else source.load()
         rows = []
-        for task in tasks:
-            task_rows = run_task(task, data, _device_of(task))
-            rows += task_rows
-            if on_task:
-                on_task(task, task_rows)
+        try:
+            for task in tasks:
+                task_rows = run_task(task, data, _device_of(task))
+                rows += task_rows
+                if on_task:
+                    on_task(task, task_rows)
+        finally:
+            close_set_up_rows()  # this process goes on after the sweep: its GPU memory back
         return gather(rows)
 
 
@@ -321,9 +357,28 @@ def run_sweep(points: Sequence[GridPoint], engine, source: DataSource, data=None
     start = time.perf_counter()
     rows = engine.run(tasks, source, data=data, on_task=on_task)
     wall_ms = (time.perf_counter() - start) * 1e3
+    trained = [row for row in rows if report.is_ok(row)]
     summary = {"engine": engine.description, "workers": engine.workers, "tasks": len(tasks),
-               "models": len(points), "wall_ms": wall_ms}
+               "models": len(points), "wall_ms": wall_ms, "trained": len(trained),
+               "train_ms": training_ms(trained), "restarted": sum(bool(row.get("restarted")) for row in trained)}
     return rows, summary
+
+
+def training_ms(rows: Sequence[dict]) -> float:
+    """The training time of the rows that trained, all models together: each model alone's
+    timed epochs, each pack's time once (its models trained at the same time)."""
+    packs = {(row["stage"], row.get("device"), row["packed"].get("id")): row["train_ms"]
+             for row in rows if row.get("packed")}
+    return sum(row["train_ms"] for row in rows if not row.get("packed")) + sum(packs.values())
+
+
+def add_process_wall(summary: dict, wall_ms: float, origin: str) -> dict:
+    """The sweep's `summary` with its process's wall time (`wall_ms` from the process's start,
+    or from graphtrain's import where `origin` is "import": graphtrain.phases) and the models
+    trained per second of it."""
+    summary.update(process_wall_ms=wall_ms, process_wall_from=origin,
+                   models_per_s=summary["trained"] / (wall_ms / 1e3) if wall_ms > 0 else None)
+    return summary
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,11 +431,6 @@ LEGEND = ("* a framework peer. train ms: the row's training time (its timed epoc
           "together ('models' > 1) the time of them all; loss: the measured training losses, then the last")
 
 
-def summary_line(summary: dict) -> str:
-    return (f"{summary['models']} models in {summary['tasks']} tasks on {summary['engine']}: "
-            f"{summary['wall_ms'] / 1e3:.2f} s from the first task's start to the last row gathered")
-
-
 def grid_table(rows: list[dict], summary: dict | None = None) -> Table:
     """One row per model: where it trained, its training time, test accuracy and loss curve."""
     columns = grid_columns(rows)
@@ -393,7 +443,7 @@ def grid_table(rows: list[dict], summary: dict | None = None) -> Table:
         table.add_row(*(escape(cell) for cell in grid_cells(row, columns)), style=style)
     lines = [escape(line) for line in [*pack_lines(rows), LEGEND]]
     if summary:
-        lines.append(escape(summary_line(summary)))
+        lines += [escape(line) for line in report.sweep_summary_lines(summary)]
     table.caption = "\n".join(lines)
     return table
 
@@ -416,20 +466,27 @@ def pack_lines(rows: list[dict]) -> list[str]:
 
 
 def grid_markdown(records: list[dict], label: str, command: str, date: str | None = None,
-                  images=None, plot_notes=None) -> str:
+                  images=None, plot_notes=None, summary: dict | None = None) -> str:
     widths = {row.get("hidden_size") for row in records} - {None}
     lines = report._header(f"graphtrain sweep: {label}", records, date or report.utc_now(), command,
                            sweep=len(widths) > 1)
     columns = grid_columns(records)
     lines += report.markdown_table(columns, [grid_cells(row, columns) for row in records]) + [""]
-    lines += [f"- {line}" for line in [*pack_lines(records), LEGEND]] + [""]
-    return "\n".join(lines)
+    lines += [f"- {line}" for line in [*pack_lines(records), LEGEND, *(report.sweep_summary_lines(summary) if summary else [])]]
+    return "\n".join(lines + [""])
 
 
 def write_grid(records: list[dict], label: str, out_dir, command: str, log=None,
-               partial: bool | None = None) -> list[Path]:
-    """<out>/sweep-<label>-<gpu>[-partial].md and .json, one row per model."""
-    return report._write_report("sweep", records, label, out_dir, command, [], grid_markdown, log, None, partial)
+               partial: bool | None = None, summary: dict | None = None) -> list[Path]:
+    """<out>/sweep-<label>-<gpu>[-partial].md and .json, one row per model; `summary` (the
+    sweep's, `run_sweep`'s) in both."""
+    return report._write_report("sweep", records, label, out_dir, command, [], partial_markdown(grid_markdown, summary),
+                                log, None, partial, summary=summary)
+
+
+def partial_markdown(markdown, summary: dict | None):
+    """`markdown` (a report's Markdown function) with the sweep's summary given to it."""
+    return functools.partial(markdown, summary=summary)
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ returns its run record.
     train(config, stage)          the library's entry: load the data, build the plan, run one row
     plan_for(config, data, init)  the run plan, from a saved model's parameters when resuming
     run_stage(cls, plan, data)    the timing protocol around any row, given the shared plan
+    SetUpRows().train(cls, plan, data)
+                                  the same protocol on a row set up once per shape in this process
+                                  and restarted for each next plan (Stage.restart): the sweep's
 
 The ladder builds one plan and calls `run_stage` for every row, so all of them train the same
 initial weights in the same order over the same batches. With `profile`, a row that trains on
@@ -110,62 +113,123 @@ def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,
     """The timing protocol around any row: setup apart, each epoch timed by the row, the loss
     checked wherever it was measured, test accuracy outside the timed loop; then, with
     `profile`, the profiled epoch (see `_profile`), which total_ms leaves out."""
-    config = plan.config
-    stage_cls = row_for(stage_cls, config)
-    name = stage_cls.name
+    stage_cls = row_for(stage_cls, plan.config)
     plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
     run_start = time.perf_counter()
     phases.advance("setup")
     with stage_cls(plan, data) as runner:
         runner.setup()
-        setup_ms = (time.perf_counter() - run_start) * 1e3
+        record, profile_ms = run_set_up(runner, plan, run_start, progress, profile)
+    record.total_ms = (time.perf_counter() - run_start) * 1e3 - profile_ms  # the profiled epoch is not the run's
+    return record
+
+
+def run_set_up(runner: Stage, plan: RunPlan, run_start: float, progress: Progress | None = None,
+               profile: bool = False) -> tuple[RunRecord, float]:
+    """The protocol's epochs, evaluation and record on a row set up (or restarted) for `plan`
+    since `run_start` (perf_counter); (the record, the profiled epoch's ms, which its total_ms
+    leaves out)."""
+    config, name = plan.config, runner.name
+    setup_ms = (time.perf_counter() - run_start) * 1e3
+    phases.advance("training")
+    epochs: list[EpochRecord] = []
+    warnings: list[str] = []
+    unchecked_since = 0  # first epoch whose loss has not been looked at yet
+    for epoch in range(plan.num_epochs):
+        num_batches = plan.batches[epoch]
+        result = runner.train_epoch(epoch, num_batches, runner.measures(epoch))
+        # Numbered as the model's epochs: a resumed run goes on from the saved count.
+        number = plan.first_epoch + epoch + 1
+        entry = EpochRecord(number, result.ms, num_batches,
+                            full=num_batches == plan.batches_per_epoch,
+                            train_loss=result.train_loss, train_accuracy=result.train_accuracy)
+        if result.train_loss is not None:
+            first = plan.first_epoch + unchecked_since + 1
+            where = f"epoch {number}" if first == number else f"epochs {first}-{number}"
+            if not math.isfinite(result.train_loss):
+                raise TrainingError(
+                    f"the training loss became {result.train_loss} in {where} with {name}; "
+                    f"the learning rate {config.lr} is probably too high: try a lower --lr")
+            warning = _divergence(result.train_loss, config, where)
+            if warning and not warnings:
+                warnings.append(warning)
+            unchecked_since = epoch + 1
+            phases.advance("evaluation")
+            entry.test_accuracy = runner.test_accuracy()
+        epochs.append(entry)
+        phases.advance("writing")
+        if progress:
+            progress(epoch, plan.num_epochs, entry)
         phases.advance("training")
-        epochs: list[EpochRecord] = []
-        warnings: list[str] = []
-        unchecked_since = 0  # first epoch whose loss has not been looked at yet
-        for epoch in range(plan.num_epochs):
-            num_batches = plan.batches[epoch]
-            result = runner.train_epoch(epoch, num_batches, runner.measures(epoch))
-            # Numbered as the model's epochs: a resumed run goes on from the saved count.
-            number = plan.first_epoch + epoch + 1
-            entry = EpochRecord(number, result.ms, num_batches,
-                                full=num_batches == plan.batches_per_epoch,
-                                train_loss=result.train_loss, train_accuracy=result.train_accuracy)
-            if result.train_loss is not None:
-                first = plan.first_epoch + unchecked_since + 1
-                where = f"epoch {number}" if first == number else f"epochs {first}-{number}"
-                if not math.isfinite(result.train_loss):
-                    raise TrainingError(
-                        f"the training loss became {result.train_loss} in {where} with {name}; "
-                        f"the learning rate {config.lr} is probably too high: try a lower --lr")
-                warning = _divergence(result.train_loss, config, where)
-                if warning and not warnings:
-                    warnings.append(warning)
-                unchecked_since = epoch + 1
-                phases.advance("evaluation")
-                entry.test_accuracy = runner.test_accuracy()
-            epochs.append(entry)
-            phases.advance("writing")
-            if progress:
-                progress(epoch, plan.num_epochs, entry)
-            phases.advance("training")
-        phases.advance("evaluation")
-        weights = runner.weights()
-        if not all(np.isfinite(layer.w).all() for layer in weights):
-            raise TrainingError(f"the weights became NaN or Inf with {name}: try a lower --lr")
-        test_accuracy = epochs[-1].test_accuracy
-        if test_accuracy is None:
-            test_accuracy = runner.test_accuracy()
-        environment = {**environment_mod.host(), **runner.environment()}
-        note, precision, nodes = runner.note, runner.precision, getattr(runner, "nodes_per_step", None)
-        profile_start = time.perf_counter()
-        profiled = _profile(runner, plan, median_epoch_ms(epochs)) if profile and stage_cls.uses_gpu else None
-        profile_ms = (time.perf_counter() - profile_start) * 1e3
-    total_ms = (time.perf_counter() - run_start) * 1e3 - profile_ms  # the profiled epoch is not the run's
-    return RunRecord(stage=name, kind=stage_cls.kind, config=config, environment=environment,
-                     epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
-                     note=note, precision=precision, nodes_per_step=nodes, data=data_summary(data),
-                     warnings=warnings, params=weights, profile=profiled)
+    phases.advance("evaluation")
+    weights = runner.weights()
+    if not all(np.isfinite(layer.w).all() for layer in weights):
+        raise TrainingError(f"the weights became NaN or Inf with {name}: try a lower --lr")
+    test_accuracy = epochs[-1].test_accuracy
+    if test_accuracy is None:
+        test_accuracy = runner.test_accuracy()
+    environment = {**environment_mod.host(), **runner.environment()}
+    note, precision, nodes = runner.note, runner.precision, getattr(runner, "nodes_per_step", None)
+    profile_start = time.perf_counter()
+    profiled = _profile(runner, plan, median_epoch_ms(epochs)) if profile and runner.uses_gpu else None
+    profile_ms = (time.perf_counter() - profile_start) * 1e3
+    total_ms = (time.perf_counter() - run_start) * 1e3 - profile_ms
+    record = RunRecord(stage=name, kind=runner.kind, config=config, environment=environment,
+                       epochs=epochs, setup_ms=setup_ms, total_ms=total_ms, test_accuracy=test_accuracy,
+                       note=note, precision=precision, nodes_per_step=nodes, data=data_summary(runner.data),
+                       warnings=warnings, params=weights, profile=profiled)
+    return record, profile_ms
+
+
+class SetUpRows:
+    """A process's set-up rows, kept for the next plan of their shape: a process that trains many
+    models (a sweep's worker) sets each row class up once and restarts it (Stage.restart) for
+    each next plan it can take in place, on the same dataset object; where it cannot (another
+    shape, a recipe its setup holds), the row is closed and a fresh one set up. One row is kept
+    per row class, the last one set up: consecutive plans of one shape reuse it. A row that
+    cannot restart at all (Stage.restarts) is closed after its run, as `run_stage` does."""
+
+    def __init__(self) -> None:
+        self.rows: dict[type[Stage], Stage] = {}
+        self.setups = 0  # fresh setups
+        self.restarts = 0  # plans put on a set-up row
+
+    def train(self, stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset) -> tuple[RunRecord, bool]:
+        """`run_stage`'s protocol for `plan` on this process's set-up row of `stage_cls` (restarted
+        in place where it can be, else set up anew); (the run record, whether it was restarted).
+        The record's setup_ms is the restart's where it was restarted."""
+        stage_cls = row_for(stage_cls, plan.config)
+        plan.check_fits(stage_cls.uses_gpu, stage_cls.check_available())
+        run_start = time.perf_counter()
+        phases.advance("setup")
+        runner = self.rows.pop(stage_cls, None)
+        restarted = False
+        try:
+            if runner is not None:
+                restarted = runner.data is data and runner.restart(plan)
+                if not restarted:
+                    stale, runner = runner, None
+                    stale.close()
+            if runner is None:
+                runner = stage_cls(plan, data)
+                runner.setup()
+            self.setups, self.restarts = self.setups + (not restarted), self.restarts + restarted
+            record, _ = run_set_up(runner, plan, run_start)
+        except BaseException:
+            if runner is not None:
+                runner.close()  # a row that failed is not kept: its state is the failure's
+            raise
+        if stage_cls.restarts():
+            self.rows[stage_cls] = runner
+        else:
+            runner.close()
+        return record, restarted
+
+    def close(self) -> None:
+        """Close every kept row."""
+        rows, self.rows = list(self.rows.values()), {}
+        for row in rows:
+            row.close()
 
 
 def _profile(runner: Stage, plan: RunPlan, epoch_ms: float) -> dict:

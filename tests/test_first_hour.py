@@ -375,7 +375,7 @@ def test_an_interrupted_ladder_leaves_no_out_folder(no_gpu_synthetic, tmp_path, 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(training, "run_stage", interrupted)
+    monkeypatch.setattr(training, "run_set_up", interrupted)  # the epochs of every runner's protocol
     for command in ("ladder", "sweep"):
         out = tmp_path / f"new/{command}"
         extra = ["--hidden-sizes", "8"] if command == "sweep" else []

@@ -154,8 +154,8 @@ def test_rows_import_no_runner(graph):
 
 def test_the_row_registry_names_rows_only():
     """graphtrain.stages imports its rows by name (importlib), which the walk cannot see: every
-    class that trains a model and every pack is a row's. (A row's `speedrun` names the speedrun's
-    protocol row, which speedrun.py, a runner, imports.)"""
+    class that trains a model and every pack is a row's (the speedrun's rows among them: the
+    classes that train the cnn)."""
     from graphtrain.config import MODELS
     from graphtrain.stages import REGISTRY, Trainer
 

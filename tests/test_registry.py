@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from graphtrain import stages
-from graphtrain.config import MODELS, TrainConfig
+from graphtrain.config import MODELS, PRESETS, TrainConfig
 from graphtrain.errors import ModelUnsupported, UsageError
-from graphtrain.recipe import SpeedrunRow
 from graphtrain.stages.base import Stage
 
 PACKAGE = Path(stages.__file__).resolve().parent.parent
@@ -43,13 +42,13 @@ def test_every_row_resolves_to_its_class_and_the_class_says_what_the_registry_sa
     cls = trainer.load()
     assert issubclass(cls, Stage), cls
     assert (cls.name, cls.model_kind, cls.data_parallel) == (spec.name, model, data_parallel), cls
-    assert (cls.uses_gpu, cls.kind, cls.precisions, cls.recipe_refusal) == \
-        (spec.uses_gpu, spec.kind, trainer.precisions, trainer.recipe_refusal), cls
+    assert (cls.uses_gpu, cls.kind, cls.precisions, cls.recipe_refusal, cls.optimizers) == \
+        (spec.uses_gpu, spec.kind, trainer.precisions, trainer.recipe_refusal, trainer.optimizers), cls
     if not data_parallel:
         assert stages.get_stage(spec.name, model) is cls
 
 
-def test_every_row_trains_something_and_its_packs_and_speedrun_rows_resolve():
+def test_every_row_trains_something_and_its_packs_resolve():
     for spec in stages.REGISTRY:
         assert spec.kind in ("stage", "peer"), spec.name
         trainers = [spec.trainer(model) for model in MODELS]
@@ -58,10 +57,36 @@ def test_every_row_trains_something_and_its_packs_and_speedrun_rows_resolve():
             assert callable(stages.load_target(spec.pack.target)), spec.name
             if spec.pack.check is not None:
                 assert callable(stages.load_target(spec.pack.check)), spec.name
-        if spec.speedrun is not None:
-            row = stages.load_target(spec.speedrun)
-            assert issubclass(row, SpeedrunRow) and row.name == spec.name, spec.name
-    assert stages.speedrun_defaults("stage") and stages.speedrun_defaults("peer")
+
+
+def test_the_speedrun_rows_are_the_rows_that_train_its_model():
+    """The speedrun times Stage classes, as run and ladder train them: every row with a class for
+    the speedrun preset's model, the rungs fastest first, then the peers; its defaults among them."""
+    model = PRESETS["speedrun"].model
+    names = stages.speedrun_names()
+    assert set(names) == set(stages.models_on(model))
+    rungs, peers = stages.speedrun_names("stage"), stages.speedrun_names("peer")
+    assert names == rungs + peers
+    assert rungs == [name for name in reversed(stages.LADDER) if name in rungs]
+    assert peers == [name for name in stages.PEERS if name in peers]
+    for kind in ("stage", "peer"):
+        defaults = stages.speedrun_defaults(kind)
+        assert defaults and set(defaults) <= set(stages.speedrun_names(kind))
+        assert all(stages.SPECS[name].speedrun_default for name in defaults)
+    for name in names:
+        cls = stages.get_stage(name, model)
+        assert issubclass(cls, Stage) and cls.model_kind == model and cls.restarts(), name
+    # the peers that train the cnn do it in `run` too: no "trains MLPs only" for them
+    assert {"torch-graph", "jax-scan"} <= set(peers)
+
+
+def test_a_row_that_trains_some_optimizers_refuses_the_others_before_any_work():
+    cls = stages.get_stage("torch-graph", "cnn")
+    cls.check_recipe(PRESETS["speedrun"])
+    with pytest.raises(ModelUnsupported) as refused:
+        cls.check_recipe(PRESETS["speedrun"].replace(optimizer="momentum"))
+    assert str(refused.value) == (f"torch-graph trains the cnn with adam or adamw, not --optimizer momentum; "
+                                  f"{stages.RECIPE_ROWS}")
 
 
 def test_the_lists_are_the_registrys():
@@ -135,7 +160,7 @@ def test_the_reasons_are_written_only_in_the_registry():
 
 
 def test_no_row_class_declares_what_the_registry_holds():
-    held = {"uses_gpu", "kind", "precisions", "recipe_refusal", "trains_recipes"}
+    held = {"uses_gpu", "kind", "precisions", "recipe_refusal", "trains_recipes", "optimizers"}
     rows = [p for p in sources() if p.parent.name in ("stages", "peers") and p.name not in ("base.py", "__init__.py")]
     assert len(rows) > 10
     for path in rows:

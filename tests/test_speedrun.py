@@ -136,6 +136,9 @@ def test_cnn_too_deep_for_the_image_is_refused():
     (["--betas", "0.7"], "--betas wants two numbers"),
     (["--optimizer", "adam", "--schedule", "warmup"], "warmup"),
     (["--conv", "3"], "--conv wants"),
+    (["--optimizer", "sgd", "--peer", "jax-scan"],
+     "jax-scan trains the cnn with adam or adamw, not --optimizer sgd; the recipe trains on numpy and on graphs "
+     "through device-loop; --peer none leaves the peers out"),
 ])
 def test_speedrun_command_refuses_bad_input(args, words):
     result = CliRunner().invoke(main, ["speedrun", *args, "--no-process-wall"])
@@ -144,35 +147,90 @@ def test_speedrun_command_refuses_bad_input(args, words):
     assert "Traceback" not in result.output
 
 
-def test_speedrun_numpy_row_and_report(mnist_dir):
-    """The numpy row on a slice of MNIST (800 training samples, 500 test): trains to well above
-    chance, and the JSON and Markdown report carry what the issue asks for."""
-    from graphtrain import data, speedrun
+def small_mnist(mnist_dir, train: int, test: int):
+    from graphtrain import data
 
     full = data.load("mnist", data_dir=mnist_dir)
-    small = data.Dataset.from_arrays(full.train_images[:800], full.train_labels[:800], full.test_images[:500],
-                                     full.test_labels[:500])
-    task = speedrun.make_task(config.preset("speedrun").replace(batch=200, schedule="constant"), small)
-    result = speedrun.run_row("numpy", task, [0, 1])
-    assert len(result.accuracies) == 2 and min(result.accuracies) > 0.5  # 4 Adam steps at 0.01; chance is 0.1
-    doc = speedrun.summary([result], task, "graphtrain speedrun --rows numpy", "2026-01-01 00:00:00 UTC")
+    return data.Dataset.from_arrays(full.train_images[:train], full.train_labels[:train], full.test_images[:test],
+                                    full.test_labels[:test])
+
+
+def reference_accuracy(cfg, data, seed: int) -> float:
+    """What the speedrun's numpy row computed before its rows were the registry's Stage classes:
+    reference_cnn's float32 step by hand over seed `seed`'s run plan, on the normalised images."""
+    from graphtrain.plan import RunPlan
+    from graphtrain.recipe import normalise, recipe_of
+
+    plan = RunPlan.for_data(cfg.replace(seed=seed), data)
+    spec, recipe = config.cnn_spec(cfg), recipe_of(cfg, sum(plan.batches), plan.num_epochs)
+    params = [a.copy() for layer in plan.initial for a in (layer.w, layer.b)]
+    state, t = recipe.optimizer.init_state(params), 0
+    train_x, labels = normalise(data.train_images), data.train_labels.astype(np.int32)
+    for epoch, order in enumerate(plan.orders):
+        for lo, hi in plan.epoch_bounds(epoch):
+            idx = order[lo:hi]
+            R.train_step(spec, params, train_x[idx], labels[idx], recipe.optimizer, state, t + 1, recipe.schedule.at(t))
+            t += 1
+    return R.accuracy(spec, params, normalise(data.test_images), data.test_labels.astype(np.int32))
+
+
+def test_speedrun_numpy_row_is_the_numpy_stage_and_its_report(mnist_dir):
+    """The numpy row on a slice of MNIST (192 training samples, 200 test) is the registry's
+    CnnNumpyStage, set up once and restarted per seed: each seed's accuracy is exactly the
+    reference's by hand, and the JSON and Markdown report carry what the speedrun reports."""
+    from graphtrain import speedrun
+    from graphtrain.stages.cnn_rungs import CnnNumpyStage
+
+    small = small_mnist(mnist_dir, 192, 200)
+    cfg = config.preset("speedrun").replace(batch=64, schedule="constant")
+    case = speedrun.SpeedrunCase.of(cfg.replace(precision="tf32"), small)
+    assert case.row_class("numpy") is CnnNumpyStage
+    seeds = [0, 1]
+    result = speedrun.run_row("numpy", case, seeds)
+    for seed, accuracy in zip(seeds, result.accuracies):
+        assert accuracy == reference_accuracy(cfg, small, seed), f"seed {seed}"
+    assert min(result.accuracies) > 0.25  # 3 Adam steps at 0.01; chance is 0.1
+    assert result.setups == 1 and result.precision == "fp32" and result.note == CnnNumpyStage.note
+    doc = speedrun.summary([result], case, "graphtrain speedrun --rows numpy", "2026-01-01 00:00:00 UTC")
     row = doc["rows"][0]
-    assert {"name", "accuracy_mean", "time_ms_median", "accuracies", "times_ms"} <= set(row)
-    assert doc["task"]["steps"] == 4 and doc["task"]["evaluated_on"] == "test"
+    assert {"name", "accuracy_mean", "time_ms_median", "accuracies", "times_ms", "setup_ms", "setups",
+            "precision"} <= set(row)
+    assert doc["task"]["steps"] == 3 and doc["task"]["evaluated_on"] == "test" and doc["task"]["precision"] == "tf32"
     text = speedrun.markdown(doc)
     assert "- Revision: " in text and "- Command: `graphtrain speedrun --rows numpy`" in text
+
+
+def test_speedrun_holdout_trains_on_the_rest_and_refuses_too_much():
+    from graphtrain import data, speedrun
+
+    small = data.Dataset.synthetic(600, 100, seed=1, num_features=784, num_classes=10)
+    case = speedrun.SpeedrunCase.of(config.preset("speedrun").replace(batch=100), small, holdout=200)
+    assert (len(case.data.train_images), len(case.data.test_images), case.evaluated_on) == (400, 200, "holdout")
+    assert case.data.test_images is not small.test_images
+    np.testing.assert_array_equal(case.data.test_images, small.train_images[-200:])
+    for bad in (550, 600):
+        with pytest.raises(UsageError, match="--holdout"):
+            speedrun.SpeedrunCase.of(config.preset("speedrun").replace(batch=100), small, holdout=bad)
+
+
+def test_speedrun_refuses_a_recipe_a_row_cannot_train_before_any_data_is_read():
+    from graphtrain import speedrun
+    from graphtrain.errors import ModelUnsupported
+
+    speedrun.row_class("numpy", config.preset("speedrun").replace(optimizer="momentum"))
+    with pytest.raises(ModelUnsupported, match="torch-graph trains the cnn with adam or adamw"):
+        speedrun.row_class("torch-graph", config.preset("speedrun").replace(optimizer="momentum"))
+    with pytest.raises(UsageError, match="unknown speedrun row 'baseline'"):
+        speedrun.row_class("baseline", config.preset("speedrun"))
 
 
 def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
     """The cnn runs on its own numpy rung through the common trainer (a slice of MNIST); MLP-only
     rungs refuse it, and MLP rungs refuse an optimizer or schedule they cannot hold."""
-    from graphtrain import data
     from graphtrain.stages import get_stage
     from graphtrain.training import plan_for, run_stage
 
-    full = data.load("mnist", data_dir=mnist_dir)
-    small = data.Dataset.from_arrays(full.train_images[:600], full.train_labels[:600], full.test_images[:300],
-                                     full.test_labels[:300])
+    small = small_mnist(mnist_dir, 600, 300)
     cfg = config.preset("speedrun").replace(batch=200, schedule="constant")
     plan = plan_for(cfg, small)
     assert [layer.w.shape for layer in plan.initial] == [(24, 1, 5, 5), (32, 24, 3, 3), (256, 800), (10, 256)]

@@ -1,7 +1,8 @@
 """Peers: the same workload trained by frameworks, timed with the same protocol as the stages.
 
-Each peer is a `Stage` (graphtrain.peers.common.Peer), listed in `graphtrain.stages.PEERS` and
-run by the same trainer with the same run plan: it trains the model from `plan.initial` in the
+Each peer is a `Stage` (graphtrain.peers.common.Peer; the cnn's classes in torch_cnn.py and
+jax_cnn.py, graphtrain.stages.cnn_rungs.CnnStage), listed in `graphtrain.stages.PEERS` and run by
+the same trainers (run, ladder, sweep, speedrun) with the same run plan: it trains the model from `plan.initial` in the
 order of `plan.orders`, with the whole dataset preloaded on the GPU, so its loss curve overlays
 the stages'. Its record has "kind": "peer" and a "note" on what it uses (precision, compile mode).
 

@@ -4,10 +4,11 @@ peers, and for each what varies from row to row.
 A row is a rung (graphtrain.stages) or a peer (graphtrain.peers). For each model kind (the MLP,
 the cnn) it names the `Stage` class that trains it (a `Trainer`: the class, the precisions it
 trains in, whether it trains the recipe) or the reason it cannot (a `Refused`); likewise the
-class that trains it data-parallel (`run --gpus`), how it packs models in the sweep, and the
-row the speedrun times. Every list of rows and every refusal is derived from `REGISTRY`: a new
-rung is one file in this package plus one entry here, a peer one module in graphtrain/peers/ plus
-one entry. This module is plain data: classes are imported only when their row is used, so the
+class that trains it data-parallel (`run --gpus`), how it packs models in the sweep, and whether
+`graphtrain speedrun` times it by default (its rows are the rows whose classes train the speedrun
+preset's model). Every list of rows and every refusal is derived from `REGISTRY`: a new rung is
+one file in this package plus one entry here, a peer one module in graphtrain/peers/ plus one
+entry. This module is plain data: classes are imported only when their row is used, so the
 CLI's start and the CPU stage need no numpy import from here, no CUDA, torch or jax.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from graphtrain.config import MODELS  # the model kinds
+from graphtrain.config import MODELS, PRESETS  # the model kinds; the speedrun's preset
 from graphtrain.errors import ModelUnsupported, UsageError
 
 
@@ -41,6 +42,9 @@ class Trainer:
     # None: it trains every recipe (optimizer and schedule, config.lr the peak); else why it
     # trains SGD at a constant rate only, and where the recipe trains.
     recipe_refusal: str | None = RECIPE_ROWS
+    # The optimizers it trains (graphtrain.config.OPTIMIZERS), where not every one: checked with
+    # the recipe, before any data is read.
+    optimizers: tuple[str, ...] | None = None
 
     @property
     def trains_recipes(self) -> bool:
@@ -74,7 +78,6 @@ class RowSpec:
     data_parallel_mlp: Trainer | Refused
     data_parallel_cnn: Trainer | Refused
     pack: Pack | None = None  # how the sweep packs it; None: every model runs alone
-    speedrun: str | None = None  # "module:Class", its graphtrain.recipe.SpeedrunRow
     speedrun_default: bool = False  # timed by `graphtrain speedrun` unless rows are named
 
     def trainer(self, model: str, data_parallel: bool = False) -> Trainer | Refused:
@@ -93,7 +96,6 @@ NO_STEP_GRAPH = Refused("it replays no step graph to put the all-reduce in")
 FUSED_SGD = Refused("it fuses SGD into the weight-gradient product, so there is no gradient to all-reduce")
 PEER_NOT_DATA_PARALLEL = Refused("it is a framework peer, not a graphtrain rung")
 MLP_ONLY = Refused("trains MLPs only")
-SPEEDRUN_MODEL = "cnn"  # the model the speedrun's rows train (its framework peers among them)
 
 
 def _seed_rung(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",)) -> RowSpec:
@@ -102,15 +104,19 @@ def _seed_rung(name: str, module_class: str, precisions: tuple[str, ...] = ("fp3
                    NO_STEP_GRAPH, NO_STEP_GRAPH)
 
 
-def _peer(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",), speedrun: str | None = None,
-          speedrun_default: bool = False) -> RowSpec:
-    return RowSpec(name, "peer", True, Trainer(module_class, precisions), MLP_ONLY, PEER_NOT_DATA_PARALLEL,
-                   PEER_NOT_DATA_PARALLEL, speedrun=speedrun, speedrun_default=speedrun_default)
-
-
 # The cnn's products: tf32 puts the fused conv layers on the tensor cores (convpool_tc.cu) and the
-# hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32.
+# hidden linear layers' and cuDNN's products on TF32; fp32 keeps every product fp32. The peers' cnn
+# classes take the same two (the frameworks' TF32 flags).
 CNN_TRAINS = ("tf32", "fp32")
+
+
+def _peer(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",), cnn: str | None = None,
+          speedrun_default: bool = False) -> RowSpec:
+    """A framework peer: the MLP's class, and the cnn's (`cnn`, "module:Class") where it has one,
+    which trains the speedrun's recipe: Adam or AdamW, any schedule."""
+    cnn_trainer = MLP_ONLY if cnn is None else Trainer(cnn, CNN_TRAINS, None, optimizers=("adam", "adamw"))
+    return RowSpec(name, "peer", True, Trainer(module_class, precisions), cnn_trainer, PEER_NOT_DATA_PARALLEL,
+                   PEER_NOT_DATA_PARALLEL, speedrun_default=speedrun_default)
 WHOLE_EPOCH = Refused("it runs a whole epoch per graph launch, with no step boundary for the all-reduce")
 ONE_KERNEL = Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce")
 
@@ -119,8 +125,7 @@ REGISTRY: tuple[RowSpec, ...] = (
     RowSpec("numpy", "stage", False,
             Trainer("graphtrain.stages.numpy_cpu:NumpyStage", recipe_refusal=None),
             Trainer("graphtrain.stages.cnn_rungs:CnnNumpyStage", recipe_refusal=None),
-            Refused("it trains on the CPU"), Refused("it trains on the CPU"),
-            speedrun="graphtrain.speedrun:NumpyRow"),
+            Refused("it trains on the CPU"), Refused("it trains on the CPU")),
     _seed_rung("baseline", "graphtrain.stages.baseline:BaselineStage"),
     _seed_rung("fewer-syncs", "graphtrain.stages.fewer_syncs:FewerSyncsStage"),
     # cuBLAS's math mode; the fused rungs leave cuBLAS, and tf32, behind
@@ -134,7 +139,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             Trainer("graphtrain.stages.data_parallel:DataParallelGraphsStage", ("fp32", "tf32"),
                     "with --gpus, where SGD takes the all-reduced gradient sum at lr/N; train the recipe on one GPU"),
             Trainer("graphtrain.stages.data_parallel:DataParallelCnnGraphsStage", CNN_TRAINS, None),
-            speedrun="graphtrain.speedrun:GraphsRow", speedrun_default=True),
+            speedrun_default=True),
     RowSpec("fused", "stage", True, Trainer("graphtrain.stages.fused:FusedStage", ("fp32",), None), MLP_ONLY,
             FUSED_SGD, FUSED_SGD),
     RowSpec("bf16", "stage", True, Trainer("graphtrain.stages.bf16:Bf16Stage", ("bf16",), None), MLP_ONLY,
@@ -146,7 +151,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             # a step boundary exists, inside the epoch's WHILE node (graphtrain.stages.data_parallel)
             Refused("the cnn's epoch is one conditional WHILE node, and an all-reduce captured inside its body "
                     "is not supported here"),
-            speedrun="graphtrain.speedrun:DeviceLoopRow", speedrun_default=True),
+            speedrun_default=True),
     RowSpec("persistent", "stage", True,
             Trainer("graphtrain.stages.persistent:PersistentStage", ("bf16", "fp32"),
                     "its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "
@@ -156,13 +161,13 @@ REGISTRY: tuple[RowSpec, ...] = (
             pack=Pack("graphtrain.packed:train_packed", softmax_only=True)),
     # the peers: the same workload trained by frameworks, in the order the ladder runs them
     _peer("torch-eager", "graphtrain.peers.torch_eager:TorchEagerPeer",
-          speedrun="graphtrain.peers.speedrun_torch:TorchEagerRow"),
+          cnn="graphtrain.peers.torch_cnn:TorchEagerCnnPeer"),
     _peer("torch-compile", "graphtrain.peers.torch_compile:TorchCompilePeer", ("bf16",),
-          speedrun="graphtrain.peers.speedrun_torch:TorchCompileRow"),
+          cnn="graphtrain.peers.torch_cnn:TorchCompileCnnPeer"),
     _peer("torch-graph", "graphtrain.peers.torch_graph:TorchGraphPeer",
-          speedrun="graphtrain.peers.speedrun_torch:TorchGraphRow", speedrun_default=True),
+          cnn="graphtrain.peers.torch_cnn:TorchGraphCnnPeer", speedrun_default=True),
     _peer("jax-scan", "graphtrain.peers.jax_scan:JaxScanPeer",
-          speedrun="graphtrain.peers.speedrun_jax:JaxScanRow", speedrun_default=True),
+          cnn="graphtrain.peers.jax_cnn:JaxScanCnnPeer", speedrun_default=True),
     _peer("torch-graph-bf16", "graphtrain.peers.torch_graph:TorchGraphBf16Peer", ("bf16",)),
     _peer("jax-scan-bf16", "graphtrain.peers.jax_scan:JaxScanBf16Peer", ("bf16",)),
     # the sweep's own peer: its models vmapped into one JAX program
@@ -224,8 +229,7 @@ def trainer_of(name: str, model: str = "mlp") -> Trainer:
     """The trainer of `model` on row `name`, else a UsageError saying why not and where it trains."""
     found = spec_of(name).trainer(model)
     if isinstance(found, Refused):
-        peers = " (and its framework peers run in `graphtrain speedrun`)" if model == SPEEDRUN_MODEL else ""
-        raise UsageError(f"{name} {found.why}; the {model} trains on {', '.join(models_on(model))}{peers}")
+        raise UsageError(f"{name} {found.why}; the {model} trains on {', '.join(models_on(model))}")
     return found
 
 
@@ -281,9 +285,11 @@ def check_names(stages: list[str], peers: list[str]) -> None:
 
 
 def speedrun_names(kind: str | None = None) -> list[str]:
-    """The rows the speedrun times (of `kind`, "stage" or "peer"): the rungs fastest first (the
-    ladder's reverse), then the peers."""
-    rows = [spec for spec in REGISTRY if spec.speedrun and kind in (None, spec.kind)]
+    """The rows the speedrun times (of `kind`, "stage" or "peer"): every row with a class that
+    trains the speedrun preset's model, the rungs fastest first (the ladder's reverse), then the peers."""
+    model = PRESETS["speedrun"].model
+    rows = [spec for spec in ROWS.values()
+            if isinstance(spec.trainer(model), Trainer) and kind in (None, spec.kind)]
     rungs = [spec.name for spec in reversed(rows) if spec.kind == "stage"]
     return rungs + [spec.name for spec in rows if spec.kind == "peer"]
 
@@ -309,9 +315,13 @@ def check_precision(name: str, precisions: tuple[str, ...], precision: str | Non
     return precision or precisions[0]
 
 
-def check_recipe(name: str, recipe_refusal: str | None, config) -> None:
+def check_recipe(name: str, recipe_refusal: str | None, config, optimizers: tuple[str, ...] | None = None) -> None:
     """A ModelUnsupported saying why, where a row that trains SGD at a constant rate only
-    (`recipe_refusal` not None: why) is asked for `config`'s recipe."""
+    (`recipe_refusal` not None: why) is asked for `config`'s recipe, or a row that trains some
+    optimizers only (`optimizers`) for another."""
+    if optimizers is not None and config.optimizer not in optimizers:
+        raise ModelUnsupported(f"{name} trains the {config.model} with {' or '.join(optimizers)}, not --optimizer "
+                               f"{config.optimizer}; {RECIPE_ROWS}")
     if recipe_refusal is None or (config.optimizer, config.schedule) == ("sgd", "constant"):
         return
     raise ModelUnsupported(f"{name} trains with SGD at a constant rate, not --optimizer {config.optimizer} "

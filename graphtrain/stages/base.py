@@ -1,21 +1,49 @@
-"""The interface every row implements, rung and peer alike; the trainer (graphtrain.training)
-drives it.
+"""The interface every row implements, rung and peer alike; the runners (graphtrain.training,
+ladder, sweep, speedrun) drive it.
 
 A row is handed the run plan (initial weights, sample orders, batch bounds, the metrics
 schedule) and the dataset. It owns the model's state wherever it lives (host arrays, a device
 arena, framework tensors) and runs epochs over the plan's sample order. It times its own epochs,
 because only it knows the right clock: CUDA events on the GPU, perf_counter on the CPU.
+
+    row = cls(plan, data); row.setup()          compile, allocate, upload, warm up, capture
+    row.train_epoch(e, batches, measure) …      the plan's epochs
+    row.test_accuracy(); row.weights()
+    row.restart(next_plan)                      the same shape again, another seed or recipe:
+                                                True where it took the plan in place
+
+A process that trains many models of one shape (a sweep's grid, the speedrun's seeds) sets a row
+up once and restarts it for each next plan: a restart puts the plan's initial weights, sample
+orders and recipe (its learning rate, schedule and optimizer constants) on what setup built and
+keeps the rest (compiled kernels, the uploaded data, library handles, captured graphs). Where a
+row cannot (it was built for another shape, or holds the recipe where it cannot be rewritten),
+restart returns False and the runner sets up a fresh one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
 from graphtrain import stages
 from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
+
+# A restart may change these of a run's config and nothing else: the seed (initial weights and
+# sample orders) and the recipe's values. Each is set here to one value, so that two configs that
+# differ in them only are equal (`shape_of`).
+RESTART_NEUTRAL = dict(seed=0, lr=1.0, optimizer="sgd", momentum=0.9, betas=(0.9, 0.999), weight_decay=0.0,
+                       schedule="constant", warmup=0)
+
+
+def shape_of(config: TrainConfig) -> TrainConfig:
+    """`config` with the seed and the recipe's values set aside (RESTART_NEUTRAL): what a set-up
+    row is built for, the model, batch, length and dataset. The precision is compared as the row
+    resolves it (`Stage.same_shape`)."""
+    return dataclasses.replace(config, precision=None, **RESTART_NEUTRAL)
 
 
 @dataclass
@@ -42,6 +70,8 @@ class Stage:
     # None where this row trains every recipe (`config.optimizer` and `config.schedule`, with
     # `config.lr` the peak); else why it trains SGD at a constant rate only, and where the recipe trains.
     recipe_refusal: ClassVar[str | None] = stages.RECIPE_ROWS
+    # The optimizers it trains where not every one (None: every one), checked with the recipe.
+    optimizers: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -50,7 +80,7 @@ class Stage:
             return  # not the registry's class: it inherits them (a rank's class, a test's stand-in)
         spec = stages.SPECS[cls.name]
         cls.uses_gpu, cls.kind, cls.precisions = spec.uses_gpu, spec.kind, trainer.precisions
-        cls.recipe_refusal = trainer.recipe_refusal
+        cls.recipe_refusal, cls.optimizers = trainer.recipe_refusal, trainer.optimizers
 
     def __init__(self, plan: RunPlan, data: Dataset):
         self.plan = plan
@@ -68,7 +98,7 @@ class Stage:
     def check_recipe(cls, config) -> None:
         """A ModelUnsupported saying why, where this row cannot train `config`'s recipe (checked
         before any data is read)."""
-        stages.check_recipe(cls.name, cls.recipe_refusal, config)
+        stages.check_recipe(cls.name, cls.recipe_refusal, config, cls.optimizers)
 
     @classmethod
     def precision_run(cls, config, chosen: str) -> str:
@@ -104,6 +134,33 @@ class Stage:
 
     def setup(self) -> None:
         """Everything before the first timed epoch: compile, allocate, upload, warm up, capture."""
+
+    def restart(self, plan: RunPlan) -> bool:
+        """Put `plan`, a run of the same shape (`same_shape`: another seed, learning rate,
+        schedule or optimizer constants), on this set-up row in place: its initial weights,
+        sample orders and recipe, the optimizer's state and the step count from zero, as a
+        fresh setup for `plan` would leave the row. True where it did; False where this row
+        cannot (then it is left as it was, and the runner sets up a fresh one). None can here."""
+        return False
+
+    @classmethod
+    def restarts(cls) -> bool:
+        """Whether this row can take a new plan in place at all (it overrides `restart`): a
+        runner keeps a set-up row of this class for the next plan only then."""
+        return cls.restart is not Stage.restart
+
+    def same_shape(self, plan: RunPlan) -> bool:
+        """Whether `plan` trains what this row was set up for but for the seed and the recipe's
+        values: the same model, batch, epochs and precision, on a dataset of the same sizes."""
+        mine = self.plan
+        return (shape_of(plan.config) == shape_of(mine.config)
+                and (plan.num_train, plan.num_test, plan.batches, plan.first_epoch)
+                == (mine.num_train, mine.num_test, mine.batches, mine.first_epoch)
+                and self.precision_run(plan.config, self.check_precision(plan.config.precision)) == self.precision)
+
+    def adopt(self, plan: RunPlan) -> None:
+        """Make `plan` this row's (a restart's first step, once it is known to fit)."""
+        self.plan, self.config = plan, plan.config
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         """Train the first `num_batches` batches of `epoch` (the plan's `batches[epoch]` in a run)."""

@@ -13,28 +13,44 @@ the MLPs:
 Every batch is a full-size step (the tail batch's extra rows get zero gradient), so one step
 graph serves the whole run. The images are normalised with MNIST's mean and standard deviation
 on upload, as the speedrun recipe does (a saved cnn records it, `graphtrain.model_io`).
+
+A set-up row trains the next plan of its shape in place (`restart`): numpy takes its initial
+weights and recipe; graphs and device-loop write the recipe as device values
+(`CnnDevice.set_recipe`), load the weights and orders and zero the run's counters, keeping the
+uploaded data and the captured graphs.
 """
 
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import numpy as np
 
 from graphtrain import reference_cnn
 from graphtrain.errors import UsageError
+from graphtrain.plan import RunPlan
+from graphtrain.recipe import Recipe
 from graphtrain.reference import Layer
 from graphtrain.stages.base import EpochResult, Stage
 
-def cnn_setup(stage: Stage):
-    """The spec, the recipe and the normalised images of a stage's cnn run."""
-    from graphtrain.config import cnn_spec
-    from graphtrain.recipe import normalise, recipe_of
+
+def cnn_recipe(stage: Stage) -> Recipe:
+    """The recipe of a stage's cnn run: its config's, over the plan's steps."""
+    from graphtrain.recipe import recipe_of
 
     plan = stage.plan
-    recipe = recipe_of(stage.config, sum(plan.batches), plan.num_epochs, stage.precision)
-    return (cnn_spec(stage.config), recipe, normalise(stage.data.train_images),
-            normalise(stage.data.test_images))
+    return recipe_of(stage.config, sum(plan.batches), plan.num_epochs, stage.precision)
+
+
+def cnn_setup(stage: Stage):
+    """The spec, the recipe and the normalised images of a stage's cnn run (the same image arrays
+    for every row of a process that trains on the same dataset: graphtrain.recipe.normalised)."""
+    from graphtrain.config import cnn_spec
+    from graphtrain.recipe import normalised
+
+    return (cnn_spec(stage.config), cnn_recipe(stage), normalised(stage.data.train_images),
+            normalised(stage.data.test_images))
 
 
 def flat_params(layers) -> list[np.ndarray]:
@@ -45,13 +61,49 @@ def as_layers(params: list[np.ndarray]) -> list[Layer]:
     return [Layer(params[i], params[i + 1]) for i in range(0, len(params), 2)]
 
 
-class CnnNumpyStage(Stage):
+class CnnStage(Stage):
+    """What every class that trains the cnn shares, rungs and peers: the recipe from the run's
+    config, and a restart that takes a plan of the same shape whose recipe the row can train in
+    place (`put_recipe`), then starts its run (`start_run`)."""
+
+    model_kind = "cnn"
+    recipe: Recipe  # the recipe of the plan the row trains now
+
+    def start_run(self) -> None:
+        """On the set-up row: the plan's initial weights and sample orders, the optimizer's state
+        and the step count from zero (what setup ends with, and a restart)."""
+        raise NotImplementedError
+
+    def put_recipe(self, recipe: Recipe) -> bool:
+        """Make `recipe` the one the row trains, where it holds the recipe (device values, a
+        captured graph); False where it cannot, nothing changed. Here the recipe is only read
+        when a run starts."""
+        return True
+
+    def restart(self, plan: RunPlan) -> bool:
+        if not self.same_shape(plan):
+            return False
+        previous = self.plan
+        self.adopt(plan)
+        recipe = cnn_recipe(self)
+        if not self.put_recipe(recipe):
+            self.adopt(previous)
+            return False
+        self.recipe = recipe
+        self.start_run()
+        return True
+
+
+class CnnNumpyStage(CnnStage):
     name = "numpy"
     summary = "CPU reference in float32 (the cnn: NumPy convolutions, Adam or SGD, the schedule)"
-    model_kind = "cnn"
+    note = "float32 NumPy on the CPU"
 
     def setup(self) -> None:
         self.spec, self.recipe, self.train_x, self.test_x = cnn_setup(self)
+        self.start_run()
+
+    def start_run(self) -> None:
         self.params = flat_params(self.plan.initial_params(np.float32))
         self.state = self.recipe.optimizer.init_state(self.params)
         self.t = 0
@@ -76,11 +128,19 @@ class CnnNumpyStage(Stage):
         return as_layers([p.copy() for p in self.params])
 
 
-class CnnGraphsStage(Stage):
+class CnnGraphsStage(CnnStage):
     name = "graphs"
     summary = "the cnn's whole step captured into a CUDA Graph once and replayed per batch"
-    model_kind = "cnn"
     device_loop = False  # whether the model records WHILE nodes (device-loop's own)
+    # The conv layers: "fused" (kernels/convpool*.cu, where every layer fits them) or "cudnn".
+    conv_path: ClassVar[str] = "fused"
+
+    @classmethod
+    def on_conv_path(cls, path: str) -> type[CnnGraphsStage]:
+        """This row with its conv layers on `path` (the speedrun's --conv-path)."""
+        if path not in ("fused", "cudnn"):
+            raise ValueError(f"unknown conv path {path!r}")
+        return cls if path == cls.conv_path else type(cls.__name__, (cls,), {"conv_path": path})
 
     def setup(self) -> None:
         from graphtrain.libs import cuda
@@ -89,19 +149,40 @@ class CnnGraphsStage(Stage):
         self.spec, self.recipe, train_x, test_x = cnn_setup(self)
         self.device = cuda.open_device()
         data = self.data
-        self.model = m = CnnDevice(self.device, self.spec, self.recipe, train_x, data.train_labels.astype(np.int32),
-                                   test_x, data.test_labels.astype(np.int32), device_loop=self.device_loop,
-                                   **self.model_options())
+        # The labels as they are (int32 already: the same arrays for every row, as the images).
+        self.model = m = CnnDevice(self.device, self.spec, self.recipe, train_x,
+                                   data.train_labels.astype(np.int32, copy=False), test_x,
+                                   data.test_labels.astype(np.int32, copy=False), fused=self.conv_path == "fused",
+                                   device_loop=self.device_loop, **self.model_options())
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
-        initial = flat_params(self.plan.initial)
-        m.load(initial, self.plan.orders)  # warm up (first launches), then start again from the shared init
+        # Warm up (the first launch of every kernel and library call, the evaluation's too), then
+        # start again from the plan's initial weights.
+        m.load(flat_params(self.plan.initial), self.plan.orders)
         m.reset(m.stream)
         m.record_step(m.stream)
+        m.record_eval(m.stream)
         m.stream.synchronize()
-        m.load(initial, self.plan.orders)
-        m.reset(m.stream)
+        self.start_run()
         self.capture()
+
+    def start_run(self) -> None:
+        """The plan's weights and orders loaded (two uploads), the run's counters (cursor, step,
+        optimizer state, sums) zeroed: what the captured graphs start from."""
+        m = self.model
+        m.load(flat_params(self.plan.initial), self.plan.orders)
+        m.reset(m.stream)
+        self.done = 0  # samples trained so far
+
+    def put_recipe(self, recipe: Recipe) -> bool:
+        """The recipe written as device values that the captured graphs read: no new capture.
+        False where it differs in what a capture holds (CnnDevice.set_recipe says so: the batch,
+        the precision, the optimizer's state slots)."""
+        try:
+            self.model.set_recipe(recipe)
+        except ValueError:
+            return False
+        return True
 
     def model_options(self) -> dict:
         """CnnDevice's keyword arguments beyond the run's (a data-parallel rank's: rank, ranks, all_reduce)."""
@@ -124,19 +205,18 @@ class CnnGraphsStage(Stage):
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         m, s = self.model, self.model.stream
-        if epoch * self.plan.num_train != self.samples_done():
+        if epoch * self.plan.num_train != self.done:
             raise UsageError("the cnn rungs train their epochs in order, each whole but the last")
         m.loss_sum.zero(s)
         self.start_event.record(s)
         self.run_batches(epoch, num_batches)
         self.end_event.record(s)
         self.end_event.synchronize()
-        self.done = getattr(self, "done", 0) + self.plan.samples_seen(num_batches)
+        seen = self.plan.samples_seen(num_batches)
+        self.done += seen
+        # The loss sum is one more read from the device: only where the epoch is measured.
         return EpochResult(self.start_event.elapsed_ms(self.end_event),
-                           self.read_loss_sum() / self.plan.samples_seen(num_batches))
-
-    def samples_done(self) -> int:
-        return getattr(self, "done", 0)
+                           self.read_loss_sum() / seen if measure else None)
 
     def test_accuracy(self) -> float:
         self.model.record_eval(self.model.stream)
@@ -164,7 +244,8 @@ class CnnDeviceLoopStage(CnnGraphsStage):
 
     def capture(self) -> None:
         """Every epoch length's graph, before the first epoch is timed (the cursor and the step
-        counter live on the device, so one graph serves every epoch of its length)."""
+        counter live on the device, so one graph serves every epoch of its length, and every
+        plan a restart puts on the row)."""
         from graphtrain.libs import cuda
 
         self.outer = cuda.Stream()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from graphtrain import reference
+from graphtrain.plan import RunPlan
 from graphtrain.reference_cnn import Optimizer, Schedule
 from graphtrain.stages.base import EpochResult, Stage
 
@@ -22,6 +23,15 @@ class NumpyStage(Stage):
         self.schedule = Schedule.of(self.config, sum(self.plan.batches))  # over the run's steps
         self.state = self.optimizer.init_state(reference.parameters(self.layers))
         self.steps = 0  # steps taken: the schedule's position, Adam's bias correction
+
+    def restart(self, plan: RunPlan) -> bool:
+        """Another plan of this shape: its initial weights and recipe, the state from zero (setup
+        builds nothing else)."""
+        if not self.same_shape(plan):
+            return False
+        self.adopt(plan)
+        self.setup()
+        return True
 
     def update(self, layers, grads, lr: float) -> None:
         """The recipe's update of step `self.steps` (1-based), every parameter alike."""

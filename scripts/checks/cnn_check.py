@@ -9,8 +9,10 @@ import sys
 import numpy as np
 
 from graphtrain import reference_cnn as R
+from graphtrain.config import preset
 from graphtrain.libs import cuda
-from graphtrain.recipe import Recipe, SpeedrunTask
+from graphtrain.plan import RunPlan
+from graphtrain.recipe import Recipe
 from graphtrain.stages.cnn_device import CnnDevice
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "adam"
@@ -23,20 +25,24 @@ xte = (means[yte] + rng.standard_normal((300, 784))).astype(np.float32)
 spec = R.CnnSpec((R.ConvLayer(24, 5), R.ConvLayer(32, 3)), (256,))
 recipe = Recipe(batch=128, optimizer=R.Optimizer(kind, betas=(0.7, 0.9)), schedule=R.Schedule("one-cycle", 0.01, 5),
                 precision="fp32" if "fp32" in sys.argv else "tf32")
-task = SpeedrunTask(spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32))
-model = CnnDevice(cuda.open_device(), spec, recipe, xtr, task.train_labels, xte, task.test_labels, fused=fused, device_loop=loop)
+plan = RunPlan.build(preset("speedrun").replace(conv=((24, 5), (32, 3)), hidden=(256,), batch=128, epochs=1, seed=0),
+                     600, 300, 784, 10)
+initial = [a.copy() for layer in plan.initial for a in (layer.w, layer.b)]
+steps = recipe.steps(600)
+model = CnnDevice(cuda.open_device(), spec, recipe, xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), fused=fused,
+                  device_loop=loop)
 outer = cuda.Stream()
 if loop:
-    model.load(task.initial(0), task.orders(0))
-    graph = model.capture_run(task.steps, outer, per_body=2)
+    model.load(initial, plan.orders)
+    graph = model.capture_run(steps, outer, per_body=2)
     graph.launch(outer)
     print("device loop:", int(model.correct.download(outer)[0]), "of 300")
     graph.close()
-model.load(task.initial(0), task.orders(0))
+model.load(initial, plan.orders)
 model.reset(model.stream)
 with cuda.Graph.capture(model.stream) as step:
     model.record_step(model.stream)
-for _ in range(task.steps):
+for _ in range(steps):
     step.launch(model.stream)
 model.record_eval(model.stream)
 print("step graph:", model.read_correct(), "of 300")

@@ -8,7 +8,8 @@ import time
 
 from graphtrain import config, data
 from graphtrain.libs import cuda
-from graphtrain.speedrun import make_task
+from graphtrain.recipe import normalised
+from graphtrain.speedrun import SpeedrunCase
 from graphtrain.stages.cnn_device import CnnDevice
 
 parser = argparse.ArgumentParser()
@@ -17,12 +18,15 @@ parser.add_argument("--body", type=int, default=5)
 parser.add_argument("--cudnn", action="store_true", help="the conv layers through cuDNN, not convpool.cu")
 parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on NCHW tensors")
 args = parser.parse_args()
-task = make_task(config.preset("speedrun"), data.load("mnist"), precision=args.precision)
-model = CnnDevice(cuda.open_device(), task.spec, task.recipe, task.train_images, task.train_labels,
-                  task.test_images, task.test_labels, fused=not args.cudnn,
+speedrun = config.preset("speedrun").replace(precision=args.precision)
+case = SpeedrunCase.of(speedrun, data.load("mnist"))
+plan, mnist = case.plan(speedrun, 0), case.data
+initial = [a.copy() for layer in plan.initial for a in (layer.w, layer.b)]
+model = CnnDevice(cuda.open_device(), config.cnn_spec(speedrun), case.recipe, normalised(mnist.train_images),
+                  mnist.train_labels, normalised(mnist.test_images), mnist.test_labels, fused=not args.cudnn,
                   nhwc=not args.nchw, device_loop=True)
 s = model.stream
-model.load(task.initial(0), task.orders(0))
+model.load(initial, plan.orders)
 model.reset(s)
 model.record_step(s)
 s.synchronize()
@@ -57,9 +61,9 @@ for i, plan in enumerate(model.train_plans):
         print(f"conv{i} {name} timed (algo, status, ms, bytes, deterministic, math):", results)
 outer = cuda.Stream()
 for rep in range(3):
-    model.load(task.initial(0), task.orders(0))
+    model.load(initial, plan.orders)
     t0 = time.perf_counter()
-    graph = model.capture_run(task.steps, outer, per_body=args.body)
+    graph = model.capture_run(case.steps, outer, per_body=args.body)
     t1 = time.perf_counter()
     start.record(outer)
     graph.launch(outer)
