@@ -654,19 +654,3 @@ def test_normalise_rounds_each_operation_to_float32():
     assert got.dtype == np.float32 and got.shape == x.shape
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), f"seed {seed}"
     assert not np.shares_memory(got, x), "the input is left as it was"
-
-
-def test_dataset_normalised_once():
-    """A dataset's normalised images are made once and handed out as the same arrays."""
-    from graphtrain.data.images import normalise
-
-    seed = 7
-    rng = np.random.default_rng(seed)
-    data = Dataset.from_arrays(rng.random((50, 4, 4), dtype=np.float32), rng.integers(0, 3, 50),
-                               rng.random((20, 4, 4), dtype=np.float32), rng.integers(0, 3, 20))
-    train, test = data.normalised(0.5, 0.25)
-    again = data.normalised(0.5, 0.25)
-    assert again[0] is train and again[1] is test
-    assert np.array_equal(train, normalise(data.train_images, 0.5, 0.25)), f"seed {seed}"
-    assert np.array_equal(test, normalise(data.test_images, 0.5, 0.25)), f"seed {seed}"
-    assert data.normalised(0.0, 1.0)[0] is not train

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -146,22 +146,10 @@ class Dataset:
     source: Path | None = None  # the folder or file the data came from; None when not from files
     image_shape: tuple[int, ...] | None = None  # one sample before flattening, e.g. (28, 28)
     warnings: tuple[str, ...] = ()  # what the user should hear about the data (classes with no sample)
-    # normalised(): (mean, std) -> the normalised (train, test) images, made once per dataset
-    _normalised: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_features(self) -> int:
         return int(self.train_images.shape[1])
-
-    def normalised(self, mean: float, std: float) -> tuple[np.ndarray, np.ndarray]:
-        """The training and test images as (x − mean) / std in float32, made on the first call and
-        the same arrays after: every row of a process trains on one copy (and a GPU holds one)."""
-        from graphtrain.data.images import normalise
-
-        if (mean, std) not in self._normalised:
-            self._normalised[(mean, std)] = (normalise(self.train_images, mean, std),
-                                             normalise(self.test_images, mean, std))
-        return self._normalised[(mean, std)]
 
     @classmethod
     def from_arrays(cls, x_train, y_train, x_test, y_test, name: str = "arrays",
