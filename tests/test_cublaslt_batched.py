@@ -23,8 +23,8 @@ A, B, C = 0x10000, 0x20000, 0x30000  # device addresses, as the library would be
 
 
 class RecordingLt:
-    """The cuBLASLt functions the products call: each object it creates a number with its
-    arguments and attributes, each call recorded; AlgoCheck answers `check_status`, the heuristic
+    """The cuBLASLt functions the products call, each taking what its declared types take: each
+    object it creates a number with its arguments and attributes, each call recorded; AlgoCheck answers `check_status`, the heuristic
     `algo_id` (or nothing where `found` is 0), the algorithm `splits` K splits."""
 
     def __init__(self):
@@ -34,6 +34,19 @@ class RecordingLt:
             setattr(self, f"cublasLt{kind}Create", lambda ref, *args, kind=kind: self._create(ref, kind, args))
             setattr(self, f"cublasLt{kind}SetAttribute", self._set_attribute)
             setattr(self, f"cublasLt{kind}Destroy", lambda obj: self.destroyed.append(obj.value) or 0)
+        for name, (argtypes, _) in cublaslt.library.functions.items():
+            if hasattr(self, name):
+                setattr(self, name, self._typed(name, argtypes, getattr(self, name)))
+
+    @staticmethod
+    def _typed(name, argtypes, function):
+        """`function`, its arguments first converted as the library's declared types convert them."""
+        def call(*args):
+            assert len(args) == len(argtypes), name
+            for argtype, arg in zip(argtypes, args):
+                argtype.from_param(arg)  # a TypeError where ctypes would refuse the argument
+            return function(*args)
+        return call
 
     def _create(self, ref, kind, args):
         ref._obj.value = number = 100 + len(self.objects)
