@@ -233,3 +233,62 @@ def test_a_dataset_no_model_holds_goes_when_room_is_needed(fake_uploads):
     held.release()
     with pytest.raises(RuntimeError, match="released more often"):
         held.release()
+
+
+# ---- a recipe on a built cnn ------------------------------------------------------------------------
+
+
+def test_a_built_cnn_takes_another_lr_schedule_and_optimizer_but_not_another_capture():
+    from graphtrain.recipe import Recipe
+    from graphtrain.stages.cnn_device import capture_refusal
+
+    built = Recipe(batch=256, epochs=1, optimizer=R.Optimizer("adam"), schedule=R.Schedule("one-cycle", 0.01, 235))
+    for other in (R.Optimizer("sgd"), R.Optimizer("momentum", 0.8), R.Optimizer("adamw", weight_decay=0.1)):
+        assert capture_refusal(built, Recipe(256, 1, other, R.Schedule("cosine", 0.02, 235))) is None
+    assert capture_refusal(built, Recipe(256, 1, schedule=R.Schedule("warmup", 0.1, 300, 10))) is None
+    why = capture_refusal(built, Recipe(batch=128, epochs=2, precision="fp32"))
+    assert why == ("what the model's captures hold differs: batch 128 (the model's is 256), epochs 2 (the model's "
+                   "is 1), precision fp32 (the model's is tf32)")
+
+
+# ---- the cnn's packs in the registry ------------------------------------------------------------
+
+
+def test_the_cnn_packs_on_graphs_and_device_loop_and_the_mlps_as_before():
+    from graphtrain import stages
+    from graphtrain.config import preset
+
+    cnn, mlp, softmax = preset("speedrun"), preset("cuda-mnist"), preset("cuda-mnist").replace(hidden=())
+    assert cnn.model == "cnn" and mlp.model == "mlp" and mlp.hidden and not softmax.hidden
+    packs = {name: [spec.pack_for(config) for config in (cnn, mlp, softmax)] for name, spec in stages.SPECS.items()}
+    for name in ("graphs", "device-loop"):
+        pack = packs[name][0]
+        assert pack is stages.SPECS[name].pack_cnn and callable(stages.load_target(pack.target)), name
+        assert packs[name][1:] == [None, None], f"{name}: its MLPs run alone"
+    persistent = stages.SPECS["persistent"].pack
+    assert packs["persistent"] == [None, None, persistent], "softmax regressions only"
+    vmapped = stages.SPECS["jax-vmap"].pack
+    assert packs["jax-vmap"][1:] == [vmapped, vmapped]
+    assert {name for name, found in packs.items() if found[0] is not None} <= {"graphs", "device-loop", "jax-vmap"}
+
+
+def test_a_pack_spreads_its_models_over_lanes_and_groups():
+    from graphtrain.stages.cnn_pack import groups_of, lane_models
+
+    assert lane_models(5, 2) == [[0, 2, 4], [1, 3]] and lane_models(3, 3) == [[0], [1], [2]]
+    assert groups_of(5, 2) == [[0, 1], [2, 3], [4]] and groups_of(64, 64) == [list(range(64))]
+    # group j holds the j-th model of every lane
+    assert all(lane_models(64, 8)[lane][j] == groups_of(64, 8)[j][lane] for lane in range(8) for j in range(8))
+
+
+def test_a_pack_evaluates_in_smaller_passes_only_where_its_models_do_not_fit():
+    from graphtrain.stages.cnn_pack import fitting_eval_rows
+
+    mib, row = 2**20, 20 * 1024
+    # 64 models of 210 MiB (activations of 10000 rows, 20 KiB a row, and 15 MiB more) in 80 GiB: as they are
+    model = 10_000 * row + 15 * mib
+    assert fitting_eval_rows(64, model, row, 10_000, 256, 80 * 1024 * mib) == 10_000
+    # in 8 GiB: 128 MiB a model, of which 15 MiB do not scale: (128 − 15) MiB in rows of 20 KiB
+    assert fitting_eval_rows(64, model, row, 10_000, 256, 8 * 1024 * mib) == (113 * mib) // row == 5785
+    with pytest.raises(ValueError, match="do not fit"):
+        fitting_eval_rows(64, model, row, 10_000, 256, 64 * 18 * mib)  # 3 MiB a model for rows: 153 < 256

@@ -69,6 +69,7 @@ then updates with the combined batch's mean gradient, and all hold the same para
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -108,6 +109,14 @@ def eval_passes(num_test: int, max_rows: int) -> tuple[int, int]:
         raise ValueError(f"{num_test} test rows in passes of at most {max_rows} is {passes} passes; "
                          f"at most {MAX_EVAL_PASSES} fit the resident test set's padding")
     return max(1, ceil_div(num_test, passes)), passes
+
+
+def capture_refusal(built: Recipe, recipe: Recipe) -> str | None:
+    """Why a model built for `built` (and its graphs captured) cannot train `recipe` by
+    `set_recipe`: what a capture holds differs (CAPTURED), or None."""
+    differ = [f"{name} {getattr(recipe, name)} (the model's is {getattr(built, name)})"
+              for name in CAPTURED if getattr(recipe, name) != getattr(built, name)]
+    return f"what the model's captures hold differs: {', '.join(differ)}" if differ else None
 
 
 class CnnDevice:
@@ -196,7 +205,8 @@ class CnnDevice:
         self.order = arena.reserve("order", (recipe.epochs * self.num_train + b,), np.int32)
         self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.correct = arena.reserve("correct", (1,), np.int32)
-        self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
+        # Σ loss of the rows trained: slot 0, or one per epoch where a run records them apart (record_part).
+        self.loss_sum = arena.reserve("loss_sum", (recipe.epochs,), np.float64)
         self.iterations_left = arena.reserve("iterations_left", (1,), np.int32) if self.loop_cu else None
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
@@ -231,6 +241,12 @@ class CnnDevice:
                 conv.choose(train_src, eval_src, self.conv_workspace)
 
     @property
+    def eval_row_bytes(self) -> int:
+        """Bytes of the activations per row of an evaluation pass (they are sized for
+        max(batch, eval_rows) rows): what a smaller pass saves a row."""
+        return sum(buf.nbytes // buf.shape[0] for layer in (*self.convs, *self.linears) for buf in layer.row_buffers)
+
+    @property
     def train_plans(self) -> list:
         """Each conv layer's cuDNN plan for the training batch (None: a fused layer)."""
         return [conv.train_plan if isinstance(conv, CudnnConv) else None for conv in self.convs]
@@ -239,11 +255,7 @@ class CnnDevice:
 
     def recipe_refusal(self, recipe: Recipe) -> str | None:
         """Why this model cannot train `recipe` by `set_recipe`, or None."""
-        differ = [f"{name} {getattr(recipe, name)} (the model's is {getattr(self.recipe, name)})"
-                  for name in CAPTURED if getattr(recipe, name) != getattr(self.recipe, name)]
-        if differ:
-            return f"what the model's captures hold differs: {', '.join(differ)}"
-        return self.optimizer.refusal(recipe.optimizer)
+        return capture_refusal(self.recipe, recipe) or self.optimizer.refusal(recipe.optimizer)
 
     def set_recipe(self, recipe: Recipe) -> None:
         """Train `recipe` from the next run on, in the graphs already captured too: its learning
@@ -287,6 +299,10 @@ class CnnDevice:
     def read_loss_sum(self) -> float:
         return float(self.loss_sum.download(self.stream)[0])
 
+    def read_loss_sums(self) -> np.ndarray:
+        """Each epoch's Σ loss, where a run recorded them apart (record_part's `epoch`)."""
+        return self.loss_sum.download(self.stream)
+
     # ---- the step ---------------------------------------------------------------------------------
 
     def _check_stream(self, stream: cuda.Stream) -> None:
@@ -314,10 +330,11 @@ class CnnDevice:
                                   self.order.ptr, self.cursor.ptr, self.features, self.recipe.batch, self.num_train,
                                   self.rank, self.ranks, self.x.ptr, self.y.ptr))
 
-    def step_ops(self, stream: cuda.Stream) -> list[Op]:
+    def step_ops(self, stream: cuda.Stream, epoch: int = 0) -> list[Op]:
         """The launches of one training step, named, in order (record_step runs them; a profile
-        times them one by one)."""
+        times them one by one); its loss added into loss_sum[epoch]."""
         convs, hidden = self.convs, self.linears[:-1]
+        batch = replace(self.batch_state, loss_slot=epoch)
         ops = [self._gather_op(stream), *self.forward_ops(stream, self.x.ptr, self.batch, training=True)]
 
         def below_of(j: int) -> tuple[int, int, Linear | None]:
@@ -325,7 +342,7 @@ class CnnDevice:
             below = hidden[j - 1] if j > 0 else None
             return (below.h.ptr, below.dh.ptr, below) if below else (convs[-1].a.ptr, convs[-1].da.ptr, None)
 
-        ops += self.head.train_ops(stream, *below_of(len(hidden)), self.batch_state)
+        ops += self.head.train_ops(stream, *below_of(len(hidden)), batch)
         for j in range(len(hidden) - 1, -1, -1):
             ops += hidden[j].backward_ops(stream, *below_of(j))
         for i in range(len(convs) - 1, -1, -1):  # da of conv i: the gradient of its pooled, ReLU'd output
@@ -336,10 +353,10 @@ class CnnDevice:
         ops.append(("optimizer", partial(self.optimizer.step, stream)))
         return ops
 
-    def record_step(self, stream: cuda.Stream) -> None:
-        """One training step on the batch at the cursor."""
+    def record_step(self, stream: cuda.Stream, epoch: int = 0) -> None:
+        """One training step on the batch at the cursor (its loss into loss_sum[epoch])."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream):
+        for _, op in self.step_ops(stream, epoch):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
@@ -356,44 +373,54 @@ class CnnDevice:
 
     # ---- whole runs as graphs -------------------------------------------------------------------
 
-    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int) -> None:
+    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int, epoch: int) -> None:
         """Inside a capture of `outer`: `steps` training steps, a WHILE node whose body is
         `per_body` steps run ⌊steps / per_body⌋ times (kernels/loop.cu counts them), then the
-        rest unrolled on the model's stream, joined into the capture. Without conditional nodes
-        every step is unrolled (`loop_kind` says so). Ends with the model's stream joined back
-        into `outer`."""
+        rest unrolled on the model's stream, joined into the capture; their losses into
+        loss_sum[epoch]. Without conditional nodes every step is unrolled (`loop_kind` says so).
+        Ends on the model's stream."""
         if self.loop_kind is None:
             raise RuntimeError("a device loop needs the model built with device_loop=True")
         iterations = steps // per_body if self.loop_cu else 0
         if iterations:
             def body(stream: cuda.Stream) -> None:
                 for _ in range(per_body):
-                    self.record_step(stream)
+                    self.record_step(stream, epoch)
 
             self.loop_cu.record_while(outer, self.stream, self.iterations_left.ptr, iterations, body)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
         for _ in range(steps - iterations * per_body):
-            self.record_step(self.stream)
+            self.record_step(self.stream, epoch)
+
+    def record_part(self, outer: cuda.Stream, steps: int, per_body: int = STEPS_PER_BODY, epoch: int = 0,
+                    reset: bool = False, evaluate: bool = False) -> None:
+        """Inside a capture of `outer` (or of a stream `outer` is joined into): the start of a
+        run first where `reset`, then `steps` training steps from wherever the cursor and the
+        step counter stand (a WHILE node over bodies of `per_body`, see _record_steps), their
+        losses into loss_sum[epoch], then the evaluation where `evaluate`; ends on `outer`.
+        The model's launches stay on its own stream (the one cuDNN and cuBLAS are bound to),
+        joined into the capture and back."""
+        if reset:
+            self.reset(outer)
+        self._record_steps(outer, steps, per_body, epoch)
+        if evaluate:
+            self.record_eval(self.stream)
+        cuda.stream_wait(outer, self.stream)
 
     def capture_steps(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
-        """One graph of `steps` training steps from wherever the cursor and step counter stand
-        (see _record_steps), captured from `outer` and launched there."""
+        """One graph of `steps` training steps (`record_part`), captured from `outer` and
+        launched there."""
         with cuda.Graph.capture(outer) as graph:
-            self._record_steps(outer, steps, per_body)
-            cuda.stream_wait(outer, self.stream)
+            self.record_part(outer, steps, per_body)
         return graph
 
     def record_run(self, outer: cuda.Stream, steps: int, per_body: int = STEPS_PER_BODY) -> None:
-        """Inside a capture of `outer` (or a stream joined into one): a whole run, reset, the
-        steps (a WHILE node over bodies of `per_body`), then the evaluation; ends on `outer`."""
-        self.reset(outer)
-        self._record_steps(outer, steps, per_body)
-        self.record_eval(self.stream)
-        cuda.stream_wait(outer, self.stream)  # and back: the run ends on `outer`
+        """Inside a capture of `outer`: a whole run, reset, the steps (a WHILE node over bodies
+        of `per_body`), then the evaluation (`record_part`)."""
+        self.record_part(outer, steps, per_body, reset=True, evaluate=True)
 
     def capture_run(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
-        """One graph for a whole run (`record_run`). Captured from `outer`; the model's launches
-        stay on its own stream (the one cuDNN and cuBLAS are bound to), joined into the capture."""
+        """One graph for a whole run (`record_run`), captured from `outer` and launched there."""
         with cuda.Graph.capture(outer) as graph:
             self.record_run(outer, steps, per_body)
         return graph

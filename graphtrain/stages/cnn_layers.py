@@ -125,17 +125,22 @@ class ParameterSpan:
 @dataclass(frozen=True)
 class Batch:
     """The training batch as the loss step sees it: this model's `rows` rows gathered into x and
-    y, the device cursor the step moves on, the Σ loss it adds to, the combined batch and the
-    ranks it is split over (1: one GPU), and the samples of an epoch."""
+    y, the device cursor the step moves on, the Σ loss it adds to (`loss_sums[loss_slot]`), the
+    combined batch and the ranks it is split over (1: one GPU), and the samples of an epoch."""
 
     x: Buffer
     y: Buffer
     cursor: Buffer
-    loss_sum: Buffer
+    loss_sums: Buffer
     rows: int
     combined: int
     ranks: int
     epoch_samples: int
+    loss_slot: int = 0
+
+    @property
+    def loss_sum(self) -> int:
+        return self.loss_sums.at(self.loss_slot)
 
 
 # ---- convolutions -------------------------------------------------------------------------------
@@ -168,6 +173,7 @@ class FusedConv:
         self.a = arena.reserve(f"a{i}", (rows, s.outs, s.hp, s.wp))
         self.arg = arena.reserve(f"arg{i}", (rows, s.outs, s.hp, s.wp), np.uint8)
         self.da = arena.reserve(f"da{i}", (batch, s.outs, s.hp, s.wp))
+        self.row_buffers = (self.a, self.arg)  # sized for the training batch or an evaluation pass
         # The weight gradient's per-chunk partial sums (taps and the bias).
         self.partial = arena.reserve(f"partial{i}", (s.outs, kernels.chunks(batch), kernels.taps + 1))
 
@@ -207,6 +213,7 @@ class CudnnConv:
         self.arg = arena.reserve(f"arg{i}", (rows, s.outs, s.hp, s.wp), np.uint8)
         self.dc = arena.reserve(f"dc{i}", (batch, s.outs, s.hc, s.wc))
         self.da = arena.reserve(f"da{i}", (batch, s.outs, s.hp, s.wp))
+        self.row_buffers = (self.c, self.a, self.arg)  # sized for the training batch or an evaluation pass
         passes = ("forward", "backward_filter") + (() if s.first else ("backward_data",))
         geometry = (s.c, s.h, s.w, s.outs, layer.kernel, layer.stride, layer.padding, precision)
         self.train_plan = ConvPlan(dnn, batch, *geometry, passes, layout)
@@ -257,6 +264,7 @@ class Linear:
         self.b = Parameter(f"linear{index}.bias", (fan_out,))
         self.h = arena.reserve(f"h{index + 1}", (rows, fan_out))
         self.dh = arena.reserve(f"dh{index + 1}", (batch, fan_out))
+        self.row_buffers = (self.h,)  # sized for the training batch or an evaluation pass
 
     def forward_ops(self, stream: cuda.Stream, src: int, rows: int) -> list[Op]:
         j, k, n = self.index, self.fan_in, self.fan_out
@@ -304,7 +312,7 @@ class SoftmaxHead:
         ops = out.forward_ops(stream, src, batch.rows)
         ops.append(("loss step", partial(self.cnn_cu.softmax_xent_step, stream, out.h.ptr, batch.y.ptr, out.dh.ptr,
                                          batch.cursor.ptr, batch.combined, batch.epoch_samples, out.fan_out,
-                                         batch.loss_sum.ptr, batch.ranks)))
+                                         batch.loss_sum, batch.ranks)))
         ops.append((f"linear{out.index} bias grad", partial(self.layers_cu.bias_grad, stream, out.dh.ptr, out.b.grad,
                                                             batch.rows, out.fan_out)))
         return ops + out.backward_ops(stream, src, dsrc, below)
@@ -328,7 +336,7 @@ class FusedHead:
         ops = [(f"linear{out.index}+loss step", partial(
                    self.head_cu.logits_loss, stream, src, out.w.ptr, out.b.ptr, batch.y.ptr, out.dh.ptr,
                    self.row_loss.ptr, self.count.ptr, batch.cursor.ptr, batch.combined, k, batch.epoch_samples,
-                   batch.loss_sum.ptr, batch.ranks)),
+                   batch.loss_sum, batch.ranks)),
                (f"linear{out.index} weight+bias grad", partial(self.head_cu.grads, stream, src, out.dh.ptr, out.w.grad,
                                                                out.b.grad, b, k))]
         if below is None:
