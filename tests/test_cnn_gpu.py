@@ -128,7 +128,7 @@ SCHEDULE_CASES = [
 @pytest.mark.parametrize("steps", [1, 12])
 @pytest.mark.parametrize("optimizer", OPTIMIZER_CASES, ids=lambda o: f"{o.kind}-wd{o.weight_decay}")
 def test_optimizer_kernel_matches_reference(stream, gpu_device, optimizer, steps):
-    from graphtrain.kernels.optim import STATE_INTS, Optim
+    from graphtrain.kernels.optim import STATE_INTS, Optim, constants_of
 
     seed = 3
     rng = np.random.default_rng(seed)
@@ -143,10 +143,11 @@ def test_optimizer_kernel_matches_reference(stream, gpu_device, optimizer, steps
     cu = Optim(gpu_device)
     try:
         with Scratch(stream, p=p0.astype(np.float32), g=np.zeros(n, np.float32), s1=np.zeros(n, np.float32),
-                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32)) as s:
+                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32),
+                     constants=constants_of(optimizer, schedule)) as s:
             for t in range(steps):
                 s.bufs["g"].upload(grads[t].astype(np.float32), stream)
-                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], optimizer, schedule)
+                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], s["constants"])
             p, st, lr = s.get("p"), s.get("st"), s.get("lr")
     finally:
         cu.close()
@@ -174,7 +175,7 @@ def test_schedule_rates_match_reference(stream, gpu_device, schedule):
 def test_replayed_graph_rate_follows_schedule(stream, gpu_device):
     """One captured optimizer step replayed k times: the rate it used at each replay is the
     schedule's at that step, with nothing re-captured or patched."""
-    from graphtrain.kernels.optim import STATE_INTS, Optim
+    from graphtrain.kernels.optim import STATE_INTS, Optim, constants_of
     from graphtrain.libs import cuda
 
     schedule = R.Schedule("one-cycle", 0.01, 30)
@@ -183,9 +184,10 @@ def test_replayed_graph_rate_follows_schedule(stream, gpu_device):
     n = 500
     try:
         with Scratch(stream, p=np.ones(n, np.float32), g=np.full(n, 0.5, np.float32), s1=np.zeros(n, np.float32),
-                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32)) as s:
+                     s2=np.zeros(n, np.float32), st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32),
+                     constants=constants_of(optimizer, schedule)) as s:
             with cuda.Graph.capture(stream) as graph:
-                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], optimizer, schedule)
+                cu.step(stream, s["p"], s["g"], s["s1"], s["s2"], n, s["st"], s["lr"], s["constants"])
             try:
                 for k in range(schedule.total):
                     graph.launch(stream)

@@ -162,6 +162,7 @@ def test_the_row_registry_names_rows_only():
     targets = {f"{spec.name} {model}{' --gpus' * dp}": trainer.target for spec in REGISTRY for model in MODELS
                for dp in (False, True) if isinstance(trainer := spec.trainer(model, dp), Trainer)}
     targets |= {f"{spec.name} pack": spec.pack.target for spec in REGISTRY if spec.pack}
+    targets |= {f"{spec.name} cnn pack": spec.pack_cnn.target for spec in REGISTRY if spec.pack_cnn}
     outside = {name: target for name, target in targets.items() if layer_of(target.split(":")[0]) != ROWS}
     assert len(targets) > len(REGISTRY) and not outside, outside
 

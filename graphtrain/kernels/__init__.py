@@ -193,8 +193,35 @@ def load_source(source: str, name: str, device: cuda.DeviceInfo, specs: Sequence
 # A kernel file and its launchers
 
 
+class _SharedFile:
+    """One kernel file as this process holds it for one device: its cubin (a Future while it
+    compiles) and, once loaded, its module, which every instance of the file with the same
+    defines on that device uses."""
+
+    def __init__(self, device: cuda.DeviceInfo, cubin: Future):
+        self.device, self.cubin = device, cubin
+        self.module: Module | None = None
+
+    def usable_for(self, device: cuda.DeviceInfo) -> bool:
+        """Whether this entry still serves `device`: opened in the same context (a device
+        released and opened again is a new DeviceInfo, its modules gone with the old context),
+        and not a compile that failed (tried again)."""
+        failed = self.module is None and self.cubin.done() and self.cubin.exception() is not None
+        return self.device is device and not failed
+
+
+# (class, device ordinal, defines) -> the file as loaded: a process compiles and loads each file
+# once per device and defines, however many instances (models, rows, packed models) use it.
+_FILES: dict[tuple, _SharedFile] = {}
+
+
 class KernelFile:
-    """A `.cu` file compiled with its defines and loaded, each declared kernel bound to its slot."""
+    """A `.cu` file compiled with its defines and loaded, each declared kernel bound to its slot.
+
+    The loaded module is the process's: every instance of the same class with the same defines
+    on the same device binds the one module (compiled, or read from the disk cache, and loaded
+    once), so a process that sets up many models of one shape loads their kernels once. An
+    instance's `close` lets go of it; the module stays loaded until the device is released."""
 
     stem: ClassVar[str]
     defines: ClassVar[Mapping[str, int | str]] = {}
@@ -227,15 +254,25 @@ class KernelFile:
         return compile_kernels_async(cls.source(), f"{cls.stem}.cu", arch + cls.arch_suffix, cls.specs().values(),
                                      {**cls.defines, **(defines or {})}, cls.options)
 
+    @classmethod
+    def shared_key(cls, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None) -> tuple:
+        """What names one loaded module in the process: the class, the device, the defines."""
+        merged = {**cls.defines, **(defines or {})}
+        return cls, device.ordinal, tuple(sorted(merged.items()))  # the names are unique: values never compared
+
     def __init__(self, device: cuda.DeviceInfo, defines: Mapping[str, int | str] | None = None):
-        """Loads the file's cubin from the cache; where it must be compiled, the compile starts
-        here and the module is loaded at the first launch of one of its kernels, so that the files
-        a rung sets up compile at once, while its setup goes on."""
+        """Binds the process's module of this file where it is loaded; else reads the cubin from
+        the cache, or starts its compile here and loads the module at the first launch of one of
+        its kernels, so that the files a rung sets up compile at once, while its setup goes on."""
         self.module: Module | None = None
         self._device = device
-        with phases.inside("kernels"):
-            self._cubin = self.cubin_async(device.arch, defines)
-        if self._cubin.done():
+        key = self.shared_key(device, defines)
+        shared = _FILES.get(key)
+        if shared is None or not shared.usable_for(device):
+            with phases.inside("kernels"):
+                shared = _FILES[key] = _SharedFile(device, self.cubin_async(device.arch, defines))
+        self._shared = shared
+        if shared.module is not None or shared.cubin.done():
             self._load()
         else:
             for attr in self.specs():
@@ -243,21 +280,25 @@ class KernelFile:
             cuda.before_capture(self._load)  # a stream capture must not be where a module loads
 
     def _load(self) -> None:
-        """Wait for the cubin, load the module, and bind each declared kernel to its slot (once)."""
+        """Wait for the cubin, load the module (once in the process), and bind each declared
+        kernel to its slot (once per instance)."""
         if self.module is not None:
             return
-        specs = self.specs()
-        with phases.inside("kernels"):
-            self.module = Module(f"{self.stem}.cu", self._cubin.result(), specs.values(), self._device)
+        shared, specs = self._shared, self.specs()
+        if shared.module is None:
+            with phases.inside("kernels"):
+                shared.module = Module(f"{self.stem}.cu", shared.cubin.result(), specs.values(), self._device)
+        self.module = shared.module
         for attr, spec in specs.items():
             setattr(self, attr, self.module[spec.name])  # the Kernel shadows its declaration
 
     def close(self) -> None:
-        """Unload the module. One still compiling was never launched: its compile finishes (and
-        is cached) on its thread, nothing was loaded to unload, and no later capture loads it."""
-        if self.module is not None:
-            self.module.close()
-        else:
+        """Let go of the file. Its module stays loaded, shared with every other instance of the
+        file (and the next one made), until the device is released with everything in its
+        context (graphtrain.libs.cuda.release_devices). One still compiling was never launched
+        by this instance: its compile finishes (and is cached) on its thread, and no later
+        capture loads it for this instance."""
+        if self.module is None:
             cuda.drop_before_capture(self._load)
 
 

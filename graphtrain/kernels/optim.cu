@@ -1,7 +1,9 @@
 // The optimizer step: one kernel over every parameter of the model (they lie in one span, as do
 // their gradients and the optimizer's state), the learning rate computed here from the step
 // counter, so a captured graph replays unchanged while the rate follows its schedule: no
-// re-capture, no parameter patched, no host read.
+// re-capture, no parameter patched, no host read. The optimizer's and the schedule's constants
+// (OptimizerConstants) are read from the device too, where the host writes them between runs: a
+// graph captured once trains whatever recipe was written last.
 //
 // state[0] = steps taken (t − 1 before this step), state[1] = blocks done with this step. Every
 // block reads state[0] first; the last block to finish (counted with an integer atomic: no float
@@ -23,6 +25,29 @@
 
 struct Schedule { int kind, total, warmup; float lr, pct, div, final_div; };
 
+// graphtrain.kernels.optim.CONSTANTS lays out the same fields in the same order. It hands here
+// the record's size (OC_BYTES), each field's place in it (OC_<FIELD>: its index) and which of them
+// are floats (OC_FLOAT_FIELDS, bit i for the field at index i), all checked when this compiles.
+struct OptimizerConstants {
+    int optimizer;
+    float momentum, beta1, beta2, eps, weight_decay;
+    int schedule, total, warmup;
+    float lr, pct, div, final_div;
+};
+template <class A, class B> struct oc_same { static constexpr bool value = false; };
+template <class A> struct oc_same<A, A> { static constexpr bool value = true; };
+constexpr OptimizerConstants oc_places{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // each field its index
+static_assert(sizeof(OptimizerConstants) == OC_BYTES, "OptimizerConstants: not the size of optim.py's CONSTANTS");
+#define OC_CHECK(field, place) \
+    static_assert((int)oc_places.field == place && ((OC_FLOAT_FIELDS >> place) & 1) == \
+                  (int)oc_same<decltype(OptimizerConstants::field), float>::value, \
+                  "OptimizerConstants." #field ": not where, or not of the type, optim.py's CONSTANTS has it");
+OC_CHECK(optimizer, OC_OPTIMIZER) OC_CHECK(momentum, OC_MOMENTUM) OC_CHECK(beta1, OC_BETA1)
+OC_CHECK(beta2, OC_BETA2) OC_CHECK(eps, OC_EPS) OC_CHECK(weight_decay, OC_WEIGHT_DECAY)
+OC_CHECK(schedule, OC_SCHEDULE) OC_CHECK(total, OC_TOTAL) OC_CHECK(warmup, OC_WARMUP) OC_CHECK(lr, OC_LR)
+OC_CHECK(pct, OC_PCT) OC_CHECK(div, OC_DIV) OC_CHECK(final_div, OC_FINAL_DIV)
+#undef OC_CHECK
+
 __device__ float cosine_anneal(float from, float to, float pct) {
     return to + (from - to) * 0.5f * (cospif(pct) + 1.0f);
 }
@@ -43,12 +68,13 @@ __device__ float schedule_lr(const Schedule& s, int k) {
 
 extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __restrict__ g,
                                           float* __restrict__ s1, float* __restrict__ s2, long long n,
-                                          int* state, float* lr_out, int optimizer, float momentum,
-                                          float beta1, float beta2, float eps, float wd,
-                                          int schedule, int total, int warmup, float peak, float pct,
-                                          float div, float final_div) {
+                                          int* state, float* lr_out,
+                                          const OptimizerConstants* __restrict__ constants) {
+    const OptimizerConstants c = *constants;
     const int t = state[0] + 1;
-    const Schedule sch{schedule, total, warmup, peak, pct, div, final_div};
+    const int optimizer = c.optimizer;
+    const float momentum = c.momentum, beta1 = c.beta1, beta2 = c.beta2, eps = c.eps, wd = c.weight_decay;
+    const Schedule sch{c.schedule, c.total, c.warmup, c.lr, c.pct, c.div, c.final_div};
     const float lr = schedule_lr(sch, t - 1);
     // Bias corrections in double: β^t for t in the thousands loses digits in float.
     const float c1 = (float)(1.0 - pow((double)beta1, (double)t));

@@ -57,10 +57,11 @@ class Trainer:
 
 @dataclass(frozen=True)
 class Pack:
-    """How the sweep trains a row's models together on one GPU (lr and seed differing)."""
+    """How the sweep trains a row's models of one kind together on one GPU (lr and seed
+    differing); a row's MLPs and its cnns each have their own (RowSpec.pack, RowSpec.pack_cnn)."""
 
     target: str  # "module:function", plans and data -> a record per plan
-    softmax_only: bool  # only models without hidden layers pack
+    softmax_only: bool = False  # of the MLPs, only those without hidden layers pack
     only: bool = False  # the row exists only as packs (not a row `run` or `ladder` trains)
     check: str | None = None  # "module:function" raising PeerUnavailable where it cannot run
 
@@ -77,7 +78,8 @@ class RowSpec:
     # `run --gpus`: the class per model kind, or why not.
     data_parallel_mlp: Trainer | Refused
     data_parallel_cnn: Trainer | Refused
-    pack: Pack | None = None  # how the sweep packs it; None: every model runs alone
+    pack: Pack | None = None  # how the sweep packs its MLPs; None: every model runs alone
+    pack_cnn: Pack | None = None  # how the sweep packs its cnns; None: every model runs alone
     speedrun_default: bool = False  # timed by `graphtrain speedrun` unless rows are named
 
     def trainer(self, model: str, data_parallel: bool = False) -> Trainer | Refused:
@@ -86,6 +88,13 @@ class RowSpec:
         if data_parallel:
             return {"mlp": self.data_parallel_mlp, "cnn": self.data_parallel_cnn}[model]
         return {"mlp": self.mlp, "cnn": self.cnn}[model]
+
+    def pack_for(self, config) -> Pack | None:
+        """How the sweep packs `config`'s model on this row, or None where it runs alone."""
+        pack = self.pack_cnn if config.model == "cnn" else self.pack
+        if pack is None or (pack.softmax_only and config.hidden):
+            return None
+        return pack
 
 
 # ---- the reasons, each said once -----------------------------------------------------------
@@ -139,7 +148,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             Trainer("graphtrain.stages.data_parallel:DataParallelGraphsStage", ("fp32", "tf32"),
                     "with --gpus, where SGD takes the all-reduced gradient sum at lr/N; train the recipe on one GPU"),
             Trainer("graphtrain.stages.data_parallel:DataParallelCnnGraphsStage", CNN_TRAINS, None),
-            speedrun_default=True),
+            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_graphs"), speedrun_default=True),
     RowSpec("fused", "stage", True, Trainer("graphtrain.stages.fused:FusedStage", ("fp32",), None), MLP_ONLY,
             FUSED_SGD, FUSED_SGD),
     RowSpec("bf16", "stage", True, Trainer("graphtrain.stages.bf16:Bf16Stage", ("bf16",), None), MLP_ONLY,
@@ -151,7 +160,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             # a step boundary exists, inside the epoch's WHILE node (graphtrain.stages.data_parallel)
             Refused("the cnn's epoch is one conditional WHILE node, and an all-reduce captured inside its body "
                     "is not supported here"),
-            speedrun_default=True),
+            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_device_loop"), speedrun_default=True),
     RowSpec("persistent", "stage", True,
             Trainer("graphtrain.stages.persistent:PersistentStage", ("bf16", "fp32"),
                     "its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "

@@ -1,7 +1,8 @@
-"""The convolutional model on the device: one arena, the cuDNN plans, and the training step and
-the evaluation recorded onto a stream. The cnn rungs compose it: `graphs` captures the step
-once and replays it per batch, `device-loop` captures the epoch (a WHILE node over the steps)
-and the evaluation into one graph.
+"""The convolutional model on the device: its layers (graphtrain.stages.cnn_layers), its arena,
+and the training step and the evaluation recorded onto a stream. The cnn rungs compose it:
+`graphs` captures the step once and replays it per batch, `device-loop` captures the epoch (a
+WHILE node over the steps) and the evaluation into one graph; a pack (graphtrain.stages.cnn_pack)
+trains many at once.
 
     model = CnnDevice(device, spec, recipe, train_images, train_labels, test_images, test_labels)
     model.load(params, orders)        # a run's initial weights and sample orders (uploads)
@@ -9,11 +10,26 @@ and the evaluation into one graph.
     model.record_step(stream)         # gather → forward → loss step → backward → optimizer
     model.record_eval(stream)         # the test set's forward passes and the correct count
     model.read_correct()              # the one read of a run
+    model.set_recipe(recipe)          # another learning rate, schedule or optimizer: no re-capture
+
+Set up once, trained many times. Construction does everything a run does not: the kernel files
+(shared by the process's models, graphtrain.kernels.KernelFile), the dataset on the device
+(shared by every model of the same arrays, graphtrain.stages.cnn_shared.resident_data), the
+stream and the library handles (the lane's, shared by its models: cnn_shared.Lane), the arena,
+cuDNN's plans and algorithm search. A run is `load` + `reset` + the step (or a graph of it). The
+recipe's constants (the optimizer's kind, momentum, betas, eps and weight decay; the schedule's
+kind, total steps, warm-up, peak rate, pct, div and final_div) live on the device
+(graphtrain.stages.device.DeviceOptimizer), so `set_recipe` puts another recipe on a model whose
+graphs are captured and their next launch trains it. What a capture holds cannot change: the
+batch, the epochs (the sample orders' room), the precision (the kernels and the products' math),
+so `set_recipe` refuses a recipe that differs in them (`recipe_refusal` says why); every model
+has room for the most demanding optimizer's state (two arrays the size of its parameters, which
+the cnn's are small), so any optimizer fits.
 
 One step, every launch on the model's stream (nothing allocated or chosen in it, so it captures
 as is). Branches forked to a side stream (the logits layer's gradients beside the backward pass
 below them, the last conv layer's weight gradient beside its input gradient) measured slower on an
-H100: a replayed step graph of 99.0 µs against 97.2 µs as one chain (scripts/probes/cnn_step_profile.py):
+H100 (scripts/probes/cnn_step_profile.py):
 
     gather          x, y = the batch's rows through the order, from the device cursor
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
@@ -27,15 +43,20 @@ H100: a replayed step graph of 99.0 µs against 97.2 µs as one chain (scripts/p
     conv i back     fused: the weight and bias gradients from the pooled gradient and the argmaxes,
                     and (past the first layer) the input gradient; cuDNN: the pooled gradient
                     routed to the argmaxes, the bias gradient, backward filter and backward data
-    optimizer       one kernel over every parameter, its rate from the device's step counter
+    optimizer       one kernel over every parameter, its rate from the device's step counter and
+                    its constants from the device
 
-Measured on an H100 (scripts/probes/cnn_step_profile.py), cuDNN's legacy convolutions for the speedrun's
-layers took 17–45 µs a pass whatever the layout, algorithm or math type its search picked; the
-fused kernels are the default where every layer fits them.
+cuDNN's legacy convolutions for the speedrun's layers measured slower than the fused kernels on
+an H100 whatever the layout, algorithm or math type its search picked
+(scripts/probes/cnn_step_profile.py): the fused kernels are the default where every layer fits them.
 
 Every batch is `batch` rows: the epoch's tail batch is the first rows of a full one, the rows
 past the epoch's end reading padding of the order and given zero gradient by the loss step, so
 one captured step serves every batch of the run and the result is exactly the tail batch's.
+
+The evaluation runs the test set in equal passes of at most `eval_rows` rows (MAX_EVAL_ROWS, the
+whole MNIST test set at once, unless a smaller one is asked for: a pack of many models), the last
+pass reading the resident test set's zero padding past its end, counted out.
 
 Data-parallel (`rank` of `ranks` GPUs, graphtrain.stages.data_parallel): `recipe.batch` is the
 combined batch C and this model holds C/ranks rows. The gather reads this rank's slice of the
@@ -48,43 +69,54 @@ then updates with the combined batch's mean gradient, and all hold the same para
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
-from graphtrain.kernels import ceil_div
-from graphtrain.kernels import convpool, convpool_tc
+from graphtrain.kernels import ceil_div, convpool, convpool_tc
+from graphtrain.kernels import head as head_kernel
 from graphtrain.kernels.cnn import Cnn
 from graphtrain.kernels.convpool import ConvPool
 from graphtrain.kernels.convpool_tc import ConvPoolTc
 from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.gather import Gather
-from graphtrain.kernels import head as head_kernel
 from graphtrain.kernels.head import Head
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.loop import Loop
-from graphtrain.kernels.optim import STATE_INTS, Optim
+from graphtrain.kernels.optim import MAX_SLOTS
 from graphtrain.libs import cublas, cuda, cudnn
-from graphtrain.libs.cublas import Cublas
-from graphtrain.libs.cudnn import ConvPlan, Cudnn
 from graphtrain.libs.memory import Arena
 from graphtrain.recipe import Recipe
 from graphtrain.reference_cnn import CnnSpec
+from graphtrain.stages.cnn_layers import (Batch, ConvShape, CudnnConv, FusedConv, FusedHead, Linear, Op,
+                                          ParameterSpan, SoftmaxHead)
+from graphtrain.stages.cnn_shared import MAX_EVAL_PASSES, Lane, lane_of, resident_data
+from graphtrain.stages.device import DeviceOptimizer
 
 STEPS_PER_BODY = 5  # steps in a WHILE body: 235 = 47 × 5, and few nodes to capture
-
-CUBLAS_WORKSPACE_BYTES = 32 << 20
-PARAM_ALIGN = 64  # floats: each parameter starts 256-byte aligned inside the packed span
 MAX_EVAL_ROWS = 10_000  # test rows per forward pass: the whole MNIST test set at once
 
+# What a captured graph holds of the recipe: another value needs another model.
+CAPTURED = ("batch", "epochs", "precision")
 
-def packed_layout(shapes) -> tuple[list[int], int]:
-    """Offsets (in floats) of each parameter inside one span, each PARAM_ALIGN-aligned; the span's size."""
-    offsets, end = [], 0
-    for shape in shapes:
-        offsets.append(end)
-        end += ceil_div(int(np.prod(shape)), PARAM_ALIGN) * PARAM_ALIGN
-    return offsets, end
+
+def eval_passes(num_test: int, max_rows: int) -> tuple[int, int]:
+    """(rows, passes): the test set's forward passes of at most `max_rows` rows, all of the same
+    size, the last reading rows − (num_test − (passes − 1)·rows) padding rows past its end."""
+    passes = max(1, ceil_div(num_test, max_rows))
+    if passes > MAX_EVAL_PASSES:
+        raise ValueError(f"{num_test} test rows in passes of at most {max_rows} is {passes} passes; "
+                         f"at most {MAX_EVAL_PASSES} fit the resident test set's padding")
+    return max(1, ceil_div(num_test, passes)), passes
+
+
+def capture_refusal(built: Recipe, recipe: Recipe) -> str | None:
+    """Why a model built for `built` (and its graphs captured) cannot train `recipe` by
+    `set_recipe`: what a capture holds differs (CAPTURED), or None."""
+    differ = [f"{name} {getattr(recipe, name)} (the model's is {getattr(built, name)})"
+              for name in CAPTURED if getattr(recipe, name) != getattr(built, name)]
+    return f"what the model's captures hold differs: {', '.join(differ)}" if differ else None
 
 
 class CnnDevice:
@@ -96,12 +128,16 @@ class CnnDevice:
     Otherwise (or False) cuDNN's convolutions and kernels/cnn.cu's pooling kernels. `nhwc`: then
     cuDNN's convolutions on NHWC tensors and KHWC filters (their tensor-core kernels need no
     transposes); the activations a layer hands to a cuDNN convolution are kept NHWC, the last
-    conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten)."""
+    conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten).
+    `fused_head`: the logits layer's training step in head.cu where it fits. `lane`: the stream
+    and handles the model runs on (default: the process's lane 0 on the device). `eval_rows`: the
+    most test rows a forward pass of the evaluation takes."""
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
                  nhwc: bool = True, fused_head: bool = True, device_loop: bool = False, rank: int = 0,
-                 ranks: int = 1, all_reduce: Callable[[cuda.Stream, int, int], None] | None = None):
+                 ranks: int = 1, all_reduce: Callable[[cuda.Stream, int, int], None] | None = None,
+                 lane: Lane | None = None, eval_rows: int = MAX_EVAL_ROWS):
         self.device, self.spec, self.recipe = device, spec, recipe
         if not 0 <= rank < ranks or recipe.batch % ranks:
             raise ValueError(f"rank {rank} of {ranks}: the combined batch {recipe.batch} must split evenly over them")
@@ -111,143 +147,131 @@ class CnnDevice:
         self.num_train, self.num_test = len(train_images), len(test_images)
         self.batch = b = recipe.batch // ranks  # this rank's rows of the combined batch
         self.features = spec.channels * spec.height * spec.width
-        self.eval_rows = e = min(self.num_test, MAX_EVAL_ROWS)
-        self.eval_chunks = ceil_div(self.num_test, e)
-        rows = max(b, e)
-        self.stream = cuda.Stream()  # every launch of the model, and the handles' stream
-        self.conv_shapes = spec.conv_shapes()
+        self.eval_rows, self.eval_chunks = eval_passes(self.num_test, eval_rows)
+        shapes = [ConvShape(i, shape, layer) for i, (shape, layer) in enumerate(zip(spec.conv_shapes(), spec.convs))]
         self.fused = fused and all(
-            convpool.fits(cin, h, w, co, layer.kernel, layer.stride, layer.padding, layer.pool, first=i == 0)
-            for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)))
+            convpool.fits(s.c, s.h, s.w, s.outs, s.layer.kernel, s.layer.stride, s.layer.padding, s.pool, s.first)
+            for s in shapes)
         # NHWC images for cuDNN's first layer only where one channel makes NCHW the same bytes.
         self.layout = "nhwc" if nhwc and not self.fused and spec.channels == 1 else "nchw"
-        nconv = len(spec.convs)
-        self.conv_nhwc = self.layout == "nhwc"  # every conv output c_i, and dc_i
-        self.act_nhwc = [self.conv_nhwc and i < nconv - 1 for i in range(nconv)]  # a_i, arg_i, da_i
-        self.cnn_cu = Cnn(device)
-        self.convpool = [self._fused_layer(device, i, layer) if self.fused else None
-                         for i, layer in enumerate(spec.convs)]
-        self.optim_cu, self.gather_cu = Optim(device), Gather(device)
         # A device loop's WHILE nodes (capture_steps, capture_run): only for the rungs that run one.
         self.loop_kind = ("while" if cuda.conditional_nodes() else "unrolled") if device_loop else None
-        self.loop_cu = Loop(device) if self.loop_kind == "while" else None
-        self.layers_cu, self.fused_cu = Layers(device), Fused(device, spec.classes, bf16=False)
-        # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
-        self.head = Head(device, spec.classes) if fused_head and head_kernel.fits(b, spec.classes) else None
-        self.dnn = Cudnn(self.stream)
 
-        # ---- the arena: data, parameters and their gradients and state, activations ----
-        arena = self.arena = Arena()
-        f = self.features
-        self.train_x = arena.reserve("train_images", (self.num_train, f))
-        self.train_y = arena.reserve("train_labels", (self.num_train,), np.int32)
-        self.test_x = arena.reserve("test_images", (self.eval_chunks * e, f))  # padded to whole chunks
-        self.test_y = arena.reserve("test_labels", (self.eval_chunks * e,), np.int32)
+        self.lane = lane or lane_of(device)
+        self.stream = self.lane.stream  # every launch of the model, and the handles' stream
+        self.arena = arena = Arena()
+        self.data = None
+        try:
+            self._kernel_files(device, spec, shapes, fused_head)
+            self._reserve(arena, spec, shapes)
+            arena.allocate()
+            # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the device
+            self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
+                                      self.stream).acquire()
+            self.optimizer.load(device)
+            if isinstance(self.head, FusedHead):
+                self.head.count.zero(self.stream)
+            self._choose_algorithms()
+            self.stream.synchronize()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ----------------------------------------------------------------------------------
+
+    def _kernel_files(self, device: cuda.DeviceInfo, spec: CnnSpec, shapes: list[ConvShape], fused_head: bool) -> None:
+        """The files the model launches (each compiling, where it must, while setup goes on)."""
+        self.cnn_cu, self.gather_cu, self.layers_cu = Cnn(device), Gather(device), Layers(device)
+        self.fused_cu = Fused(device, spec.classes, bf16=False)
+        self.loop_cu = Loop(device) if self.loop_kind == "while" else None
+        self.convpool = [self._fused_layer(device, s) if self.fused else None for s in shapes]
+        # The training step's logits layer, loss step and logits gradients in one kernel where it fits.
+        self.head_cu = Head(device, spec.classes) if fused_head and head_kernel.fits(self.batch, spec.classes) else None
+
+    def _fused_layer(self, device: cuda.DeviceInfo, s: ConvShape) -> ConvPool | ConvPoolTc:
+        """A conv layer's fused kernels: on the tensor cores (TF32) where the recipe's precision is
+        tf32 and the layer fits them, else fp32."""
+        layer = s.layer
+        if self.recipe.precision == "tf32" and convpool_tc.fits(s.c, s.h, s.w, s.outs, layer.kernel, layer.stride,
+                                                                 layer.padding, s.pool, s.first):
+            return ConvPoolTc(device, s.c, s.h, s.w, layer.kernel, s.pool, s.outs)
+        return ConvPool(device, s.c, layer.kernel, s.pool, s.outs)
+
+    def _reserve(self, arena: Arena, spec: CnnSpec, shapes: list[ConvShape]) -> None:
+        """The layers and every buffer of the model, in its arena (not yet allocated)."""
+        recipe, b, f = self.recipe, self.batch, self.features
+        rows = max(b, self.eval_rows)  # the activations serve the training batch and an evaluation pass
         # Every epoch's order back to back, then a batch of padding read by the tail batch's extra rows.
         self.order = arena.reserve("order", (recipe.epochs * self.num_train + b,), np.int32)
-        shapes = spec.param_shapes()
-        self.offsets, span = packed_layout(shapes)
-        self.shapes = shapes
-        self.params = arena.reserve("params", (span,))
-        self.grads = arena.reserve("grads", (span,))
-        slots = recipe.optimizer.slots
-        self.slot1 = arena.reserve("slot1", (span,)) if slots >= 1 else None
-        self.slot2 = arena.reserve("slot2", (span,)) if slots >= 2 else None
-        self.opt_state = arena.reserve("opt_state", (STATE_INTS,), np.int32)
-        self.iterations_left = arena.reserve("iterations_left", (1,), np.int32) if self.loop_cu else None
-        self.lr_used = arena.reserve("lr_used", (1,))
         self.cursor = arena.reserve("cursor", (1,), np.int32)
         self.correct = arena.reserve("correct", (1,), np.int32)
-        self.loss_sum = arena.reserve("loss_sum", (1,), np.float64)
-        self.row_loss = arena.reserve("row_loss", (b,), np.float64)  # head.cu's scratch
-        self.head_count = arena.reserve("head_count", (1,), np.int32)  # head.cu's count of blocks (left 0)
+        # Σ loss of the rows trained: slot 0, or one per epoch where a run records them apart (record_part).
+        self.loss_sum = arena.reserve("loss_sum", (recipe.epochs,), np.float64)
+        self.iterations_left = arena.reserve("iterations_left", (1,), np.int32) if self.loop_cu else None
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
-        self.c, self.a, self.arg, self.dc, self.da = [], [], [], [], []
-        for i, ((_, _, _, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            hp, wp = hc // layer.pool, wc // layer.pool
-            # The fused layers keep the conv output in registers: no c_i, no dc_i.
-            self.c.append(None if self.fused else arena.reserve(f"c{i}", (rows, co, hc, wc)))
-            self.a.append(arena.reserve(f"a{i}", (rows, co, hp, wp)))
-            self.arg.append(arena.reserve(f"arg{i}", (rows, co, hp, wp), np.uint8))
-            self.dc.append(None if self.fused else arena.reserve(f"dc{i}", (b, co, hc, wc)))
-            self.da.append(arena.reserve(f"da{i}", (b, co, hp, wp)))
-        # The fused weight gradients' per-chunk partial sums (taps and the bias), per layer.
-        self.partial = [arena.reserve(f"partial{i}", (co, cp.chunks(b), cp.taps + 1)) if cp else None
-                        for i, ((_, _, _, co, _, _), cp) in enumerate(zip(self.conv_shapes, self.convpool))]
-        dims = spec.dims
-        self.h = [arena.reserve(f"h{j}", (rows, d)) for j, d in enumerate(dims[1:], 1)]  # h[-1]: logits
-        self.dh = [arena.reserve(f"dh{j}", (b, d)) for j, d in enumerate(dims[1:], 1)]  # dh[-1]: dlogits
+        self.convs = [FusedConv(arena, s, self.convpool[s.index], b, rows) if self.fused else
+                      CudnnConv(arena, s, self.cnn_cu, self.lane.dnn(), recipe.precision, self.layout,
+                                self.layout == "nhwc" and s.index < len(shapes) - 1, b, self.eval_rows, rows)
+                      for s in shapes]
+        blas, dims = self.lane.blas(recipe.precision), spec.dims
+        self.linears = [Linear(arena, j, fan_in, fan_out, j < len(dims) - 2, blas, self.layers_cu, self.fused_cu, b,
+                               rows) for j, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:]))]
+        logits = self.linears[-1]
+        self.head = (FusedHead(arena, logits, self.head_cu, self.fused_cu, b) if self.head_cu is not None
+                     else SoftmaxHead(logits, self.cnn_cu, self.layers_cu))
+        layers = [*self.convs, *self.linears]
+        self.span = ParameterSpan(arena, [p for layer in layers for p in (layer.w, layer.b)])
+        self.params, self.grads = self.span.params, self.span.grads
+        # Room for the most demanding optimizer's state, so that set_recipe takes any optimizer.
+        self.optimizer = DeviceOptimizer.over_span(arena, self.params, self.grads, recipe.optimizer, recipe.schedule,
+                                                   slots=MAX_SLOTS)
+        cudnn_convs = [conv for conv in self.convs if isinstance(conv, CudnnConv)]
+        self.conv_workspace = arena.reserve("conv_workspace", (max([c.workspace_bytes for c in cudnn_convs] + [1]),),
+                                            np.uint8)
+        self.batch_state = Batch(self.x, self.y, self.cursor, self.loss_sum, b, recipe.batch, self.ranks,
+                                 self.num_train)
 
-        # ---- cuDNN: one plan per conv layer for the training batch, one for the evaluation ----
-        self.train_plans, self.eval_plans = [], []
-        for i, ((cin, h, w, co, _, _), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            if self.fused:
-                self.train_plans.append(None)
-                self.eval_plans.append(None)
-                continue
-            passes = ("forward", "backward_filter") + (("backward_data",) if i > 0 else ())
-            self.train_plans.append(ConvPlan(self.dnn, b, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
-                                             recipe.precision, passes, self.layout))
-            self.eval_plans.append(ConvPlan(self.dnn, e, cin, h, w, co, layer.kernel, layer.stride, layer.padding,
-                                            recipe.precision, ("forward",), self.layout))
-        self.conv_workspace_bytes = max([p.workspace_bytes for p in self.train_plans + self.eval_plans if p] + [0])
-        self.conv_workspace = arena.reserve("conv_workspace", (max(self.conv_workspace_bytes, 1),), np.uint8)
-        self.blas_workspace = arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
-        arena.allocate()
-        self.blas = Cublas(self.stream, self.blas_workspace.ptr, self.blas_workspace.nbytes, recipe.precision)
+    def _choose_algorithms(self) -> None:
+        """cuDNN's algorithms, timed on the real buffers (their contents are overwritten here)."""
+        for i, conv in enumerate(self.convs):
+            if isinstance(conv, CudnnConv):
+                train_src = self.convs[i - 1].a.ptr if i else self.x.ptr
+                eval_src = self.convs[i - 1].a.ptr if i else self.data.test_x.ptr
+                conv.choose(train_src, eval_src, self.conv_workspace)
 
-        # ---- the data, once ----
-        s = self.stream
-        self.train_x.upload(np.ascontiguousarray(train_images, np.float32), s)
-        self.train_y.upload(train_labels.astype(np.int32), s)
-        pad = self.test_x.shape[0] - self.num_test
-        self.test_x.upload(np.concatenate([test_images.astype(np.float32), np.zeros((pad, f), np.float32)]), s)
-        self.test_y.upload(np.concatenate([test_labels.astype(np.int32), np.zeros(pad, np.int32)]), s)
-        self.grads.zero(s)  # the padding between packed parameters is never written: its gradient stays 0
-        self.head_count.zero(s)
+    @property
+    def eval_row_bytes(self) -> int:
+        """Bytes of the activations per row of an evaluation pass (they are sized for
+        max(batch, eval_rows) rows): what a smaller pass saves a row."""
+        return sum(buf.nbytes // buf.shape[0] for layer in (*self.convs, *self.linears) for buf in layer.row_buffers)
 
-        # ---- algorithms, timed on the real buffers (their contents are overwritten here) ----
-        for i, (tp, ep) in enumerate(zip(self.train_plans, self.eval_plans)):
-            if tp is None:
-                continue
-            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
-            eval_src = self.test_x.ptr if i == 0 else self.a[i - 1].ptr
-            ws, wsb = self.conv_workspace.ptr, self.conv_workspace.nbytes
-            tp.choose(src, self.param(2 * i), self.c[i].ptr, ws, wsb)
-            ep.choose(eval_src, self.param(2 * i), self.c[i].ptr, ws, wsb)
-        self.stream.synchronize()
+    @property
+    def train_plans(self) -> list:
+        """Each conv layer's cuDNN plan for the training batch (None: a fused layer)."""
+        return [conv.train_plan if isinstance(conv, CudnnConv) else None for conv in self.convs]
 
-    def _fused_layer(self, device: cuda.DeviceInfo, i: int, layer) -> ConvPool | ConvPoolTc:
-        """Layer i's fused kernels: on the tensor cores (TF32) where the recipe's precision is
-        tf32 and the layer fits them, else fp32."""
-        cin, h, w, co, _, _ = self.conv_shapes[i]
-        if self.recipe.precision == "tf32" and convpool_tc.fits(cin, h, w, co, layer.kernel, layer.stride,
-                                                                 layer.padding, layer.pool, first=i == 0):
-            return ConvPoolTc(device, cin, h, w, layer.kernel, layer.pool, co)
-        return ConvPool(device, cin, layer.kernel, layer.pool, co)
+    # ---- the recipe -------------------------------------------------------------------------------
+
+    def recipe_refusal(self, recipe: Recipe) -> str | None:
+        """Why this model cannot train `recipe` by `set_recipe`, or None."""
+        return capture_refusal(self.recipe, recipe) or self.optimizer.refusal(recipe.optimizer)
+
+    def set_recipe(self, recipe: Recipe) -> None:
+        """Train `recipe` from the next run on, in the graphs already captured too: its learning
+        rate, schedule and optimizer constants written on the device. Between runs (no graph of
+        the model running). ValueError where the recipe differs in what a capture holds."""
+        why = self.recipe_refusal(recipe)
+        if why is not None:
+            raise ValueError(why)
+        self.optimizer.set_recipe(recipe.optimizer, recipe.schedule)
+        self.recipe = recipe
 
     # ---- per run --------------------------------------------------------------------------------
 
-    def param(self, index: int) -> int:
-        return self.params.at(self.offsets[index])
-
-    def grad(self, index: int) -> int:
-        return self.grads.at(self.offsets[index])
-
-    def _khwc(self, index: int) -> bool:
-        """Whether parameter `index` is a conv filter cuDNN reads as KHWC."""
-        return index < 2 * len(self.spec.convs) and index % 2 == 0 and self.conv_nhwc and \
-            self.train_plans[index // 2] is not None
-
     def pack(self, params: list[np.ndarray]) -> np.ndarray:
         """The parameters (PyTorch's shapes: filters KCHW) as the device's span."""
-        span = np.zeros(self.params.shape, np.float32)
-        for i, (offset, p, shape) in enumerate(zip(self.offsets, params, self.shapes)):
-            if p.shape != shape:
-                raise ValueError(f"parameter of shape {p.shape} where the model has {shape}")
-            span[offset:offset + p.size] = (p.transpose(0, 2, 3, 1) if self._khwc(i) else p).ravel()
-        return span
+        return self.span.pack(params)
 
     def load(self, params: list[np.ndarray], orders: np.ndarray) -> None:
         """A run's initial parameters and its epochs' sample orders (two uploads)."""
@@ -257,23 +281,17 @@ class CnnDevice:
         self.order.upload(order, self.stream)
 
     def reset(self, stream: cuda.Stream) -> None:
-        """Queue zeroing the cursor, the optimizer's step counter and state, the loss sum and the
-        correct count: the start of a run (capturable)."""
-        for buf in (self.cursor, self.opt_state, self.slot1, self.slot2, self.loss_sum, self.correct):
-            if buf is not None:
-                buf.zero(stream)
+        """Queue zeroing the cursor, the optimizer's step counter and state, the gradients (the
+        padding between them is never written after: it stays 0), the loss sum and the correct
+        count: the start of a run (capturable)."""
+        self.cursor.zero(stream)
+        self.optimizer.reset(stream)
+        self.loss_sum.zero(stream)
+        self.correct.zero(stream)
 
     def weights(self) -> list[np.ndarray]:
         """The parameters in PyTorch's shapes (filters KCHW), float32."""
-        span, out = self.params.download(self.stream), []
-        for i, (o, shape) in enumerate(zip(self.offsets, self.shapes)):
-            flat = span[o:o + int(np.prod(shape))]
-            if self._khwc(i):
-                k, c, h, w = shape
-                out.append(flat.reshape(k, h, w, c).transpose(0, 3, 1, 2).copy())
-            else:
-                out.append(flat.reshape(shape).copy())
-        return out
+        return self.span.unpack(self.params.download(self.stream))
 
     def read_correct(self) -> int:
         return int(self.correct.download(self.stream)[0])
@@ -281,183 +299,130 @@ class CnnDevice:
     def read_loss_sum(self) -> float:
         return float(self.loss_sum.download(self.stream)[0])
 
+    def read_loss_sums(self) -> np.ndarray:
+        """Each epoch's Σ loss, where a run recorded them apart (record_part's `epoch`)."""
+        return self.loss_sum.download(self.stream)
+
     # ---- the step ---------------------------------------------------------------------------------
 
     def _check_stream(self, stream: cuda.Stream) -> None:
         if stream is not self.stream:
-            raise ValueError("the cnn records on its own stream (cuDNN and cuBLAS are bound to it)")
+            raise ValueError("the cnn records on its lane's stream (cuDNN and cuBLAS are bound to it)")
 
-    def forward_ops(self, stream, x: int, rows: int, plans,
-                    logits: bool = True) -> list[tuple[str, Callable[[], None]]]:
-        """Conv layers, then the head: logits of `rows` samples from x into h[-1] (`logits`
-        False: up to the logits layer's input)."""
-        spec, cnn, ops = self.spec, self.cnn_cu, []
-        src = x
-        for i, ((cin, h, w, co, hc, wc), layer) in enumerate(zip(self.conv_shapes, spec.convs)):
-            if self.fused:
-                ops.append((f"conv{i}+bias+pool+relu", partial(self.convpool[i].forward, stream, src,
-                                                                 self.param(2 * i), self.param(2 * i + 1),
-                                                                 self.a[i].ptr, self.arg[i].ptr, rows, co, h, w)))
-                src = self.a[i].ptr
-                continue
-            ops.append((f"conv{i} forward", partial(plans[i].forward, src, self.param(2 * i), self.c[i].ptr)))
-            ops.append((f"conv{i} bias+pool+relu", partial(cnn.pool_bias_relu, stream, self.c[i].ptr,
-                                                             self.param(2 * i + 1), self.a[i].ptr, self.arg[i].ptr,
-                                                             rows, co, hc, wc, layer.pool, self.conv_nhwc,
-                                                             self.act_nhwc[i])))
-            src = self.a[i].ptr
-        dims, base = spec.dims, 2 * len(spec.convs)
-        for j in range(len(dims) - 1 if logits else len(dims) - 2):
-            fan_in, fan_out = dims[j], dims[j + 1]
-            out = self.h[j].ptr
-            ops.append((f"linear{j} product", partial(self.blas.gemm, False, True, rows, fan_out, fan_in, 1.0, src,
-                                                      fan_in, self.param(base + 2 * j), fan_in, 0.0, out, fan_out)))
-            ops.append((f"linear{j} bias{'+relu' if j < len(dims) - 2 else ''}",
-                        partial(self.layers_cu.bias_relu, stream, out, self.param(base + 2 * j + 1), rows, fan_out,
-                                j < len(dims) - 2)))
-            src = out
+    def forward_ops(self, stream: cuda.Stream, x: int, rows: int, training: bool = False) -> list[Op]:
+        """Conv layers, then the linear layers: the logits of `rows` samples from x into the
+        logits layer's h (`training`: the training batch's plans, up to the logits layer's input)."""
+        ops, src = [], x
+        for conv in self.convs:
+            ops += conv.forward_ops(stream, src, rows, training)
+            src = conv.a.ptr
+        for linear in self.linears[:-1] if training else self.linears:
+            ops += linear.forward_ops(stream, src, rows)
+            src = linear.h.ptr
         return ops
 
-    def step_ops(self, stream: cuda.Stream) -> list[tuple[str, Callable[[], None]]]:
-        """The launches of one training step, named, in order (record_step runs them; a profile
-        times them one by one)."""
-        spec, b, cnn, recipe = self.spec, self.batch, self.cnn_cu, self.recipe
+    def _gather_op(self, stream: cuda.Stream) -> Op:
+        data, b = self.data, self.batch
         if self.ranks == 1:
-            ops = [("gather", partial(self.gather_cu.gather_batch_at, stream, self.train_x.ptr, self.train_y.ptr,
-                                      self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))]
-        else:
-            ops = [("gather", partial(self.gather_cu.gather_slice_at, stream, self.train_x.ptr, self.train_y.ptr,
-                                      self.order.ptr, self.cursor.ptr, self.features, recipe.batch, self.num_train,
-                                      self.rank, self.ranks, self.x.ptr, self.y.ptr))]
-        ops += self.forward_ops(stream, self.x.ptr, b, self.train_plans, logits=self.head is None)
-        dims, base, nconv = spec.dims, 2 * len(spec.convs), len(spec.convs)
-        # Head backward: layer j maps inputs (h[j-1], or the flattened last conv activation) to h[j].
-        last = len(dims) - 2
-        if self.head is not None:
-            inp = self.h[last - 1].ptr if last > 0 else self.a[-1].ptr
-            ops.append((f"linear{last}+loss step", partial(
-                self.head.logits_loss, stream, inp, self.param(base + 2 * last), self.param(base + 2 * last + 1),
-                self.y.ptr, self.dh[last].ptr, self.row_loss.ptr, self.head_count.ptr, self.cursor.ptr, recipe.batch,
-                dims[last], self.num_train, self.loss_sum.ptr, self.ranks)))
-            ops.append((f"linear{last} weight+bias grad", partial(
-                self.head.grads, stream, inp, self.dh[last].ptr, self.grad(base + 2 * last),
-                self.grad(base + 2 * last + 1), b, dims[last])))
-        else:
-            ops.append(("loss step", partial(cnn.softmax_xent_step, stream, self.h[-1].ptr, self.y.ptr,
-                                             self.dh[-1].ptr, self.cursor.ptr, recipe.batch, self.num_train,
-                                             spec.classes, self.loss_sum.ptr, self.ranks)))
-            ops.append((f"linear{last} bias grad", partial(self.layers_cu.bias_grad, stream, self.dh[last].ptr,
-                                                           self.grad(base + 2 * last + 1), b, dims[-1])))
-        for j in range(last, -1, -1):
-            fan_in, fan_out = dims[j], dims[j + 1]
-            inp = self.h[j - 1].ptr if j > 0 else self.a[-1].ptr
-            dy = self.dh[j].ptr
-            if self.head is not None and j == last:
-                if j > 0:  # dh[j-1] = dlogits·W masked by h[j-1] > 0, with layer j-1's bias gradient
-                    ops.append((f"linear{j} input grad+relu+bias grad", partial(
-                        self.fused_cu.head_backward, stream, dy, self.param(base + 2 * j), self.h[j - 1].ptr,
-                        self.dh[j - 1].ptr, self.grad(base + 2 * (j - 1) + 1), fan_in, b)))
-                    continue
-            else:
-                ops.append((f"linear{j} weight grad", partial(self.blas.gemm, True, False, fan_out, fan_in, b, 1.0,
-                                                              dy, fan_out, inp, fan_in, 0.0, self.grad(base + 2 * j),
-                                                              fan_in)))
-            dx = self.dh[j - 1].ptr if j > 0 else self.da[-1].ptr
-            ops.append((f"linear{j} input grad", partial(self.blas.gemm, False, False, b, fan_in, fan_out, 1.0, dy,
-                                                         fan_out, self.param(base + 2 * j), fan_in, 0.0, dx, fan_in)))
-            if j > 0:  # through the ReLU of h[j-1], with its layer's bias gradient
-                ops.append((f"linear{j - 1} relu+bias grad", partial(
-                    self.fused_cu.relu_bias_grad, stream, self.h[j - 1].ptr, dx, self.grad(base + 2 * (j - 1) + 1),
-                    fan_in, b)))
-        # Conv layers backward: da[i] is the gradient of a[i] (the pooled, ReLU'd output).
-        for i in range(nconv - 1, -1, -1):
-            (_, h, w, co, hc, wc), layer = self.conv_shapes[i], spec.convs[i]
-            if self.fused:
-                src = self.x.ptr if i == 0 else self.a[i - 1].ptr
-                ops.append((f"conv{i} weight+bias grad", partial(
-                    self.convpool[i].weight_grad, stream, src, self.da[i].ptr, self.arg[i].ptr,
-                    self.partial[i].ptr, self.grad(2 * i), self.grad(2 * i + 1), b, co, h, w)))
-                if i > 0:
-                    ops.append((f"conv{i} input grad", partial(
-                        self.convpool[i].backward_data, stream, self.da[i].ptr, self.arg[i].ptr, self.param(2 * i),
-                        self.da[i - 1].ptr, b, co, h, w)))
-                continue
-            ops.append((f"conv{i} pool+relu backward", partial(cnn.pool_relu_backward, stream, self.da[i].ptr,
-                                                               self.arg[i].ptr, self.dc[i].ptr, b, co, hc, wc,
-                                                               layer.pool, self.conv_nhwc, self.act_nhwc[i])))
-            ops.append((f"conv{i} bias grad", partial(cnn.channel_bias_grad, stream, self.da[i].ptr, self.arg[i].ptr,
-                                                      self.grad(2 * i + 1), b, co,
-                                                      (hc // layer.pool) * (wc // layer.pool), self.act_nhwc[i])))
-            src = self.x.ptr if i == 0 else self.a[i - 1].ptr
-            ops.append((f"conv{i} backward filter", partial(self.train_plans[i].backward_filter, src,
-                                                            self.dc[i].ptr, self.grad(2 * i))))
-            if i > 0:
-                ops.append((f"conv{i} backward data", partial(self.train_plans[i].backward_data, self.param(2 * i),
-                                                              self.dc[i].ptr, self.da[i - 1].ptr)))
+            return ("gather", partial(self.gather_cu.gather_batch_at, stream, data.train_x.ptr, data.train_y.ptr,
+                                      self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))
+        return ("gather", partial(self.gather_cu.gather_slice_at, stream, data.train_x.ptr, data.train_y.ptr,
+                                  self.order.ptr, self.cursor.ptr, self.features, self.recipe.batch, self.num_train,
+                                  self.rank, self.ranks, self.x.ptr, self.y.ptr))
+
+    def step_ops(self, stream: cuda.Stream, epoch: int = 0) -> list[Op]:
+        """The launches of one training step, named, in order (record_step runs them; a profile
+        times them one by one); its loss added into loss_sum[epoch]."""
+        convs, hidden = self.convs, self.linears[:-1]
+        batch = replace(self.batch_state, loss_slot=epoch)
+        ops = [self._gather_op(stream), *self.forward_ops(stream, self.x.ptr, self.batch, training=True)]
+
+        def below_of(j: int) -> tuple[int, int, Linear | None]:
+            """Linear layer j's input, its gradient's buffer, and the layer below if linear."""
+            below = hidden[j - 1] if j > 0 else None
+            return (below.h.ptr, below.dh.ptr, below) if below else (convs[-1].a.ptr, convs[-1].da.ptr, None)
+
+        ops += self.head.train_ops(stream, *below_of(len(hidden)), batch)
+        for j in range(len(hidden) - 1, -1, -1):
+            ops += hidden[j].backward_ops(stream, *below_of(j))
+        for i in range(len(convs) - 1, -1, -1):  # da of conv i: the gradient of its pooled, ReLU'd output
+            below = convs[i - 1] if i > 0 else None
+            ops += convs[i].backward_ops(stream, below.a.ptr if below else self.x.ptr, below.da.ptr if below else None)
         if self.all_reduce is not None:  # Σ over the ranks of the whole span (its padding stays 0)
             ops.append(("all-reduce", partial(self.all_reduce, stream, self.grads.ptr, self.grads.size)))
-        ops.append(("optimizer", partial(self.optim_cu.step, stream, self.params.ptr, self.grads.ptr,
-                                         self.slot1.ptr if self.slot1 else 0, self.slot2.ptr if self.slot2 else 0,
-                                         self.params.size, self.opt_state.ptr, self.lr_used.ptr, recipe.optimizer,
-                                         recipe.schedule)))
+        ops.append(("optimizer", partial(self.optimizer.step, stream)))
         return ops
 
-    def record_step(self, stream: cuda.Stream) -> None:
-        """One training step on the batch at the cursor."""
+    def record_step(self, stream: cuda.Stream, epoch: int = 0) -> None:
+        """One training step on the batch at the cursor (its loss into loss_sum[epoch])."""
         self._check_stream(stream)
-        for _, op in self.step_ops(stream):
+        for _, op in self.step_ops(stream, epoch):
             op()
 
     def record_eval(self, stream: cuda.Stream) -> None:
         """correct += the test samples classified right; forward passes of eval_rows rows."""
         self._check_stream(stream)
         self.correct.zero(stream)
-        e = self.eval_rows
+        e, data, logits = self.eval_rows, self.data, self.linears[-1].h
         for chunk in range(self.eval_chunks):
-            for _, op in self.forward_ops(stream, self.test_x.at(chunk * e, 0), e, self.eval_plans):
+            for _, op in self.forward_ops(stream, data.test_x.at(chunk * e, 0), e):
                 op()
             rows = min(e, self.num_test - chunk * e)
-            self.cnn_cu.count_correct(stream, self.h[-1].ptr, self.test_y.at(chunk * e), rows, self.spec.classes,
+            self.cnn_cu.count_correct(stream, logits.ptr, data.test_y.at(chunk * e), rows, self.spec.classes,
                                       self.correct.ptr)
 
     # ---- whole runs as graphs -------------------------------------------------------------------
 
-    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int) -> None:
+    def _record_steps(self, outer: cuda.Stream, steps: int, per_body: int, epoch: int) -> None:
         """Inside a capture of `outer`: `steps` training steps, a WHILE node whose body is
         `per_body` steps run ⌊steps / per_body⌋ times (kernels/loop.cu counts them), then the
-        rest unrolled on the model's stream, joined into the capture. Without conditional nodes
-        every step is unrolled (`loop_kind` says so). Ends with the model's stream joined back
-        into `outer`."""
+        rest unrolled on the model's stream, joined into the capture; their losses into
+        loss_sum[epoch]. Without conditional nodes every step is unrolled (`loop_kind` says so).
+        Ends on the model's stream."""
         if self.loop_kind is None:
             raise RuntimeError("a device loop needs the model built with device_loop=True")
         iterations = steps // per_body if self.loop_cu else 0
         if iterations:
             def body(stream: cuda.Stream) -> None:
                 for _ in range(per_body):
-                    self.record_step(stream)
+                    self.record_step(stream, epoch)
 
             self.loop_cu.record_while(outer, self.stream, self.iterations_left.ptr, iterations, body)
         cuda.stream_wait(self.stream, outer)  # joins the model's stream into the capture
         for _ in range(steps - iterations * per_body):
-            self.record_step(self.stream)
+            self.record_step(self.stream, epoch)
+
+    def record_part(self, outer: cuda.Stream, steps: int, per_body: int = STEPS_PER_BODY, epoch: int = 0,
+                    reset: bool = False, evaluate: bool = False) -> None:
+        """Inside a capture of `outer` (or of a stream `outer` is joined into): the start of a
+        run first where `reset`, then `steps` training steps from wherever the cursor and the
+        step counter stand (a WHILE node over bodies of `per_body`, see _record_steps), their
+        losses into loss_sum[epoch], then the evaluation where `evaluate`; ends on `outer`.
+        The model's launches stay on its own stream (the one cuDNN and cuBLAS are bound to),
+        joined into the capture and back."""
+        if reset:
+            self.reset(outer)
+        self._record_steps(outer, steps, per_body, epoch)
+        if evaluate:
+            self.record_eval(self.stream)
+        cuda.stream_wait(outer, self.stream)
 
     def capture_steps(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
-        """One graph of `steps` training steps from wherever the cursor and step counter stand
-        (see _record_steps), captured from `outer` and launched there."""
+        """One graph of `steps` training steps (`record_part`), captured from `outer` and
+        launched there."""
         with cuda.Graph.capture(outer) as graph:
-            self._record_steps(outer, steps, per_body)
-            cuda.stream_wait(outer, self.stream)
+            self.record_part(outer, steps, per_body)
         return graph
 
+    def record_run(self, outer: cuda.Stream, steps: int, per_body: int = STEPS_PER_BODY) -> None:
+        """Inside a capture of `outer`: a whole run, reset, the steps (a WHILE node over bodies
+        of `per_body`), then the evaluation (`record_part`)."""
+        self.record_part(outer, steps, per_body, reset=True, evaluate=True)
+
     def capture_run(self, steps: int, outer: cuda.Stream, per_body: int = STEPS_PER_BODY) -> cuda.Graph:
-        """One graph for a whole run: reset, the steps (a WHILE node over bodies of `per_body`),
-        then the evaluation. Captured from `outer`; the model's launches stay on its own stream
-        (the one cuDNN and cuBLAS are bound to), joined into the capture."""
+        """One graph for a whole run (`record_run`), captured from `outer` and launched there."""
         with cuda.Graph.capture(outer) as graph:
-            self.reset(outer)
-            self._record_steps(outer, steps, per_body)
-            self.record_eval(self.stream)
-            cuda.stream_wait(outer, self.stream)  # and back: the capture ends on `outer`
+            self.record_run(outer, steps, per_body)
         return graph
 
     def precision_note(self) -> str:
@@ -469,7 +434,7 @@ class CnnDevice:
                      ", ".join(f"conv{i} {note}" for i, note in enumerate(notes)))
         else:
             convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
-        if self.head is None:
+        if self.head.note is None:
             return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
         return (f"{convs}, linear layers {products} (cuBLAS) but the logits layer's training step {self.head.note}, "
                 f"fp32 elsewhere")
@@ -484,13 +449,15 @@ class CnnDevice:
                 "cudnn_algorithms": algos, **loop}
 
     def close(self) -> None:
-        for name in ("blas", "dnn", "arena", "cnn_cu", "optim_cu", "gather_cu", "layers_cu", "fused_cu", "head",
-                     "loop_cu"):
+        """Free the model's arena and let go of what it shares (the dataset stays resident, the
+        kernel files loaded and the lane open for the process's next model)."""
+        for name in ("optimizer", "arena", "cnn_cu", "gather_cu", "layers_cu", "fused_cu", "head_cu", "loop_cu"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
         for cp in getattr(self, "convpool", []):
             if cp is not None:
                 cp.close()
-        if getattr(self, "stream", None) is not None:
-            self.stream.close()
+        if getattr(self, "data", None) is not None:
+            data, self.data = self.data, None
+            data.release()

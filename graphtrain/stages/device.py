@@ -29,7 +29,7 @@ from graphtrain.data import Dataset
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.matmul import Matmul
 from graphtrain.kernels.metrics import Metrics
-from graphtrain.kernels.optim import STATE_INTS, Optim
+from graphtrain.kernels.optim import CONSTANTS, MAX_SLOTS, STATE_INTS, Optim, constants_of
 from graphtrain.libs import cuda
 from graphtrain.libs.memory import Arena, Buffer
 from graphtrain.plan import RunPlan
@@ -123,29 +123,77 @@ class DeviceOptimizer:
     """The recipe's update of all the parameters at once, as the cnn's (graphtrain.stages.cnn_device):
     one optimizer_step over the packed span of `params` (every W, then every b) from the gradients'
     span laid out alike (`grads`, every dW then every db, in the same order and shapes), with
-    `slots` state spans beside them. The step counter lives on the device and the kernel reads
-    its rate from it, so a captured step replays the schedule; the update is elementwise, the
-    same bits every run."""
+    `slots` state spans beside them (default: what the optimizer needs). The step counter lives on
+    the device and the kernel reads its rate from it, so a captured step replays the schedule; the
+    update is elementwise, the same bits every run.
+
+    The optimizer's and the schedule's constants live on the device too (optim.py's CONSTANTS),
+    written by `load` and again by `set_recipe`: a step captured once trains the recipe written
+    last, with no re-capture. `over_span` builds one for parameters that already lie in one
+    buffer (the cnn's)."""
 
     def __init__(self, arena: Arena, params: Parameters, grads: Sequence[Buffer], optimizer: Optimizer,
-                 schedule: Schedule):
-        self.optimizer, self.schedule = optimizer, schedule
+                 schedule: Schedule, slots: int | None = None):
         weights = [*params.w, *(b for b in params.b if b is not None)]
-        self.params_span, self.grads_span = weights[0], grads[0]
-        self.count = (weights[-1].offset + weights[-1].nbytes - weights[0].offset) // 4
+        count = (weights[-1].offset + weights[-1].nbytes - weights[0].offset) // 4
         for param, grad in zip(weights, grads, strict=True):  # one index serves both spans
             if (param.shape != grad.shape
                     or param.offset - weights[0].offset != grad.offset - grads[0].offset):
                 raise RuntimeError(f"the gradient {grad.name} does not lie where {param.name} does in its span")
-        self.slot1 = arena.reserve("opt_slot1", (self.count,)) if optimizer.slots >= 1 else None
-        self.slot2 = arena.reserve("opt_slot2", (self.count,)) if optimizer.slots >= 2 else None
+        self._plan(arena, weights[0], grads[0], count, optimizer, schedule, slots)
+
+    @classmethod
+    def over_span(cls, arena: Arena, params: Buffer, grads: Buffer, optimizer: Optimizer, schedule: Schedule,
+                  slots: int | None = None) -> DeviceOptimizer:
+        """The update of the fp32 parameters in `params` from the gradients in `grads`, one
+        buffer each of the same shape (their padding, if any, zero in both)."""
+        if params.shape != grads.shape or params.dtype != np.float32 or grads.dtype != np.float32:
+            raise RuntimeError(f"the gradients {grads.name} {grads.shape} are not laid out as the parameters "
+                               f"{params.name} {params.shape} (fp32 both)")
+        made = cls.__new__(cls)
+        made._plan(arena, params, grads, params.size, optimizer, schedule, slots)
+        return made
+
+    def _plan(self, arena: Arena, params_span: Buffer, grads_span: Buffer, count: int, optimizer: Optimizer,
+              schedule: Schedule, slots: int | None) -> None:
+        self.optimizer, self.schedule = optimizer, schedule
+        self.params_span, self.grads_span, self.count = params_span, grads_span, count
+        self.slots = optimizer.slots if slots is None else slots
+        if not optimizer.slots <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"{self.slots} optimizer state slots: {optimizer.kind} needs {optimizer.slots}, "
+                             f"and none needs more than {MAX_SLOTS}")
+        self.slot1 = arena.reserve("opt_slot1", (count,)) if self.slots >= 1 else None
+        self.slot2 = arena.reserve("opt_slot2", (count,)) if self.slots >= 2 else None
         self.state = arena.reserve("opt_state", (STATE_INTS,), np.int32)  # [steps taken, blocks done]
         self.lr_used = arena.reserve("opt_lr", (1,))  # the rate of the last step
+        self.constants = arena.reserve("opt_constants", (1,), CONSTANTS)  # what optimizer_step reads
         self.optim_cu: Optim | None = None
+        self.uploads: cuda.Stream | None = None
 
     def load(self, device: cuda.DeviceInfo) -> None:
-        """Compile (or read from the cache) and load optim.cu."""
+        """Compile (or read from the cache) and load optim.cu; write the constants (the arena
+        is allocated)."""
         self.optim_cu = Optim(device)
+        self.uploads = cuda.Stream()  # set_recipe's writes, each waited for
+        self.set_recipe(self.optimizer, self.schedule)
+
+    def refusal(self, optimizer: Optimizer) -> str | None:
+        """Why `set_recipe` cannot take `optimizer`, or None."""
+        if optimizer.slots > self.slots:
+            return (f"the optimizer {optimizer.kind} keeps {optimizer.slots} state arrays a parameter, and "
+                    f"{self.slots} were allocated")
+        return None
+
+    def set_recipe(self, optimizer: Optimizer, schedule: Schedule) -> None:
+        """Write `optimizer`'s and `schedule`'s constants where optimizer_step reads them (waits
+        for the copy): every later step, a graph captured before included, trains with them.
+        Between runs only: no step may be running. ValueError where the optimizer needs more
+        state slots than were allocated."""
+        why = self.refusal(optimizer)
+        if why is not None:
+            raise ValueError(why)
+        self.constants.upload(constants_of(optimizer, schedule), self.uploads)
+        self.optimizer, self.schedule = optimizer, schedule
 
     def reset(self, stream: cuda.Stream) -> None:
         """Queue the start of a run: no steps taken, zero state, and the gradients' span zeroed,
@@ -159,11 +207,12 @@ class DeviceOptimizer:
         """Queue one update of every parameter from its gradient (capturable)."""
         self.optim_cu.step(stream, self.params_span.ptr, self.grads_span.ptr, self.slot1.ptr if self.slot1 else 0,
                            self.slot2.ptr if self.slot2 else 0, self.count, self.state.ptr, self.lr_used.ptr,
-                           self.optimizer, self.schedule)
+                           self.constants.ptr)
 
     def close(self) -> None:
-        if self.optim_cu is not None:
-            self.optim_cu.close()
+        for obj in (self.optim_cu, self.uploads):
+            if obj is not None:
+                obj.close()
 
 
 def forward(gemm: Gemm, layers_cu: Layers, stream: cuda.Stream, dims: Sequence[int], params: Parameters,

@@ -1,0 +1,288 @@
+"""Many cnns of one shape trained together on one GPU: the sweep's packs of the cnn on `graphs`
+and `device-loop`, every model's weights bit-identical to its run alone.
+
+Each model is a CnnDevice of its own, built with its plan's recipe: its parameters, gradients,
+optimizer state, activations and sample orders in an arena of its own. They share what a process
+sets up once (graphtrain.stages.cnn_shared): the dataset on the device (one upload for the whole
+pack, and for the process's next pack of the same data), the kernel modules, and per lane a
+stream with its cuBLAS handle and workspace; model m runs on lane m mod `lanes`. A model's run
+is its epochs captured as graphs (`CnnDevice.record_part`): the reset, each epoch's steps in a
+WHILE node with their loss summed apart, the evaluation after the last. These are the launches of
+its run alone, reading and writing its own buffers only (no sum across models), so each model
+trains the bits it trains alone (same seed, learning rate and sample order).
+
+Two ways to put the runs on the GPU (`mode`; scripts/probes/cnn_pack_modes.py times both):
+
+    streams  one graph per model and epoch, captured from its lane's stream; each lane launches
+             its models' graphs one after another, the lanes side by side (launched in turn)
+    graph    one graph per epoch and group of `lanes` models (the j-th model of every lane), each
+             model a branch of it; the groups' graphs launched one after another
+
+"streams" is the default until the probe's measurements say which wins on an H100 (issue's
+table in results/ when run); DEFAULT_LANES likewise.
+
+Timing, with CUDA events: streams, an event on the lane after each of its models' epochs (a
+model's epoch time is its lane's time on it, as graphtrain.packed times its lanes); graph, an
+event after each group's epoch graph (each model's epoch time is its group's). The pack's
+training time runs from an event before the first launch to the last event: first step to last
+accuracy on the device; the correct counts are read after.
+
+Memory: a model's evaluation passes take up to MAX_EVAL_ROWS test rows (its activations sized
+for them); where that many models do not fit PACK_MEMORY_FRACTION of the GPU, the pack evaluates
+in smaller passes, the same for every model (its records say so): each row's logits come from
+the same kernels, but cuBLAS may sum the products in another order for another row count, so an
+accuracy may then differ from the run alone's by a sample on a near tie.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
+
+from graphtrain import environment
+from graphtrain.errors import ModelUnsupported
+from graphtrain.plan import RunPlan
+from graphtrain.record import EpochRecord, RunRecord, data_summary
+from graphtrain.reference import Layer
+
+MODES = ("streams", "graph")
+DEFAULT_MODE = "streams"
+DEFAULT_LANES = 16  # lanes at most (streams with their handles), one per model up to this
+PACK_MEMORY_FRACTION = 0.85  # of the GPU's memory, for the models' arenas and the lanes
+
+
+def lane_models(models: int, lanes: int) -> list[list[int]]:
+    """The models each lane trains, in order: model m on lane m mod lanes."""
+    return [list(range(lane, models, lanes)) for lane in range(lanes)]
+
+
+def groups_of(models: int, lanes: int) -> list[list[int]]:
+    """The graph mode's groups: group j holds the j-th model of every lane."""
+    return [list(range(first, min(first + lanes, models))) for first in range(0, models, lanes)]
+
+
+def fitting_eval_rows(models: int, model_bytes: int, row_bytes: int, rows: int, batch: int, budget: int) -> int:
+    """The most rows an evaluation pass may take for `models` models to fit `budget` bytes, a
+    model taking `model_bytes` with its activations sized for `rows` rows (`row_bytes` a row):
+    `rows` where they fit; ValueError where not even the training batch's activations do."""
+    if models * model_bytes <= budget:
+        return rows
+    fixed = model_bytes - rows * row_bytes  # what does not scale with the activations' rows
+    fitting = (budget // models - fixed) // row_bytes if row_bytes else 0
+    if fitting < batch:
+        raise ValueError(f"{models} models of {model_bytes / 2**20:.0f} MiB do not fit {budget / 2**30:.1f} GiB, "
+                         f"even evaluating as few rows at a time as the training batch")
+    return int(fitting)
+
+
+_normalised: list = [None, None]  # the last dataset normalised, and its arrays: every pack of it shares them
+
+
+def normalised(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The dataset as the cnn trains on it (images on MNIST's mean and deviation, int32 labels),
+    the same arrays for every pack of it in the process: its upload is kept (cnn_shared)."""
+    from graphtrain.recipe import normalise
+
+    if _normalised[0] is not data:
+        _normalised[:] = [data, (normalise(data.train_images), data.train_labels.astype(np.int32),
+                                 normalise(data.test_images), data.test_labels.astype(np.int32))]
+    return _normalised[1]
+
+
+def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None,
+                     mode: str = DEFAULT_MODE, row: str = "graphs") -> list[RunRecord]:
+    """Train every plan's cnn together on this process's GPU; one run record per plan, in order,
+    each with `pack`: how the pack ran, its training time and its setup."""
+    from graphtrain.config import cnn_spec
+    from graphtrain.libs import cuda
+    from graphtrain.packed import check_pack
+    from graphtrain.recipe import recipe_of
+    from graphtrain.stages import CNN_TRAINS
+    from graphtrain.stages.cnn_device import MAX_EVAL_ROWS, CnnDevice
+    from graphtrain.stages.cnn_shared import CUBLAS_WORKSPACE_BYTES, lanes as lanes_of
+
+    if mode not in MODES:
+        raise ValueError(f"pack mode {mode!r}: one of {', '.join(MODES)}")
+    check_pack(plans)
+    run_start = time.perf_counter()
+    first, count = plans[0], len(plans)
+    if first.config.model != "cnn":
+        raise ModelUnsupported(f"this pack trains cnns, not the {first.config.model}")
+    precision = precision or first.config.precision or CNN_TRAINS[0]
+    if precision not in CNN_TRAINS:
+        raise ModelUnsupported(f"the cnn trains in {' or '.join(CNN_TRAINS)}, not --precision {precision}")
+    device = cuda.open_device()
+    first.check_fits(True, device.total_memory)
+    spec = cnn_spec(first.config)
+    recipes = [recipe_of(plan.config, sum(plan.batches), plan.num_epochs, precision) for plan in plans]
+    arrays = normalised(data)
+    lanes = min(lanes or DEFAULT_LANES, count)
+    pool = lanes_of(device, lanes)
+    lane_of_model = [m % lanes for m in range(count)]
+
+    models: list[CnnDevice] = []
+    graphs: list = []
+    events: list = []
+    outers = [cuda.Stream() for _ in range(lanes)]  # where each lane's graphs are captured and launched
+    main = cuda.Stream()
+    try:
+        def build(m: int, eval_rows: int) -> CnnDevice:
+            model = CnnDevice(device, spec, recipes[m], *arrays, device_loop=True, lane=pool[lane_of_model[m]],
+                              eval_rows=eval_rows)
+            if not model.fused:  # cuDNN's timed search could pick other algorithms than the run alone's
+                model.close()
+                raise ModelUnsupported("the cnn packs where every conv layer runs as the fused kernels; these "
+                                       "layers run through cuDNN, whose timed algorithm search could pick other "
+                                       "algorithms than each model's run alone")
+            return model
+
+        model_starts = [time.perf_counter()]
+        probe = build(0, MAX_EVAL_ROWS)
+        budget = (int(PACK_MEMORY_FRACTION * device.total_memory) - lanes * CUBLAS_WORKSPACE_BYTES
+                  - probe.data.arena.nbytes)
+        try:
+            eval_rows = fitting_eval_rows(count, probe.arena.nbytes, probe.eval_row_bytes,
+                                          max(probe.batch, probe.eval_rows), probe.batch, budget)
+        except ValueError as exc:
+            probe.close()
+            raise ModelUnsupported(str(exc)) from None
+        if eval_rows < probe.eval_rows:
+            probe.close()
+            probe = build(0, eval_rows)
+        models.append(probe)
+        for m in range(1, count):
+            model_starts.append(time.perf_counter())
+            models.append(build(m, probe.eval_rows))
+        model_starts.append(time.perf_counter())
+
+        # Warm up each lane (the first launches of every kernel and library call on its handles),
+        # then every model from its initial weights and orders.
+        for lane in range(lanes):
+            model = models[lane]
+            model.load(flat(plans[lane].initial), plans[lane].orders)
+            model.reset(model.stream)
+            model.record_step(model.stream)
+            model.record_eval(model.stream)
+        for model, plan in zip(models, plans):
+            model.load(flat(plan.initial), plan.orders)
+        for lane in pool:
+            lane.stream.synchronize()
+
+        epochs = first.batches
+
+        def record(model: CnnDevice, outer, e: int) -> None:
+            model.record_part(outer, epochs[e], epoch=e, reset=e == 0, evaluate=e == len(epochs) - 1)
+
+        capture_start = time.perf_counter()
+        if mode == "streams":
+            for m, model in enumerate(models):
+                graphs.append([])
+                for e in range(len(epochs)):
+                    with cuda.Graph.capture(outers[lane_of_model[m]]) as graph:
+                        record(model, outers[lane_of_model[m]], e)
+                    graphs[m].append(graph)
+        else:
+            for group in groups_of(count, lanes):
+                graphs.append([])
+                for e in range(len(epochs)):
+                    with cuda.Graph.capture(main) as graph:
+                        for m in group:
+                            outer = outers[lane_of_model[m]]
+                            cuda.stream_wait(outer, main)  # a branch of the graph
+                            record(models[m], outer, e)
+                            cuda.stream_wait(main, outer)
+                    graphs[-1].append(graph)
+        capture_ms = (time.perf_counter() - capture_start) * 1e3
+        setup_ms = (time.perf_counter() - run_start) * 1e3
+
+        start = cuda.Event()
+        events.append([start])
+        train_start = time.perf_counter()
+        start.record(main)
+        if mode == "streams":
+            for outer in outers:
+                cuda.stream_wait(outer, main)
+            ends = [[cuda.Event() for _ in epochs] for _ in models]
+            events += ends
+            queues = [[(m, e) for m in ms for e in range(len(epochs))] for ms in lane_models(count, lanes)]
+            for step in range(max(len(q) for q in queues)):
+                for lane, queue in enumerate(queues):
+                    if step < len(queue):
+                        m, e = queue[step]
+                        graphs[m][e].launch(outers[lane])
+                        ends[m][e].record(outers[lane])
+            for outer in outers:
+                outer.synchronize()
+        else:
+            group_ends = [[cuda.Event() for _ in epochs] for _ in graphs]
+            events += group_ends
+            for j, group_graphs in enumerate(graphs):
+                for e, graph in enumerate(group_graphs):
+                    graph.launch(main)
+                    group_ends[j][e].record(main)
+            main.synchronize()
+            ends = [group_ends[j] for j, group in enumerate(groups_of(count, lanes)) for _ in group]
+        train_wall_ms = (time.perf_counter() - train_start) * 1e3
+        pack_ms = max(start.elapsed_ms(model_ends[-1]) for model_ends in ends)
+
+        def previous(m: int, e: int):
+            """The event before model m's epoch e on its lane (its group's, in graph mode)."""
+            if e:
+                return ends[m][e - 1]
+            earlier = m - lanes if mode == "streams" else (m // lanes - 1) * lanes  # the lane's, the group's
+            return ends[earlier][-1] if earlier >= 0 else start
+
+        epoch_ms = [[previous(m, e).elapsed_ms(ends[m][e]) for e in range(len(epochs))] for m in range(count)]
+
+        per_model_setup = [(b - a) * 1e3 for a, b in zip(model_starts, model_starts[1:])]
+        how = (f"{count} models on {lanes} lanes, {mode}: " +
+               ("each model's epochs graphs of their own, the lanes' streams side by side" if mode == "streams"
+                else f"each epoch one graph of {min(lanes, count)} models as branches"))
+        if probe.eval_rows < min(MAX_EVAL_ROWS, first.num_test):
+            how += f"; evaluated {probe.eval_rows} test rows at a time (memory)"
+        pack = {"models": count, "lanes": lanes, "mode": mode, "train_ms": pack_ms, "train_wall_ms": train_wall_ms,
+                "setup_ms": setup_ms, "capture_ms": capture_ms, "first_model_setup_ms": per_model_setup[0],
+                "model_setup_ms": statistics.median(per_model_setup[1:]) if count > 1 else None,
+                "eval_rows": probe.eval_rows, "how": how,
+                "id": f"cnn-{row}-{first.config.seed}-{first.config.lr}-{count}"}
+        gpu_env = {**environment.host(), **environment.gpu(device), **probe.environment()}
+        records = []
+        for m, (model, plan) in enumerate(zip(models, plans)):
+            losses = model.read_loss_sums()
+            accuracy = model.read_correct() / plan.num_test
+            entries = [EpochRecord(plan.first_epoch + e + 1, epoch_ms[m][e], plan.batches[e],
+                                   full=plan.batches[e] == plan.batches_per_epoch,
+                                   train_loss=float(losses[e]) / plan.samples_seen(plan.batches[e]))
+                       for e in range(len(epochs))]
+            entries[-1].test_accuracy = accuracy
+            weights = model.weights()
+            record = RunRecord(stage=row, kind="stage", config=plan.config, environment=gpu_env, epochs=entries,
+                               setup_ms=setup_ms, total_ms=(time.perf_counter() - run_start) * 1e3,
+                               test_accuracy=accuracy, note=f"{model.precision_note()}; packed: {how}",
+                               precision=precision, data=data_summary(data),
+                               params=[Layer(w, b) for w, b in zip(weights[::2], weights[1::2])])
+            record.pack = {**pack, "lane": lane_of_model[m]}
+            records.append(record)
+        return records
+    finally:  # the graphs before the models whose buffers they launch on, the streams last
+        for obj in (*chain.from_iterable(events), *chain.from_iterable(graphs), *models, *outers, main):
+            obj.close()
+
+
+def flat(layers: Sequence[Layer]) -> list[np.ndarray]:
+    """A plan's initial layers as the cnn's parameter list: each layer's weight, then its bias."""
+    return [a for layer in layers for a in (layer.w, layer.b)]
+
+
+def pack_graphs(plans: list[RunPlan], data, **options) -> list[RunRecord]:
+    """The sweep's pack of the cnn on `graphs` (`train_packed_cnn`)."""
+    return train_packed_cnn(plans, data, row="graphs", **options)
+
+
+def pack_device_loop(plans: list[RunPlan], data, **options) -> list[RunRecord]:
+    """The sweep's pack of the cnn on `device-loop` (`train_packed_cnn`)."""
+    return train_packed_cnn(plans, data, row="device-loop", **options)

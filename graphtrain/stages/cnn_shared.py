@@ -1,0 +1,161 @@
+"""What the cnns of one process share on a GPU, set up once: the dataset resident on the device,
+and the lanes (a stream with the library handles bound to it).
+
+    data = resident_data(device, train_images, train_labels, test_images, test_labels, stream)
+    data.acquire() … data.release()          # a model's use of it; an unused one may be dropped later
+    lane = lane_of(device)                    # lane 0: where a model runs unless told otherwise
+    lane.stream, lane.blas("tf32"), lane.dnn()
+
+A process that trains many cnns of one dataset (a sweep's rows, the speedrun's seeds, a pack of
+models) uploads the dataset once per device: `resident_data` keeps the last MAX_RESIDENT datasets
+uploaded, keyed on the arrays' identity (it holds the arrays, so that identity is not reused; the
+arrays are taken as they are at the first upload and must not change after). The kernel files
+are shared the same way (graphtrain.kernels.KernelFile).
+
+A lane's models run one after another, in its stream's order, so they share its handles and
+their workspace: one cuBLAS handle per precision (its math mode) and one cuDNN handle, created at
+their first use. cuBLAS gives the same bits on every run only where each stream has a handle and
+workspace of its own (its documentation's reproducibility note): models on different lanes run at
+once, each lane with its own. Lanes last as long as the process's hold on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphtrain.libs import cuda
+from graphtrain.libs.cublas import Cublas
+from graphtrain.libs.cudnn import Cudnn
+from graphtrain.libs.memory import Arena
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+MAX_RESIDENT = 2  # datasets a device keeps; beyond, the least recently used one no model holds goes
+MAX_EVAL_PASSES = 64  # an evaluation's forward passes at most: the test set is padded by MAX_EVAL_PASSES − 1 rows
+
+
+class ResidentData:
+    """The training and test sets on one device as the cnn reads them: fp32 images, one row of
+    `features` a sample, int32 labels; the test set followed by MAX_EVAL_PASSES − 1 zero rows, so
+    that an evaluation in equal passes (graphtrain.stages.cnn_device.eval_passes) reads its last
+    pass's extra rows from memory of its own (their results are not counted)."""
+
+    def __init__(self, device: cuda.DeviceInfo, train_images: np.ndarray, train_labels: np.ndarray,
+                 test_images: np.ndarray, test_labels: np.ndarray, stream: cuda.Stream):
+        self.device = device
+        self.arrays = (train_images, train_labels, test_images, test_labels)  # held: the key is their identity
+        self.num_train, self.num_test = len(train_images), len(test_images)
+        self.features = int(np.prod(train_images.shape[1:]))
+        if int(np.prod(test_images.shape[1:])) != self.features:
+            raise ValueError(f"training images of {self.features} features, test images of {test_images.shape[1:]}")
+        pad = MAX_EVAL_PASSES - 1
+        self.arena = arena = Arena()
+        self.train_x = arena.reserve("train_images", (self.num_train, self.features))
+        self.train_y = arena.reserve("train_labels", (self.num_train,), np.int32)
+        self.test_x = arena.reserve("test_images", (self.num_test + pad, self.features))
+        self.test_y = arena.reserve("test_labels", (self.num_test + pad,), np.int32)
+        self.users = 0
+        arena.allocate()
+        try:
+            self.train_x.upload(np.ascontiguousarray(train_images, np.float32).reshape(self.train_x.shape), stream)
+            self.train_y.upload(np.asarray(train_labels).astype(np.int32), stream)
+            test = np.zeros(self.test_x.shape, np.float32)
+            test[:self.num_test] = np.asarray(test_images, np.float32).reshape(self.num_test, self.features)
+            self.test_x.upload(test, stream)
+            labels = np.zeros(self.test_y.shape, np.int32)
+            labels[:self.num_test] = test_labels
+            self.test_y.upload(labels, stream)
+        except BaseException:
+            arena.close()
+            raise
+
+    def serves(self, device: cuda.DeviceInfo, arrays: tuple) -> bool:
+        """Whether these are `arrays` (the same objects) on `device` (opened in the same context)."""
+        return self.device is device and all(a is b for a, b in zip(self.arrays, arrays, strict=True))
+
+    def acquire(self) -> ResidentData:
+        self.users += 1
+        return self
+
+    def release(self) -> None:
+        """A model is done with the data; it stays resident for the next one (until dropped)."""
+        if self.users <= 0:
+            raise RuntimeError("the resident dataset was released more often than acquired")
+        self.users -= 1
+
+    def close(self) -> None:
+        self.arena.close()
+
+
+_resident: list[ResidentData] = []  # least recently used first
+
+
+def resident_data(device: cuda.DeviceInfo, train_images: np.ndarray, train_labels: np.ndarray,
+                  test_images: np.ndarray, test_labels: np.ndarray, stream: cuda.Stream) -> ResidentData:
+    """The dataset of these arrays on `device`: the one uploaded before, or uploaded now on `stream`
+    (waited for). Beyond MAX_RESIDENT datasets, the least recently used one that no model holds is
+    dropped first."""
+    arrays = (train_images, train_labels, test_images, test_labels)
+    for data in _resident:
+        if data.serves(device, arrays):
+            _resident.remove(data)
+            _resident.append(data)
+            return data
+    for data in [d for d in _resident if d.users == 0][:max(0, len(_resident) + 1 - MAX_RESIDENT)]:
+        _resident.remove(data)
+        data.close()
+    data = ResidentData(device, *arrays, stream)
+    _resident.append(data)
+    return data
+
+
+class Lane:
+    """A stream, the library handles bound to it (made at their first use) and the cuBLAS
+    workspace they use. The models of a lane run in its stream's order, one after another."""
+
+    def __init__(self, device: cuda.DeviceInfo, index: int):
+        self.device, self.index = device, index
+        self.stream = cuda.Stream()
+        self.arena = Arena()
+        self.blas_workspace = self.arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
+        self.arena.allocate()
+        self._blas: dict[str, Cublas] = {}
+        self._dnn: Cudnn | None = None
+
+    def blas(self, precision: str) -> Cublas:
+        """The lane's cuBLAS handle for products in `precision` (its math mode)."""
+        if precision not in self._blas:
+            ws = self.blas_workspace
+            self._blas[precision] = Cublas(self.stream, ws.ptr, ws.nbytes, precision)
+        return self._blas[precision]
+
+    def dnn(self) -> Cudnn:
+        """The lane's cuDNN handle."""
+        if self._dnn is None:
+            self._dnn = Cudnn(self.stream)
+        return self._dnn
+
+    def close(self) -> None:
+        for handle in (*self._blas.values(), self._dnn):
+            if handle is not None:
+                handle.close()
+        self.arena.close()
+        self.stream.close()
+
+
+_lanes: dict[int, list[Lane]] = {}  # device ordinal -> its lanes, in order
+
+
+def lanes(device: cuda.DeviceInfo, count: int) -> list[Lane]:
+    """The process's first `count` lanes on `device` (made where there are fewer)."""
+    made = _lanes.get(device.ordinal, [])
+    if made and made[0].device is not device:  # the device was released and opened again: a new context
+        made = []
+    while len(made) < count:
+        made.append(Lane(device, len(made)))
+    _lanes[device.ordinal] = made
+    return made[:count]
+
+
+def lane_of(device: cuda.DeviceInfo, index: int = 0) -> Lane:
+    """Lane `index` of `device` (lane 0: where a model runs unless told otherwise)."""
+    return lanes(device, index + 1)[index]
