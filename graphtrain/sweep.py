@@ -139,8 +139,7 @@ class SweepTask:
 def pack_key(point: GridPoint) -> tuple | None:
     """Points with the same key can train as one pack: the same row and workload but for the
     learning rate and the seed. None: this point always runs alone."""
-    pack = stages.SPECS[point.name].pack
-    if pack is None or (pack.softmax_only and point.config.hidden):
+    if stages.SPECS[point.name].pack_for(point.config) is None:
         return None
     return point.name, dataclasses.replace(point.config, lr=1.0, seed=0)
 
@@ -260,7 +259,8 @@ def _train_pack(task: SweepTask, data):
     from graphtrain.plan import RunPlan
 
     plans = [RunPlan.for_data(point.config, data) for point in task.points]
-    return stages.load_target(stages.SPECS[task.points[0].name].pack.target)(plans, data)
+    pack = stages.SPECS[task.points[0].name].pack_for(task.points[0].config)
+    return stages.load_target(pack.target)(plans, data)
 
 
 def weights_digest(params) -> str:
