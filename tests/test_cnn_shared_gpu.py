@@ -25,8 +25,12 @@ def same_bits(a, b) -> bool:
 
 def run_graph(model, graph, stream, initial, orders) -> tuple[list[np.ndarray], int]:
     """Load a run's initial weights and orders, launch its captured run, read weights and count."""
-    model.load(initial, orders)
+    from graphtrain.libs import cuda
+
+    model.load(initial, orders)  # queued on the model's stream: the launch waits for it
+    cuda.stream_wait(stream, model.stream)
     graph.launch(stream)
+    stream.synchronize()  # the weights are read on the model's stream, after the run
     return model.weights(), int(model.correct.download(stream)[0])
 
 
@@ -177,14 +181,12 @@ def test_two_models_of_the_same_arrays_share_one_upload_the_modules_and_the_lane
     task = small_task(precision="tf32")
     data = (task.train_images, task.train_labels, task.test_images, task.test_labels)
     first = CnnDevice(gpu_device, task.spec, task.recipe, *data)
+    second = copies = None
     try:
         cuda.reset_counters()
         second = CnnDevice(gpu_device, task.spec, task.recipe, *data, device_loop=True)
         mallocs = cuda.counters.mallocs
         copies = CnnDevice(gpu_device, task.spec, task.recipe, *(a.copy() for a in data))
-    finally:
-        first.close()
-    try:
         assert second.data is first.data and second.data.train_x.ptr == first.data.train_x.ptr
         assert mallocs == 1, "the second model allocates its own arena only: no dataset, no lane, no workspace"
         assert copies.data is not first.data, "other arrays (equal or not) are another upload"
@@ -192,8 +194,9 @@ def test_two_models_of_the_same_arrays_share_one_upload_the_modules_and_the_lane
         assert second.cnn_cu.module is first.cnn_cu.module
         assert [cp.module for cp in second.convpool] == [cp.module for cp in first.convpool]
     finally:
-        second.close()
-        copies.close()
+        for model in (first, second, copies):
+            if model is not None:
+                model.close()
 
 
 # ---- packs: each model the bits of its run alone ----------------------------------------------------

@@ -239,9 +239,11 @@ TOLERANCE = {"fp32": 1e-5, "tf32": 3e-3}  # ‖out − ref‖ / ‖ref‖ agains
 @pytest.mark.parametrize("b_shared", [False, True], ids=["B per model", "B shared"])
 @pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("precision", TOLERANCE)
-def test_a_strided_batched_product_is_each_gemm_bit_for_bit(gpu_device, stream, seed, precision, product, b_shared):
-    """What the packing relies on: cuBLAS does not promise that a batched call picks the kernel
-    each single call picks; this says whether this cuBLAS on this GPU does, for the cnn's shapes."""
+def test_a_strided_batched_product_is_each_gemm_to_rounding(gpu_device, stream, seed, precision, product, b_shared):
+    """Each product of cuBLAS's strided batched call and each single gemm against float64. Not bit
+    for bit: cuBLAS 13.1 on an H100 picks another kernel for the forward product (256×256×800) in
+    a single call than in a batch of K ≥ 3, so packed products that must match a model alone run
+    by one algorithm per shape (graphtrain.libs.cublaslt.LtGemms, tests/test_cublaslt_batched_gpu.py)."""
     from graphtrain.libs import cuda
     from graphtrain.libs.cublas import Cublas
 
@@ -271,4 +273,4 @@ def test_a_strided_batched_product_is_each_gemm_bit_for_bit(gpu_device, stream, 
         b_i = b[0 if b_shared else i].astype(np.float64)
         ref = op_a @ (b_i.T if transb else b_i)
         assert rel_err(batched[i], ref) < TOLERANCE[precision], f"{msg}: product {i} against float64"
-        assert bits(batched[i]) == bits(single[i]), f"{msg}: product {i} against its gemm"
+        assert rel_err(single[i], ref) < TOLERANCE[precision], f"{msg}: gemm {i} against float64"

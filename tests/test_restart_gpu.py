@@ -57,13 +57,16 @@ def test_a_restarted_cnn_row_trains_bit_for_bit_what_a_fresh_setup_trains(data, 
         assert np.array_equal(got, want), f"{name} parameter {i}, seed 3"
 
 
-def test_a_restart_another_optimizer_state_needs_is_refused(data):
-    """Adam's two state slots against momentum's one: the captures cannot train it, the row says so."""
+def test_a_restart_takes_another_optimizer_but_not_another_batch(data):
+    """Every cnn keeps two optimizer state slots, so momentum restarts a row set up for Adam (its
+    constants are device values); another batch is another capture: refused, the row unchanged."""
     cls = get_stage("graphs", "cnn")
     with cls(RunPlan.for_data(small_cnn(), data), data) as stage:
         stage.setup()
-        assert not stage.restart(RunPlan.for_data(small_cnn(optimizer="momentum", seed=1), data))
-        assert stage.plan.config.optimizer == "adam"
+        assert not stage.restart(RunPlan.for_data(small_cnn(batch=64, seed=1), data))
+        assert stage.plan.config.batch == 128
+        assert stage.restart(RunPlan.for_data(small_cnn(optimizer="momentum", seed=1), data))
+        assert stage.plan.config.optimizer == "momentum"
 
 
 def test_the_speedrun_sets_the_graphs_row_up_once_for_its_seeds(mnist_dir):
