@@ -113,6 +113,7 @@ def _peer(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",),
 CNN_TRAINS = ("tf32", "fp32")
 WHOLE_EPOCH = Refused("it runs a whole epoch per graph launch, with no step boundary for the all-reduce")
 ONE_KERNEL = Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce")
+SWEEP_PACKS_ONLY = Refused("it trains the sweep's packs only")
 
 REGISTRY: tuple[RowSpec, ...] = (
     # the rungs, in ladder order
@@ -165,8 +166,8 @@ REGISTRY: tuple[RowSpec, ...] = (
           speedrun="graphtrain.peers.speedrun_jax:JaxScanRow", speedrun_default=True),
     _peer("torch-graph-bf16", "graphtrain.peers.torch_graph:TorchGraphBf16Peer", ("bf16",)),
     _peer("jax-scan-bf16", "graphtrain.peers.jax_scan:JaxScanBf16Peer", ("bf16",)),
-    # the sweep's own peer: its models vmapped into one JAX program
-    RowSpec("jax-vmap", "peer", True, Refused("it trains the sweep's packs only"), MLP_ONLY,
+    # the sweep's own peer: its models (MLPs or cnns) vmapped into one JAX program
+    RowSpec("jax-vmap", "peer", True, SWEEP_PACKS_ONLY, SWEEP_PACKS_ONLY,
             PEER_NOT_DATA_PARALLEL, PEER_NOT_DATA_PARALLEL,
             pack=Pack("graphtrain.peers.jax_vmap:train_vmapped", softmax_only=False, only=True,
                       check="graphtrain.peers.jax_scan:import_jax")),
