@@ -266,7 +266,7 @@ def train_vmapped(plans: list[RunPlan], data, device=None) -> list[RunRecord]:
     train_ms = float(sum(epoch_ms))
     pack = {"models": count, "train_ms": train_ms, "setup_ms": setup_ms, "compile_ms": compile_ms,
             "how": (f"one jit: vmap over the models of a lax.scan over an epoch's steps; set up in "
-                    f"{setup_ms:.0f} ms, {compile_ms:.0f} of them XLA's compile"),
+                    f"{setup_ms:,.0f} ms, {compile_ms:,.0f} of them XLA's compile"),
             "id": f"jax-vmap-{cfg.layers_text}-{cfg.lr:g}-{cfg.seed}-{count}"}
     records = []
     for k, plan in enumerate(plans):
