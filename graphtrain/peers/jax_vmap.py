@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from graphtrain.errors import ModelUnsupported
+from graphtrain.kernels import ceil_div  # the package's one ⌈a / b⌉
 from graphtrain.packed import check_pack
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
@@ -180,7 +181,7 @@ def model_correct(forward):
 
 def chunked_test_set(test_x: np.ndarray, test_y: np.ndarray, rows: int):
     """The test set as (chunks, rows, …) arrays, the last chunk padded with zero images labelled -1."""
-    chunks = -(-len(test_x) // rows)
+    chunks = ceil_div(len(test_x), rows)
     pad = chunks * rows - len(test_x)
     x = np.concatenate([test_x, np.zeros((pad, *test_x.shape[1:]), test_x.dtype)])
     y = np.concatenate([test_y.astype(np.int32), np.full(pad, -1, np.int32)])
