@@ -128,6 +128,10 @@ def _peer(name: str, module_class: str, precisions: tuple[str, ...] = ("fp32",),
                    PEER_NOT_DATA_PARALLEL, speedrun_default=speedrun_default)
 WHOLE_EPOCH = Refused("it runs a whole epoch per graph launch, with no step boundary for the all-reduce")
 ONE_KERNEL = Refused("it runs a whole epoch in one kernel, with no step boundary for the all-reduce")
+SWEEP_PACKS_ONLY = Refused("it trains the sweep's packs only")
+
+# The sweep's own peer packs the MLPs and the cnns alike: one vmapped JAX program.
+JAX_VMAP = Pack("graphtrain.peers.jax_vmap:train_vmapped", only=True, check="graphtrain.peers.jax_scan:import_jax")
 
 REGISTRY: tuple[RowSpec, ...] = (
     # the rungs, in ladder order
@@ -179,11 +183,10 @@ REGISTRY: tuple[RowSpec, ...] = (
           cnn="graphtrain.peers.jax_cnn:JaxScanCnnPeer", speedrun_default=True),
     _peer("torch-graph-bf16", "graphtrain.peers.torch_graph:TorchGraphBf16Peer", ("bf16",)),
     _peer("jax-scan-bf16", "graphtrain.peers.jax_scan:JaxScanBf16Peer", ("bf16",)),
-    # the sweep's own peer: its models vmapped into one JAX program
-    RowSpec("jax-vmap", "peer", True, Refused("it trains the sweep's packs only"), MLP_ONLY,
+    # the sweep's own peer: its models (MLPs or cnns) vmapped into one JAX program
+    RowSpec("jax-vmap", "peer", True, SWEEP_PACKS_ONLY, SWEEP_PACKS_ONLY,
             PEER_NOT_DATA_PARALLEL, PEER_NOT_DATA_PARALLEL,
-            pack=Pack("graphtrain.peers.jax_vmap:train_vmapped", softmax_only=False, only=True,
-                      check="graphtrain.peers.jax_scan:import_jax")),
+            pack=JAX_VMAP, pack_cnn=JAX_VMAP),
 )
 
 SPECS: dict[str, RowSpec] = {spec.name: spec for spec in REGISTRY}
