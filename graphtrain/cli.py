@@ -691,8 +691,10 @@ def ladder(workload, stages, peers_flag, peer_names, out_dir, force, repeat, pro
                    "worker per GPU; --gpus says how many), else a scheduler's address "
                    "(needs graphtrain[cluster]).")
 @click.option("--pack/--no-pack", default=True, show_default=True,
-              help="Train the persistent rung's softmax regressions that differ only in lr and seed "
-                   "together on one GPU, one thread-block cluster each (each bit-identical to its run alone).")
+              help="Train the models of one row that differ only in lr and seed together on one GPU, each "
+                   "bit-identical to its run alone: the persistent rung's softmax regressions (one thread-block "
+                   "cluster each) and the cnns on graphs and device-loop (each its own graphs, on streams side by "
+                   "side). --no-pack: every model runs alone, set up once per shape and restarted.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               default=None, help="Write every row's record (and the sweep's wall time) here; '-' prints it on stdout.")
 def sweep(workload, hidden_sizes, depth, lrs, seeds, stages, peers_flag, peer_names, out_dir, force, gpus, cluster,
