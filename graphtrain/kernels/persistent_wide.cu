@@ -248,32 +248,46 @@ __device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsig
 }
 
 // ---- the products --------------------------------------------------------------------------------
-// acc = rows · Wᵀ over warp w's k-steps ks = w, w + WARPS, ... (m = rows, n = the block's units, k =
-// inputs), the next k-step's A fragments loaded while this one's multiply.
-template <class Rows, class Weights>
-__device__ __forceinline__ void forward_product(const Rows& rows, const Weights& weights, int ksteps,
-                                                float (&acc)[MT][NT][4]) {
-    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+template <int M>
+__device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int i = 0; i < M; ++i)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) acc[mt][n][q] = 0.0f;
+            for (int q = 0; q < 4; ++q) sums[i][n][q] = 0.0f;
+}
+
+// body(ks, a) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
+// m-tile at the k-step (a_fragment's layout), the next k-step's loaded while this one's are used.
+template <class Rows, class Body>
+__device__ __forceinline__ void each_kstep(const Rows& rows, int ksteps, Body body) {
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
     unsigned a[MT][4];
     if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
     for (int ks = warp; ks < ksteps; ks += WARPS) {
         const bool more = ks + WARPS < ksteps;
         unsigned next[MT][4];
         if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
+        body(ks, a);
+        if (more) copy_fragments(a, next);
+    }
+}
+
+// acc = rows · Wᵀ over warp w's k-steps (m = rows, n = the block's units, k = inputs).
+template <class Rows, class Weights>
+__device__ __forceinline__ void forward_product(const Rows& rows, const Weights& weights, int ksteps,
+                                                float (&acc)[MT][NT][4]) {
+    const int t = threadIdx.x & 3;
+    zero_sums(acc);
+    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
         unsigned b[NT][2];
         weights.load(b, 16 * ks + 4 * t);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_bf16(acc[mt][n], a[mt], b[n]);
-        if (more) copy_fragments(a, next);
-    }
+    });
 }
 
 // The update of fp32 master weights w[j][i] (unit-major, `stride`) from G = rowsᵀ · bt over the batch
@@ -289,22 +303,10 @@ __device__ __forceinline__ void forward_product(const Rows& rows, const Weights&
 template <bool DX, class Rows>
 __device__ __forceinline__ void update_product(const Rows& rows, int ksteps, float* w, int stride, const bf16_bits* bt,
                                                float lr, bf16_bits* published, float (&acc)[MT][NT][4]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    if (DX) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[mt][n][q] = 0.0f;
-    }
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (DX) zero_sums(acc);
     const int kmap = 4 * (g >> 1) + (g & 1);
-    unsigned a[MT][4];
-    if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
-    for (int ks = warp; ks < ksteps; ks += WARPS) {
-        const bool more = ks + WARPS < ksteps;
-        unsigned next[MT][4];
-        if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
+    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
         if (DX) {
             unsigned b[NT][2];
             MasterWeights{w, stride}.load(b, 16 * ks + 4 * t);  // (before this k-step's update below)
@@ -313,11 +315,8 @@ __device__ __forceinline__ void update_product(const Rows& rows, int ksteps, flo
 #pragma unroll
                 for (int n = 0; n < NT; ++n) mma_bf16(acc[mt][n], a[mt], b[n]);
         }
-        float grad[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) grad[n][q] = 0.0f;
+        float grad[1][NT][4];
+        zero_sums(grad);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const unsigned at[4] = {movmatrix_trans(a[mt][0]), movmatrix_trans(a[mt][2]), movmatrix_trans(a[mt][1]),
@@ -326,26 +325,25 @@ __device__ __forceinline__ void update_product(const Rows& rows, int ksteps, flo
             for (int n = 0; n < NT; ++n) {
                 const bf16_bits* p = bt + (8 * n + g) * HT_STRIDE + 16 * mt + 2 * t;
                 const unsigned b[2] = {*reinterpret_cast<const unsigned*>(p), *reinterpret_cast<const unsigned*>(p + 8)};
-                mma_bf16(grad[n], at, b);
+                mma_bf16(grad[0][n], at, b);
             }
         }
-        // grad[n]: (input i, unit j), (i, j + 1), (i + 2, j), (i + 2, j + 1) for i = k0 + kmap, j = 8n + 2t
+        // grad[0][n]: (input i, unit j), (i, j + 1), (i + 2, j), (i + 2, j + 1) for i = k0 + kmap, j = 8n + 2t
         const int i = 16 * ks + kmap;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const int j = 8 * n + 2 * t;
             float* w0 = w + j * stride + i;
             float* w1 = w0 + stride;
-            const float n00 = fmaf(-lr, grad[n][0], w0[0]), n10 = fmaf(-lr, grad[n][1], w1[0]);
-            const float n02 = fmaf(-lr, grad[n][2], w0[2]), n12 = fmaf(-lr, grad[n][3], w1[2]);
+            const float n00 = fmaf(-lr, grad[0][n][0], w0[0]), n10 = fmaf(-lr, grad[0][n][1], w1[0]);
+            const float n02 = fmaf(-lr, grad[0][n][2], w0[2]), n12 = fmaf(-lr, grad[0][n][3], w1[2]);
             w0[0] = n00; w1[0] = n10; w0[2] = n02; w1[2] = n12;
             if (published != nullptr) {
                 __stcg(reinterpret_cast<unsigned*>(published + i * HIDDEN_PAD + j), bf16x2(n00, n10));
                 __stcg(reinterpret_cast<unsigned*>(published + (i + 2) * HIDDEN_PAD + j), bf16x2(n02, n12));
             }
         }
-        if (more) copy_fragments(a, next);
-    }
+    });
 }
 
 // Σ over the warps of acc (each warp's sums over its k-steps) in a fixed order: warp w + SLOTS's into
