@@ -16,6 +16,7 @@ from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.head import Head
 from graphtrain.kernels.persistent import Persistent
 from graphtrain.kernels.persistent_mlp import PersistentMlp
+from graphtrain.kernels.persistent_wide import PersistentWide
 from graphtrain.libs import nvrtc
 
 ELF_MAGIC = b"\x7fELF"
@@ -25,7 +26,8 @@ LOSS_STEP = {"the exponentials of the softmax": r"\bexpf\(", "the loss's logarit
              "the first largest logit": r"__ffs\("}
 BATCH_SLICE = {"the batch's valid rows": r"%\s*epoch_samples", "a rank's slice": r"/\s*ranks"}
 USERS = {Head: (LOSS_STEP, BATCH_SLICE), Fused: (LOSS_STEP, {}), Cnn: (LOSS_STEP, BATCH_SLICE),
-         Gather: ({}, BATCH_SLICE), Persistent: (LOSS_STEP, {}), PersistentMlp: (LOSS_STEP, {})}
+         Gather: ({}, BATCH_SLICE), Persistent: (LOSS_STEP, {}), PersistentMlp: (LOSS_STEP, {}),
+         PersistentWide: (LOSS_STEP, {})}
 
 
 def code_of(path) -> str:

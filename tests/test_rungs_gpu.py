@@ -201,16 +201,22 @@ def test_bf16_trains_softmax_regression_as_fused_bit_for_bit():
 
 
 def test_persistent_refuses_a_model_it_cannot_train():
+    """What neither of its kernels trains: the cluster kernel's reason, then the grid kernel's (which
+    takes any width in bf16, up to what its blocks' shared memory and the GPU's SMs hold)."""
     data = Dataset.synthetic(200, 50, seed=1)
-    with pytest.raises(UsageError, match="multiple of 64"):
-        with stage_for("persistent", TrainConfig(hidden=(32,), batch=50, epochs=1), data) as stage:
+    with pytest.raises(UsageError, match="multiple of 64.*nor can its grid kernel.*in bf16 only"):
+        with stage_for("persistent", TrainConfig(hidden=(32,), batch=50, epochs=1, precision="fp32"), data) as stage:
             stage.setup()
-    with pytest.raises(UsageError, match="the same size"):
+    with pytest.raises(UsageError, match="the same size.*nor can its grid kernel.*the same size"):
         with stage_for("persistent", TrainConfig(hidden=(128, 64), batch=50, epochs=1), data) as stage:
             stage.setup()
     with pytest.raises(UsageError, match=r"784-784-784-784-10 MLP at batch 32: a block needs \d+ bytes of shared "
-                                         r"memory \(at most 232448\)"):
-        with stage_for("persistent", TrainConfig(hidden=(784,) * 3, batch=32, epochs=1), data) as stage:
+                                         r"memory \(at most 232448\), nor can its grid kernel"):
+        with stage_for("persistent", TrainConfig(hidden=(784,) * 3, batch=32, epochs=1, precision="fp32"),
+                       data) as stage:
+            stage.setup()
+    with pytest.raises(UsageError, match=r"nor can its grid kernel: .*blocks of 8 units, one per SM"):
+        with stage_for("persistent", TrainConfig(hidden=(4096,) * 2, batch=32, epochs=1), data) as stage:
             stage.setup()
     with pytest.raises(UsageError, match="shared memory"):
         with stage_for("persistent", TrainConfig(batch=4096, epochs=1), Dataset.synthetic(5000, 50)) as stage:
@@ -221,12 +227,13 @@ def test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing(mnist_di
     out = tmp_path / "run.json"
     env = {**os.environ, "GRAPHTRAIN_DATA": str(mnist_dir)}
     proc = subprocess.run([sys.executable, "-m", "graphtrain", "run", "--stage", "persistent", "--hidden",
-                           "784,784,784", "--batch", "32", "--epochs", "1", "--json", str(out)],
+                           "784,784,784", "--batch", "32", "--epochs", "1", "--precision", "fp32", "--json", str(out)],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "784-784-784-784-10 MLP" in lines[0] and "bytes of shared memory (at most 232448)" in lines[0]
+    assert "the grid kernel trains in bf16 only" in lines[0]
     assert not out.exists()
 
 

@@ -33,10 +33,22 @@ memory during the step before, in registers once read. `--precision fp32` trains
 passes instead (two for the first layer's with 8-bit pixels, which the kernel then reads as bytes
 k), near fp32's accuracy, with every exchange in fp32. It trains equal hidden sizes that are multiples of 64
 whose parameters and step buffers fit a block's 227 KB of shared memory (the cuda-mnist preset
-at H = 128 and 256, batch 32); anything else is refused before training, with the size it needs. A step
-of three hidden layers is a chain of six exchanges and the short products between them, bound by
-latency and instruction issue more than by arithmetic (scripts/probes/persistent_mlp_phases.py counts the
-cycles of each phase). A GPU with thread-block clusters (compute capability 9.0: Hopper and later).
+at H = 128 and 256, batch 32). A step of three hidden layers is a chain of six exchanges and the
+short products between them, bound by latency and instruction issue more than by arithmetic
+(scripts/probes/persistent_mlp_phases.py counts the cycles of each phase).
+
+An MLP the cluster cannot hold (the 784³ MLP, whose bf16 weights alone are 3.7 MB) goes to the grid
+kernel (kernels/persistent_wide.cu): a cooperative grid of one block per SM, each block owning a few
+units of every hidden layer with their fp32 master weights in its shared memory, the activations
+and input gradients of the whole batch exchanged through global memory (L2) between grid-wide
+barriers, 2·L a step for L hidden layers. Each block reads every exchanged matrix once a step; a
+hidden layer's dX and weight update read its input gradients in one pass (the same mma fragments,
+transposed in registers). Its precision is the bf16 rung's: bf16 operands, fp32 sums and master
+weights, the head and softmax in fp32; it has no fp32 build. It trains equal hidden sizes of any
+width whose blocks fit the GPU's SMs and their shared memory (up to 1024 units on an H100, three
+layers, batch 128). Anything neither kernel trains is refused before training, with both reasons.
+A run's record names the kernel that trained it (`persistent_kernel`: cluster or grid). A GPU with
+thread-block clusters (compute capability 9.0: Hopper and later).
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.images import Images
 from graphtrain.kernels.persistent import Persistent, Shape
 from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
+from graphtrain.kernels.persistent_wide import MAX_IMAGE_VALUES, PersistentWide, WideShape
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
 from graphtrain.reference import Layer
@@ -62,15 +75,39 @@ def require_clusters(device_info: cuda.DeviceInfo) -> None:
                                f"and {device_info.name} has {'.'.join(map(str, device_info.compute_capability))}")
 
 
-def refuse_unless_trains(shape: Shape | MlpShape) -> None:
+def refuse_unless_trains(shape: Shape | MlpShape | WideShape) -> None:
     """ModelUnsupported where the kernel cannot train `shape` (its `refusal` says why)."""
     refusal = shape.refusal()
     if refusal is not None:
         raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
 
 
-def products_note(shape: Shape | MlpShape) -> str:
+def mlp_shape(cluster: MlpShape, sm_count: int, refuse: bool = True) -> MlpShape | WideShape:
+    """The shape of the kernel that trains the MLP of `cluster`: the cluster kernel's where it fits
+    one cluster, else the grid kernel's (blocks bounded by the GPU's `sm_count`). Where neither
+    trains it: ModelUnsupported with both reasons, or (refuse False) the cluster's shape."""
+    if cluster.refusal() is None:
+        return cluster
+    wide = WideShape(cluster.features, cluster.hidden, cluster.classes, cluster.batch, cluster.pixel_levels,
+                     bf16=cluster.bf16, sm_count=sm_count)
+    if wide.refusal() is None:
+        return wide
+    if refuse:
+        raise ModelUnsupported(f"the persistent rung cannot train {cluster.refusal()}, nor can its grid kernel: "
+                               f"{wide.refusal()}; use --stage device-loop")
+    return cluster
+
+
+def kernel_name(shape: Shape | MlpShape | WideShape) -> str:
+    """Which persistent kernel trains `shape`, as a run's record names it."""
+    return "grid" if isinstance(shape, WideShape) else "cluster"
+
+
+def products_note(shape: Shape | MlpShape | WideShape) -> str:
     """How the kernel of `shape` computes its products, as a run's record states it."""
+    if isinstance(shape, WideShape):
+        return (f"bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid of {shape.blocks} blocks "
+                f"of {shape.block_units} units")
     if isinstance(shape, MlpShape) and shape.bf16:
         return "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
     if shape.bf16:
@@ -104,6 +141,7 @@ class PersistentStage(Stage):
         # form depends on that check, so its room is the larger of the two candidates'.
         candidates = [self.kernel_shape(levels, refuse=False) for levels in (0, 255)]
         room = max(s.padded_features * np.dtype(s.image_dtype).itemsize for s in candidates)
+        workspace = max((s.workspace.bytes for s in candidates if isinstance(s, WideShape)), default=0)
         arena = self.arena = Arena()
         self.dataset = device.DatasetOnDevice(arena, plan, data)
         self.train_labels, self.order = self.dataset.train_labels, self.dataset.order
@@ -114,6 +152,8 @@ class PersistentStage(Stage):
         self.off_levels = arena.reserve("off_levels", (1,), np.uint64)  # images.cu's count
         if cfg.hidden:  # the addresses of every layer's weights, then of its biases
             self.param_table = arena.reserve("param_table", (2 * len(self.w),), np.uint64)
+        if workspace:  # the grid kernel's scratch in global memory (its exchanges, its barrier)
+            self.workspace = arena.reserve("workspace", (workspace,), np.uint8)
         self.evaluation = device.DeviceEvaluation(arena, cfg, self.dataset)
         arena.allocate()
         self.dataset.upload(self.stream)
@@ -127,24 +167,32 @@ class PersistentStage(Stage):
             self.stream.synchronize()
         finally:
             images_cu.close()
-        if cfg.hidden:
+        if isinstance(self.shape, WideShape):
+            self.persistent_cu = PersistentWide(self.device, self.shape)
+        elif cfg.hidden:
             self.persistent_cu = PersistentMlp(self.device, self.shape)
-            biases = [b.ptr if b is not None else 0 for b in self.b]
-            self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
         else:
             self.persistent_cu = Persistent(self.device, self.shape)
+        if cfg.hidden:
+            biases = [b.ptr if b is not None else 0 for b in self.b]
+            self.param_table.upload(np.array([w.ptr for w in self.w] + biases, np.uint64), self.stream)
         self.evaluation.load(self.device)
         # Warm up (the first launch), then start again from the shared init.
         self.launch_epoch(0, 1, measure=True)
         self.params.upload(plan.initial, self.stream)
 
-    def kernel_shape(self, pixel_levels: int, refuse: bool = True) -> Shape | MlpShape:
+    def kernel_shape(self, pixel_levels: int, refuse: bool = True) -> Shape | MlpShape | WideShape:
         """The sizes the kernel is compiled for; refused (ModelUnsupported) when it cannot train them."""
         cfg, bf16 = self.config, self.precision == "bf16"
         if cfg.hidden:
-            shape = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
-        else:
-            shape = Shape(cfg.in_features, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
+            cluster = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
+            shape = mlp_shape(cluster, self.device.sm_count, refuse)
+            if refuse and isinstance(shape, WideShape) and self.num_train * shape.padded_features > MAX_IMAGE_VALUES:
+                raise ModelUnsupported(f"the persistent rung's grid kernel addresses at most {MAX_IMAGE_VALUES} image "
+                                       f"values, and {self.num_train} images of {shape.padded_features} are more; "
+                                       "use --stage device-loop")
+            return shape
+        shape = Shape(cfg.in_features, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
         if refuse:
             refuse_unless_trains(shape)
         return shape
@@ -153,7 +201,11 @@ class PersistentStage(Stage):
 
     def launch_epoch(self, epoch: int, num_steps: int, measure: bool) -> None:
         cfg, order = self.config, self.order.at(epoch * self.num_train)
-        if cfg.hidden:
+        if isinstance(self.shape, WideShape):
+            self.persistent_cu.train_epoch(self.stream, self.images.ptr, self.train_labels.ptr, order,
+                                           self.param_table.ptr, cfg.bias, self.num_train, num_steps, cfg.lr,
+                                           self.metrics.ptr, measure, self.workspace.ptr)
+        elif cfg.hidden:
             self.persistent_cu.train_epoch(self.stream, self.images.ptr, self.train_labels.ptr, order,
                                            self.param_table.ptr, cfg.bias, self.num_train, num_steps, cfg.lr,
                                            self.metrics.ptr, measure)
@@ -180,7 +232,7 @@ class PersistentStage(Stage):
 
     def environment(self) -> dict:
         return {**environment.gpu(self.device), "nvrtc": nvrtc.version(),
-                "persistent_products": products_note(self.shape)}
+                "persistent_kernel": kernel_name(self.shape), "persistent_products": products_note(self.shape)}
 
     def close(self) -> None:
         for name in ("persistent_cu", "evaluation", "arena", "context"):

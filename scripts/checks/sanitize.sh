@@ -2,19 +2,20 @@
 # The new rungs' kernels under compute-sanitizer: memcheck for every rung from `fused` on, and
 # racecheck and synccheck (shared memory, clusters) for the fused head kernels and the persistent
 # cluster kernels. A few steps each: the tools slow kernels down by orders of magnitude.
-# Usage (GPU machine, MNIST reachable): scripts/checks/sanitize.sh OUT_DIR [persistent]
+# Usage (GPU machine, MNIST reachable): scripts/checks/sanitize.sh OUT_DIR [persistent | wide]
 # With `persistent`, only the persistent kernels: memcheck over one whole epoch of each build
 # (softmax regression, jhu; the MLP at H = 128), then racecheck and synccheck as below (a few
-# steps: under racecheck an epoch of the cluster kernels takes hours).
+# steps: under racecheck an epoch of the cluster kernels takes hours). With `wide`, only the grid
+# kernel's (persistent_wide.cu) checks, which both other modes run too.
 set -uo pipefail
-out=${1:?usage: scripts/checks/sanitize.sh OUT_DIR [persistent]}
+out=${1:?usage: scripts/checks/sanitize.sh OUT_DIR [persistent | wide]}
 only=${2:-}
 mkdir -p "$out"
 status=0
 short=(--steps 3)
 sanitize() {  # sanitize TOOL NAME graphtrain-run-args... (the run's length among them)
   local tool=$1 name=$2; shift 2
-  if compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" \
+  if timeout "${limit:-0}" compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" \
       > "$out/$tool-$name.log" 2>&1; then
     echo "ok      $tool $name"
   else
@@ -22,6 +23,34 @@ sanitize() {  # sanitize TOOL NAME graphtrain-run-args... (the run's length amon
   fi
 }
 check() { sanitize "$@" "${short[@]}"; }  # check TOOL NAME graphtrain-run-args...: a few steps
+mnist_300() {  # the first 300 training samples of MNIST (and 100 test ones), for a short last step
+  python3 - "$out/mnist-300.npz" <<'PY'
+import sys
+import numpy as np
+from graphtrain import data
+d = data.load("mnist")
+pixels = lambda images: np.rint(images * 255).astype(np.uint8)  # the loader's floats back to bytes
+np.savez(sys.argv[1], x_train=pixels(d.train_images[:300]), y_train=d.train_labels[:300],
+         x_test=pixels(d.test_images[:100]), y_test=d.test_labels[:100])
+PY
+}
+# The grid kernel (persistent_wide.cu, the MLPs too wide for one cluster): hidden layers of 72 units,
+# off the cluster kernel's multiples of 64, so 10 blocks of 8 units (the last 8 units padding) and
+# four grid barriers a step; the cuda-mnist preset's batch of 32, then batch 128 over 300 samples
+# (steps of 128, 128 and 44 rows). Each tool sees its global exchanges, its barrier's spin and
+# atomics (memcheck), and its block barriers and shared memory (racecheck, synccheck).
+wide() {
+  local limit=600  # seconds a check may take (a grid barrier that never opens fails it, not the script)
+  for tool in memcheck racecheck synccheck; do
+    check "$tool" persistent-wide --stage persistent --preset cuda-mnist --hidden 72,72
+    sanitize "$tool" persistent-wide-tail --stage persistent --hidden 72,72 --data "$out/mnist-300.npz" --epochs 1
+  done
+}
+if [ "$only" = wide ]; then
+  mnist_300
+  wide
+  exit $status
+fi
 if [ "$only" = persistent ]; then
   for precision in bf16 fp32; do
     sanitize memcheck "persistent-epoch-$precision" --stage persistent --precision $precision --epochs 1
@@ -32,6 +61,8 @@ if [ "$only" = persistent ]; then
     check racecheck "persistent-mlp64-$precision" --stage persistent --preset cuda-mnist --hidden 64,64,64 --precision $precision
     check synccheck "persistent-mlp128-$precision" --stage persistent --preset cuda-mnist --hidden 128,128,128 --precision $precision
   done
+  mnist_300
+  wide
   exit $status
 fi
 # the rungs after the chain up to persistent (the fused step's kernels), from the row registry
@@ -69,16 +100,9 @@ for tool in racecheck synccheck; do
 done
 # A short last step (300 samples at batch 128: steps of 128, 128 and 44 rows), whose rows past
 # the batch the softmax kernel zeroes before phase C reads them.
-python3 - "$out/mnist-300.npz" <<'PY'
-import sys
-import numpy as np
-from graphtrain import data
-d = data.load("mnist")
-pixels = lambda images: np.rint(images * 255).astype(np.uint8)  # the loader's floats back to bytes
-np.savez(sys.argv[1], x_train=pixels(d.train_images[:300]), y_train=d.train_labels[:300],
-         x_test=pixels(d.test_images[:100]), y_test=d.test_labels[:100])
-PY
+mnist_300
 check racecheck persistent-tail --stage persistent --data "$out/mnist-300.npz"
 check memcheck persistent-tail --stage persistent --data "$out/mnist-300.npz"
 check racecheck persistent-tail-fp32 --stage persistent --data "$out/mnist-300.npz" --precision fp32
+wide
 exit $status

@@ -1,0 +1,665 @@
+// `persistent` for wide MLPs: LAYERS hidden layers of HIDDEN units (ReLU) and a softmax head, trained by
+// a cooperative grid of BLOCKS blocks, one per SM; one launch runs an epoch. The weights stay in the
+// blocks' shared memory; the activations and input gradients of the whole batch go through global
+// memory (L2), between grid-wide barriers.
+//
+// Block c owns S = UNITS units U_c = [c·S, c·S + S) of every hidden layer (the units past HIDDEN, up
+// to HIDDEN_PAD = BLOCKS·S, are padding: zero weights, zero activations, zero gradients). It keeps the
+// fp32 master weights that its products read and its updates write:
+//   w1   W_1[U_c, :]          the rows of layer 1 (its forward, and its update from dh_1[:, U_c])
+//   wc   W_l[:, U_c], l ≥ 2   the columns of the other hidden layers (dX, and the update from dh_l)
+//   wh   W_h[:, U_c]          the head's columns, and a copy of the head's bias in every block
+// A hidden layer l ≥ 2 is read by rows in its forward: each block publishes its columns, updated, as
+// bf16 into a global copy of W_l (one of two, by step parity), which the next step's forward reads.
+//
+// A step of `rows` samples x (read through the sample order), h_0 = x, the exchanged values bf16:
+//
+//   F_l, l = 1..L     h_l[:, U_c] = relu(h_{l−1} · W_l[U_c, :]ᵀ + b_l[U_c])      (published, l < L)
+//   F_L (the head)    P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ  (fp32, the units in order) (published)
+//   S, rows r ≡ c     z = Σ_{c' = 0..BLOCKS−1} P_c'[r] + b_h (in that order),
+//   (mod BLOCKS)      dz = (softmax(z) − onehot(y)) / rows                      (published)
+//   H (every block)   dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L[:, U_c] > 0]       (published, L ≥ 2)
+//                     W_h[:, U_c] −= lr · dzᵀ h_L[:, U_c],  b_h −= lr · Σ_r dz
+//   B_l, l = L..2     dh_{l−1}[:, U_c] = dh_l · W_l[:, U_c] ⊙ [h_{l−1}[:, U_c] > 0]  (published, l ≥ 3)
+//                     W_l[:, U_c] −= lr · dh_lᵀ h_{l−1}[:, U_c]    (the new columns published as bf16)
+//   (after B_2, or H) W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x
+//   each dh_l, once summed:  b_l[U_c] −= lr · Σ_r dh_l[:, U_c]
+//
+// A grid barrier follows each phase whose output another block reads: F_1..F_L, S, H (L ≥ 2) and
+// B_L..B_3, 2·LAYERS a step (LAYERS = 1: two). The update of W_1 and the next step's F_1 read nothing
+// another block writes between them (F_1 publishes h_1, which only F_2 reads), so no barrier parts
+// them. A buffer written in one phase and read in the next is rewritten a step later, with at least
+// one barrier between its readers and its next writer: one buffer per exchange suffices, and two for
+// the published weights (read in F_l, rewritten in B_l of the same step).
+//
+// So every block reads each exchanged matrix (x, h_1..h_{L−1}, dh_L..dh_2, x again) once a step, with
+// the weights in place; dX and the update of layer l read dh_l in one pass: its mma fragments, as
+// loaded for dh_l · W_l[:, U_c], transposed in registers (movmatrix), are dh_lᵀ's for the update.
+// Sums run in a fixed order without atomics (each product's k split over the warps, their partial
+// sums added as a fixed tree; the barrier's counter is an integer): the same seed gives the same
+// weights bit for bit.
+//
+// Precision (the bf16 rung's): the hidden layers' products read bf16 operands (the images as bf16,
+// 8-bit pixels as k, exact; the weights rounded as they are loaded, or published as bf16; h_l and
+// dh_l exchanged as bf16) with fp32 sums (mma.sync m16n8k16), into fp32 master weights; the head and
+// the softmax in fp32.
+//
+// Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
+// THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
+// BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
+// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, the shared-memory layout SMEM_* and the workspace's
+// WS_* (the offsets of its regions in global memory). Needs bf16 mma and movmatrix (sm_80 and later).
+
+#define WARPS (THREADS / 32)
+#define SLOTS (WARPS / 2)              // partial sums kept in shared memory while the warps' are added
+#define NT (UNITS / 8)                 // a block's units in mma columns of 8
+#define MT ((BATCH + 15) / 16)         // the batch in mma rows of 16
+#define ROWS16 (MT * 16)
+#define F_KSTEPS (FEATURE_STRIDE / 16) // layer 1's inputs in k-steps of 16
+#define H_KSTEPS (HIDDEN_PAD / 16)     // a hidden layer's
+#define PIECE (ROWS16 * UNITS)         // a block's piece of an exchanged matrix (bf16 values)
+#define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
+#define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
+
+#if UNITS % 8 != 0 || NT < 1 || NT > 2 || HIDDEN_PAD != BLOCKS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
+    || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
+    || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 4 != 0 \
+    || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0
+#error "persistent_wide.cu: unsupported sizes"
+#endif
+
+typedef unsigned short bf16_bits;  // a bf16 value as its 16 bits
+
+// ---- shared memory (the layout table: kernels/persistent_wide.py, WideShape.layout) -------------
+struct Smem {
+    double* totals;     // [2·WARPS]                   the warps' loss and correct counts, at the end
+    float* w1;          // [UNITS][W1_STRIDE]           W_1[U_c, :], zero past FEATURES and HIDDEN
+    float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i][u0 + j], l = 2..LAYERS, zero past HIDDEN
+    float* wh;          // [CLASSES][UNITS]             W_h[:, U_c]
+    float* gwh;         // [CLASSES][UNITS], [CLASSES]  the head's gradient: its columns, its bias
+    float* b;           // [LAYERS][UNITS]              b_l[U_c]
+    float* bh;          // [CLASSES]                    the head's bias (every block's copy)
+    float* h_last;      // [ROWS16][UNITS]              h_L[:, U_c], zero past the step's rows
+    bf16_bits* ht;      // [LAYERS−1][UNITS][HT_STRIDE] h_l[:, U_c]ᵀ, l < LAYERS (their ReLU masks too)
+    bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_c]ᵀ
+    float* dh;          // [ROWS16][UNITS]              dh_l[:, U_c], zero past the step's rows
+    float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
+                        //   [R_OWN][BLOCKS][CLASSES], the owned rows' partial logits (no product runs then)
+    float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
+};
+
+__device__ Smem carve(unsigned char* base) {
+    Smem s;
+    SMEM_REGION(s, base, totals, SMEM_TOTALS);
+    SMEM_REGION(s, base, w1, SMEM_W1);
+    SMEM_REGION(s, base, wc, SMEM_WC);
+    SMEM_REGION(s, base, wh, SMEM_WH);
+    SMEM_REGION(s, base, gwh, SMEM_GWH);
+    SMEM_REGION(s, base, b, SMEM_B);
+    SMEM_REGION(s, base, bh, SMEM_BH);
+    SMEM_REGION(s, base, h_last, SMEM_H_LAST);
+    SMEM_REGION(s, base, ht, SMEM_HT);
+    SMEM_REGION(s, base, dht, SMEM_DHT);
+    SMEM_REGION(s, base, dh, SMEM_DH);
+    SMEM_REGION(s, base, part, SMEM_PART);
+    SMEM_REGION(s, base, dl, SMEM_DL);
+    check_shared_bytes(SMEM_BYTES);
+    return s;
+}
+
+// ---- global workspace (its table too: WideShape.workspace; the launcher zeroes `barrier`) ---------
+struct Workspace {
+    unsigned long long* barrier;  // the grid barrier's arrivals
+    double* block_metrics;        // [BLOCKS][2]                       each block's loss and correct count
+    bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
+    bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
+    bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD][HIDDEN_PAD]  W_l, l ≥ 2, by step parity
+    float* partials;              // [BATCH][BLOCKS][CLASSES]          P_c, the head's partial logits, by row
+    float* dz;                    // [BATCH][CLASSES]                  dlogits
+};
+
+__device__ Workspace workspace_at(unsigned char* base) {
+    return Workspace{reinterpret_cast<unsigned long long*>(base + WS_BARRIER), reinterpret_cast<double*>(base + WS_BLOCK_METRICS),
+                     reinterpret_cast<bf16_bits*>(base + WS_ACT), reinterpret_cast<bf16_bits*>(base + WS_GRAD),
+                     reinterpret_cast<bf16_bits*>(base + WS_WG), reinterpret_cast<float*>(base + WS_PARTIALS),
+                     reinterpret_cast<float*>(base + WS_DZ)};
+}
+__device__ __forceinline__ bf16_bits* act_of(const Workspace& ws, int l) { return ws.act + (l - 1) * BLOCKS * PIECE; }
+__device__ __forceinline__ bf16_bits* grad_of(const Workspace& ws, int l) { return ws.grad + (l - 2) * BLOCKS * PIECE; }
+__device__ __forceinline__ bf16_bits* wg_of(const Workspace& ws, int l, int parity) {
+    return ws.wg + (long long)((l - 2) * 2 + parity) * HIDDEN_PAD * HIDDEN_PAD;
+}
+__device__ __forceinline__ float* wc_of(const Smem& s, int l) { return s.wc + (l - 2) * UNITS * WC_STRIDE; }
+__device__ __forceinline__ bf16_bits* ht_of(const Smem& s, int l) { return s.ht + (l - 1) * UNITS * HT_STRIDE; }
+
+// ---- the grid barrier ----------------------------------------------------------------------------
+// Every block's writes before it are visible to every block after it. Thread 0 of each block adds one
+// arrival to a counter that only grows (zeroed before the launch), the release fence ordering the
+// block's writes (made before the block barrier) before it, and waits for the counter to reach the
+// arrivals of this barrier's round: a whole multiple of BLOCKS (every block passes the same barriers).
+// (The pattern of cooperative_groups' grid sync, which NVRTC compiles only with the CUDA headers.)
+__device__ __forceinline__ void grid_sync(unsigned long long* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long arrived = atomicAdd(counter, 1ull);
+        const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
+        unsigned long long now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
+        } while (now < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// ---- the operands of the products ----------------------------------------------------------------
+// An A fragment (16 rows × 16 inputs k0..k0+15) with its k-slots permuted (a permutation of k leaves a
+// product as it is): lane (g, t) holds inputs k0 + 4t .. k0 + 4t + 3 of rows g and g + 8, one 8-byte
+// load a row: a[0] = (row g; k0+4t, +1), a[1] = (row g+8; k0+4t, +1), a[2] = (row g; k0+4t+2, +3),
+// a[3] = (row g+8; k0+4t+2, +3). The B fragments take the same slots: b[0] = inputs k0+4t, +1 and
+// b[1] = k0+4t+2, +3 of unit g.
+__device__ __forceinline__ void a_fragment(unsigned (&a)[4], uint2 row_g, uint2 row_g8) {
+    a[0] = row_g.x; a[1] = row_g8.x; a[2] = row_g.y; a[3] = row_g8.y;
+}
+
+// The rows of an exchanged matrix (h_l or dh_l of the batch, block-major: input k at piece k / UNITS):
+// load(a, k) the fragments of every m-tile at the lane's inputs k = k0 + 4t (rows past the step's are
+// zero there, written so by their producer).
+struct ExchangedRows {
+    const bf16_bits* base;
+    __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
+        const int g = (threadIdx.x & 31) >> 2;
+        const bf16_bits* p = base + (k / UNITS) * PIECE + k % UNITS;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            a_fragment(a[mt], __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g) * UNITS)),
+                       __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g + 8) * UNITS)));
+    }
+};
+
+// The batch's images (rows of FEATURE_STRIDE bf16, read-only for the launch), through the sample
+// order: the lane's rows 16mt + g, + 8, zero past the step's rows (read at image 0 and dropped).
+struct ImageRows {
+    const bf16_bits* images;
+    int row[MT][2];  // the first value of the row's image
+    unsigned valid;  // bit 2·mt + h: row 16mt + 8h + g is one of the step's
+    __device__ __forceinline__ ImageRows(const bf16_bits* images, const int* step_order, int rows) : images(images), valid(0) {
+        const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * mt + 8 * h + g;
+                row[mt][h] = r < rows ? __ldg(step_order + r) * FEATURE_STRIDE : 0;
+                valid |= (r < rows ? 1u : 0u) << (2 * mt + h);
+            }
+    }
+    __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
+        uint2 v[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                v[mt][h] = __ldg(reinterpret_cast<const uint2*>(images + row[mt][h] + k));
+                if (!((valid >> (2 * mt + h)) & 1u)) v[mt][h] = make_uint2(0u, 0u);
+            }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) a_fragment(a[mt], v[mt][0], v[mt][1]);
+    }
+};
+
+// B fragments from fp32 master weights in shared memory, w[n][k] (unit-major, UNITS rows of `stride`),
+// rounded to bf16 as loaded: the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load (a
+// stride ≡ 16 mod 32 floats puts a load phase's two units on different banks).
+struct MasterWeights {
+    const float* w;
+    int stride;
+    __device__ __forceinline__ void load(unsigned (&b)[NT][2], int k) const {
+        const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float4 v = *reinterpret_cast<const float4*>(w + (8 * n + g) * stride + k);
+            b[n][0] = bf16x2(v.x, v.y);
+            b[n][1] = bf16x2(v.z, v.w);
+        }
+    }
+};
+// B fragments from a published bf16 copy of W_l (HIDDEN_PAD × HIDDEN_PAD, row-major), at the block's rows.
+struct PublishedWeights {
+    const bf16_bits* rows;  // W_l[u0, 0]
+    __device__ __forceinline__ void load(unsigned (&b)[NT][2], int k) const {
+        const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const uint2 v = __ldcg(reinterpret_cast<const uint2*>(rows + (8 * n + g) * HIDDEN_PAD + k));
+            b[n][0] = v.x;
+            b[n][1] = v.y;
+        }
+    }
+};
+
+template <int N>
+__device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsigned (&from)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) to[i][q] = from[i][q];
+}
+
+// ---- the products --------------------------------------------------------------------------------
+template <int M>
+__device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) sums[i][n][q] = 0.0f;
+}
+
+// body(ks, a) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
+// m-tile at the k-step (a_fragment's layout), the next k-step's loaded while this one's are used.
+template <class Rows, class Body>
+__device__ __forceinline__ void each_kstep(const Rows& rows, int ksteps, Body body) {
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+    unsigned a[MT][4];
+    if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
+    for (int ks = warp; ks < ksteps; ks += WARPS) {
+        const bool more = ks + WARPS < ksteps;
+        unsigned next[MT][4];
+        if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
+        body(ks, a);
+        if (more) copy_fragments(a, next);
+    }
+}
+
+// acc = rows · Wᵀ over warp w's k-steps (m = rows, n = the block's units, k = inputs).
+template <class Rows, class Weights>
+__device__ __forceinline__ void forward_product(const Rows& rows, const Weights& weights, int ksteps,
+                                                float (&acc)[MT][NT][4]) {
+    const int t = threadIdx.x & 3;
+    zero_sums(acc);
+    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
+        unsigned b[NT][2];
+        weights.load(b, 16 * ks + 4 * t);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_bf16(acc[mt][n], a[mt], b[n]);
+    });
+}
+
+// The update of fp32 master weights w[j][i] (unit-major, `stride`) from G = rowsᵀ · bt over the batch
+// (i = the inputs of warp w's k-steps, j = the block's units: G[i][j] = Σ_r rows[r][i] · bt[j][r]),
+// w −= lr · G; with DX also acc = rows · wᵀ (the weights before the update, as forward_product), and
+// with `published` the new weights as bf16 at published[i·HIDDEN_PAD + j].
+// G's A operand is rows' fragments as loaded for acc, each 8×8 quarter transposed (movmatrix): the
+// quarter a[q] holds M[ρ][c] = rows[16mt + ρ (+8)][k0 + kmap(c) (+2)], kmap(c) = 4⌊c/2⌋ + c mod 2, so
+// its transpose is M[c][ρ] (m = input slot c, k = row ρ): {T(a[0]), T(a[2]), T(a[1]), T(a[3])} is the
+// A fragment of the inputs k0 + kmap(g) (m-slots g) and k0 + kmap(g) + 2 (m-slots g + 8) over the
+// tile's 16 rows. bt[j][r] (UNITS rows of HT_STRIDE bf16) gives B (k = rows, n = units) as 4-byte
+// loads. The k-steps are the warp's own: no other warp reads or writes these weights meanwhile.
+template <bool DX, class Rows>
+__device__ __forceinline__ void update_product(const Rows& rows, int ksteps, float* w, int stride, const bf16_bits* bt,
+                                               float lr, bf16_bits* published, float (&acc)[MT][NT][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (DX) zero_sums(acc);
+    const int kmap = 4 * (g >> 1) + (g & 1);
+    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
+        if (DX) {
+            unsigned b[NT][2];
+            MasterWeights{w, stride}.load(b, 16 * ks + 4 * t);  // (before this k-step's update below)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NT; ++n) mma_bf16(acc[mt][n], a[mt], b[n]);
+        }
+        float grad[1][NT][4];
+        zero_sums(grad);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const unsigned at[4] = {movmatrix_trans(a[mt][0]), movmatrix_trans(a[mt][2]), movmatrix_trans(a[mt][1]),
+                                    movmatrix_trans(a[mt][3])};
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const bf16_bits* p = bt + (8 * n + g) * HT_STRIDE + 16 * mt + 2 * t;
+                const unsigned b[2] = {*reinterpret_cast<const unsigned*>(p), *reinterpret_cast<const unsigned*>(p + 8)};
+                mma_bf16(grad[0][n], at, b);
+            }
+        }
+        // grad[0][n]: (input i, unit j), (i, j + 1), (i + 2, j), (i + 2, j + 1) for i = k0 + kmap, j = 8n + 2t
+        const int i = 16 * ks + kmap;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int j = 8 * n + 2 * t;
+            float* w0 = w + j * stride + i;
+            float* w1 = w0 + stride;
+            const float n00 = fmaf(-lr, grad[0][n][0], w0[0]), n10 = fmaf(-lr, grad[0][n][1], w1[0]);
+            const float n02 = fmaf(-lr, grad[0][n][2], w0[2]), n12 = fmaf(-lr, grad[0][n][3], w1[2]);
+            w0[0] = n00; w1[0] = n10; w0[2] = n02; w1[2] = n12;
+            if (published != nullptr) {
+                __stcg(reinterpret_cast<unsigned*>(published + i * HIDDEN_PAD + j), bf16x2(n00, n10));
+                __stcg(reinterpret_cast<unsigned*>(published + (i + 2) * HIDDEN_PAD + j), bf16x2(n02, n12));
+            }
+        }
+    });
+}
+
+// Σ over the warps of acc (each warp's sums over its k-steps) in a fixed order: warp w + SLOTS's into
+// warp w's (w < SLOTS), then the SLOTS sums as a tree of pairs; finish(r, u, v0, v1) for each row r <
+// ROWS16 and pair of units u, u + 1. Ends without a block barrier: finish's writes are its own.
+template <class Finish>
+__device__ __forceinline__ void sum_over_warps(const Smem& s, const float (&acc)[MT][NT][4], Finish finish) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    auto slot = [&](int w, int r, int u) { return reinterpret_cast<float2*>(s.part + (w * ROWS16 + r) * PART_STRIDE + u); };
+    if (warp >= SLOTS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *slot(warp - SLOTS, 16 * mt + 8 * h + g, 8 * n + 2 * t) = make_float2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
+    }
+    __syncthreads();
+    if (warp < SLOTS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float2* p = slot(warp, 16 * mt + 8 * h + g, 8 * n + 2 * t);
+                    const float2 other = *p;
+                    *p = make_float2(acc[mt][n][2 * h] + other.x, acc[mt][n][2 * h + 1] + other.y);
+                }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ROWS16 * UNITS / 2; i += THREADS) {
+        const int r = i / (UNITS / 2), u = 2 * (i - r * (UNITS / 2));
+        float2 v[SLOTS];
+#pragma unroll
+        for (int w = 0; w < SLOTS; ++w) v[w] = *slot(w, r, u);
+#pragma unroll
+        for (int step = 1; step < SLOTS; step *= 2)
+#pragma unroll
+            for (int w = 0; w + step < SLOTS; w += 2 * step) v[w] = make_float2(v[w].x + v[w + step].x, v[w].y + v[w + step].y);
+        finish(r, u, v[0].x, v[0].y);
+    }
+}
+
+// Σ_{r < ROWS16} value(r) as four sums over r mod 4, then (s0 + s1) + (s2 + s3): a fixed order.
+template <class Value>
+__device__ __forceinline__ float sum_rows(Value value) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (int r = 0; r < ROWS16; r += 4)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) part[q] += value(r + q);
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+// ---- the phases ----------------------------------------------------------------------------------
+struct Step {
+    int step, rows, rank;
+    const int* order;  // the step's sample indices (global)
+};
+
+// F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
+template <class Rows, class Weights>
+__device__ __forceinline__ void forward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, const Rows& rows,
+                                              const Weights& weights, int ksteps, float unit) {
+    float acc[MT][NT][4];
+    forward_product(rows, weights, ksteps, acc);
+    const float* bias = s.b + (l - 1) * UNITS;
+    bf16_bits* ht = l < LAYERS ? ht_of(s, l) : nullptr;
+    bf16_bits* piece = l < LAYERS ? act_of(ws, l) + st.rank * PIECE : nullptr;
+    sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
+        const bool real = r < st.rows;
+        const float h0 = real ? fmaxf(fmaf(unit, v0, bias[u]), 0.0f) : 0.0f;
+        const float h1 = real ? fmaxf(fmaf(unit, v1, bias[u + 1]), 0.0f) : 0.0f;
+        if (l == LAYERS) {
+            *reinterpret_cast<float2*>(s.h_last + r * UNITS + u) = make_float2(h0, h1);
+        } else {
+            const unsigned pair = bf16x2(h0, h1);
+            ht[u * HT_STRIDE + r] = (bf16_bits)(pair & 0xffffu);
+            ht[(u + 1) * HT_STRIDE + r] = (bf16_bits)(pair >> 16);
+            __stcg(reinterpret_cast<unsigned*>(piece + r * UNITS + u), pair);
+        }
+    });
+}
+
+// The head's partial logits P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ of the step's rows, published.
+__device__ __forceinline__ void head_partials(const Smem& s, const Workspace& ws, const Step& st) {
+    __syncthreads();  // h_last is whole
+    for (int i = threadIdx.x; i < st.rows * CLASSES; i += THREADS) {
+        const int r = i / CLASSES, j = i - r * CLASSES;
+        float z = 0.0f;
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) z = fmaf(s.h_last[r * UNITS + u], s.wh[j * UNITS + u], z);
+        __stcg(ws.partials + ((long long)r * BLOCKS + st.rank) * CLASSES + j, z);
+    }
+}
+
+// S: the softmax of rows r = rank + BLOCKS·q, a warp a row and a lane a class; dz published, the loss
+// and correct count kept by lane 0. The owned rows' partial logits (BLOCKS·CLASSES floats a row,
+// adjacent) come in first, by the whole block at once: one trip to L2, not BLOCKS.
+__device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws, const Step& st, const int* labels,
+                                             bool measure, double& loss_sum, double& correct_sum) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int ROW_VALUES = BLOCKS * CLASSES;
+    float* zin = s.part;
+    for (int i = threadIdx.x; i < R_OWN * ROW_VALUES; i += THREADS) {
+        const int q = i / ROW_VALUES, r = st.rank + BLOCKS * q;
+        if (r < st.rows) zin[i] = __ldcg(ws.partials + (long long)r * ROW_VALUES + (i - q * ROW_VALUES));
+    }
+    __syncthreads();
+    for (int q = warp; st.rank + BLOCKS * q < st.rows; q += WARPS) {
+        const int r = st.rank + BLOCKS * q;
+        const bool is_class = lane < CLASSES;
+        float z = -__int_as_float(0x7f800000);  // −∞ past the classes
+        if (is_class) {
+            float sum = 0.0f;
+            for (int c = 0; c < BLOCKS; ++c) sum += zin[q * ROW_VALUES + c * CLASSES + lane];
+            z = sum + s.bh[lane];
+        }
+        const int label = __ldg(labels + __ldg(st.order + r));
+        float m, total;
+        const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
+        if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
+        if (measure) {
+            unsigned at_max;
+            const float z_label = warp_label_logit(z, is_class, 0, label, m, at_max);
+            if (lane == 0) {
+                loss_sum += (double)xent_loss(total, m, z_label);
+                correct_sum += first_max_is(at_max, label) ? 1.0 : 0.0;
+            }
+        }
+    }
+}
+
+// Once dh_l[:, U_c] is whole in s.dh: b_l[U_c] −= lr · Σ_r dh_l, and dh_l published (l ≥ 2) or kept
+// transposed for W_1's update (l = 1).
+__device__ __forceinline__ void own_gradient_done(const Smem& s, const Workspace& ws, const Step& st, int l, int bias,
+                                                  float lr) {
+    __syncthreads();
+    if (bias && threadIdx.x < UNITS) {
+        const int u = threadIdx.x;
+        s.b[(l - 1) * UNITS + u] = fmaf(-lr, sum_rows([&](int r) { return s.dh[r * UNITS + u]; }), s.b[(l - 1) * UNITS + u]);
+    }
+    if (l >= 2) {
+        bf16_bits* piece = grad_of(ws, l) + st.rank * PIECE;
+        for (int i = threadIdx.x; i < ROWS16 * UNITS / 2; i += THREADS) {
+            const float2 v = *reinterpret_cast<const float2*>(s.dh + 2 * i);
+            __stcg(reinterpret_cast<unsigned*>(piece) + i, bf16x2(v.x, v.y));
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS16 * UNITS; i += THREADS) {
+            const int r = i % ROWS16, u = i / ROWS16;
+            s.dht[u * HT_STRIDE + r] = (bf16_bits)(bf16x2(s.dh[r * UNITS + u], 0.0f) & 0xffffu);
+        }
+    }
+}
+
+// H: dlogits of every row in, dh_L[:, U_c] and the head's update.
+__device__ __forceinline__ void head_gradient(const Smem& s, const Workspace& ws, const Step& st, int bias, float lr) {
+    for (int i = threadIdx.x; i < ROWS16 * CLASSES; i += THREADS)
+        s.dl[i] = i < st.rows * CLASSES ? __ldcg(ws.dz + i) : 0.0f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < ROWS16 * UNITS; i += THREADS) {  // dh_L, from W_h before its update
+        const int r = i / UNITS, u = i - r * UNITS;
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CLASSES + j], s.wh[j * UNITS + u], v);
+        s.dh[i] = s.h_last[i] > 0.0f ? v : 0.0f;
+    }
+    for (int i = threadIdx.x; i < CLASSES * UNITS; i += THREADS) {
+        const int j = i / UNITS, u = i - j * UNITS;
+        s.gwh[i] = sum_rows([&](int r) { return s.dl[r * CLASSES + j] * s.h_last[r * UNITS + u]; });
+    }
+    if (bias && threadIdx.x < CLASSES) {
+        const int j = threadIdx.x;
+        s.gwh[CLASSES * UNITS + j] = sum_rows([&](int r) { return s.dl[r * CLASSES + j]; });
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < CLASSES * UNITS; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
+    if (bias && threadIdx.x < CLASSES) s.bh[threadIdx.x] = fmaf(-lr, s.gwh[CLASSES * UNITS + threadIdx.x], s.bh[threadIdx.x]);
+    own_gradient_done(s, ws, st, LAYERS, bias, lr);
+}
+
+// B_l, l ≥ 2: dh_{l−1}[:, U_c] and the update of W_l[:, U_c] (published for the next step's forward).
+__device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, int bias, float lr) {
+    float acc[MT][NT][4];
+    const bf16_bits* ht = ht_of(s, l - 1);
+    update_product<true>(ExchangedRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
+                         wg_of(ws, l, (st.step + 1) & 1) + st.rank * UNITS, acc);
+    sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
+        const bool real = r < st.rows;  // (h_{l−1} as bf16 is > 0 where it is: [h > 0], the ReLU's mask)
+        *reinterpret_cast<float2*>(s.dh + r * UNITS + u) =
+            make_float2(real && to_float(ht[u * HT_STRIDE + r]) > 0.0f ? v0 : 0.0f,
+                        real && to_float(ht[(u + 1) * HT_STRIDE + r]) > 0.0f ? v1 : 0.0f);
+    });
+    own_gradient_done(s, ws, st, l - 1, bias, lr);
+}
+
+// W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x.
+__device__ __forceinline__ void update_first_layer(const Smem& s, const Step& st, const bf16_bits* images, float lr) {
+    __syncthreads();  // dht is whole
+    float unused[MT][NT][4];
+    update_product<false>(ImageRows(images, st.order, st.rows), F_KSTEPS, s.w1, W1_STRIDE, s.dht, lr * X_UNIT, nullptr,
+                          unused);
+    __syncthreads();  // (the next step's forward of layer 1 reads W_1)
+}
+
+// ---- parameters in and out -----------------------------------------------------------------------
+// params: the weights of hidden layers 1..LAYERS and of the head, then their biases (row-major
+// fan_out × fan_in, as the stage keeps them).
+__device__ void load_parameters(const Smem& s, const Workspace& ws, const unsigned long long* params, int bias, int u0) {
+    const float* const* w = reinterpret_cast<const float* const*>(params);
+    const float* const* b = reinterpret_cast<const float* const*>(params + LAYERS + 1);
+    const int tid = threadIdx.x;
+    for (int i = tid; i < UNITS * W1_STRIDE; i += THREADS) {
+        const int u = i / W1_STRIDE, f = i - u * W1_STRIDE;
+        s.w1[i] = u0 + u < HIDDEN && f < FEATURES ? w[0][(long long)(u0 + u) * FEATURES + f] : 0.0f;
+    }
+    for (int l = 2; l <= LAYERS; ++l) {
+        float* wc = wc_of(s, l);
+        bf16_bits* published = wg_of(ws, l, 0) + u0;  // step 0's forward reads this copy
+        for (int i = tid; i < WC_STRIDE * UNITS; i += THREADS) {
+            const int k = i / UNITS, j = i - k * UNITS;  // (j fastest: a row's units are adjacent in global memory)
+            const float v = k < HIDDEN && u0 + j < HIDDEN ? w[l - 1][(long long)k * HIDDEN + u0 + j] : 0.0f;
+            wc[j * WC_STRIDE + k] = v;
+            if (k < HIDDEN_PAD) published[k * HIDDEN_PAD + j] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
+        }
+    }
+    for (int i = tid; i < CLASSES * UNITS; i += THREADS) {
+        const int j = i / UNITS, u = i - j * UNITS;
+        s.wh[i] = u0 + u < HIDDEN ? w[LAYERS][j * HIDDEN + u0 + u] : 0.0f;
+    }
+    for (int i = tid; i < LAYERS * UNITS; i += THREADS) {
+        const int l = i / UNITS, u = i - l * UNITS;
+        s.b[i] = bias && u0 + u < HIDDEN ? b[l][u0 + u] : 0.0f;
+    }
+    if (tid < CLASSES) s.bh[tid] = bias ? b[LAYERS][tid] : 0.0f;
+}
+
+__device__ void store_parameters(const Smem& s, const unsigned long long* params, int bias, int u0, int rank) {
+    float* const* w = reinterpret_cast<float* const*>(params);
+    float* const* b = reinterpret_cast<float* const*>(params + LAYERS + 1);
+    const int tid = threadIdx.x;
+    for (int i = tid; i < UNITS * FEATURES; i += THREADS) {
+        const int u = i / FEATURES, f = i - u * FEATURES;
+        if (u0 + u < HIDDEN) w[0][(long long)(u0 + u) * FEATURES + f] = s.w1[u * W1_STRIDE + f];
+    }
+    for (int l = 2; l <= LAYERS; ++l) {
+        const float* wc = wc_of(s, l);
+        for (int i = tid; i < HIDDEN * UNITS; i += THREADS) {
+            const int k = i / UNITS, j = i - k * UNITS;
+            if (u0 + j < HIDDEN) w[l - 1][(long long)k * HIDDEN + u0 + j] = wc[j * WC_STRIDE + k];
+        }
+    }
+    for (int i = tid; i < CLASSES * UNITS; i += THREADS) {
+        const int j = i / UNITS, u = i - j * UNITS;
+        if (u0 + u < HIDDEN) w[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
+    }
+    for (int i = tid; bias && i < LAYERS * UNITS; i += THREADS) {
+        const int l = i / UNITS, u = i - l * UNITS;
+        if (u0 + u < HIDDEN) b[l][u0 + u] = s.b[i];
+    }
+    if (bias && rank == 0 && tid < CLASSES) b[LAYERS][tid] = s.bh[tid];
+}
+
+// ---- the epoch -----------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+wide_epoch(const bf16_bits* images, const int* labels, const int* order, const unsigned long long* params, int bias,
+           int num_samples, int num_steps, float lr, double* metrics, int measure, unsigned char* workspace) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Smem s = carve(smem_raw);
+    const Workspace ws = workspace_at(workspace);
+    const int rank = blockIdx.x;
+    const int u0 = rank * UNITS;  // this block's first unit
+    load_parameters(s, ws, params, bias, u0);
+    grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0)
+
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
+    for (int step = 0; step < num_steps; ++step) {
+        const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH};
+        forward_layer(s, ws, st, 1, ImageRows(images, st.order, st.rows), MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT);
+        for (int l = 2; l <= LAYERS; ++l) {
+            grid_sync(ws.barrier);  // h_{l−1} of every block published
+            forward_layer(s, ws, st, l, ExchangedRows{act_of(ws, l - 1)},
+                          PublishedWeights{wg_of(ws, l, step & 1) + (long long)u0 * HIDDEN_PAD}, H_KSTEPS, 1.0f);
+        }
+        head_partials(s, ws, st);
+        grid_sync(ws.barrier);  // every block's partial logits
+        softmax_rows(s, ws, st, labels, measure != 0, loss_sum, correct_sum);
+        grid_sync(ws.barrier);  // every row's dlogits
+        head_gradient(s, ws, st, bias, lr);
+        for (int l = LAYERS; l >= 2; --l) {
+            grid_sync(ws.barrier);  // dh_l of every block published
+            backward_layer(s, ws, st, l, bias, lr);
+        }
+        update_first_layer(s, st, images, lr);
+    }
+
+    // ---- parameters back to global memory; the metrics, added in block order by block 0 ---------
+    __syncthreads();
+    store_parameters(s, params, bias, u0, rank);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { s.totals[2 * warp] = loss_sum; s.totals[2 * warp + 1] = correct_sum; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double l = 0.0, c = 0.0;
+        for (int w = 0; w < WARPS; ++w) { l += s.totals[2 * w]; c += s.totals[2 * w + 1]; }
+        __stcg(ws.block_metrics + 2 * rank, l);
+        __stcg(ws.block_metrics + 2 * rank + 1, c);
+    }
+    grid_sync(ws.barrier);
+    if (measure && rank == 0 && threadIdx.x == 0) {
+        double l = 0.0, c = 0.0;
+        for (int k = 0; k < BLOCKS; ++k) { l += __ldcg(ws.block_metrics + 2 * k); c += __ldcg(ws.block_metrics + 2 * k + 1); }
+        metrics[0] += l;
+        metrics[1] += c;
+    }
+}

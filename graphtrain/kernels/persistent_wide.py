@@ -1,0 +1,217 @@
+"""Launcher for persistent_wide.cu: an MLP trained by a cooperative grid of one block per SM, one
+launch an epoch (the model too wide for one cluster's shared memory: see persistent_mlp.py).
+
+The kernel is compiled for the model's sizes, the batch and the number of blocks, so a
+`PersistentWide` is made per workload, and `WideShape.refusal` says beforehand why one cannot be.
+Its shared memory and its global workspace are each laid out by one table (`WideShape.layout`,
+`WideShape.workspace`), which both the launcher and the kernel's -D defines come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region
+from graphtrain.libs import cuda
+
+THREADS = 256  # per block: eight warps, the k-steps of each product split over them
+# The units of every hidden layer a block owns, in the order tried: the first whose grid fits the GPU
+# (one block per SM) and whose layout fits a block's shared memory. A block's products are its units
+# wide (mma columns of 8); every block reads each exchanged matrix whole whatever it owns, so fewer,
+# wider blocks read less of L2 between them and more each.
+UNIT_CHOICES = (8, 16)
+ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
+MAX_IMAGE_VALUES = 2**31 - 1  # the kernel's image row offsets are 32-bit
+
+
+def conflict_free_stride(values: int) -> int:
+    """A row of `values` floats (a multiple of 16) padded to ≡ 16 (mod 32): a load phase's two rows of
+    16-byte loads (units g, g + 1; inputs 4t..4t + 3) then lie on different halves of the banks."""
+    return values if values % 32 == 16 else values + 16
+
+
+@dataclass(frozen=True)
+class WideShape:
+    """The sizes the kernel is compiled for: the model's, the batch's, and the grid's (`sm_count`
+    bounds the blocks; `units`, where given, fixes the units a block owns instead of UNIT_CHOICES)."""
+
+    features: int
+    hidden: tuple[int, ...]
+    classes: int
+    batch: int
+    pixel_levels: int = 0  # 255: 8-bit pixels k/255, which the kernel reads as k (persistent.pixel_levels)
+    bf16: bool = True  # the only precision the kernel has (bf16 operands, fp32 sums and master weights)
+    sm_count: int = ASSUMED_SMS
+    units: int = 0
+
+    kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
+
+    @property
+    def layers(self) -> int:
+        return len(self.hidden)
+
+    @property
+    def width(self) -> int:
+        return self.hidden[0]
+
+    @property
+    def padded_features(self) -> int:
+        """Inputs per image row as the kernel reads them: whole k-steps of 16."""
+        return ceil_div(self.features, 16) * 16
+
+    @property
+    def image_dtype(self) -> type:
+        return np.uint16  # bf16 bits: 8-bit pixels as k (exact), other floats rounded
+
+    @property
+    def rows16(self) -> int:
+        return ceil_div(self.batch, 16) * 16
+
+    def blocks_for(self, units: int) -> int:
+        """Blocks of `units` units that cover the width, in whole k-steps of 16 units."""
+        return ceil_div(self.width, units) if units % 16 == 0 else 2 * ceil_div(self.width, 2 * units)
+
+    def problem_with(self, units: int) -> str | None:
+        """Why a grid of blocks of `units` units cannot train this shape, or None."""
+        blocks = self.blocks_for(units)
+        if blocks > self.sm_count:
+            return f"{blocks} blocks of {units} units, one per SM, and the GPU has {self.sm_count}"
+        needed = self.layout_with(units).bytes
+        if needed > MAX_SHARED_BYTES:
+            return f"a block of {units} units needs {needed} bytes of shared memory (at most {MAX_SHARED_BYTES})"
+        return None
+
+    @property
+    def block_units(self) -> int:
+        """The units a block owns: `units` where given, else the first of UNIT_CHOICES that fits
+        (the first, for a shape that none fits: refusal says why)."""
+        if self.units:
+            return self.units
+        return next((u for u in UNIT_CHOICES if self.problem_with(u) is None), UNIT_CHOICES[0])
+
+    @property
+    def blocks(self) -> int:
+        return self.blocks_for(self.block_units)
+
+    @property
+    def padded_hidden(self) -> int:
+        return self.blocks * self.block_units
+
+    def strides_with(self, units: int) -> dict[str, int]:
+        """Values per row of persistent_wide.cu's buffers:
+          W1_STRIDE, WC_STRIDE  the master weights' rows (a unit's inputs), conflict_free_stride;
+          HT_STRIDE    a unit's rows of a transposed bf16 operand: ≡ 8 (mod 16) bf16, so that the
+                       eight units of a 4-byte load phase start on eight different 16-byte columns;
+          PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units two rows of a
+                       float2 store phase share banks, and the padding would cost 16 KB, which the
+                       784³ MLP's blocks of 16 units do not have)."""
+        padded_hidden = self.blocks_for(units) * units
+        return {"W1_STRIDE": conflict_free_stride(self.padded_features), "WC_STRIDE": conflict_free_stride(padded_hidden),
+                "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units}
+
+    @property
+    def strides(self) -> dict[str, int]:
+        return self.strides_with(self.block_units)
+
+    def layout_with(self, units: int) -> Layout:
+        """persistent_wide.cu's shared memory for blocks of `units` units (its struct Smem says what
+        each region holds)."""
+        st, layers, classes, rows16 = self.strides_with(units), self.layers, self.classes, self.rows16
+        return Layout([
+            Region("totals", "double", 2 * THREADS // 32),
+            Region("w1", "float", units * st["W1_STRIDE"], 16),
+            Region("wc", "float", (layers - 1) * units * st["WC_STRIDE"], 16),
+            Region("wh", "float", classes * units, 16),
+            Region("gwh", "float", classes * units + classes, 16),
+            Region("b", "float", layers * units, 16),
+            Region("bh", "float", classes, 16),
+            Region("h_last", "float", rows16 * units, 16),
+            Region("ht", "unsigned short", (layers - 1) * units * st["HT_STRIDE"], 16),
+            Region("dht", "unsigned short", units * st["HT_STRIDE"], 16),
+            Region("dh", "float", rows16 * units, 16),
+            # the warps' partial sums of a product, and in the softmax (no product then) the owned
+            # rows' partial logits
+            Region("part", "float", max(THREADS // 32 // 2 * rows16 * st["PART_STRIDE"],
+                                        ceil_div(self.batch, self.blocks_for(units)) * self.blocks_for(units) * classes), 16),
+            Region("dl", "float", rows16 * classes, 16),
+        ])
+
+    @property
+    def layout(self) -> Layout:
+        return self.layout_with(self.block_units)
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.layout.bytes
+
+    @property
+    def workspace(self) -> Layout:
+        """The kernel's global scratch (its struct Workspace), each region on a 256-byte boundary."""
+        blocks, units, padded, layers = self.blocks, self.block_units, self.padded_hidden, self.layers
+        piece = self.rows16 * units
+        return Layout([
+            Region("barrier", "unsigned long long", 1, 256),
+            Region("block_metrics", "double", 2 * blocks, 256),
+            Region("act", "unsigned short", (layers - 1) * blocks * piece, 256),
+            Region("grad", "unsigned short", (layers - 1) * blocks * piece, 256),
+            Region("wg", "unsigned short", (layers - 1) * 2 * padded * padded, 256),
+            Region("partials", "float", self.batch * blocks * self.classes, 256),
+            Region("dz", "float", self.batch * self.classes, 256),
+        ])
+
+    @property
+    def defines(self) -> dict[str, int]:
+        """The -D defines persistent_wide.cu is compiled with for this shape."""
+        workspace = self.workspace
+        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "FEATURES": self.features,
+                "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.width, "HIDDEN_PAD": self.padded_hidden,
+                "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "PIXEL_LEVELS": self.pixel_levels,
+                **self.strides, **self.layout.defines,
+                **{f"WS_{name.upper()}": offset for name, offset in workspace.offsets.items()}}
+
+    def refusal(self) -> str | None:
+        """Why the kernel cannot train this shape, or None."""
+        dims = "-".join(map(str, (self.features, *self.hidden, self.classes)))
+        if not self.bf16:
+            return f"the {dims} MLP in fp32: the grid kernel trains in bf16 only (--precision bf16)"
+        if self.classes > MAX_CLASSES:
+            return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
+        if len(set(self.hidden)) > 1:
+            return f"the {dims} MLP: its hidden layers must all have the same size"
+        choices = (self.units,) if self.units else UNIT_CHOICES
+        problems = [self.problem_with(units) for units in choices]
+        if all(problems):
+            return f"the {dims} MLP at batch {self.batch} on a grid: " + "; ".join(problems)
+        return None
+
+
+class PersistentWide(KernelFile):
+    stem = "persistent_wide"
+    min_arch = 80  # bf16 mma and movmatrix; no cluster
+    headers = ("smem_layout.cuh", "bf16_mma.cuh", "logits_loss.cuh")
+    # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
+    # passes its own.
+    defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}
+    _wide_epoch = kernel("wide_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32, PTR, cooperative=True,
+                         max_shared_bytes=MAX_SHARED_BYTES)
+
+    def __init__(self, device, shape: WideShape):
+        self.shape, self.shared_bytes = shape, shape.shared_bytes  # (the table is read once, not per launch)
+        workspace = shape.workspace
+        self.workspace_bytes, self.barrier_offset = workspace.bytes, workspace.offsets["barrier"]
+        super().__init__(device, shape.defines)
+
+    def train_epoch(self, stream, images: int, labels: int, order: int, params: int, bias: bool, num_samples: int,
+                    num_steps: int, lr: float, metrics: int, measure: bool, workspace: int) -> None:
+        """`num_steps` SGD steps of the shape's batch over samples order[0:num_samples] (the last
+        batch may be shorter). `params`: a device array of 2·(layers + 1) addresses, the weights
+        (fan_out × fan_in) of each layer, the head's last, then their biases (unread without a
+        bias), all updated in place; metrics += (Σ loss, #correct) when measuring. `images`:
+        num_samples × padded_features bf16 (persistent.kernel_images); `workspace`: workspace_bytes
+        of device memory, its barrier counter zeroed here before the launch."""
+        cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
+        self._wide_epoch(stream, self.shape.blocks, THREADS, images, labels, order, params, int(bias), num_samples,
+                         num_steps, lr, metrics, measure, workspace, shared_bytes=self.shared_bytes)

@@ -1,0 +1,151 @@
+"""The persistent rung's grid kernel (kernels/persistent_wide.cu) on one GPU, in one call of under ten
+minutes, each part in a process of its own with a time limit (a grid barrier that never opens shows
+as a part that ran out of time, and the parts after it still run):
+
+  smoke    an MLP of two hidden layers of 72 units (10 blocks), one epoch of 300 samples, every
+           kernel of the report compiled meanwhile (the compile cache serves the parts after it)
+  timing   the 784³ MLP of the jhu preset (batch 128, SGD at 0.1, 20 epochs) on MNIST: the median
+           epoch (CUDA events) and the test accuracy of `persistent` in blocks of 8 units and of 16,
+           of `device-loop` (bf16) and of `graphs` (fp32); then `persistent` on the cuda-mnist preset
+           at H = 512 and 1024 (batch 32, 5000 steps): its training time and accuracy
+  errors   the weights' change after three steps against float64 and against the bf16 rung (the
+           bounds the GPU tests hold them to), at 784 and 1024 units
+  tests    tests/test_persistent_wide_gpu.py and the persistent rung's refusals in test_rungs_gpu.py
+
+Usage (GPU machine, from the tree, GRAPHTRAIN_DATA naming the MNIST folder):
+  python3 scripts/checks/wide_persistent.py [OUT_DIR]      (each part's whole output in OUT_DIR)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this tree's graphtrain, in this process and (PYTHONPATH) in the parts'
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+PARTS = {"smoke": 120, "timing": 200, "errors": 90, "tests": 170}  # seconds each may take
+TESTS = ["tests/test_persistent_wide_gpu.py", "tests/test_rungs_gpu.py::test_persistent_refuses_a_model_it_cannot_train",
+         "tests/test_rungs_gpu.py::test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing"]
+
+
+def precompile() -> None:
+    """Every grid kernel the parts build, compiled at once on all cores into the cache."""
+    from graphtrain.kernels.persistent_wide import PersistentWide, WideShape
+    from graphtrain.libs import cuda
+
+    device = cuda.open_device()
+    shapes = [WideShape(784, hidden, 10, batch, levels, sm_count=device.sm_count, units=units)
+              for hidden, batch, levels, units in (
+                  ((784,) * 3, 128, 255, 8), ((784,) * 3, 128, 255, 16), ((784,) * 3, 128, 0, 8),
+                  ((1024,) * 3, 128, 255, 8), ((512,) * 3, 128, 255, 8), ((257,) * 3, 128, 255, 8),
+                  ((512,) * 3, 32, 255, 8), ((1024,) * 3, 32, 255, 8), ((512,), 128, 255, 8), ((257,) * 2, 100, 0, 8))]
+    futures = [PersistentWide.cubin_async(device.arch, shape.defines) for shape in shapes]
+    for future in futures:
+        future.result()
+
+
+def smoke() -> None:
+    import numpy as np
+
+    from graphtrain.config import TrainConfig
+    from graphtrain.data import Dataset
+    from graphtrain.training import train
+
+    started = time.perf_counter()
+    data = Dataset.synthetic(300, 100, seed=1)
+    record = train(TrainConfig(hidden=(72, 72), batch=128, epochs=1, lr=0.1, seed=2), stage="persistent", data=data)
+    env = record.environment
+    print(f"smoke: {env['persistent_kernel']} kernel ({env['persistent_products']}), loss "
+          f"{record.epochs[-1].train_loss:.4f}, finite weights "
+          f"{all(np.isfinite(layer.w).all() for layer in record.params)}, {time.perf_counter() - started:.1f} s")
+    precompile()
+    print(f"smoke: kernels compiled, {time.perf_counter() - started:.1f} s in all")
+
+
+def timing() -> None:
+    from graphtrain.config import PRESETS
+    from graphtrain.data import load
+    from graphtrain.kernels import persistent_wide
+    from graphtrain.training import train
+
+    data = load("mnist")
+    jhu = PRESETS["jhu"].replace(hidden=(784,) * 3)
+
+    def row(label: str, stage: str, cfg) -> None:
+        record = train(cfg, stage=stage, data=data)
+        ms = [epoch.ms for epoch in record.epochs]
+        kernel = record.environment.get("persistent_products", "")
+        print(f"{label:<34} median {statistics.median(ms):8.2f} ms/epoch  (min {min(ms):.2f}, max {max(ms):.2f}; "
+              f"train {sum(ms):8.1f} ms)  test accuracy {100 * record.test_accuracy:.2f}%  {kernel}", flush=True)
+
+    choices = persistent_wide.UNIT_CHOICES
+    for units in choices:
+        persistent_wide.UNIT_CHOICES = (units,)
+        row(f"784^3 jhu persistent, {units} units", "persistent", jhu)
+    persistent_wide.UNIT_CHOICES = choices
+    row("784^3 jhu device-loop (bf16)", "device-loop", jhu)
+    row("784^3 jhu graphs (fp32)", "graphs", jhu)
+    for h in (512, 1024):
+        row(f"cuda-mnist H={h} persistent", "persistent", PRESETS["cuda-mnist"].replace(hidden=(h,) * 3))
+
+
+def errors() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_persistent_wide_gpu as wide_tests
+
+    from graphtrain.kernels import persistent_wide
+
+    def show(label: str, result: dict) -> None:
+        shape = result.pop("shape")
+        numbers = ", ".join(f"{name} {value:.3g}" for name, value in result.items())
+        print(f"{label} ({shape.blocks} blocks of {shape.block_units} units): {numbers}  (bound {wide_tests.BOUND})",
+              flush=True)
+
+    show("784^3, 3 steps", wide_tests.wide_step_errors((784,) * 3, 128, seed=0, against_bf16=True))
+    show("1024^3, 3 steps", wide_tests.wide_step_errors((1024,) * 3, 128, seed=0))
+    persistent_wide.UNIT_CHOICES = (16,)
+    show("784^3 in blocks of 16 units", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
+
+
+def tests() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *TESTS], cwd=ROOT,
+                          capture_output=True, text=True)
+    print(proc.stdout + proc.stderr)
+    print("tests:", proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "no output")
+    sys.exit(proc.returncode)
+
+
+def main(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"the grid kernel's checks, each part's output in {out}", flush=True)
+    status = 0
+    for part, limit in PARTS.items():
+        log = out / f"wide-{part}.log"
+        started = time.perf_counter()
+        with log.open("w") as sink:
+            try:
+                proc = subprocess.run([sys.executable, __file__, part], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                      timeout=limit)
+                verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            except subprocess.TimeoutExpired:
+                verdict = f"FAILED (still running after {limit} s: stopped)"
+        if not verdict.startswith("ok"):
+            status = 1
+        lines = log.read_text().splitlines()
+        shown = [line for line in lines if part != "tests" or line.startswith(("tests:", "FAILED", "ERROR", "SKIPPED"))]
+        print(f"== {part}: {verdict}, {time.perf_counter() - started:.0f} s", *shown[-14:], sep="\n", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if len(sys.argv) > 1 and sys.argv[1] in PARTS:
+        {"smoke": smoke, "timing": timing, "errors": errors, "tests": tests}[sys.argv[1]]()
+    else:
+        sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="wide-"))))

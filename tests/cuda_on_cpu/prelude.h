@@ -1,0 +1,117 @@
+// The CUDA features persistent_wide.cu uses, emulated on the CPU (tests/test_persistent_wide_emulated.py):
+// a std::thread per CUDA thread; __syncthreads a barrier of the block's threads; a warp's mma.sync,
+// movmatrix and shuffles computed from its 32 lanes' registers, exchanged through the warp's own
+// memory between two barriers of its lanes, each register holding what PTX says it holds (the
+// fragment layouts of mma.m16n8k16 and movmatrix.m8n8, the lower k in a register's low half); global
+// memory plain host memory, its atomics and fences the compiler's. An mma's sums run in double.
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <thread>
+#include <vector>
+#define __device__
+#define __global__
+#define __forceinline__
+#define __launch_bounds__(a, b)
+#define __align__(n)
+struct Dim3 { unsigned x, y, z; };
+thread_local Dim3 threadIdx, blockIdx;
+struct uint2 { unsigned x, y; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+using std::min;
+inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+inline unsigned float_bits(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
+template <class T> T __ldg(const T* p) { return *p; }
+template <class T> T __ldcg(const T* p) { return *p; }
+template <class T, class U> void __stcg(T* p, U v) { *p = v; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+
+struct BlockCtx { std::barrier<>* bar; unsigned char* smem; unsigned smem_bytes; };
+struct WarpCtx { std::barrier<> bar{32}; unsigned u[32][8]; float f[32][4]; };
+thread_local BlockCtx* block_ctx;
+thread_local WarpCtx* warp_ctx;
+inline void __syncthreads() { block_ctx->bar->arrive_and_wait(); }
+inline unsigned char* block_smem() { return block_ctx->smem; }
+inline int lane_id() { return threadIdx.x & 31; }
+
+inline float bf16_to_float(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+inline unsigned short float_to_bf16(float f) {  // round to nearest even
+    unsigned v = float_bits(f);
+    return (unsigned short)((v + 0x7fffu + ((v >> 16) & 1u)) >> 16);
+}
+inline unsigned bf16x2(float lo, float hi) { return (unsigned)float_to_bf16(lo) | ((unsigned)float_to_bf16(hi) << 16); }
+inline float half_of(unsigned r, int h) { return bf16_to_float((unsigned short)(h ? r >> 16 : r & 0xffffu)); }
+
+// D += A·B, m16n8k16, fragments as PTX lays them out.
+inline void mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    for (int q = 0; q < 4; ++q) w.u[l][q] = a[q];
+    w.u[l][4] = b[0]; w.u[l][5] = b[1];
+    w.bar.arrive_and_wait();
+    auto A = [&](int r, int k) {
+        const int reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), kk = k % 8;
+        return half_of(w.u[(r % 8) * 4 + kk / 2][reg], kk % 2);
+    };
+    auto B = [&](int k, int n) { const int kk = k % 8; return half_of(w.u[n * 4 + kk / 2][4 + (k >= 8)], kk % 2); };
+    const int g = l >> 2, t = l & 3;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k) s += (double)A(rows[i], k) * (double)B(k, cols[i]);
+        out[i] = d[i] + (float)s;
+    }
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+inline unsigned movmatrix_trans(unsigned r) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.u[l][6] = r;
+    w.bar.arrive_and_wait();
+    const int g = l >> 2, t = l & 3;
+    auto M = [&](int row, int col) { return (unsigned short)((w.u[row * 4 + col / 2][6] >> (16 * (col % 2))) & 0xffffu); };
+    const unsigned out = (unsigned)M(2 * t, g) | ((unsigned)M(2 * t + 1, g) << 16);
+    w.bar.arrive_and_wait();
+    return out;
+}
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.f[l][0] = v; w.bar.arrive_and_wait();
+    const float out = w.f[l ^ o][0]; w.bar.arrive_and_wait();
+    return out;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.f[l][0] = v; w.bar.arrive_and_wait();
+    const float out = w.f[src & 31][0]; w.bar.arrive_and_wait();
+    return out;
+}
+inline unsigned __ballot_sync(unsigned, bool p) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.u[l][7] = p; w.bar.arrive_and_wait();
+    unsigned out = 0;
+    for (int i = 0; i < 32; ++i) out |= (w.u[i][7] ? 1u : 0u) << i;
+    w.bar.arrive_and_wait();
+    return out;
+}
+// smem_layout.cuh's, without the special register
+#define SMEM_REGION(s, base, member, OFFSET) do {                                                   \
+        static_assert(sizeof(*s.member) == OFFSET##_ELEMENT, "the layout table's element type of " #OFFSET); \
+        s.member = reinterpret_cast<decltype(s.member)>((base) + OFFSET);                           \
+    } while (0)
+inline void check_shared_bytes(unsigned bytes) {
+    if (block_ctx->smem_bytes != bytes) { fprintf(stderr, "shared bytes %u != %u\n", block_ctx->smem_bytes, bytes); abort(); }
+}

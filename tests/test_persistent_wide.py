@@ -1,0 +1,138 @@
+"""The persistent rung's grid kernel (persistent_wide.cu) without a GPU: the grid it takes for each
+width, what it refuses and why, that its two layout tables are the only place its memory is laid
+out, that it compiles for each kind of shape, and which kernel the rung picks. With a GPU:
+test_persistent_wide_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from graphtrain.errors import ModelUnsupported
+from graphtrain.kernels import persistent_wide
+from graphtrain.kernels.persistent import ELEMENT_BYTES, MAX_SHARED_BYTES, Layout
+from graphtrain.kernels.persistent_mlp import MlpShape
+from graphtrain.kernels.persistent_wide import PersistentWide, WideShape
+from graphtrain.stages.persistent import kernel_name, mlp_shape, products_note
+
+ELF_MAGIC = b"\x7fELF"
+JHU_784 = WideShape(784, (784,) * 3, 10, 128, 255)
+
+
+@pytest.mark.parametrize("width,units,blocks,padded", [
+    (784, 8, 98, 784), (1024, 8, 128, 1024), (512, 8, 64, 512), (257, 8, 34, 272), (64, 8, 8, 64), (72, 8, 10, 80),
+])
+def test_a_block_owns_8_units_and_the_grid_whole_k_steps_of_16(width, units, blocks, padded):
+    """Blocks of 8 units come in pairs, so that the padded width is whole k-steps of 16 (257 units:
+    33 blocks would hold 264, so 34 hold 272, the last 15 of them padding)."""
+    shape = WideShape(784, (width,) * 3, 10, 128, 255)
+    assert shape.refusal() is None
+    assert (shape.block_units, shape.blocks, shape.padded_hidden) == (units, blocks, padded)
+
+
+def test_blocks_of_16_units_where_8_would_need_more_blocks_than_sms():
+    """On a GPU of 60 SMs the 784³ MLP takes 49 blocks of 16 units (98 of 8 do not fit the grid),
+    which the shared memory holds at batch 128; at 1024 units neither grid fits."""
+    shape = dataclasses.replace(JHU_784, sm_count=60)
+    assert shape.refusal() is None and (shape.block_units, shape.blocks) == (16, 49)
+    assert shape.shared_bytes <= MAX_SHARED_BYTES
+    wide = dataclasses.replace(shape, hidden=(1024,) * 3)
+    assert "128 blocks of 8 units, one per SM, and the GPU has 60" in wide.refusal()
+    assert "64 blocks of 16 units, one per SM, and the GPU has 60" in wide.refusal()
+    assert dataclasses.replace(JHU_784, units=16).blocks == 49  # asked for
+
+
+@pytest.mark.parametrize("shape,needles", [
+    (WideShape(784, (2048,) * 3, 10, 128, 255), ["784-2048-2048-2048-10 MLP at batch 128 on a grid",
+                                                 "256 blocks of 8 units, one per SM, and the GPU has 132",
+                                                 "a block of 16 units needs"]),
+    (WideShape(784, (784,) * 3, 10, 128, 255, bf16=False), ["in fp32: the grid kernel trains in bf16 only"]),
+    (WideShape(784, (784, 512), 10, 128), ["784-784-512-10 MLP: its hidden layers must all have the same size"]),
+    (WideShape(784, (784,), 40, 128), ["40 classes (at most 32"]),
+    (WideShape(784, (1024,) * 3, 10, 128, units=16), ["a block of 16 units needs"]),
+])
+def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needles):
+    for needle in needles:
+        assert needle in shape.refusal()
+
+
+def test_the_784_cube_fits_in_blocks_of_8_and_of_16_units():
+    """The jhu preset's MLP: 98 blocks of 8 units (112 KB of shared memory each: the fp32 masters of
+    W_1's rows and of the other layers' columns, 75 KB), or 49 of 16 (the masters 150 KB)."""
+    for units, blocks in ((8, 98), (16, 49)):
+        shape = dataclasses.replace(JHU_784, units=units)
+        assert shape.refusal() is None and shape.blocks == blocks
+        masters = shape.layout.regions[1:3]
+        assert [r.name for r in masters] == ["w1", "wc"]
+        assert sum(r.count for r in masters) * 4 == units * (784 + 2 * 784) * 4
+    # the global copies of W_2 and W_3 (two each, by step parity) dominate the workspace
+    assert JHU_784.workspace.bytes > 4 * 784 * 784 * 2
+
+
+@pytest.mark.parametrize("shape", [
+    JHU_784, dataclasses.replace(JHU_784, units=16), WideShape(784, (1024,) * 3, 10, 128, 255),
+    WideShape(784, (257,) * 3, 10, 128, 255), WideShape(784, (512,) * 3, 10, 32, 255), WideShape(784, (512,), 10, 128),
+    WideShape(784, (257, 257), 10, 100, 255), WideShape(30, (72,) * 4, 3, 16), WideShape(784, (64,) * 2, 32, 40, 255),
+])
+def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, cache, shape):
+    """Widths 257 to 1024, blocks of 8 and 16 units, one to four layers, batches of whole and part
+    tiles of 16 rows, 8-bit pixels and floats, few classes and 32."""
+    assert shape.refusal() is None
+    assert PersistentWide.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
+
+
+@pytest.mark.parametrize("table,region,prefix", [("layout", "ht", "SMEM_"), ("layout", "part", "SMEM_"),
+                                                 ("workspace", "grad", "WS_")])
+def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, table, region,
+                                                                 prefix):
+    """Each of the kernel's memories is laid out in one place: grow a region of its table, and the
+    bytes the launcher launches with (shared memory) or allocates (the workspace) and the offsets
+    the kernel is compiled with all move by the region's size, and the kernel compiled from them
+    changes."""
+    shape = WideShape(784, (257,) * 3, 10, 128, 255)
+    before, plain_defines = getattr(shape, table), shape.defines
+    plain = PersistentWide.cubin("sm_90", plain_defines)
+    grown = Layout([dataclasses.replace(r, count=r.count + 512) if r.name == region else r for r in before.regions])
+    monkeypatch.setattr(WideShape, table, property(lambda self: grown))
+    moved = 512 * ELEMENT_BYTES[next(r.ctype for r in before.regions if r.name == region)]
+    if table == "layout":
+        assert shape.shared_bytes == before.bytes + moved == shape.defines["SMEM_BYTES"]
+    else:
+        assert shape.workspace.bytes == before.bytes + moved
+    names = [r.name for r in before.regions]
+    for name in names:
+        shift = moved if names.index(name) > names.index(region) else 0
+        key = f"{prefix}{name.upper()}"
+        assert shape.defines[key] == plain_defines[key] + shift, name
+    assert PersistentWide.cubin("sm_90", shape.defines) != plain
+
+
+def test_the_rung_takes_the_grid_kernel_where_the_cluster_kernel_refuses():
+    """The cluster kernel where it fits one cluster (H = 128 and 256 at batch 32); the grid kernel
+    for what it refuses for its shared memory (the 784³ MLP, H = 512 at batch 32) or for a width
+    off its tiles (257); both reasons where neither trains the model."""
+    cluster = MlpShape(784, (256,) * 3, 10, 32, 255, bf16=True)
+    assert mlp_shape(cluster, 132) is cluster and kernel_name(cluster) == "cluster"
+    for hidden, batch in (((784,) * 3, 128), ((784,) * 3, 32), ((512,) * 3, 32), ((257,) * 3, 128)):
+        shape = mlp_shape(MlpShape(784, hidden, 10, batch, 255, bf16=True), 132)
+        assert isinstance(shape, WideShape) and kernel_name(shape) == "grid", hidden
+        assert (shape.hidden, shape.batch, shape.pixel_levels) == (hidden, batch, 255)
+    assert products_note(JHU_784) == ("bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid "
+                                      "of 98 blocks of 8 units")
+    fp32 = MlpShape(784, (784,) * 3, 10, 128, 255)
+    with pytest.raises(ModelUnsupported, match=r"784-784-784-784-10 MLP at batch 128: a block needs \d+ bytes of "
+                                               r"shared memory .*, nor can its grid kernel: .* in bf16 only"):
+        mlp_shape(fp32, 132)
+    assert mlp_shape(fp32, 132, refuse=False) is fp32
+    with pytest.raises(ModelUnsupported, match=r"nor can its grid kernel: .*256 blocks of 8 units, one per SM, and "
+                                               r"the GPU has 132"):
+        mlp_shape(MlpShape(784, (2048,) * 3, 10, 128, 255, bf16=True), 132)
+
+
+def test_the_unit_choices_are_tried_in_order(monkeypatch):
+    """UNIT_CHOICES decides between shapes both sizes fit (the check script times each)."""
+    assert JHU_784.block_units == 8
+    monkeypatch.setattr(persistent_wide, "UNIT_CHOICES", (16, 8))
+    assert JHU_784.block_units == 16 and JHU_784.blocks == 49
+    assert WideShape(784, (1024,) * 3, 10, 128, 255).block_units == 8  # 16 does not fit its shared memory
