@@ -56,8 +56,8 @@ def run_label(config: TrainConfig) -> str:
     """
     preset = PRESETS.get(config.preset) if config.preset else None
     if preset is None:
-        return "custom-" + model_tag(config.hidden)
-    tags = [f"-{model_tag(config.hidden)}"]
+        return "custom-" + model_tag(config.hidden, config.conv)
+    tags = [f"-{model_tag(config.hidden, config.conv)}"]
     if config.bias != preset.bias:
         tags.append("-bias" if config.bias else "-nobias")
     if config.batch != preset.batch:
@@ -75,10 +75,13 @@ def run_label(config: TrainConfig) -> str:
     return config.preset + "".join(tags)
 
 
-def model_tag(hidden) -> str:
+def model_tag(hidden, conv=()) -> str:
     """The model in a file name: "softmax" (no hidden layer), else "mlp" and the hidden sizes,
     a run of equal ones as size x count: (784, 784, 784) -> "mlp784x3", (96, 40) -> "mlp96-40";
-    the sweep's H stays a letter: ("H",) * 3 -> "mlpHx3"."""
+    the sweep's H stays a letter: ("H",) * 3 -> "mlpHx3". A cnn: "cnn", its conv layers as
+    channels c kernel, then its hidden sizes: ((24, 5), (32, 3)), (256,) -> "cnn24c5-32c3-256"."""
+    if conv:
+        return "cnn" + "-".join([*(f"{out}c{kernel}" for out, kernel in conv), *map(str, hidden)])
     if not hidden:
         return "softmax"
     runs = [(size, len(list(group))) for size, group in itertools.groupby(hidden)]

@@ -333,7 +333,10 @@ def workload_line(records: list[dict], sweep: bool = False) -> str | None:
     if record is None:
         return None
     cfg = record["config"]
-    if sweep:
+    if cfg.get("model") == "cnn":  # its conv layers first, then the linear layers
+        convs = ", ".join(f"conv {out}x{kernel}" for out, kernel in cfg.get("conv", []))
+        model = f"cnn ({convs}, then {'→'.join(str(d) for d in cfg.get('hidden', []))}→{cfg['classes']})"
+    elif sweep:
         model = f"{cfg['in_features']}→H×{max(len(cfg.get('hidden') or []), 1)}→{cfg['classes']} ReLU"
     else:
         model = "→".join(str(d) for d in cfg.get("dims", []))

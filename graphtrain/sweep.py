@@ -540,6 +540,8 @@ def sweep_label(config: TrainConfig, depth: int | None = None) -> str:
     from graphtrain.config import PRESETS
     from graphtrain.ladder import model_tag, run_label
 
+    if config.conv:  # the cnn's widths are not swept
+        return run_label(config)
     preset = PRESETS.get(config.preset) if config.preset else None
     depth = swept_depth(config, depth)
     label = run_label(config.replace(hidden=preset.hidden if preset else ()))

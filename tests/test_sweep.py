@@ -402,3 +402,17 @@ def test_the_rows_of_a_grid_point_share_one_plan(monkeypatch):
 
 def ladder_data():
     return Dataset.synthetic(2000, 500, seed=0)
+
+
+def test_a_cnn_sweep_names_and_describes_the_cnn():
+    """A cnn sweep's files and workload line say cnn, its conv layers and its linear layers."""
+    from graphtrain import report
+    from graphtrain.config import preset
+    from graphtrain.sweep import sweep_label
+
+    config = preset("speedrun")
+    assert sweep_label(config) == "speedrun-cnn24c5-32c3-256"
+    cfg = {"model": "cnn", "conv": [list(c) for c in config.conv], "hidden": list(config.hidden), "classes": 10,
+           "in_features": 784, "bias": True, "batch": 256, "epochs": 1, "lr": 0.01, "seed": 0}
+    line = report.workload_line([{"config": cfg}], sweep=True)
+    assert line.startswith("Workload: cnn (conv 24x5, conv 32x3, then 256→10)"), line
