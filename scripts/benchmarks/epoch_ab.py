@@ -3,7 +3,7 @@
 `graphtrain run` process from inside its tree, the trees taking turns in every round (drift hits
 both), round 0 warming the kernel caches and not reported.
 
-    python3 scripts/benchmarks/epoch_ab.py BEFORE_TREE AFTER_TREE [--rounds 2] [--json F]
+    python3 scripts/benchmarks/epoch_ab.py BEFORE_TREE AFTER_TREE [--rounds 2] [--json F] [--only TEXT]
 
 Runs: the speedrun cnn on graphs and device-loop, softmax regression (jhu) on graphs, fused, bf16,
 device-loop and persistent, and the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on graphs, bf16
@@ -49,12 +49,14 @@ def main() -> None:
     parser.add_argument("after", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", default="", help="only the runs whose name holds this text")
     args = parser.parse_args()
+    runs = {name: run for name, run in RUNS.items() if args.only in name}
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    times: dict[str, dict[str, list[float]]] = {name: {"before": [], "after": []} for name in RUNS}
+    times: dict[str, dict[str, list[float]]] = {name: {"before": [], "after": []} for name in runs}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds + 1):
-            for name, run_args in RUNS.items():
+            for name, run_args in runs.items():
                 for tag, tree in (trees.items() if round_ % 2 == 0 else reversed(trees.items())):
                     ms = epoch_ms(tree, run_args, Path(scratch))
                     if round_:
