@@ -218,14 +218,6 @@ __device__ void relu_bias_grad_body(const floatX* __restrict__ h, floatX* __rest
     if (warp == 0 && c < k && db != nullptr) db[c] = total;
 }
 
-// p + `bytes`, on the pointer: the compiler keeps knowing it is global memory (model_at goes
-// through an integer, after which these kernels' loads and stores compiled to generic ones, ~2 µs
-// slower a step for the 784³ MLP on an H100); the null test stays at the call, where it is needed.
-template <class T>
-__device__ __forceinline__ T* step_bytes(T* p, long long bytes) {
-    return (T*)((const char*)p + bytes);
-}
-
 // ---- the kernels: each hands its arguments to its body above ----------------------------------
 // The bodies take the pointers as __restrict__, the kernels plainly: a kernel's own __restrict__
 // parameters would let the compiler read more of them through the read-only cache, another build
@@ -247,13 +239,13 @@ extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update(
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward(
         const float* dlogits, const float* w, const floatX* h, floatX* dh, float* db, int k, int rows,
         long long model_stride) {
-    const long long at = (long long)blockIdx.z * model_stride;  // model_axis.cuh's step, in bytes
+    const long long at = model_offset(model_stride);  // model_at's step without its integer detour
     head_backward_body(step_bytes(dlogits, at), step_bytes(w, at), step_bytes(h, at), step_bytes(dh, at),
                        db ? step_bytes(db, at) : db, k, rows);
 }
 extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad(const floatX* h, floatX* dh, float* db, int k,
                                                                        int rows, long long model_stride) {
-    const long long at = (long long)blockIdx.z * model_stride;
+    const long long at = model_offset(model_stride);
     relu_bias_grad_body(step_bytes(h, at), step_bytes(dh, at), db ? step_bytes(db, at) : db, k, rows);
 }
 
