@@ -101,11 +101,15 @@ def begin_first_uses(stage_cls: type[Stage]) -> None:
     """Begin the once-a-process work of the libraries `stage_cls`'s setup calls (its
     `first_uses`), each library on a thread of its own (they share nothing), so that
     `graphtrain run` pays their first-call costs beside the data loading rather than in the setup."""
-    for first_use in stage_cls.first_uses():
-        from graphtrain.libs import cuda
+    first_uses = stage_cls.first_uses()
+    if not first_uses:
+        return
+    from graphtrain.libs import cuda
 
+    device = cuda.open_device()
+    for first_use in first_uses:
         library = first_use.__module__.rsplit(".", 1)[-1]
-        cuda.start_beside([first_use], cuda.open_device(), name=f"graphtrain-first-use-{library}")
+        cuda.start_beside([first_use], device, name=f"graphtrain-first-use-{library}")
 
 
 def run_stage(stage_cls: type[Stage], plan: RunPlan, data: data_mod.Dataset,

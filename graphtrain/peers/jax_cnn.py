@@ -19,6 +19,7 @@ from functools import partial
 
 import numpy as np
 
+from graphtrain.peers import jax_functions
 from graphtrain.peers.jax_scan import import_jax
 from graphtrain.recipe import Recipe, schedule_rate
 from graphtrain.reference import Layer
@@ -63,27 +64,8 @@ class JaxScanCnnPeer(CnnStage):
         self.test_x, self.test_y = put(test_x.reshape(shape)), put(data.test_labels.astype(np.int32, copy=False))
         b, b1, b2 = recipe.batch, *opt.betas
 
-        def forward(params, x):
-            for i, layer in enumerate(spec.convs):
-                w, bias = params[2 * i], params[2 * i + 1]
-                x = jax.lax.conv_general_dilated(x, w, (layer.stride,) * 2, [(layer.padding, layer.padding)] * 2,
-                                                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
-                x = x + bias[None, :, None, None]
-                if layer.pool > 1:
-                    x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, layer.pool, layer.pool),
-                                              (1, 1, layer.pool, layer.pool), "VALID")
-                x = jax.nn.relu(x)
-            x = x.reshape(x.shape[0], -1)
-            head = params[2 * len(spec.convs):]
-            for j in range(len(head) // 2):
-                x = x @ head[2 * j].T + head[2 * j + 1]
-                if j < len(head) // 2 - 1:
-                    x = jax.nn.relu(x)
-            return x
-
         def loss_fn(params, x, y):
-            logp = jax.nn.log_softmax(forward(params, x))
-            return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
+            return jax_functions.cross_entropy(jax_functions.forward(spec, params, x), y)
 
         def step(train_x, train_y, peak, carry, idx):
             params, m, v, k = carry
@@ -119,7 +101,7 @@ class JaxScanCnnPeer(CnnStage):
             return carry
 
         def correct_fn(params, test_x, test_y):
-            return (jnp.argmax(forward(params, test_x), axis=1) == test_y).sum()
+            return (jnp.argmax(jax_functions.forward(spec, params, test_x), axis=1) == test_y).sum()
 
         self.start_fn = jax.jit(start)
         self.epoch_fn = jax.jit(epoch_fn, static_argnames=("full", "tail"))

@@ -59,23 +59,12 @@ def cross_entropy(logits, y):
 
 def rate(schedule: Schedule, k, peak):
     """The rate of step k (0-based, traced) under `schedule`'s kind and length, peaking at `peak`
-    instead of schedule.lr: Schedule.at's formulas (every one is the peak times a function of k)."""
+    instead of schedule.lr: graphtrain.recipe.schedule_rate in jax.numpy, k in peak's type."""
     import jax.numpy as jnp
 
-    k = jnp.asarray(k).astype(jnp.result_type(peak))
-    if schedule.kind == "constant":
-        return peak
-    if schedule.kind == "warmup":
-        return peak * jnp.minimum(1.0, (k + 1) / max(schedule.warmup_steps, 1))
-    if schedule.kind == "cosine":
-        return peak * (1 + jnp.cos(jnp.pi * k / schedule.total)) / 2
-    start, low = peak / schedule.div, peak / schedule.div / schedule.final_div
-    end1, end2 = schedule.pct * schedule.total - 1, schedule.total - 1
+    from graphtrain.recipe import schedule_rate
 
-    def anneal(a, b, pct):
-        return b + (a - b) / 2 * (jnp.cos(jnp.pi * pct) + 1)
-
-    return jnp.where(k <= end1, anneal(start, peak, k / end1), anneal(peak, low, (k - end1) / (end2 - end1)))
+    return schedule_rate(schedule, jnp.asarray(k).astype(jnp.result_type(peak)), peak, jnp)
 
 
 def init_slots(optimizer: Optimizer, params) -> tuple:

@@ -79,18 +79,14 @@ def fitting_eval_rows(models: int, model_bytes: int, row_bytes: int, rows: int, 
     return int(fitting)
 
 
-_normalised: list = [None, None]  # the last dataset normalised, and its arrays: every pack of it shares them
-
-
 def normalised(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The dataset as the cnn trains on it (images on MNIST's mean and deviation, int32 labels),
-    the same arrays for every pack of it in the process: its upload is kept (cnn_shared)."""
-    from graphtrain.recipe import normalise
+    the same arrays as every row of the process gets (graphtrain.recipe.normalised, the labels as
+    they are where int32 already): its upload is kept (cnn_shared)."""
+    from graphtrain.recipe import normalised as normalised_images
 
-    if _normalised[0] is not data:
-        _normalised[:] = [data, (normalise(data.train_images), data.train_labels.astype(np.int32),
-                                 normalise(data.test_images), data.test_labels.astype(np.int32))]
-    return _normalised[1]
+    return (normalised_images(data.train_images), data.train_labels.astype(np.int32, copy=False),
+            normalised_images(data.test_images), data.test_labels.astype(np.int32, copy=False))
 
 
 def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None,
