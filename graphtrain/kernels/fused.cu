@@ -239,12 +239,14 @@ extern "C" __global__ void __launch_bounds__(COL_THREADS) head_update(
 extern "C" __global__ void __launch_bounds__(COL_THREADS) head_backward(
         const float* dlogits, const float* w, const floatX* h, floatX* dh, float* db, int k, int rows,
         long long model_stride) {
-    head_backward_body(model_at(dlogits, model_stride), model_at(w, model_stride), model_at(h, model_stride),
-                       model_at(dh, model_stride), model_at(db, model_stride), k, rows);
+    const long long at = model_offset(model_stride);  // model_at's step without its integer detour
+    head_backward_body(step_bytes(dlogits, at), step_bytes(w, at), step_bytes(h, at), step_bytes(dh, at),
+                       db ? step_bytes(db, at) : db, k, rows);
 }
 extern "C" __global__ void __launch_bounds__(COL_THREADS) relu_bias_grad(const floatX* h, floatX* dh, float* db, int k,
                                                                        int rows, long long model_stride) {
-    relu_bias_grad_body(model_at(h, model_stride), model_at(dh, model_stride), model_at(db, model_stride), k, rows);
+    const long long at = model_offset(model_stride);
+    relu_bias_grad_body(step_bytes(h, at), step_bytes(dh, at), db ? step_bytes(db, at) : db, k, rows);
 }
 
 // x[r, :] = bf16(images[order[*cursor + r], :]), y[r] = labels[order[*cursor + r]]; one block per row.
