@@ -199,6 +199,33 @@ def test_two_models_of_the_same_arrays_share_one_upload_the_modules_and_the_lane
                 model.close()
 
 
+def test_images_normalised_on_the_device_are_the_hosts_bit_for_bit(gpu_device):
+    """ResidentData's normalisation (kernels/images.cu) against data.images.normalise, on 8-bit
+    pixels k/255 and on arbitrary floats in [0, 1]; the test set's padding stays zero."""
+    from graphtrain.libs import cuda
+    from graphtrain.recipe import MNIST_MEAN, MNIST_STD, normalise
+    from graphtrain.stages.cnn_shared import ResidentData
+
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    rng = np.random.default_rng(seed)
+    train = np.concatenate([rng.integers(0, 256, (300, 784)) / np.float32(255), rng.random((45, 784))]).astype(np.float32)
+    test = rng.random((77, 784), dtype=np.float32)
+    labels = rng.integers(0, 10, 345).astype(np.int32), rng.integers(0, 10, 77).astype(np.int32)
+    stream = cuda.Stream()
+    data = ResidentData(gpu_device, train, labels[0], test, labels[1], stream, (MNIST_MEAN, MNIST_STD))
+    try:
+        got_train = data.train_x.download(stream)
+        got_test = data.test_x.download(stream)
+        assert got_train.tobytes() == normalise(train).tobytes(), f"seed {seed}"
+        assert got_test[:77].tobytes() == normalise(test).tobytes(), f"seed {seed}"
+        assert not got_test[77:].any(), "the padding rows are not normalised"
+        assert data.serves(gpu_device, data.arrays, (MNIST_MEAN, MNIST_STD))
+        assert not data.serves(gpu_device, data.arrays, None), "normalised data serves no row that wants it raw"
+    finally:
+        data.close()
+        stream.close()
+
+
 # ---- packs: each model the bits of its run alone ----------------------------------------------------
 
 

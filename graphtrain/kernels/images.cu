@@ -1,7 +1,15 @@
-// The training images in the form a persistent kernel reads them, made on the device from the
-// float32 images: NumPy takes a few hundred milliseconds over MNIST's 47 million values, the GPU
-// well under one. The same values as graphtrain.kernels.persistent's pixel_levels and
-// kernel_images, bit for bit (the GPU tests compare them).
+// Images made on the device from the float32 images as uploaded: NumPy takes tens to hundreds of
+// milliseconds over MNIST's 47 million values, the GPU well under one. The training images in the
+// form a persistent kernel reads them (the same values as graphtrain.kernels.persistent's
+// pixel_levels and kernel_images, bit for bit), and the images normalised as a recipe trains on
+// them (graphtrain.data.images.normalise's values, bit for bit); the GPU tests compare them.
+
+// x[i] = (x[i] − mean) / std, in place: each operation rounded once to float32 as NumPy's are
+// (__fsub_rn, __fdiv_rn: no contraction into an FMA, no reciprocal).
+extern "C" __global__ void normalise(float* x, long long n, float mean, float std) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = __fdiv_rn(__fsub_rn(x[i], mean), std);
+}
 
 // off_levels += #{i : rint(images[i]·255)/255 ≠ images[i]}: zero when every value is an 8-bit
 // pixel k/255. Each product and quotient rounded once, as NumPy's float32 does (no FMA contraction:

@@ -131,13 +131,16 @@ class CnnDevice:
     conv layer's NCHW (the head reads it flattened C·H·W, as PyTorch's Flatten).
     `fused_head`: the logits layer's training step in head.cu where it fits. `lane`: the stream
     and handles the model runs on (default: the process's lane 0 on the device). `eval_rows`: the
-    most test rows a forward pass of the evaluation takes."""
+    most test rows a forward pass of the evaluation takes. `normalisation` (mean, std): the images
+    are given as loaded and normalised on the device (graphtrain.stages.cnn_shared.ResidentData);
+    None: they are given normalised."""
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
                  nhwc: bool = True, fused_head: bool = True, device_loop: bool = False, rank: int = 0,
                  ranks: int = 1, all_reduce: Callable[[cuda.Stream, int, int], None] | None = None,
-                 lane: Lane | None = None, eval_rows: int = MAX_EVAL_ROWS):
+                 lane: Lane | None = None, eval_rows: int = MAX_EVAL_ROWS,
+                 normalisation: tuple[float, float] | None = None):
         self.device, self.spec, self.recipe = device, spec, recipe
         if not 0 <= rank < ranks or recipe.batch % ranks:
             raise ValueError(f"rank {rank} of {ranks}: the combined batch {recipe.batch} must split evenly over them")
@@ -167,7 +170,7 @@ class CnnDevice:
             arena.allocate()
             # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the device
             self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
-                                      self.stream).acquire()
+                                      self.stream, normalisation).acquire()
             self.optimizer.load(device)
             if isinstance(self.head, FusedHead):
                 self.head.count.zero(self.stream)

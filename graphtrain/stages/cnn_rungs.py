@@ -46,11 +46,16 @@ def cnn_recipe(stage: Stage) -> Recipe:
 def cnn_setup(stage: Stage):
     """The spec, the recipe and the normalised images of a stage's cnn run (the same image arrays
     for every row of a process that trains on the same dataset: graphtrain.recipe.normalised)."""
-    from graphtrain.config import cnn_spec
     from graphtrain.recipe import normalised
 
-    return (cnn_spec(stage.config), cnn_recipe(stage), normalised(stage.data.train_images),
-            normalised(stage.data.test_images))
+    return (*cnn_model(stage), normalised(stage.data.train_images), normalised(stage.data.test_images))
+
+
+def cnn_model(stage: Stage):
+    """The spec and the recipe of a stage's cnn run (a row that normalises the images itself)."""
+    from graphtrain.config import cnn_spec
+
+    return cnn_spec(stage.config), cnn_recipe(stage)
 
 
 def flat_params(layers) -> list[np.ndarray]:
@@ -136,6 +141,14 @@ class CnnGraphsStage(CnnStage):
     conv_path: ClassVar[str] = "fused"
 
     @classmethod
+    def first_uses(cls) -> list:
+        """cuBLAS's once-a-process start (the linear layers' products), and cuDNN's where the
+        conv layers are asked of it, which `graphtrain run` begins beside the data loading."""
+        from graphtrain.libs import cublas, cudnn
+
+        return [cublas.first_use, *([cudnn.first_use] if cls.conv_path == "cudnn" else [])]
+
+    @classmethod
     def on_conv_path(cls, path: str) -> type[CnnGraphsStage]:
         """This row with its conv layers on `path` (the speedrun's --conv-path)."""
         if path not in ("fused", "cudnn"):
@@ -146,14 +159,18 @@ class CnnGraphsStage(CnnStage):
         from graphtrain.libs import cuda
         from graphtrain.stages.cnn_device import CnnDevice
 
-        self.spec, self.recipe, train_x, test_x = cnn_setup(self)
+        from graphtrain.recipe import MNIST_MEAN, MNIST_STD
+
+        self.spec, self.recipe = cnn_model(self)
         self.device = cuda.open_device()
         data = self.data
-        # The labels as they are (int32 already: the same arrays for every row, as the images).
-        self.model = m = CnnDevice(self.device, self.spec, self.recipe, train_x,
-                                   data.train_labels.astype(np.int32, copy=False), test_x,
+        # The images as loaded, normalised on the device; the labels as they are (int32 already:
+        # the same arrays for every row, so the dataset is uploaded once per process).
+        self.model = m = CnnDevice(self.device, self.spec, self.recipe, data.train_images,
+                                   data.train_labels.astype(np.int32, copy=False), data.test_images,
                                    data.test_labels.astype(np.int32, copy=False), fused=self.conv_path == "fused",
-                                   device_loop=self.device_loop, **self.model_options())
+                                   device_loop=self.device_loop, normalisation=(MNIST_MEAN, MNIST_STD),
+                                   **self.model_options())
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
         # Warm up (the first launch of every kernel and library call, the evaluation's too), then
