@@ -39,6 +39,8 @@ FAKE_DEVICE = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13
 # name -> (rung, config overrides, data-parallel rank of 2 or None)
 CASES = {
     "baseline": ("baseline", {}, None),
+    "baseline-softmax-regression": ("baseline", {"hidden": ()}, None),
+    "baseline-two-hidden-no-bias": ("baseline", {"hidden": (8, 6), "bias": False}, None),
     "fewer-syncs": ("fewer-syncs", {}, None),
     "cublas": ("cublas", {}, None),
     "cublas-tf32": ("cublas", {"precision": "tf32"}, None),
@@ -50,6 +52,7 @@ CASES = {
     "graphs-adam": ("graphs", {"optimizer": "adam", "schedule": "one-cycle", "lr": 0.01}, None),
     "graphs-two-hidden-no-bias": ("graphs", {"hidden": (8, 6), "bias": False}, None),
     "graphs-rank-1-of-2": ("graphs", {}, 1),
+    "graphs-rank-0-of-2-tf32": ("graphs", {"precision": "tf32"}, 0),
 }
 
 
