@@ -17,11 +17,12 @@ that idea is one of these choices, so a rung states it as data over the rung bel
     parts = FewerSyncsStage.parts.but(products=CublasProducts)
 
 and derives from BaselineStage itself. The diff stays where it was, in the rung's file (its part
-and that one line), while no rung sits more than two classes below `Stage` (a chain of subclasses
-put `graphs` six below it, and `run --gpus`'s rank seven), and a part cannot reach into a rung
-below it by `super()`. tests/test_stages.py checks that each rung's parts differ from the rung
-below's in exactly the part its module's docstring names. `graphs` changes no part: it adds
-methods (the cursor and the optimizer in the arena, the capture, the replay).
+and that one line), and is all the rung is: no override of the step reaches past the rung that
+wrote it, and no rung sits more than two classes below `Stage` (were each rung derived from the
+one below, `graphs` would sit six below it, and `run --gpus`'s rank seven). tests/test_stages.py checks that each rung's parts
+differ from the rung below's in exactly the part its module's docstring names, defined in its
+file. `graphs` changes no part: it adds methods (the cursor and the optimizer in the arena, the
+capture, the replay).
 
 A part follows the rung's setup, and owns what it makes: `load` (kernel files, made with the
 rung's own before the arena is planned), `reserve` (room in the rung's arena), `open` (handles and
