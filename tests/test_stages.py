@@ -26,10 +26,84 @@ def chain() -> list[str]:
     return names[names.index("baseline"): names.index(CHAIN_END) + 1]
 
 
-def test_every_rung_of_the_chain_extends_the_rung_before():
-    """A rung is 'the one before it plus one idea': its class derives from the previous rung's."""
+# Each rung of the chain past baseline: the part it swaps in over the rung below (field -> class
+# name), the lesson its module's docstring tells. `graphs` swaps none: it adds methods.
+LESSONS = {
+    "fewer-syncs": {"metrics": "DeviceSumMetrics"},
+    "cublas": {"products": "CublasProducts"},
+    "sparse-metrics": {"metrics": "SparseFusedMetrics"},
+    "cudnn-softmax": {"softmax": "CudnnSoftmax"},
+    "graphs": {},
+}
+# What `graphs` adds to the step it replays: the cursor and the optimizer in the arena, the gather
+# that reads the cursor, the recipe's update, the capture and the replay.
+GRAPHS_ADDS = {"reserve_extra", "setup_extra", "upload_initial_weights", "update", "set_cursor", "load_batch",
+               "train_step", "samples_per_step", "capture", "run_batches", "close"}
+
+
+def test_every_rung_of_the_chain_is_the_rung_below_plus_one_part():
+    """A rung is 'the one before it plus one idea': the same step (BaselineStage's, its direct
+    base) with one part swapped, `parts = Below.parts.but(...)`, the part defined in the rung's
+    own file and named in its docstring; nothing else in its class. `graphs` swaps no part and
+    adds the methods that replay the step."""
+    import sys
+
+    from graphtrain.stages.chain_parts import Part
+
+    assert set(LESSONS) == set(chain()[1:])
     for before, after in zip(chain(), chain()[1:]):
-        assert issubclass(get_stage(after), get_stage(before)), (before, after)
+        below, cls = get_stage(before), get_stage(after)
+        assert cls.__bases__ == (BaselineStage,), (after, cls.__bases__)
+        changes = cls.parts.changes_from(below.parts)
+        assert {field: part.__name__ for field, part in changes.items()} == LESSONS[after], (after, changes)
+        module = sys.modules[cls.__module__]
+        own_parts = {value for value in vars(module).values()
+                     if isinstance(value, type) and issubclass(value, Part) and value.__module__ == module.__name__}
+        assert own_parts == set(changes.values()), (after, own_parts)
+        assert all(part.__name__ in module.__doc__ for part in own_parts), (after, module.__doc__)
+        added = {name for name, value in vars(cls).items() if callable(value) and not isinstance(value, type)}
+        assert added == (GRAPHS_ADDS if after == "graphs" else set()), (after, added)
+        assert cls.uses == cls.parts.uses
+
+
+def test_baselines_step_makes_its_parts_in_its_own_file():
+    from graphtrain.stages.baseline import HostReadMetrics, KernelSoftmax, NaiveProducts
+
+    assert BaselineStage.parts.by_field() == {"products": NaiveProducts, "softmax": KernelSoftmax,
+                                              "metrics": HostReadMetrics}
+    assert all(part.__module__ == BaselineStage.__module__ for part in BaselineStage.parts.by_field().values())
+
+
+def stage_depth(cls: type) -> int:
+    """How many classes below Stage `cls` sits: the Stage subclasses in its MRO, Stage not counted."""
+    return sum(1 for klass in cls.__mro__ if issubclass(klass, Stage) and klass is not Stage)
+
+
+def registered_classes():
+    """Every class the registry names: each row's, per model kind, on one GPU and as one rank of
+    `run --gpus` (the rank's class bound to a group, as it trains, included)."""
+    from graphtrain import stages
+    from graphtrain.config import MODELS
+    from graphtrain.stages.data_parallel import Group
+
+    for spec in stages.REGISTRY:
+        for model in MODELS:
+            for data_parallel in (False, True):
+                trainer = spec.trainer(model, data_parallel)
+                if isinstance(trainer, stages.Trainer):
+                    cls = trainer.load()
+                    yield f"{spec.name} {model}{' --gpus' if data_parallel else ''}", cls
+                    if data_parallel:
+                        yield f"{spec.name} {model} --gpus (a rank)", cls.for_group(Group(0, 2, bytes(128)))
+
+
+def test_no_row_sits_more_than_four_classes_below_stage_and_the_chain_two():
+    depths = {row: stage_depth(cls) for row, cls in registered_classes()}
+    assert len(depths) >= 20 and "graphs mlp --gpus" in depths and "graphs cnn --gpus" in depths, depths
+    assert all(depth <= 4 for depth in depths.values()), depths
+    assert {name: depths[f"{name} mlp"] for name in chain()} == {name: 1 if name == "baseline" else 2
+                                                                for name in chain()}
+    assert depths["graphs mlp --gpus"] == 3, depths
 
 
 def test_the_chain_ends_at_graphs():

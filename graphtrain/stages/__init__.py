@@ -197,8 +197,9 @@ LADDER: tuple[str, ...] = tuple(name for name, spec in ROWS.items() if spec.kind
 PEERS: tuple[str, ...] = tuple(name for name, spec in ROWS.items() if spec.kind == "peer")
 PACKED_PEERS: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.pack and spec.pack.only)
 
-# The ladder's chain runs from `baseline` to CHAIN_END, each rung deriving from the one before, the
-# diff over it its lesson; the rungs after it are their own programs, composing the device pieces
+# The ladder's chain runs from `baseline` to CHAIN_END, each rung the one before with one part of
+# the step swapped (graphtrain.stages.chain_parts; at CHAIN_END, the replay added), the diff over
+# it its lesson; the rungs after it are their own programs, composing the device pieces
 # (graphtrain.stages.device) with their own kernels instead of inheriting a rung's setup: `fused`,
 # `bf16` (fused at another precision) and `device-loop` the fused step's model
 # (graphtrain.stages.fused_mlp), `persistent` its one kernel.

@@ -1,20 +1,22 @@
 """`baseline`: the first GPU rung. Naive NVRTC kernels for everything, metrics read every step.
 
-This file is also the skeleton the later rungs of the chain (fewer-syncs … graphs) reuse, built on
-the device pieces of graphtrain.stages.device (the arena with the dataset, the parameters):
-forward, backward and SGD. Each later rung replaces one part of it, and the diff is its lesson:
+This file is also the step every rung of the chain (fewer-syncs … graphs) runs, built on the device
+pieces of graphtrain.stages.device (the arena with the dataset, the parameters): gather, forward,
+[metrics], softmax, loss gradient, backward, SGD. Three of its choices are parts that a later rung
+swaps (graphtrain.stages.chain_parts), each in the file of the rung that brings it:
 
-    train_step    gather → forward → [metrics] → softmax → dlogits → backward → update
-    gemm          the matrix products               (cublas replaces it)
-    softmax       probabilities from logits         (cudnn-softmax replaces it)
-    record_metrics / read_metrics                   (fewer-syncs, sparse-metrics replace them)
-    run_batches   the loop over an epoch's batches  (graphs replaces it: step graphs replayed, the
-                                                     batch's start read from a device cursor)
-    update        SGD at a constant rate            (graphs adds the recipe's optimizers and schedules)
+    products  the matrix products               NaiveProducts here, CublasProducts (cublas)
+    softmax   probabilities from logits         KernelSoftmax here, CudnnSoftmax (cudnn-softmax)
+    metrics   loss and accuracy                 HostReadMetrics here, DeviceSumMetrics (fewer-syncs),
+                                                SparseFusedMetrics (sparse-metrics)
 
-and each states in `uses` what its setup makes beyond the device pieces, so that no rung compiles,
-creates or reserves what its steps never touch. The chain ends at `graphs`
-(graphtrain.stages.CHAIN_END): the rungs after it are programs of their own.
+A later rung derives from BaselineStage and states its one change over the rung below as data,
+`parts = Below.parts.but(metrics=DeviceSumMetrics)`; its file holds that line and the part it
+brings, and the diff is its lesson. `graphs` swaps no part: it adds what replaying the step needs
+(its arena, the capture, the replay, the recipe's update). Each rung's parts say in `uses` what
+its setup makes beyond the kernels every rung runs, so that no rung compiles, creates or reserves
+what its steps never touch. The chain ends at `graphs` (graphtrain.stages.CHAIN_END): the rungs
+after it are programs of their own.
 """
 
 from __future__ import annotations
@@ -34,18 +36,76 @@ from graphtrain.libs.memory import Arena
 from graphtrain.reference import Layer
 from graphtrain.stages import device
 from graphtrain.stages.base import EpochResult, Stage
+from graphtrain.stages.chain_parts import MetricsPart, Parts, ProductsPart, SoftmaxPart
+
+
+class NaiveProducts(ProductsPart):
+    """Every product through matmul.cu's naive kernel."""
+
+    uses = frozenset({"matmul"})
+
+    def load(self, device: cuda.DeviceInfo) -> None:
+        self.matmul_cu = Matmul(device)
+
+    def open(self, stage: BaselineStage) -> None:
+        self.stream = stage.stream
+
+    def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
+        self.matmul_cu.gemm(self.stream, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+    def close(self) -> None:
+        if getattr(self, "matmul_cu", None) is not None:
+            self.matmul_cu.close()
+
+
+class KernelSoftmax(SoftmaxPart):
+    """softmax.cu's softmax_rows, one block a row, into the probabilities' buffer."""
+
+    uses = frozenset({"softmax"})
+
+    def open(self, stage: BaselineStage) -> None:
+        self.stream, self.softmax_cu, self.classes = stage.stream, stage.softmax_cu, stage.config.classes
+        self.logits, self.probs = stage.acts[-1], stage.probs
+
+    def forward(self, rows: int) -> None:
+        self.softmax_cu.softmax_rows(self.stream, self.logits.ptr, self.probs.ptr, rows, self.classes)
+
+
+class HostReadMetrics(MetricsPart):
+    """Each metric computed, copied back and waited for after every step, as a first version would."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.host_metrics = np.zeros(2)
+        self.host_scalar = np.zeros(1)  # where each per-step read lands: allocated here, not per step
+
+    def record(self, rows: int) -> None:
+        logits, classes, scalar = self.logits.ptr, self.classes, self.host_scalar
+        for i, metric in enumerate((self.metrics_cu.batch_loss, self.metrics_cu.batch_correct)):
+            total = self.totals.at(i)
+            metric(self.stream, logits, self.labels.ptr, rows, classes, total, False)
+            cuda.copy_to_host(total, scalar, self.stream)
+            self.host_metrics[i] += scalar[0]
+
+    def read(self) -> np.ndarray:
+        return self.host_metrics
 
 
 class BaselineStage(Stage):
     name = "baseline"
     summary = "naive NVRTC kernels for everything; loss and accuracy copied to the host every step"
+    parts: ClassVar[Parts] = Parts(products=NaiveProducts, softmax=KernelSoftmax, metrics=HostReadMetrics)
     # What the setup makes beyond the device pieces and the kernels every rung of the chain runs
-    # (gather.cu, layers.cu, metrics.cu); a rung adds what it brings and drops what it replaced:
+    # (gather.cu, layers.cu, metrics.cu): the union of its parts' (kept for each subclass):
     #   "matmul"   the naive product kernel (matmul.cu)
     #   "softmax"  the softmax and its loss gradient (softmax.cu), and the probabilities' buffer
     #   "cublas"   a cuBLAS handle and its workspace
     #   "cudnn"    a cuDNN handle
-    uses: ClassVar[frozenset[str]] = frozenset({"matmul", "softmax"})
+    uses: ClassVar[frozenset[str]] = parts.uses
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.uses = cls.parts.uses
 
     def needs(self, what: str) -> bool:
         """Whether this rung, training this model, sets up `what` (one of `uses`'s names)."""
@@ -61,6 +121,9 @@ class BaselineStage(Stage):
 
         return [library.first_use for name, library in (("cublas", cublas), ("cudnn", cudnn)) if name in cls.uses]
 
+    def measures(self, epoch: int) -> bool:
+        return self.parts.metrics.measures(self.plan, epoch)
+
     # ---- setup -------------------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -69,7 +132,9 @@ class BaselineStage(Stage):
         self.device, self.stream = self.context.device, self.context.stream
         # One launcher object per kernels/*.cu file, named after it.
         self.gather_cu, self.layers_cu, self.metrics_cu = Gather(self.device), Layers(self.device), Metrics(self.device)
-        self.matmul_cu = Matmul(self.device) if self.needs("matmul") else None
+        self.chosen = self.parts.make()  # the parts' own files next: the naive products' matmul.cu
+        for part in self.chosen:
+            part.load(self.device)
         self.softmax_cu = Softmax(self.device) if self.needs("softmax") else None
 
         self.num_train, self.num_test = plan.num_train, plan.num_test
@@ -115,10 +180,14 @@ class BaselineStage(Stage):
         self.train_step(0, self.plan.batch_sizes[0], measure=True)
 
     def reserve_extra(self, arena: Arena) -> None:
-        """Room a later rung needs in the arena (a cuBLAS workspace, say)."""
+        """Room the parts need in the arena (cuBLAS's workspace), and a later rung (graphs's cursor)."""
+        for part in self.chosen:
+            part.reserve(arena)
 
     def setup_extra(self) -> None:
-        """Handles a later rung creates once the arena exists."""
+        """Handles the parts create once the arena exists (cuBLAS's, cuDNN's), and a later rung's."""
+        for part in self.chosen:
+            part.open(self)
 
     def capture(self) -> None:
         """Where the graphs rung records its step graphs, after the warm-up."""
@@ -128,12 +197,8 @@ class BaselineStage(Stage):
 
     # ---- the math, one launch per line ----------------------------------------------------------
 
-    def gemm(self, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
-        """Row-major C (m×n) = alpha·op(A)·op(B) + beta·C."""
-        self.matmul_cu.gemm(self.stream, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-
     def softmax(self, rows: int) -> None:
-        self.softmax_cu.softmax_rows(self.stream, self.acts[-1].ptr, self.probs.ptr, rows, self.config.classes)
+        self.chosen.softmax.forward(rows)
 
     def load_batch(self, offset: int, rows: int) -> None:
         self.gather_cu.gather_batch(self.stream, self.train_images.ptr, self.train_labels.ptr, self.order.ptr,
@@ -141,21 +206,21 @@ class BaselineStage(Stage):
 
     def forward(self, x_ptr: int, rows: int) -> None:
         """acts[i] = ReLU(acts[i-1] W_iᵀ + b_i), no ReLU on the logits."""
-        device.forward(self.gemm, self.layers_cu, self.stream, self.config.dims, self.params, x_ptr, self.acts[1:], rows)
+        device.forward(self.chosen.products.gemm, self.layers_cu, self.stream, self.config.dims, self.params, x_ptr, self.acts[1:], rows)
 
     def backward(self, rows: int) -> None:
         """dW_i = dyᵀ x, db_i = Σ_rows dy, dx = dy W_i masked by the ReLU below."""
-        dims = self.config.dims
+        dims, gemm = self.config.dims, self.chosen.products.gemm
         for i in reversed(range(len(self.w))):
             fan_in, fan_out = dims[i], dims[i + 1]
             x, dy = self.acts[i], self.grads[i + 1]
-            self.gemm(True, False, fan_out, fan_in, rows, 1.0, dy.ptr, fan_out, x.ptr, fan_in, 0.0,
+            gemm(True, False, fan_out, fan_in, rows, 1.0, dy.ptr, fan_out, x.ptr, fan_in, 0.0,
                       self.dw[i].ptr, fan_in)
             if self.db[i] is not None:
                 self.layers_cu.bias_grad(self.stream, dy.ptr, self.db[i].ptr, rows, fan_out)
             if i > 0:
                 dx = self.grads[i]
-                self.gemm(False, False, rows, fan_in, fan_out, 1.0, dy.ptr, fan_out, self.w[i].ptr, fan_in,
+                gemm(False, False, rows, fan_in, fan_out, 1.0, dy.ptr, fan_out, self.w[i].ptr, fan_in,
                           0.0, dx.ptr, fan_in)
                 self.layers_cu.relu_backward(self.stream, dx.ptr, x.ptr, rows * fan_in)
 
@@ -177,24 +242,16 @@ class BaselineStage(Stage):
         self.backward(rows)
         self.update()
 
-    # ---- metrics: the baseline reads loss and accuracy back after every step ---------------------
+    # ---- metrics: as the metrics part keeps them ---------------------------------------------------
 
     def reset_metrics(self) -> None:
-        self.metrics.zero(self.stream)
-        self.host_metrics = np.zeros(2)
-        self.host_scalar = np.zeros(1)  # where each per-step read lands: allocated here, not per step
+        self.chosen.metrics.reset()
 
     def record_metrics(self, rows: int) -> None:
-        """Each metric is computed, copied back and waited for, as a first version would."""
-        logits, classes, scalar = self.acts[-1].ptr, self.config.classes, self.host_scalar
-        for i, metric in enumerate((self.metrics_cu.batch_loss, self.metrics_cu.batch_correct)):
-            total = self.metrics.at(i)
-            metric(self.stream, logits, self.y.ptr, rows, classes, total, False)
-            cuda.copy_to_host(total, scalar, self.stream)
-            self.host_metrics[i] += scalar[0]
+        self.chosen.metrics.record(rows)
 
     def read_metrics(self) -> np.ndarray:
-        return self.host_metrics
+        return self.chosen.metrics.read()
 
     # ---- epochs ---------------------------------------------------------------------------------
 
@@ -229,10 +286,15 @@ class BaselineStage(Stage):
         return {**environment.gpu(self.device), **self.library_versions()}
 
     def library_versions(self) -> dict:
-        return {"nvrtc": nvrtc.version()}
+        versions = {"nvrtc": nvrtc.version()}
+        for part in self.chosen:
+            versions.update(part.library_versions())
+        return versions
 
     def close(self) -> None:
-        for name in ("arena", "gather_cu", "matmul_cu", "layers_cu", "softmax_cu", "metrics_cu", "context"):
+        for part in reversed(list(getattr(self, "chosen", ()))):
+            part.close()
+        for name in ("arena", "gather_cu", "layers_cu", "softmax_cu", "metrics_cu", "context"):
             obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()

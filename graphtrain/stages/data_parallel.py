@@ -105,8 +105,7 @@ class DataParallelGraphsStage(GraphsStage):
         super().setup_extra()
         self.comm = nccl.Communicator(self.group.unique_id, self.group.size, self.group.rank)
         # The step's softmax runs on a slice: descriptors for the slices' row counts.
-        self.softmax_desc.update({local: self.dnn.tensor_4d(local, self.config.classes, 1, 1)
-                                  for local in self.local_rows.values() if local not in self.softmax_desc})
+        self.chosen.softmax.describe(self.local_rows.values())
         # Every dW, then every db: reserved one after the other, so one span (with the arena's
         # alignment padding between them, zeroed here once and summed as zeros ever after).
         grads = [*self.dw, *(db for db in self.db if db is not None)]

@@ -6,6 +6,9 @@ gather kernel reads it from a device cursor that the step itself advances: the g
 unchanged and the host does nothing per batch but launch it.
 
 One graph per (batch rows, metrics on/off): the tail batch (60000 = 468·128 + 96) has its own.
+The step is cudnn-softmax's, every part as that rung chose it (graphtrain.stages.chain_parts);
+what this rung adds are methods: the cursor (and the optimizer) in the arena, the gather that
+reads the cursor, the capture and the replay.
 
 From here on a rung trains every recipe: an optimizer other than SGD, or a schedule, is one
 optimizer_step over all the parameters (graphtrain.stages.device.DeviceOptimizer), its rate read
@@ -25,12 +28,14 @@ import numpy as np
 from graphtrain.libs import cuda
 from graphtrain.reference_cnn import Optimizer, Schedule
 from graphtrain.stages import device
+from graphtrain.stages.baseline import BaselineStage
 from graphtrain.stages.cudnn_softmax import CudnnSoftmaxStage
 
 
-class GraphsStage(CudnnSoftmaxStage):
+class GraphsStage(BaselineStage):
     name = "graphs"
     summary = "one whole training step captured into a CUDA Graph and replayed per batch"
+    parts = CudnnSoftmaxStage.parts  # the step of the rung below, every part as it chose
 
     def reserve_extra(self, arena) -> None:
         super().reserve_extra(arena)
