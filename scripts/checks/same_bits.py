@@ -22,6 +22,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = [
+    *((f"{rung}, MLP 128", ["--stage", rung, "--hidden", "128"])
+      for rung in ("baseline", "fewer-syncs", "cublas", "sparse-metrics", "cudnn-softmax")),
+    ("cublas tf32, MLP 128", ["--stage", "cublas", "--hidden", "128", "--precision", "tf32"]),
+    ("graphs tf32, MLP 128", ["--stage", "graphs", "--hidden", "128", "--precision", "tf32"]),
+    ("graphs adam one-cycle, MLP 128", ["--stage", "graphs", "--hidden", "128", "--optimizer", "adam",
+                                        "--schedule", "one-cycle"]),
     ("fused, MLP 128", ["--stage", "fused", "--hidden", "128"]),
     ("fused, softmax", ["--stage", "fused", "--hidden", "none"]),
     ("bf16, MLP 128", ["--stage", "bf16", "--hidden", "128"]),
