@@ -237,9 +237,9 @@ class FusedMlp:
         its buffers were laid out for SGD fused into the step or for the recipe's optimizer (a
         step of the one has no room for the other), and the optimizer's state for so many slots."""
         if fused_sgd(plan.config) != (self.optimizer is None):
-            return (f"the step was built for {'SGD fused into it' if self.optimizer is None else 'an optimizer'}, and "
-                    f"{plan.config.optimizer} with a {plan.config.schedule} schedule trains "
-                    f"{'SGD fused into it' if fused_sgd(plan.config) else 'an optimizer'}")
+            built = "SGD fused into the step" if self.optimizer is None else "an optimizer's update"
+            return (f"the step was built for {built}, and {plan.config.optimizer} at a {plan.config.schedule} rate "
+                    "trains the other")
         return None if self.optimizer is None else self.optimizer.refusal(Optimizer.of(plan.config))
 
     @staticmethod
