@@ -172,6 +172,37 @@ def test_the_sweep_sets_a_row_up_once_per_shape_and_restarts_it_for_the_rest():
     assert sweep._set_up == []  # the engine closed its rows at the end
 
 
+def test_the_sweep_draws_a_plan_once_per_seed_and_shape(monkeypatch):
+    """Three rates × two seeds: two plans drawn, each point's plan its own config over the seed's
+    arrays (the same arrays a plan of that point alone draws); past the byte bound only the newest
+    plan is kept, and the engine drops them at the end."""
+    data = small_data()
+    built = []
+    real_build = RunPlan.build.__func__
+
+    def build(cls, config, *args, **kwargs):
+        built.append(config)
+        return real_build(cls, config, *args, **kwargs)
+
+    monkeypatch.setattr(RunPlan, "build", classmethod(build))
+    points = sweep.expand_grid(mlp_config(), ["numpy"], [], lrs=[0.05, 0.1, 0.2], seeds=[0, 4])
+    plans = [sweep.shared_plan(point.config, data) for point in points]
+    assert [config.seed for config in built] == [0, 4]
+    for point, plan in zip(points, plans):
+        alone = RunPlan.for_data(point.config, data)
+        assert plan.config == alone.config and plan.config.lr == point.config.lr
+        assert np.array_equal(plan.orders, alone.orders) and plan.batches == alone.batches
+        assert all(np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b) for a, b in zip(plan.initial, alone.initial))
+    assert sweep.shared_plan(points[0].config, small_data(seed=4)) is not plans[0]  # another dataset: drawn anew
+    monkeypatch.setattr(sweep, "PLAN_CACHE_BYTES", 1)
+    built.clear()
+    sweep.shared_plan(points[0].config, data)
+    sweep.shared_plan(points[1].config, data)
+    assert len(sweep._plans) == 1 and len(built) == 2
+    sweep.run_sweep(points[:1], sweep.InProcess(), sweep.DataSource("small"), data=data)
+    assert sweep._plans == {}
+
+
 class RefusesEveryPlan(NumpyStage):
     """A row that can restart in principle but takes no plan (as a GPU row whose captures hold the recipe)."""
 

@@ -114,7 +114,10 @@ def test_the_chain_ends_at_graphs():
 def test_a_rung_past_the_chain_composes_instead_of_inheriting():
     """`fused`, `bf16`, `device-loop` and `persistent` hold no eager or graph rung of the chain in
     their MRO: they compose the device pieces and set up nothing of the chain's. `bf16` is `fused`
-    at another precision (its only other class); the rest derive from Stage alone."""
+    at another precision (its only other class); the rungs that train the fused step's model share
+    its restart (FusedRung) and derive from Stage otherwise, `persistent` from Stage alone."""
+    from graphtrain.stages.fused_mlp import FusedRung
+
     names = stage_names()
     past = names[names.index(CHAIN_END) + 1:]
     assert past == ["fused", "bf16", "device-loop", "persistent"]
@@ -124,7 +127,8 @@ def test_a_rung_past_the_chain_composes_instead_of_inheriting():
         assert cls.uses_gpu and not issubclass(cls, BaselineStage), [k.__name__ for k in cls.__mro__]
         assert not chain_classes & set(cls.__mro__), (name, cls.__mro__)
         ours = [k for k in cls.__mro__ if k.__module__.startswith("graphtrain.stages.")]
-        assert ours == ([cls, get_stage("fused"), Stage] if name == "bf16" else [cls, Stage]), cls.__mro__
+        between = {"fused": [FusedRung], "bf16": [get_stage("fused"), FusedRung], "device-loop": [FusedRung]}
+        assert ours == [cls, *between.get(name, []), Stage], cls.__mro__
 
 
 def test_bf16_is_fused_at_another_precision():

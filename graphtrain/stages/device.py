@@ -97,7 +97,13 @@ class DatasetOnDevice:
         self.train_labels.upload(data.train_labels.astype(np.int32), stream)
         self.test_images.upload(data.test_images, stream)
         self.test_labels.upload(data.test_labels.astype(np.int32), stream)
-        self.order.upload(self.plan.orders.ravel(), stream)
+        self.upload_orders(self.plan, stream)
+
+    def upload_orders(self, plan: RunPlan, stream: cuda.Stream) -> None:
+        """Every epoch's sample order of `plan`, a plan of this dataset's sizes: the orders of the
+        run it was uploaded for, or of the next one a restart puts on it (the images stay)."""
+        self.plan = plan
+        self.order.upload(plan.orders.ravel(), stream)
 
 
 class Parameters:

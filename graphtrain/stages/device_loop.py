@@ -17,6 +17,11 @@ Its own program: the GPU and its stream (graphtrain.stages.device's DeviceContex
 fused step trains at `bf16`'s precision (graphtrain.stages.fused_mlp.FusedMlp), and what this rung
 adds, loop.cu's counter and a stream for the WHILE node's body. An epoch's graph is the fused step
 recorded into the body, handed the body's stream, then on the epoch's own stream for the steps left.
+
+A set-up row trains the next plan of its shape in place (FusedRung.restart), as `fused` does: the
+epoch graphs hold pointers, the loop's iteration count (the epoch's length) and the batch's rows,
+the same for every plan of the shape, and with SGD fused into the step its rate, so another rate
+captures them again.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ from graphtrain import environment
 from graphtrain.kernels.loop import Loop
 from graphtrain.libs import cuda
 from graphtrain.reference import Layer
-from graphtrain.stages.base import EpochResult, Stage
-from graphtrain.stages.fused_mlp import FusedMlp, bf16_where_hidden, open_fused
+from graphtrain.stages.base import EpochResult
+from graphtrain.stages.fused_mlp import FusedMlp, FusedRung, bf16_where_hidden, open_fused
 
 
-class DeviceLoopStage(Stage):
+class DeviceLoopStage(FusedRung):
     name = "device-loop"
     summary = "the whole epoch from one graph launch: a conditional WHILE node over the steps"
     steps_per_iteration = 16  # full steps in the WHILE body (measured: scripts/benchmarks/device_loop_body.py)
@@ -60,12 +65,29 @@ class DeviceLoopStage(Stage):
         finally:
             step_graph.close()
         self.epoch_graphs = {}
-        for num_batches in sorted(set(self.plan.batches)):
+        self.capture()
+        self.next_sample = 0  # the cursor's sample (FusedMlp.start_run left it at 0); each epoch leaves it at the next one's start
+        cuda.wait_for_head_starts()  # none still runs beside the timed epochs
+
+    def capture(self) -> None:
+        """The graph of every epoch length the plan has (and of any other captured before: a
+        test's partial epoch), with and without metrics, in place of those captured before. The
+        counter's iterations, the steps' rows and the pointers are the shape's; the rate of fused
+        SGD is the only value of a plan they hold (FusedMlp.step_constants)."""
+        lengths = set(self.plan.batches) | {num_batches for num_batches, _ in self.epoch_graphs}
+        old, self.epoch_graphs = self.epoch_graphs, {}
+        for graph in old.values():
+            graph.close()
+        for num_batches in sorted(lengths):
             for measure in (False, True):
                 self.epoch_graphs[num_batches, measure] = self.capture_epoch(num_batches, measure)
-        self.mlp.set_cursor(self.stream, 0)  # the warm-up moved it; from here each epoch leaves it at the next one's start
-        self.next_sample = 0
-        cuda.wait_for_head_starts()  # none still runs beside the timed epochs
+        self.captured_for = self.mlp.step_constants(self.config)
+
+    def restart(self, plan) -> bool:
+        if not super().restart(plan):
+            return False
+        self.next_sample = 0  # start_run put the cursor at the first sample
+        return True
 
     def capture_epoch(self, num_batches: int, measure: bool) -> cuda.Graph:
         """One graph: the full batches of the epoch's first `num_batches`, then its tail batch.

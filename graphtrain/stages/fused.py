@@ -31,6 +31,11 @@ dataset, the parameters, the step's buffers, kernels and products, in one arena)
 adds to them is how the steps reach the GPU, as `graphs` does: a step captured once per (batch
 rows, metrics on/off) and replayed per batch, the batch's start in the device cursor the step
 moves on. `bf16` is this rung with bf16 operands.
+
+A set-up row trains the next plan of its shape in place (FusedRung.restart): the plan's weights,
+orders and recipe written on the model. The step graphs are kept where they hold nothing of what
+changed; with SGD fused into the step they hold its rate (kernel arguments and the products' α,
+captured by value), so another rate captures them again.
 """
 
 from __future__ import annotations
@@ -38,11 +43,11 @@ from __future__ import annotations
 from graphtrain import environment
 from graphtrain.libs import cuda
 from graphtrain.reference import Layer
-from graphtrain.stages.base import EpochResult, Stage
-from graphtrain.stages.fused_mlp import FusedMlp, open_fused
+from graphtrain.stages.base import EpochResult
+from graphtrain.stages.fused_mlp import FusedMlp, FusedRung, open_fused
 
 
-class FusedStage(Stage):
+class FusedStage(FusedRung):
     name = "fused"
     summary = "fewer, fatter graph nodes: cuBLASLt epilogues, a fused head, SGD fused into the products"
 
@@ -56,10 +61,19 @@ class FusedStage(Stage):
         self.device, self.stream = self.context.device, self.context.stream
         self.arena.allocate()
         self.mlp.start(self.device, self.stream)
-        self.graphs = {(rows, measure): self.mlp.capture_step(self.stream, rows, measure)
-                       for rows in self.plan.batch_sizes for measure in (False, True)}
-        self.nodes_per_step = self.graphs[self.config.batch, False].num_nodes
+        self.capture()
         cuda.wait_for_head_starts()  # none still runs beside the timed epochs
+
+    def capture(self) -> None:
+        """A step graph per (batch rows, metrics on/off), in place of any captured before."""
+        old, self.graphs = getattr(self, "graphs", {}), {}
+        for graph in old.values():
+            graph.close()
+        for rows in self.plan.batch_sizes:
+            for measure in (False, True):
+                self.graphs[rows, measure] = self.mlp.capture_step(self.stream, rows, measure)
+        self.nodes_per_step = self.graphs[self.config.batch, False].num_nodes
+        self.captured_for = self.mlp.step_constants(self.config)
 
     def train_epoch(self, epoch: int, num_batches: int, measure: bool) -> EpochResult:
         return self.context.epoch(lambda: self.run_batches(epoch, num_batches, measure), self.mlp.metrics, measure,

@@ -14,6 +14,13 @@ The operands' precision is a parameter, the row's precision: "fp32", or "bf16", 
 layers' products read bf16 copies of the batch, the activations, their gradients, the weights and
 the biases, and accumulate in fp32. The head, the master weights and every sum stay fp32 either
 way, so softmax regression (all head) trains in fp32 alone.
+
+A model set up once trains the next plan of its shape in place (`start_run`): the plan's initial
+weights, sample orders and recipe, as `start` leaves them after its warm-up. A recorded step holds
+pointers, the batch's rows and whether it measures, and with SGD fused into it the rate as kernel
+arguments and the products' α (`step_constants`): a rung re-captures its steps where that
+changes. With another recipe the step holds none of it: the optimizer reads its constants and its
+rate from the device.
 """
 
 from __future__ import annotations
@@ -59,6 +66,39 @@ def open_fused(rung: Stage) -> tuple[device.DeviceContext, Arena, FusedMlp]:
     refuse_unless_fused(rung.name, rung.config)
     context, arena = device.DeviceContext(), Arena()
     return context, arena, FusedMlp(arena, rung.plan, rung.data, rung.precision)
+
+
+def fused_sgd(config: TrainConfig) -> bool:
+    """Whether the fused step trains `config` with SGD fused into its products and kernels (SGD at a
+    constant rate), rather than computing gradients for the recipe's optimizer (DeviceOptimizer)."""
+    return (config.optimizer, config.schedule) == ("sgd", "constant")
+
+
+class FusedRung(Stage):
+    """What the rungs that train a FusedMlp share (`fused`, `bf16`, `device-loop`): the restart.
+    A rung's setup leaves `mlp` started on `stream`, and its graphs captured by `capture`
+    (`captured_for`: the step constants they hold)."""
+
+    mlp: FusedMlp
+    stream: cuda.Stream
+    captured_for: tuple  # FusedMlp.step_constants of the config the graphs were captured with
+
+    def capture(self) -> None:
+        """(Re)capture every graph the rung replays, from the model's config; `captured_for` set."""
+        raise NotImplementedError
+
+    def restart(self, plan: RunPlan) -> bool:
+        """The plan's weights, orders and recipe on the model (FusedMlp.start_run); the graphs
+        kept where they hold nothing of the recipe that changed (an optimizer's recipe, or the same
+        fused SGD rate), else captured again. False, the row untouched, for another shape or where
+        the model's buffers were laid out for another recipe (FusedMlp.restart_refusal)."""
+        if not self.same_shape(plan) or self.mlp.restart_refusal(plan) is not None:
+            return False
+        self.adopt(plan)
+        self.mlp.start_run(plan, self.stream)
+        if self.mlp.step_constants(plan.config) != self.captured_for:
+            self.capture()
+        return True
 
 
 def bf16_where_hidden(config: TrainConfig, chosen: str) -> str:
@@ -127,7 +167,7 @@ class FusedMlp:
         self.workspace = arena.reserve("cublas_workspace", (WORKSPACE_BYTES,), np.uint8)
         self.cursor = arena.reserve("cursor", (1,), np.int32)  # first sample of the next batch
         self.optimizer = None  # SGD at a constant rate: fused into the products and kernels
-        if (cfg.optimizer, cfg.schedule) != ("sgd", "constant"):
+        if not fused_sgd(cfg):
             grads = [*self.dw, *(db for db in self.db if db is not None)]
             self.optimizer = device.DeviceOptimizer(arena, self.params, grads, Optimizer.of(cfg),
                                                     Schedule.of(cfg, sum(plan.batches)))
@@ -167,14 +207,48 @@ class FusedMlp:
         self.metrics.zero(stream)
         self.record_step(stream, self.plan.batch_sizes[0], measure=True)
         stream.synchronize()
-        self.params.upload(self.plan.initial, stream)
+        self.start_run(self.plan, stream)  # the warm-up's step undone
+
+    def start_run(self, plan: RunPlan, stream: cuda.Stream) -> None:
+        """Put `plan` on the started model, a plan of its shape (its own, after the warm-up; a
+        restart's next one, whose `restart_refusal` is None): the plan's initial weights (and
+        their bf16 copies), every epoch's sample order, the recipe's constants on the device,
+        the optimizer's state and step count from zero, the metrics zeroed and the cursor at the
+        first sample. What the step's buffers hold besides (activations, gradients, the batch)
+        every step writes before it reads. A recorded step is the caller's: it holds
+        `step_constants` of the config it was recorded with."""
+        self.plan, self.config = plan, plan.config
+        cfg = self.config
+        self.dataset.upload_orders(plan, stream)
+        self.params.upload(plan.initial, stream)
         if self.optimizer is not None:
-            self.optimizer.reset(stream)  # the warm-up's step undone: step 0, zero state
+            self.optimizer.set_recipe(Optimizer.of(cfg), Schedule.of(cfg, sum(plan.batches)))
+            self.optimizer.reset(stream)  # step 0, zero state, the gradients' span zero
         if self.copies is not None:
             if cfg.bias:
                 for buf in self.db:
                     buf.zero(stream)
             self.refresh_copies(stream, lr=0.0)  # the copies of the initial weights; db is zero, so b stays
+        self.metrics.zero(stream)
+        self.set_cursor(stream, 0)
+
+    def restart_refusal(self, plan: RunPlan) -> str | None:
+        """Why this model cannot take `plan`, a plan of its shape, in place (`start_run`), or None:
+        its buffers were laid out for SGD fused into the step or for the recipe's optimizer (a
+        step of the one has no room for the other), and the optimizer's state for so many slots."""
+        if fused_sgd(plan.config) != (self.optimizer is None):
+            built = "SGD fused into the step" if self.optimizer is None else "an optimizer's update"
+            return (f"the step was built for {built}, and {plan.config.optimizer} at a {plan.config.schedule} rate "
+                    "trains the other")
+        return None if self.optimizer is None else self.optimizer.refusal(Optimizer.of(plan.config))
+
+    @staticmethod
+    def step_constants(config: TrainConfig) -> tuple:
+        """What a step recorded for `config` holds of its recipe, captured by value: the rate of
+        fused SGD (head_update's and sgd_bias_refresh's lr, the SGD products' α = −lr); nothing
+        with an optimizer, which reads its constants and rate from the device. A captured step
+        trains another config's recipe only where these are equal."""
+        return (config.lr,) if fused_sgd(config) else ()
 
     def plan_products(self, rows: int) -> dict[str, list[LtMatmul | None]]:
         """The hidden layers' products for a batch of `rows`: forward (with its bias and ReLU), dX
@@ -239,10 +313,11 @@ class FusedMlp:
                             gather=(data.train_images.ptr, data.train_labels.ptr, data.order.ptr, self.cursor.ptr,
                                     self.acts[0].ptr))
             head_input = self.acts[0].ptr
-        # SGD: the head's W and b updated in place; another recipe: its dW and db, for the optimizer.
-        head_out = (w_head, b_head) if self.optimizer is None else (
-            self.dw[head].ptr, self.db[head].ptr if cfg.bias else 0)
-        fused.head_update(stream, head_input, dlogits, *head_out, width, rows, lr, *metrics, self.metrics.ptr,
+        # SGD: the head's W and b updated in place; another recipe: its dW and db, for the optimizer
+        # (the kernel then reads no rate: 0, so that the recorded step holds nothing of the recipe).
+        head_out, head_lr = ((w_head, b_head), lr) if self.optimizer is None else (
+            (self.dw[head].ptr, self.db[head].ptr if cfg.bias else 0), 0.0)
+        fused.head_update(stream, head_input, dlogits, *head_out, width, rows, head_lr, *metrics, self.metrics.ptr,
                           self.cursor.ptr, gradient=self.optimizer is not None)
         for i in reversed(range(head)):
             if i > 0:  # dX before W_i changes, then the ReLU below and that layer's bias gradient

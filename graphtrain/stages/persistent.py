@@ -49,6 +49,10 @@ width whose blocks fit the GPU's SMs and their shared memory (up to 1024 units o
 layers, batch 128). Anything neither kernel trains is refused before training, with both reasons.
 A run's record names the kernel that trained it (`persistent_kernel`: cluster or grid). A GPU with
 thread-block clusters (compute capability 9.0: Hopper and later).
+
+A set-up row trains the next plan of its shape in place (`restart`): the plan's weights and orders
+uploaded, the metrics zeroed; the rate is a launch argument of every epoch, so nothing is compiled
+or converted again.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from graphtrain.kernels.persistent_mlp import MlpShape, PersistentMlp
 from graphtrain.kernels.persistent_wide import MAX_IMAGE_VALUES, PersistentWide, WideShape
 from graphtrain.libs import cuda, nvrtc
 from graphtrain.libs.memory import Arena
+from graphtrain.plan import RunPlan
 from graphtrain.reference import Layer
 from graphtrain.stages import device
 from graphtrain.stages.base import EpochResult, Stage
@@ -179,7 +184,25 @@ class PersistentStage(Stage):
         self.evaluation.load(self.device)
         # Warm up (the first launch), then start again from the shared init.
         self.launch_epoch(0, 1, measure=True)
+        self.start_run(plan)
+
+    def start_run(self, plan: RunPlan) -> None:
+        """The plan's initial weights and every epoch's sample order on the device, the metrics
+        zeroed: what the epochs start from. The kernel keeps nothing else between launches (the
+        grid kernel's barrier is zeroed before each), and reads the rate as a launch argument."""
+        self.dataset.upload_orders(plan, self.stream)
         self.params.upload(plan.initial, self.stream)
+        self.metrics.zero(self.stream)
+
+    def restart(self, plan: RunPlan) -> bool:
+        """A plan of the same shape in place: another seed or rate, the images in the kernel's
+        form, the compiled kernel and the parameters' table kept. The kernel trains SGD at a
+        constant rate only: another recipe is refused (False), as a fresh setup would refuse it."""
+        if not self.same_shape(plan) or (plan.config.optimizer, plan.config.schedule) != ("sgd", "constant"):
+            return False
+        self.adopt(plan)
+        self.start_run(plan)
+        return True
 
     def kernel_shape(self, pixel_levels: int, refuse: bool = True) -> Shape | MlpShape | WideShape:
         """The sizes the kernel is compiled for; refused (ModelUnsupported) when it cannot train them."""
