@@ -4,7 +4,7 @@ and the lanes (a stream with the library handles bound to it).
     data = resident_data(device, train_images, train_labels, test_images, test_labels, stream)
     data.acquire() … data.release()          # a model's use of it; an unused one may be dropped later
     lane = lane_of(device)                    # lane 0: where a model runs unless told otherwise
-    lane.stream, lane.blas("tf32"), lane.dnn()
+    lane.stream, lane.gemms("tf32"), lane.dnn()
 
 A process that trains many cnns of one dataset (a sweep's rows, the speedrun's seeds, a pack of
 models) uploads the dataset once per device: `resident_data` keeps the last MAX_RESIDENT datasets
@@ -13,10 +13,14 @@ arrays are taken as they are at the first upload and must not change after). The
 are shared the same way (graphtrain.kernels.KernelFile).
 
 A lane's models run one after another, in its stream's order, so they share its handles and
-their workspace: one cuBLAS handle per precision (its math mode) and one cuDNN handle, created at
-their first use. cuBLAS gives the same bits on every run only where each stream has a handle and
-workspace of its own (its documentation's reproducibility note): models on different lanes run at
-once, each lane with its own. Lanes last as long as the process's hold on the device.
+their workspace: a cuBLASLt handle with its products per precision (graphtrain.libs.cublaslt.
+LtGemms: one algorithm per product shape, whatever the number of models a call multiplies, so a
+model's products are the same bits alone and packed on a model axis), a cuBLAS handle per
+precision (its math mode) and one cuDNN handle, created at their first use; the cuBLAS and
+cuBLASLt calls share the lane's workspace, one after another on its stream. cuBLAS gives the same
+bits on every run only where each stream has a handle and workspace of its own (its
+documentation's reproducibility note): models on different lanes run at once, each lane with its
+own. Lanes last as long as the process's hold on the device.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 from graphtrain.libs import cuda
 from graphtrain.libs.cublas import Cublas
+from graphtrain.libs.cublaslt import Lt, LtGemms
 from graphtrain.libs.cudnn import Cudnn
 from graphtrain.libs.memory import Arena
 
@@ -119,6 +124,8 @@ class Lane:
         self.blas_workspace = self.arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
         self.arena.allocate()
         self._blas: dict[str, Cublas] = {}
+        self._lt: Lt | None = None
+        self._gemms: dict[str, LtGemms] = {}
         self._dnn: Cudnn | None = None
 
     def blas(self, precision: str) -> Cublas:
@@ -128,6 +135,16 @@ class Lane:
             self._blas[precision] = Cublas(self.stream, ws.ptr, ws.nbytes, precision)
         return self._blas[precision]
 
+    def gemms(self, precision: str) -> LtGemms:
+        """The lane's cuBLASLt products in `precision` (each shape's one algorithm, and every
+        product planned on the lane, kept for its next models)."""
+        if precision not in self._gemms:
+            if self._lt is None:
+                ws = self.blas_workspace
+                self._lt = Lt(ws.ptr, ws.nbytes)
+            self._gemms[precision] = LtGemms(self._lt, self.stream, precision)
+        return self._gemms[precision]
+
     def dnn(self) -> Cudnn:
         """The lane's cuDNN handle."""
         if self._dnn is None:
@@ -135,7 +152,7 @@ class Lane:
         return self._dnn
 
     def close(self) -> None:
-        for handle in (*self._blas.values(), self._dnn):
+        for handle in (*self._gemms.values(), self._lt, *self._blas.values(), self._dnn):
             if handle is not None:
                 handle.close()
         self.arena.close()
