@@ -190,7 +190,7 @@ def test_two_models_of_the_same_arrays_share_one_upload_the_modules_and_the_lane
         assert second.data is first.data and second.data.train_x.ptr == first.data.train_x.ptr
         assert mallocs == 1, "the second model allocates its own arena only: no dataset, no lane, no workspace"
         assert copies.data is not first.data, "other arrays (equal or not) are another upload"
-        assert second.stream is first.stream and second.lane.blas("tf32") is first.lane.blas("tf32")
+        assert second.stream is first.stream and second.lane.gemms("tf32") is first.lane.gemms("tf32")
         assert second.cnn_cu.module is first.cnn_cu.module
         assert [cp.module for cp in second.convpool] == [cp.module for cp in first.convpool]
     finally:
