@@ -120,7 +120,7 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
     from graphtrain.recipe import recipe_of
     from graphtrain.stages import CNN_TRAINS
     from graphtrain.stages.cnn_device import MAX_EVAL_ROWS, CnnDevice
-    from graphtrain.stages.cnn_shared import CUBLAS_WORKSPACE_BYTES, lanes as lanes_of
+    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lanes as lanes_of
 
     if mode not in MODES:
         raise ValueError(f"pack mode {mode!r}: one of {', '.join(MODES)}")
@@ -161,7 +161,7 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
 
         model_starts = [time.perf_counter()]
         probe = build(0, MAX_EVAL_ROWS)
-        budget = (int(PACK_MEMORY_FRACTION * device.total_memory) - lanes * CUBLAS_WORKSPACE_BYTES
+        budget = (int(PACK_MEMORY_FRACTION * device.total_memory) - lanes * LANE_WORKSPACE_BYTES
                   - probe.data.arena.nbytes)
         try:
             eval_rows = fitting_eval_rows(count, probe.arena.nbytes, probe.eval_row_bytes,
@@ -320,7 +320,7 @@ def _train_on_axis(plans: list[RunPlan], data, precision: str, row: str, run_sta
     docstring), trained one pack after another on the process's lane 0."""
     from graphtrain.libs import cuda
     from graphtrain.stages.cnn_device import CnnDevice
-    from graphtrain.stages.cnn_shared import CUBLAS_WORKSPACE_BYTES, lane_of
+    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lane_of
 
     first, count, epochs = plans[0], len(plans), plans[0].batches
     lane = lane_of(device)
@@ -332,7 +332,7 @@ def _train_on_axis(plans: list[RunPlan], data, precision: str, row: str, run_sta
     if not fused:
         raise ModelUnsupported("the cnn packs where every conv layer runs as the fused kernels; these layers run "
                                "through cuDNN, whose calls have no model axis")
-    budget = int(PACK_MEMORY_FRACTION * device.total_memory) - CUBLAS_WORKSPACE_BYTES - data_bytes
+    budget = int(PACK_MEMORY_FRACTION * device.total_memory) - LANE_WORKSPACE_BYTES - data_bytes
     try:
         packs = axis_packs(count, budget // model_bytes)
     except ValueError:
