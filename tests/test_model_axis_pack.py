@@ -117,9 +117,10 @@ class Recorder:
 @pytest.mark.parametrize("models", [1, 3])
 def test_every_product_a_step_or_an_evaluation_queues_was_planned_for_the_axis(fake_malloc, models):
     """The speedrun cnn's two linear layers (800 → 256 → 10) at batch 96, evaluating 10000 rows a
-    pass: each product queued is one `plan_products` planned, as a batch of K with the model
-    stride in elements (one model: a batch of one, strides 0), and each elementwise launch takes
-    the axis; every output lies in model 0's copy of the arena."""
+    pass: each product an op queues was planned when the op was built (before any op runs, as a
+    model builds its ops at setup), as a batch of K with the model stride in elements (one model:
+    a batch of one, strides 0); each elementwise launch takes the axis; every output lies in
+    model 0's copy of the arena."""
     from graphtrain.stages.cnn_layers import Linear, ModelAxis, ParameterSpan
 
     gemms, layers, fused, axis = RecordingGemms(), Recorder(), Recorder(), ModelAxis(models)
@@ -131,15 +132,15 @@ def test_every_product_a_step_or_an_evaluation_queues_was_planned_for_the_axis(f
     stride = arena.nbytes
     axis.settle(stride)
     arena.allocate()
-    for linear in (hidden, logits):
-        linear.plan_products(10_000)
     ops = [*hidden.forward_ops(None, src.ptr, 96), *hidden.forward_ops(None, src.ptr, 10_000),
            *logits.forward_ops(None, hidden.h.ptr, 96), *logits.forward_ops(None, hidden.h.ptr, 10_000),
            *logits.backward_ops(None, hidden.h.ptr, hidden.dh.ptr, hidden),
            *hidden.backward_ops(None, src.ptr, dsrc.ptr, None)]
+    planned_before_running = set(gemms.planned)
     for _, op in ops:
         op()
-    assert len(gemms.queued) == 8
+    assert len(gemms.queued) == 8 and gemms.planned == planned_before_running
+    assert planned_before_running == {key for key, _ in gemms.queued}  # each planned is queued
     elements = stride // 4 if models > 1 else 0
     for key, c in gemms.queued:
         assert key in gemms.planned, key

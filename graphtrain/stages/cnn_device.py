@@ -2,7 +2,8 @@
 and the training step and the evaluation recorded onto a stream. The cnn rungs compose it:
 `graphs` captures the step once and replays it per batch, `device-loop` captures the epoch (a
 WHILE node over the steps) and the evaluation into one graph; a pack (graphtrain.stages.cnn_pack)
-trains many at once.
+trains many at once, as models of their own or as K models on one model axis (`models=K`: one
+allocation, every launch training all K).
 
     model = CnnDevice(device, spec, recipe, train_images, train_labels, test_images, test_labels)
     model.load(params, orders)        # a run's initial weights and sample orders (uploads)
@@ -181,8 +182,6 @@ class CnnDevice:
             self._reserve(arena, spec, shapes)
             self._place_models(arena)
             arena.allocate()
-            for linear in self.linears:
-                linear.plan_products(self.eval_rows)
             # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the device
             self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
                                       self.stream).acquire()
@@ -192,6 +191,7 @@ class CnnDevice:
             if isinstance(self.head, FusedHead):
                 self._zero(self.head.count, self.stream)
             self._choose_algorithms()
+            self._plan_products()
             self.stream.synchronize()
         except BaseException:
             self.close()
@@ -266,6 +266,12 @@ class CnnDevice:
     def model_bytes(self) -> int:
         """Bytes of one model's arena (the stride between models, where there are several)."""
         return self.arena.nbytes // self.models
+
+    def _plan_products(self) -> None:
+        """The step's and an evaluation pass's ops built once, not run: the linear layers' products
+        they queue are planned now (cuBLASLt's algorithm search), never inside a capture."""
+        self.step_ops(self.stream)
+        self.forward_ops(self.stream, self.data.test_x.ptr, self.eval_rows, shared_input=True)
 
     def _choose_algorithms(self) -> None:
         """cuDNN's algorithms, timed on the real buffers (their contents are overwritten here)."""

@@ -313,8 +313,9 @@ class CudnnConv:
 class Linear:
     """Layer j of the head: h = src·Wᵀ + b (ReLU'd unless it is the logits layer), W fan_out ×
     fan_in; dh its output's gradient for the training batch. Its products are cuBLASLt's
-    (`gemms`), each planned at setup (`plan_products`) for the model axis's models, one after
-    another in a strided batch, and queued per step with nothing chosen."""
+    (`gemms`), the model axis's models one after another in a strided batch, each planned when
+    its op is built (the model builds its ops once at setup, outside any capture) and queued per
+    step with nothing chosen."""
 
     def __init__(self, arena: Arena, index: int, fan_in: int, fan_out: int, relu: bool, gemms: LtGemms,
                  layers_cu: Layers, fused_cu: Fused, batch: int, rows: int, axis: ModelAxis):
@@ -326,24 +327,13 @@ class Linear:
         self.dh = arena.reserve(f"dh{index + 1}", (batch, fan_out))
         self.row_buffers = (self.h,)  # sized for the training batch or an evaluation pass
 
-    def _products(self, eval_rows: int) -> list[tuple[bool, bool, int, int, int, int, int, int]]:
-        """(transa, transb, m, n, k, lda, ldb, ldc) of every product the layer queues: the forward
-        pass of the training batch and of an evaluation pass, the weight and input gradients."""
-        k, n, b = self.fan_in, self.fan_out, self.batch
-        forward = [(False, True, rows, n, k, k, k, n) for rows in sorted({b, eval_rows})]
-        return [*forward, (True, False, n, k, b, n, k, k), (False, False, b, k, n, n, k, k)]
-
-    def plan_products(self, eval_rows: int) -> None:
-        """Plan each product for the model axis (its algorithm chosen, its layouts made): at setup,
-        once the stride is settled, so that a step only queues them."""
-        e, models = self.axis.elements, self.axis.models
-        for transa, transb, m, n, k, lda, ldb, ldc in self._products(eval_rows):
-            self.gemms.plan(transa, transb, m, n, k, lda, e, ldb, e, ldc, e, models)
-
     def _product(self, name: str, transa: bool, transb: bool, m: int, n: int, k: int, a: int, lda: int, b: int,
                  ldb: int, c: int, ldc: int) -> Op:
-        """C = op(A)·op(B) for every model (each operand its own: the stride between models)."""
+        """C = op(A)·op(B) for every model (each operand its own: the stride between models),
+        planned now (its algorithm chosen, its layouts made; once a shape and batch) and only
+        queued by the op."""
         e, models = self.axis.elements, self.axis.models
+        self.gemms.plan(transa, transb, m, n, k, lda, e, ldb, e, ldc, e, models)
         return (name, partial(self.gemms.gemm_strided_batched, transa, transb, m, n, k, 1.0, a, lda, e, b, ldb, e,
                               0.0, c, ldc, e, models))
 
