@@ -64,6 +64,7 @@ import numpy as np
 
 from graphtrain import environment
 from graphtrain.errors import ModelUnsupported
+from graphtrain.kernels import ceil_div
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
 from graphtrain.reference import Layer
@@ -310,7 +311,7 @@ def axis_packs(count: int, fitting: int) -> list[list[int]]:
     most = min(AXIS_MAX_MODELS, fitting)
     if most < 1:
         raise ValueError("not even one model fits")
-    packs = -(-count // most)
+    packs = ceil_div(count, most)
     return [list(range(p * count // packs, (p + 1) * count // packs)) for p in range(packs)]
 
 
