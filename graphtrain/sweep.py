@@ -12,9 +12,10 @@ the sample order), so a point trains exactly what `graphtrain run` with the same
 A task is what one worker runs at a time. Most tasks are one point. Points that differ only in
 learning rate and seed can instead run as one pack on one GPU, every model still bit-identical to
 its run alone: the `persistent` rung's softmax regressions, one thread-block cluster each
-(graphtrain.packed), and the `jax-vmap` peer, which is by its nature the pack vmapped
-(graphtrain.peers.jax_vmap). Where several workers share a pack's points, the pack is split
-into one pack per worker.
+(graphtrain.packed), the cnns on `graphs` and `device-loop`, on one model axis (each launch
+trains every model of the pack: graphtrain.stages.cnn_pack, in the registry's Pack.mode), and
+the `jax-vmap` peer, which is by its nature the pack vmapped (graphtrain.peers.jax_vmap). Where
+several workers share a pack's points, the pack is split into one pack per worker.
 
 A process sets a row up once per shape: the points that run alone go through this process's
 `graphtrain.training.SetUpRows`, which restarts the row set up for an earlier point of the same
@@ -296,7 +297,7 @@ def _train_pack(task: SweepTask, data):
 
     plans = [RunPlan.for_data(point.config, data) for point in task.points]
     pack = stages.SPECS[task.points[0].name].pack_for(task.points[0].config)
-    return stages.load_target(pack.target)(plans, data)
+    return stages.load_target(pack.target)(plans, data, **({"mode": pack.mode} if pack.mode else {}))
 
 
 def weights_digest(params) -> str:

@@ -190,7 +190,7 @@ def test_two_models_of_the_same_arrays_share_one_upload_the_modules_and_the_lane
         assert second.data is first.data and second.data.train_x.ptr == first.data.train_x.ptr
         assert mallocs == 1, "the second model allocates its own arena only: no dataset, no lane, no workspace"
         assert copies.data is not first.data, "other arrays (equal or not) are another upload"
-        assert second.stream is first.stream and second.lane.blas("tf32") is first.lane.blas("tf32")
+        assert second.stream is first.stream and second.lane.gemms("tf32") is first.lane.gemms("tf32")
         assert second.cnn_cu.module is first.cnn_cu.module
         assert [cp.module for cp in second.convpool] == [cp.module for cp in first.convpool]
     finally:
@@ -241,7 +241,7 @@ def test_packed_cnns_train_the_bits_each_trains_alone(gpu_device, mnist_dir, pre
     from graphtrain.plan import RunPlan
     from graphtrain.recipe import recipe_of
     from graphtrain.stages.cnn_device import CnnDevice
-    from graphtrain.stages.cnn_pack import flat, normalised, train_packed_cnn
+    from graphtrain.stages.cnn_pack import NORMALISATION, dataset_arrays, flat, train_packed_cnn
 
     full = data_mod.load("mnist", data_dir=mnist_dir)
     data = dataclasses.replace(full, train_images=full.train_images[:1000], train_labels=full.train_labels[:1000],
@@ -255,7 +255,8 @@ def test_packed_cnns_train_the_bits_each_trains_alone(gpu_device, mnist_dir, pre
     try:
         for plan, record in zip(plans, records):
             recipe = recipe_of(plan.config, sum(plan.batches), plan.num_epochs, precision)
-            alone = CnnDevice(gpu_device, cnn_spec(plan.config), recipe, *normalised(data), device_loop=True)
+            alone = CnnDevice(gpu_device, cnn_spec(plan.config), recipe, *dataset_arrays(data), device_loop=True,
+                              normalisation=NORMALISATION)
             try:
                 graph = alone.capture_run(sum(plan.batches), outer)
                 weights, correct = run_graph(alone, graph, outer, flat(plan.initial), plan.orders)
@@ -272,3 +273,56 @@ def test_packed_cnns_train_the_bits_each_trains_alone(gpu_device, mnist_dir, pre
     finally:
         outer.close()
     assert records[0].pack["train_ms"] > 0 and all(e.ms > 0 for r in records for e in r.epochs)
+
+
+# ---- the model axis: K cnns in every launch ------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision,per_launch", [("tf32", None), ("fp32", None), ("tf32", 2)],
+                         ids=["tf32", "fp32", "tf32 two packs"])
+def test_cnns_on_one_model_axis_train_the_bits_each_trains_alone_on_graphs(gpu_device, mnist_dir, monkeypatch,
+                                                                           precision, per_launch):
+    """Three speedrun cnns (lr and seed differing) on one model axis, one epoch of a 1000-image
+    slice at batch 96 (11 steps, the last a tail batch of 40 rows) and 500 test images: each
+    model's weights, test accuracy and loss against the same plan trained alone by the `graphs`
+    row (its step graph replayed per batch, then the evaluation). "two packs": at most 2 models a
+    launch, so packs of 1 and 2 trained one after the other."""
+    from graphtrain import data as data_mod, training
+    from graphtrain.config import preset
+    from graphtrain.plan import RunPlan
+    from graphtrain.stages import cnn_pack
+
+    if per_launch is not None:
+        monkeypatch.setattr(cnn_pack, "AXIS_MAX_MODELS", per_launch)
+    full = data_mod.load("mnist", data_dir=mnist_dir)
+    data = dataclasses.replace(full, train_images=full.train_images[:1000], train_labels=full.train_labels[:1000],
+                               test_images=full.test_images[:500], test_labels=full.test_labels[:500])
+    config = preset("speedrun").replace(epochs=1, batch=96, precision=precision)
+    plans = [RunPlan.for_data(config.replace(lr=lr, seed=seed), data) for lr, seed in
+             ((0.006, 0), (0.01, 1), (0.014, 2))]
+    assert plans[0].batches == [11]
+    records = cnn_pack.train_packed_cnn(plans, data, precision=precision, mode="axis")
+    pack = records[0].pack
+    assert pack["mode"] == "axis" and pack["models"] == 3
+    assert pack["packs"] == (1 if per_launch is None else 2) and pack["models_per_launch"] == (per_launch or 3)
+    assert "packed: 3 models on one model axis" in records[0].note and "cuBLASLt" in records[0].note
+    for plan, record in zip(plans, records):
+        alone = training.train(plan.config, "graphs", data=data)
+        label = f"{precision}, {per_launch} a launch, lr {plan.config.lr}, seed {plan.config.seed}"
+        assert same_bits(cnn_pack.flat(record.params), cnn_pack.flat(alone.params)), label
+        assert record.test_accuracy == alone.test_accuracy, label
+        packed_loss, loss = record.epochs[0].train_loss, alone.epochs[0].train_loss
+        assert abs(packed_loss - loss) <= 1e-12 * loss, label  # fp64 sums of the same losses
+    assert pack["train_ms"] > 0 and all(e.ms > 0 for r in records for e in r.epochs)
+
+
+def test_the_speedrun_on_graphs_keeps_its_accuracy_with_cublaslt_products(gpu_device, mnist_dir):
+    """The graphs row's linear layers through cuBLASLt (a batch of one, each shape's one
+    algorithm, as a model axis takes them): the speedrun, seed 0, in its accuracy range."""
+    from graphtrain import data as data_mod, training
+    from graphtrain.config import preset
+
+    record = training.train(preset("speedrun").replace(precision="tf32"), "graphs",
+                            data=data_mod.load("mnist", data_dir=mnist_dir))
+    assert "linear layers TF32 (cuBLASLt)" in record.note, record.note
+    assert record.test_accuracy >= 0.989, record.test_accuracy

@@ -45,6 +45,7 @@ def build(name: str):
     from graphtrain.kernels.gather import Gather
     from graphtrain.kernels.head import Head
     from graphtrain.kernels.layers import Layers
+    from graphtrain.kernels.optim import Optim
 
     c1, h1, w1, o1, k1 = CONV1
     c2, h2, w2, o2, k2 = CONV2
@@ -54,7 +55,7 @@ def build(name: str):
             "fp32 conv1": lambda: ConvPool(DEVICE, c1, k1, 2, o1),  # few taps: the register weight gradient
             "fp32 conv2": lambda: ConvPool(DEVICE, c2, k2, 2, o2),  # many: the per-tap one
             "head": lambda: Head(DEVICE, 10), "fused": lambda: Fused(DEVICE, 10, bf16=False),
-            "layers": lambda: Layers(DEVICE), "cnn": lambda: Cnn(DEVICE)}[name]()
+            "layers": lambda: Layers(DEVICE), "cnn": lambda: Cnn(DEVICE), "optim": lambda: Optim(DEVICE)}[name]()
 
 
 P = [0x7000_0000 + 0x1_0000 * i for i in range(10)]  # distinct device addresses
@@ -83,6 +84,9 @@ CASES = [
     ("layers", "bias_grad", (P[0], P[1], N, 128), {}, [(S,)]),
     ("cnn", "softmax_xent_step", (P[0], P[1], P[2], P[3], N, 60_000, 10, P[4]), {}, [(S,)]),
     ("cnn", "count_correct", (P[0], P[1], 10_000, 10, P[2]), {}, [(S,)]),
+    # the optimizer over the speedrun cnn's span (its parameters each 64-float aligned), with and without state
+    ("optim", "step", (P[0], P[1], P[2], P[3], 215_360, P[4], P[5], P[6]), {}, [(S,)]),
+    ("optim", "step", (P[0], P[1], 0, 0, 215_360, P[4], P[5], P[6]), {}, [(S,)]),
 ]
 
 
@@ -150,8 +154,8 @@ def test_only_the_model_axis_uses_the_grids_z():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name", ["tc conv1", "tc conv2", "fp32 conv1", "fp32 conv2"])
-def test_the_conv_kernels_compile_for_the_speedrun_layers(nvrtc_available, cache, uncompiled, name, arch):
+@pytest.mark.parametrize("name", ["tc conv1", "tc conv2", "fp32 conv1", "fp32 conv2", "optim"])
+def test_the_conv_kernels_and_the_optimizer_compile_for_the_speedrun_layers(nvrtc_available, cache, uncompiled, name, arch):
     launcher = build(name)
     assert type(launcher).cubin(arch, launcher.built_with).startswith(ELF_MAGIC)
 

@@ -90,6 +90,7 @@ def bits(a: np.ndarray) -> bytes:
 # The speedrun cnn's sizes: batch 256, conv1 1×28×28 → 24 (5×5), conv2 24×12×12 → 32 (3×3), a
 # hidden layer of 256, 10 classes.
 N, HIDDEN, CLASSES, EPOCH = 256, 256, 10, 60_000
+SPAN = 215_360  # the speedrun cnn's parameters, each 64-float aligned in one span (more than one block's grid-stride)
 CONVS = {"conv1": (1, 28, 28, 24, 5), "conv2": (24, 12, 12, 32, 3)}
 
 
@@ -136,6 +137,8 @@ def kernel_case(device, rng, name):
     from graphtrain.kernels.gather import Gather
     from graphtrain.kernels.head import Head
     from graphtrain.kernels.layers import Layers
+    from graphtrain.kernels.optim import STATE_INTS, Optim, constants_of
+    from graphtrain.reference_cnn import Optimizer, Schedule
 
     train, features, test = 1000, 784, 1000
     cursor = lambda: rng.integers(EPOCH - 300, EPOCH, 1).astype(np.int32)  # noqa: E731 (tail batches: valid rows vary)
@@ -187,7 +190,21 @@ def kernel_case(device, rng, name):
             Cnn, {"labels": ints(rng, CLASSES, test)},
             lambda: ({"logits": randn(rng, test, CLASSES), "correct": ints(rng, 100, 1)}, ("correct",)),
             lambda L, s, p, **axis: L.count_correct(s, p("logits"), p("labels"), test, CLASSES, p("correct"), **axis)),
+        "optim.step": (
+            Optim, {},
+            lambda: ({"p": randn(rng, SPAN), "g": randn(rng, SPAN, scale=0.1), "s1": randn(rng, SPAN, scale=0.01),
+                      "s2": np.abs(randn(rng, SPAN, scale=1e-3)), "lr": nan(1),
+                      # steps taken so far (each model its own), no block done with this one
+                      "state": np.array([rng.integers(0, 400), 0], np.int32).reshape(STATE_INTS),
+                      "constants": constants_of(*next(recipes))}, ("p", "s1", "state", "lr")),  # s2: Adam's only
+            lambda L, s, p, **axis: L.step(s, p("p"), p("g"), p("s1"), p("s2"), SPAN, p("state"), p("lr"),
+                                           p("constants"), **axis)),
     }
+    # A recipe per model, each optimizer and schedule another (drawn in turn as the K models' buffers are).
+    recipes = iter([(Optimizer("adam", betas=(0.8, 0.95), weight_decay=1e-3), Schedule("one-cycle", 0.01, 500)),
+                    (Optimizer("nesterov", 0.85, weight_decay=0.01), Schedule("cosine", 0.05, 450)),
+                    (Optimizer("adamw", betas=(0.9, 0.99), weight_decay=0.1),
+                     Schedule("warmup", 0.003, 400, warmup_steps=50))])
     make, shared, model, launch = cases[name]
     launcher = make(device)
     return launcher, shared, model, lambda s, p, **axis: launch(launcher, s, p, **axis)
@@ -197,7 +214,7 @@ CONV_CASES = [(kind, layer, passes) for kind in ("tf32", "fp32")
               for layer, passes in (("conv1", "forward"), ("conv2", "forward"), ("conv1", "forward, shared input"),
                                     ("conv1", "weight grad"), ("conv2", "weight grad"), ("conv2", "backward data"))]
 KERNEL_CASES = ["gather_batch_at", "head.logits_loss", "head.grads", "fused.head_backward", "fused.relu_bias_grad",
-                "layers.bias_relu", "layers.bias_grad", "cnn.softmax_xent_step", "cnn.count_correct"]
+                "layers.bias_relu", "layers.bias_grad", "cnn.softmax_xent_step", "cnn.count_correct", "optim.step"]
 
 
 @pytest.fixture(scope="module")

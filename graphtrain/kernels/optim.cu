@@ -11,6 +11,11 @@
 // records the rate it used in lr_out[0]. The step knows nothing of loops: a device loop counts
 // its iterations in a node of its own (loop.cu).
 //
+// The model axis (model_axis.cuh): model k = blockIdx.z; every pointer is per model (its
+// parameters, gradients, state slots, counters, rate and constants record), model_stride bytes
+// after model k − 1's. Model k's blocks count on its own state[1] against gridDim.x, so each
+// model's step, rate and constants are its own, the bits of its launch alone.
+//
 // Schedules (k = t − 1, the 0-based step; `total` steps; peak `lr`), as graphtrain.reference_cnn:
 //   0 constant   lr
 //   1 warmup     lr · min(1, (k + 1) / warmup)
@@ -66,10 +71,10 @@ __device__ float schedule_lr(const Schedule& s, int k) {
     }
 }
 
-extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __restrict__ g,
-                                          float* __restrict__ s1, float* __restrict__ s2, long long n,
-                                          int* state, float* lr_out,
-                                          const OptimizerConstants* __restrict__ constants) {
+__device__ __forceinline__ void optimizer_step_body(float* __restrict__ p, const float* __restrict__ g,
+                                                    float* __restrict__ s1, float* __restrict__ s2, long long n,
+                                                    int* state, float* lr_out,
+                                                    const OptimizerConstants* __restrict__ constants) {
     const OptimizerConstants c = *constants;
     const int t = state[0] + 1;
     const int optimizer = c.optimizer;
@@ -111,6 +116,16 @@ extern "C" __global__ void optimizer_step(float* __restrict__ p, const float* __
         state[0] = t;
         lr_out[0] = lr;
     }
+}
+extern "C" __global__ void optimizer_step(float* p, const float* g, float* s1, float* s2, long long n, int* state,
+                                          float* lr_out, const OptimizerConstants* constants,
+                                          long long model_stride) {
+    // Stepped in bytes on the pointers (model_axis.cuh's step_bytes), so the loads stay global
+    // ones; an absent state slot (0: an optimizer without it) stays null.
+    const long long at = model_offset(model_stride);
+    optimizer_step_body(step_bytes(p, at), step_bytes(g, at), s1 ? step_bytes(s1, at) : s1,
+                        s2 ? step_bytes(s2, at) : s2, n, step_bytes(state, at), step_bytes(lr_out, at),
+                        step_bytes(constants, at));
 }
 
 // The rate schedule_lr gives each of the steps first..first+count−1 (0-based): what the tests

@@ -4,13 +4,15 @@ the schedule and the step counter on the device, its constants from a record on 
 `CONSTANTS` is that record's layout (optim.cu's OptimizerConstants, checked against it when the
 file compiles): the optimizer (kind, momentum, betas, eps, weight decay) and the schedule (kind,
 total steps, warm-up steps, peak rate, pct, div, final_div). The host writes it between runs
-(`constants_of`), so a captured step trains the recipe written last."""
+(`constants_of`), so a captured step trains the recipe written last. With `models` > 1 the step
+updates that many models at once (graphtrain.kernels' model axis: every buffer per model, the
+constants record too, model_stride bytes apart), each with its own step counter and recipe."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphtrain.kernels import F32, I32, I64, PTR, KernelFile, ceil_div, kernel
+from graphtrain.kernels import F32, I32, I64, PTR, KernelFile, ceil_div, kernel, model_grid, model_stride_arg
 from graphtrain.reference_cnn import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
 
 THREADS = 256
@@ -48,17 +50,21 @@ def layout_defines(record: np.dtype) -> dict[str, int]:
 
 class Optim(KernelFile):
     stem = "optim"
+    headers = ("model_axis.cuh",)
     defines = layout_defines(CONSTANTS)
-    _optimizer_step = kernel("optimizer_step", PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR)
+    _optimizer_step = kernel("optimizer_step", PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, I64)
     _schedule_rates = kernel("schedule_rates", PTR, I32, I32, I32, I32, I32, F32, F32, F32, F32)
 
     def step(self, stream, params: int, grads: int, slot1: int, slot2: int, n: int, state: int, lr_out: int,
-             constants: int) -> None:
+             constants: int, models: int = 1, model_stride: int = 0) -> None:
         """One update of the n packed parameters from their gradients; slot1/slot2 the optimizer's
         state (0 where it has none); state: the STATE_INTS counters, zeroed before the first
-        step; lr_out: where the rate used is written; constants: the CONSTANTS record."""
+        step; lr_out: where the rate used is written; constants: the CONSTANTS record. Each of
+        them per model with `models` > 1."""
+        stride = model_stride_arg(models, model_stride)
         blocks = min(MAX_BLOCKS, ceil_div(n, THREADS))
-        self._optimizer_step(stream, blocks, THREADS, params, grads, slot1, slot2, n, state, lr_out, constants)
+        self._optimizer_step(stream, model_grid(blocks, models), THREADS, params, grads, slot1, slot2, n, state,
+                             lr_out, constants, stride)
 
     def schedule_rates(self, stream, out: int, first: int, count: int, schedule: Schedule) -> None:
         """out[i] = the schedule's rate at step first + i, for i < count."""

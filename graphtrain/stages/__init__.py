@@ -64,6 +64,7 @@ class Pack:
     softmax_only: bool = False  # of the MLPs, only those without hidden layers pack
     only: bool = False  # the row exists only as packs (not a row `run` or `ladder` trains)
     check: str | None = None  # "module:function" raising PeerUnavailable where it cannot run
+    mode: str | None = None  # the target's `mode=` (how it packs), where it has several
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             Trainer("graphtrain.stages.data_parallel:DataParallelGraphsStage", ("fp32", "tf32"),
                     "with --gpus, where SGD takes the all-reduced gradient sum at lr/N; train the recipe on one GPU"),
             Trainer("graphtrain.stages.data_parallel:DataParallelCnnGraphsStage", CNN_TRAINS, None),
-            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_graphs"), speedrun_default=True),
+            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_graphs", mode="axis"), speedrun_default=True),
     RowSpec("fused", "stage", True, Trainer("graphtrain.stages.fused:FusedStage", ("fp32",), None), MLP_ONLY,
             FUSED_SGD, FUSED_SGD),
     RowSpec("bf16", "stage", True, Trainer("graphtrain.stages.bf16:Bf16Stage", ("bf16",), None), MLP_ONLY,
@@ -164,7 +165,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             # a step boundary exists, inside the epoch's WHILE node (graphtrain.stages.data_parallel)
             Refused("the cnn's epoch is one conditional WHILE node, and an all-reduce captured inside its body "
                     "is not supported here"),
-            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_device_loop"), speedrun_default=True),
+            pack_cnn=Pack("graphtrain.stages.cnn_pack:pack_device_loop", mode="axis"), speedrun_default=True),
     RowSpec("persistent", "stage", True,
             Trainer("graphtrain.stages.persistent:PersistentStage", ("bf16", "fp32"),
                     "its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "

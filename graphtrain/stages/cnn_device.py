@@ -2,7 +2,8 @@
 and the training step and the evaluation recorded onto a stream. The cnn rungs compose it:
 `graphs` captures the step once and replays it per batch, `device-loop` captures the epoch (a
 WHILE node over the steps) and the evaluation into one graph; a pack (graphtrain.stages.cnn_pack)
-trains many at once.
+trains many at once, as models of their own or as K models on one model axis (`models=K`: one
+allocation, every launch training all K).
 
     model = CnnDevice(device, spec, recipe, train_images, train_labels, test_images, test_labels)
     model.load(params, orders)        # a run's initial weights and sample orders (uploads)
@@ -35,10 +36,10 @@ H100 (scripts/probes/cnn_step_profile.py):
     conv i          a_i = ReLU(maxpool(conv(a_{i-1}) + b_i)) with each window's argmax: one fused
                     kernel (convpool_tc.cu on the tensor cores at TF32, convpool.cu at fp32), or
                     cuDNN's forward (TF32 or fp32) and a pool kernel
-    head            cuBLAS products, bias + ReLU kernels; the logits layer (fp32 FMA) with the loss
+    head            cuBLASLt products, bias + ReLU kernels; the logits layer (fp32 FMA) with the loss
                     step in one kernel, its weight and bias gradients in another (head.cu)
     loss step       dlogits of the valid rows; the cursor moves on by them
-    head backward   cuBLAS products; ReLU mask and bias gradient in one kernel, with the logits
+    head backward   cuBLASLt products; ReLU mask and bias gradient in one kernel, with the logits
                     layer's input gradient (fused.cu's head_backward)
     conv i back     fused: the weight and bias gradients from the pooled gradient and the argmaxes,
                     and (past the first layer) the input gradient; cuDNN: the pooled gradient
@@ -74,6 +75,7 @@ from functools import partial
 
 import numpy as np
 
+from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels import ceil_div, convpool, convpool_tc
 from graphtrain.kernels import head as head_kernel
 from graphtrain.kernels.cnn import Cnn
@@ -84,12 +86,12 @@ from graphtrain.kernels.gather import Gather
 from graphtrain.kernels.head import Head
 from graphtrain.kernels.layers import Layers
 from graphtrain.kernels.loop import Loop
-from graphtrain.kernels.optim import MAX_SLOTS
-from graphtrain.libs import cublas, cuda, cudnn
-from graphtrain.libs.memory import Arena
+from graphtrain.kernels.optim import MAX_SLOTS, constants_of
+from graphtrain.libs import cublas, cublaslt, cuda, cudnn
+from graphtrain.libs.memory import Arena, Buffer
 from graphtrain.recipe import Recipe
 from graphtrain.reference_cnn import CnnSpec
-from graphtrain.stages.cnn_layers import (Batch, ConvShape, CudnnConv, FusedConv, FusedHead, Linear, Op,
+from graphtrain.stages.cnn_layers import (Batch, ConvShape, CudnnConv, FusedConv, FusedHead, Linear, ModelAxis, Op,
                                           ParameterSpan, SoftmaxHead)
 from graphtrain.stages.cnn_shared import MAX_EVAL_PASSES, Lane, lane_of, resident_data
 from graphtrain.stages.device import DeviceOptimizer
@@ -133,15 +135,24 @@ class CnnDevice:
     and handles the model runs on (default: the process's lane 0 on the device). `eval_rows`: the
     most test rows a forward pass of the evaluation takes. `normalisation` (mean, std): the images
     are given as loaded and normalised on the device (graphtrain.stages.cnn_shared.ResidentData);
-    None: they are given normalised."""
+    None: they are given normalised.
+
+    `models` (K): that many models of this shape in one allocation, each launch training them all
+    (the model axis, graphtrain.stages.cnn_layers.ModelAxis): model k's arena is model 0's layout
+    `model_stride` bytes further on, and what a run loads or reads is per model (`model=k`); every
+    model starts with the recipe built for, `set_recipe(recipe, model=k)` puts its own. Only on
+    the fused conv kernels (cuDNN's calls have no model axis) and one GPU."""
 
     def __init__(self, device: cuda.DeviceInfo, spec: CnnSpec, recipe: Recipe, train_images: np.ndarray,
                  train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, fused: bool = True,
                  nhwc: bool = True, fused_head: bool = True, device_loop: bool = False, rank: int = 0,
                  ranks: int = 1, all_reduce: Callable[[cuda.Stream, int, int], None] | None = None,
-                 lane: Lane | None = None, eval_rows: int = MAX_EVAL_ROWS,
+                 lane: Lane | None = None, eval_rows: int = MAX_EVAL_ROWS, models: int = 1,
                  normalisation: tuple[float, float] | None = None):
         self.device, self.spec, self.recipe = device, spec, recipe
+        self.axis = ModelAxis(models)
+        self.models = models
+        self.recipes = [recipe] * models  # what each model trains
         if not 0 <= rank < ranks or recipe.batch % ranks:
             raise ValueError(f"rank {rank} of {ranks}: the combined batch {recipe.batch} must split evenly over them")
         if ranks > 1 and all_reduce is None:
@@ -155,6 +166,11 @@ class CnnDevice:
         self.fused = fused and all(
             convpool.fits(s.c, s.h, s.w, s.outs, s.layer.kernel, s.layer.stride, s.layer.padding, s.pool, s.first)
             for s in shapes)
+        if models > 1 and not self.fused:
+            raise ModelUnsupported(f"{models} cnns on one model axis run every conv layer as the fused kernels; "
+                                   f"these layers run through cuDNN, whose calls have no model axis")
+        if models > 1 and ranks > 1:
+            raise ValueError("a model axis trains on one GPU: no ranks")
         # NHWC images for cuDNN's first layer only where one channel makes NCHW the same bytes.
         self.layout = "nhwc" if nhwc and not self.fused and spec.channels == 1 else "nchw"
         # A device loop's WHILE nodes (capture_steps, capture_run): only for the rungs that run one.
@@ -167,14 +183,18 @@ class CnnDevice:
         try:
             self._kernel_files(device, spec, shapes, fused_head)
             self._reserve(arena, spec, shapes)
+            self._place_models(arena)
             arena.allocate()
             # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the device
             self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
                                       self.stream, normalisation).acquire()
-            self.optimizer.load(device)
+            self.optimizer.load(device)  # model 0's constants
+            for k in range(1, models):
+                self.set_recipe(recipe, model=k)
             if isinstance(self.head, FusedHead):
-                self.head.count.zero(self.stream)
+                self._zero(self.head.count, self.stream)
             self._choose_algorithms()
+            self._plan_products()
             self.stream.synchronize()
         except BaseException:
             self.close()
@@ -213,13 +233,13 @@ class CnnDevice:
         self.iterations_left = arena.reserve("iterations_left", (1,), np.int32) if self.loop_cu else None
         self.x = arena.reserve("x", (b, f))
         self.y = arena.reserve("y", (b,), np.int32)
-        self.convs = [FusedConv(arena, s, self.convpool[s.index], b, rows) if self.fused else
+        self.convs = [FusedConv(arena, s, self.convpool[s.index], b, rows, self.axis) if self.fused else
                       CudnnConv(arena, s, self.cnn_cu, self.lane.dnn(), recipe.precision, self.layout,
                                 self.layout == "nhwc" and s.index < len(shapes) - 1, b, self.eval_rows, rows)
                       for s in shapes]
-        blas, dims = self.lane.blas(recipe.precision), spec.dims
-        self.linears = [Linear(arena, j, fan_in, fan_out, j < len(dims) - 2, blas, self.layers_cu, self.fused_cu, b,
-                               rows) for j, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:]))]
+        gemms, dims = self.lane.gemms(recipe.precision), spec.dims
+        self.linears = [Linear(arena, j, fan_in, fan_out, j < len(dims) - 2, gemms, self.layers_cu, self.fused_cu, b,
+                               rows, self.axis) for j, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:]))]
         logits = self.linears[-1]
         self.head = (FusedHead(arena, logits, self.head_cu, self.fused_cu, b) if self.head_cu is not None
                      else SoftmaxHead(logits, self.cnn_cu, self.layers_cu))
@@ -234,6 +254,27 @@ class CnnDevice:
                                             np.uint8)
         self.batch_state = Batch(self.x, self.y, self.cursor, self.loss_sum, b, recipe.batch, self.ranks,
                                  self.num_train)
+
+    def _place_models(self, arena: Arena) -> None:
+        """The model axis's stride, one model's layout (every buffer reserved); models 1..K−1's
+        copies after model 0's, as one reservation that nothing but their offsets names."""
+        stride = arena.nbytes
+        self.axis.settle(stride)
+        if self.models > 1:
+            others = arena.reserve("models_after_the_first", ((self.models - 1) * stride,), np.uint8)
+            if others.offset != stride:
+                raise RuntimeError(f"model 1's copy at byte {others.offset} of the arena, not at its stride {stride}")
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of one model's arena (the stride between models, where there are several)."""
+        return self.arena.nbytes // self.models
+
+    def _plan_products(self) -> None:
+        """The step's and an evaluation pass's ops built once, not run: the linear layers' products
+        they queue are planned now (cuBLASLt's algorithm search), never inside a capture."""
+        self.step_ops(self.stream)
+        self.forward_ops(self.stream, self.data.test_x.ptr, self.eval_rows, shared_input=True)
 
     def _choose_algorithms(self) -> None:
         """cuDNN's algorithms, timed on the real buffers (their contents are overwritten here)."""
@@ -260,15 +301,20 @@ class CnnDevice:
         """Why this model cannot train `recipe` by `set_recipe`, or None."""
         return capture_refusal(self.recipe, recipe) or self.optimizer.refusal(recipe.optimizer)
 
-    def set_recipe(self, recipe: Recipe) -> None:
-        """Train `recipe` from the next run on, in the graphs already captured too: its learning
-        rate, schedule and optimizer constants written on the device. Between runs (no graph of
-        the model running). ValueError where the recipe differs in what a capture holds."""
+    def set_recipe(self, recipe: Recipe, model: int = 0) -> None:
+        """Model `model` trains `recipe` from the next run on, in the graphs already captured too:
+        its learning rate, schedule and optimizer constants written on the device. Between runs
+        (no graph of the model running). ValueError where the recipe differs in what a capture
+        holds."""
         why = self.recipe_refusal(recipe)
         if why is not None:
             raise ValueError(why)
-        self.optimizer.set_recipe(recipe.optimizer, recipe.schedule)
-        self.recipe = recipe
+        if model == 0:
+            self.optimizer.set_recipe(recipe.optimizer, recipe.schedule)
+            self.recipe = recipe
+        else:
+            self._upload(self.optimizer.constants, constants_of(recipe.optimizer, recipe.schedule), model)
+        self.recipes[model] = recipe
 
     # ---- per run --------------------------------------------------------------------------------
 
@@ -276,48 +322,66 @@ class CnnDevice:
         """The parameters (PyTorch's shapes: filters KCHW) as the device's span."""
         return self.span.pack(params)
 
-    def load(self, params: list[np.ndarray], orders: np.ndarray) -> None:
-        """A run's initial parameters and its epochs' sample orders (two uploads)."""
-        self.params.upload(self.pack(params), self.stream)
+    def _upload(self, buf: Buffer, array: np.ndarray, model: int) -> None:
+        """Model `model`'s copy of `buf` := `array` (its shape and dtype; waits for the copy)."""
+        if array.shape != buf.shape or array.dtype != buf.dtype:
+            raise ValueError(f"{buf.name} holds {buf.shape} of {buf.dtype}, not {array.shape} of {array.dtype}")
+        cuda.copy_to_device(self.axis.at(buf.ptr, model), array, self.stream)
+
+    def _download(self, buf: Buffer, model: int) -> np.ndarray:
+        """Model `model`'s copy of `buf`, after the work queued on the model's stream."""
+        return cuda.copy_to_host(self.axis.at(buf.ptr, model), np.empty(buf.shape, buf.dtype), self.stream)
+
+    def _zero(self, buf: Buffer, stream: cuda.Stream, nbytes: int | None = None) -> None:
+        """Queue zeroing every model's copy of `buf` (its first `nbytes`, default all of it)."""
+        for k in range(self.models):
+            cuda.memset(self.axis.at(buf.ptr, k), 0, buf.nbytes if nbytes is None else nbytes, stream)
+
+    def load(self, params: list[np.ndarray], orders: np.ndarray, model: int = 0) -> None:
+        """A run's initial parameters and its epochs' sample orders (two uploads), model `model`'s."""
+        self._upload(self.params, self.pack(params), model)
         order = np.zeros(self.order.shape, np.int32)
         order[:orders.size] = orders.ravel()
-        self.order.upload(order, self.stream)
+        self._upload(self.order, order, model)
 
     def reset(self, stream: cuda.Stream) -> None:
-        """Queue zeroing the cursor, the optimizer's step counter and state, the gradients (the
-        padding between them is never written after: it stays 0), the loss sum and the correct
-        count: the start of a run (capturable)."""
-        self.cursor.zero(stream)
-        self.optimizer.reset(stream)
-        self.loss_sum.zero(stream)
-        self.correct.zero(stream)
+        """Queue zeroing, for every model, the cursor, the optimizer's step counter and state, the
+        gradients (the padding between them is never written after: it stays 0), the loss sums
+        and the correct count: the start of a run (capturable)."""
+        opt = self.optimizer
+        for buf in (self.cursor, opt.state, opt.slot1, opt.slot2, self.loss_sum, self.correct):
+            if buf is not None:
+                self._zero(buf, stream)
+        self._zero(opt.grads_span, stream, opt.count * 4)
 
-    def weights(self) -> list[np.ndarray]:
-        """The parameters in PyTorch's shapes (filters KCHW), float32."""
-        return self.span.unpack(self.params.download(self.stream))
+    def weights(self, model: int = 0) -> list[np.ndarray]:
+        """Model `model`'s parameters in PyTorch's shapes (filters KCHW), float32."""
+        return self.span.unpack(self._download(self.params, model))
 
-    def read_correct(self) -> int:
-        return int(self.correct.download(self.stream)[0])
+    def read_correct(self, model: int = 0) -> int:
+        return int(self._download(self.correct, model)[0])
 
-    def read_loss_sum(self) -> float:
-        return float(self.loss_sum.download(self.stream)[0])
+    def read_loss_sum(self, model: int = 0) -> float:
+        return float(self._download(self.loss_sum, model)[0])
 
-    def read_loss_sums(self) -> np.ndarray:
+    def read_loss_sums(self, model: int = 0) -> np.ndarray:
         """Each epoch's Σ loss, where a run recorded them apart (record_part's `epoch`)."""
-        return self.loss_sum.download(self.stream)
+        return self._download(self.loss_sum, model)
 
     # ---- the step ---------------------------------------------------------------------------------
 
     def _check_stream(self, stream: cuda.Stream) -> None:
         if stream is not self.stream:
-            raise ValueError("the cnn records on its lane's stream (cuDNN and cuBLAS are bound to it)")
+            raise ValueError("the cnn records on its lane's stream (cuDNN and the products are bound to it)")
 
-    def forward_ops(self, stream: cuda.Stream, x: int, rows: int, training: bool = False) -> list[Op]:
+    def forward_ops(self, stream: cuda.Stream, x: int, rows: int, training: bool = False,
+                    shared_input: bool = False) -> list[Op]:
         """Conv layers, then the linear layers: the logits of `rows` samples from x into the
-        logits layer's h (`training`: the training batch's plans, up to the logits layer's input)."""
+        logits layer's h (`training`: the training batch's plans, up to the logits layer's input;
+        `shared_input`: x is one buffer every model reads, the test images)."""
         ops, src = [], x
         for conv in self.convs:
-            ops += conv.forward_ops(stream, src, rows, training)
+            ops += conv.forward_ops(stream, src, rows, training, shared_input and conv is self.convs[0])
             src = conv.a.ptr
         for linear in self.linears[:-1] if training else self.linears:
             ops += linear.forward_ops(stream, src, rows)
@@ -328,7 +392,8 @@ class CnnDevice:
         data, b = self.data, self.batch
         if self.ranks == 1:
             return ("gather", partial(self.gather_cu.gather_batch_at, stream, data.train_x.ptr, data.train_y.ptr,
-                                      self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr))
+                                      self.order.ptr, self.cursor.ptr, self.features, b, self.x.ptr, self.y.ptr,
+                                      **self.axis.launch))
         return ("gather", partial(self.gather_cu.gather_slice_at, stream, data.train_x.ptr, data.train_y.ptr,
                                   self.order.ptr, self.cursor.ptr, self.features, self.recipe.batch, self.num_train,
                                   self.rank, self.ranks, self.x.ptr, self.y.ptr))
@@ -353,8 +418,15 @@ class CnnDevice:
             ops += convs[i].backward_ops(stream, below.a.ptr if below else self.x.ptr, below.da.ptr if below else None)
         if self.all_reduce is not None:  # Σ over the ranks of the whole span (its padding stays 0)
             ops.append(("all-reduce", partial(self.all_reduce, stream, self.grads.ptr, self.grads.size)))
-        ops.append(("optimizer", partial(self.optimizer.step, stream)))
+        ops.append(("optimizer", self._optimizer_op(stream)))
         return ops
+
+    def _optimizer_op(self, stream: cuda.Stream) -> Callable[[], None]:
+        """DeviceOptimizer.step's launch over every model (each its own counter and constants)."""
+        opt = self.optimizer
+        return partial(opt.optim_cu.step, stream, opt.params_span.ptr, opt.grads_span.ptr,
+                       opt.slot1.ptr if opt.slot1 else 0, opt.slot2.ptr if opt.slot2 else 0, opt.count, opt.state.ptr,
+                       opt.lr_used.ptr, opt.constants.ptr, **self.axis.launch)
 
     def record_step(self, stream: cuda.Stream, epoch: int = 0) -> None:
         """One training step on the batch at the cursor (its loss into loss_sum[epoch])."""
@@ -365,14 +437,14 @@ class CnnDevice:
     def record_eval(self, stream: cuda.Stream) -> None:
         """correct += the test samples classified right; forward passes of eval_rows rows."""
         self._check_stream(stream)
-        self.correct.zero(stream)
+        self._zero(self.correct, stream)
         e, data, logits = self.eval_rows, self.data, self.linears[-1].h
         for chunk in range(self.eval_chunks):
-            for _, op in self.forward_ops(stream, data.test_x.at(chunk * e, 0), e):
+            for _, op in self.forward_ops(stream, data.test_x.at(chunk * e, 0), e, shared_input=True):
                 op()
             rows = min(e, self.num_test - chunk * e)
             self.cnn_cu.count_correct(stream, logits.ptr, data.test_y.at(chunk * e), rows, self.spec.classes,
-                                      self.correct.ptr)
+                                      self.correct.ptr, **self.axis.launch)
 
     # ---- whole runs as graphs -------------------------------------------------------------------
 
@@ -401,7 +473,7 @@ class CnnDevice:
         run first where `reset`, then `steps` training steps from wherever the cursor and the
         step counter stand (a WHILE node over bodies of `per_body`, see _record_steps), their
         losses into loss_sum[epoch], then the evaluation where `evaluate`; ends on `outer`.
-        The model's launches stay on its own stream (the one cuDNN and cuBLAS are bound to),
+        The model's launches stay on its own stream (the one cuDNN and the products are bound to),
         joined into the capture and back."""
         if reset:
             self.reset(outer)
@@ -438,9 +510,9 @@ class CnnDevice:
         else:
             convs = f"convolutions {products} (cuDNN, {self.layout.upper()})"
         if self.head.note is None:
-            return f"{convs}, linear layers {products} (cuBLAS), fp32 elsewhere"
-        return (f"{convs}, linear layers {products} (cuBLAS) but the logits layer's training step {self.head.note}, "
-                f"fp32 elsewhere")
+            return f"{convs}, linear layers {products} (cuBLASLt), fp32 elsewhere"
+        return (f"{convs}, linear layers {products} (cuBLASLt) but the logits layer's training step "
+                f"{self.head.note}, fp32 elsewhere")
 
     def environment(self) -> dict:
         algos = {f"conv{i}_{name}": algo for i, plan in enumerate(self.train_plans) if plan
@@ -448,7 +520,8 @@ class CnnDevice:
         if self.fused:
             algos = {f"conv{i}": f"kernels/{cp.stem}.cu ({cp.note})" for i, cp in enumerate(self.convpool)}
         loop = {"device_loop": self.loop_kind} if self.loop_kind else {}  # "while", or "unrolled"
-        return {"cudnn": cudnn.version(), "cublas": cublas.version(), "precision": self.precision_note(),
+        return {"cudnn": cudnn.version(), "cublas": cublas.version(), "cublaslt": cublaslt.version(),
+                "precision": self.precision_note(),
                 "cudnn_algorithms": algos, **loop}
 
     def close(self) -> None:

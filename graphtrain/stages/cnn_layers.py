@@ -6,7 +6,7 @@ model's packed spans) and the launches of its forward and backward passes:
                  from the pooled gradient and the argmaxes, and the input gradient
     CudnnConv    cuDNN's convolution, then kernels/cnn.cu's bias + pool + ReLU; backward: the
                  pooled gradient routed to the argmaxes, the bias gradient, backward filter and data
-    Linear       a cuBLAS product, then layers.cu's bias (+ ReLU); backward: the weight and input
+    Linear       a cuBLASLt product, then layers.cu's bias (+ ReLU); backward: the weight and input
                  gradients' products, and for the layer below, its ReLU mask with its bias gradient
                  (fused.cu's relu_bias_grad)
     SoftmaxHead  the logits layer (a Linear) with cnn.cu's loss step and layers.cu's bias gradient
@@ -17,6 +17,13 @@ model's packed spans) and the launches of its forward and backward passes:
 A layer's ops are (name, launch) pairs, as graphtrain.stages.cnn_device lists a step's. A layer
 reserves its buffers in the model's arena when it is made; its parameters get their places when
 the model lays out the span (`ParameterSpan`); ops are built once the arena is allocated.
+
+Every launch takes the model axis (`ModelAxis`, graphtrain.kernels' model axis): K models of one
+arena layout, model k's copy of every buffer model_stride bytes after model k − 1's, trained by
+each launch at once (the kernels' grid z; the products as strided batches of K, each shape's one
+cuBLASLt algorithm, graphtrain.libs.cublaslt.LtGemms). One model is K = 1, stride 0: the launches
+of a model alone, whose bits each model of K gets. The stride is the arena's size, known once
+every layer has reserved its buffers (`ModelAxis.settle`), before any op is built.
 
 Each parameter starts PARAM_ALIGN floats into the span (256 bytes), every gradient at the same
 offset in the gradients' span: one optimizer launch, and one all-reduce, cover all of them.
@@ -30,7 +37,7 @@ from functools import partial
 
 import numpy as np
 
-from graphtrain.kernels import ceil_div
+from graphtrain.kernels import MODEL_STRIDE_ALIGNMENT, ceil_div, model_stride_arg
 from graphtrain.kernels.cnn import Cnn
 from graphtrain.kernels.convpool import ConvPool
 from graphtrain.kernels.convpool_tc import ConvPoolTc
@@ -38,7 +45,7 @@ from graphtrain.kernels.fused import Fused
 from graphtrain.kernels.head import Head
 from graphtrain.kernels.layers import Layers
 from graphtrain.libs import cuda
-from graphtrain.libs.cublas import Cublas
+from graphtrain.libs.cublaslt import LtGemms
 from graphtrain.libs.cudnn import ConvPlan
 from graphtrain.libs.memory import Arena, Buffer
 from graphtrain.reference_cnn import ConvLayer
@@ -55,6 +62,50 @@ def packed_layout(shapes: Sequence[tuple[int, ...]]) -> tuple[list[int], int]:
         offsets.append(end)
         end += ceil_div(int(np.prod(shape)), PARAM_ALIGN) * PARAM_ALIGN
     return offsets, end
+
+
+# ---- the model axis ----------------------------------------------------------------------------------
+
+
+class ModelAxis:
+    """`models` models of one arena layout, model k's buffers `stride` bytes after model k − 1's:
+    what every launch of a layer takes. The stride is settled once the model's buffers are all
+    reserved (the arena's size); one model's is 0."""
+
+    def __init__(self, models: int = 1):
+        model_stride_arg(models, MODEL_STRIDE_ALIGNMENT)  # a count gridDim.z holds, else ValueError
+        self.models = int(models)
+        self._stride: int | None = 0 if models == 1 else None
+
+    def settle(self, stride: int) -> None:
+        """Model k's buffers lie k·stride bytes after model 0's (ValueError for a stride the kernels
+        cannot take: see graphtrain.kernels.model_stride_arg)."""
+        if self._stride is not None and self.models > 1:
+            raise RuntimeError("the model axis's stride is settled once")
+        self._stride = model_stride_arg(self.models, stride)
+
+    @property
+    def stride(self) -> int:
+        """Bytes from one model's buffers to the next's (0: one model)."""
+        if self._stride is None:
+            raise RuntimeError("the model axis's stride is not settled yet: every buffer must be reserved first")
+        return self._stride
+
+    @property
+    def launch(self) -> dict[str, int]:
+        """A launcher's model-axis arguments."""
+        return {"models": self.models, "model_stride": self.stride}
+
+    @property
+    def elements(self) -> int:
+        """The stride in fp32 elements: a strided batched product's stride between models' matrices."""
+        return self.stride // 4
+
+    def at(self, ptr: int, model: int) -> int:
+        """Model `model`'s copy of the buffer at `ptr` (model 0's)."""
+        if not 0 <= model < self.models:
+            raise IndexError(f"model {model} of {self.models}")
+        return ptr + model * self.stride
 
 
 # ---- parameters --------------------------------------------------------------------------------
@@ -166,8 +217,9 @@ class FusedConv:
     """A conv layer as fused kernels (`kernels`: a ConvPool or ConvPoolTc built for its shape),
     NCHW; the conv output stays in registers (no buffer for it or its gradient)."""
 
-    def __init__(self, arena: Arena, shape: ConvShape, kernels: ConvPool | ConvPoolTc, batch: int, rows: int):
-        self.shape, self.kernels, self.batch = shape, kernels, batch
+    def __init__(self, arena: Arena, shape: ConvShape, kernels: ConvPool | ConvPoolTc, batch: int, rows: int,
+                 axis: ModelAxis):
+        self.shape, self.kernels, self.batch, self.axis = shape, kernels, batch, axis
         s, i = shape, shape.index
         self.w, self.b = shape.parameters()
         self.a = arena.reserve(f"a{i}", (rows, s.outs, s.hp, s.wp))
@@ -177,10 +229,13 @@ class FusedConv:
         # The weight gradient's per-chunk partial sums (taps and the bias).
         self.partial = arena.reserve(f"partial{i}", (s.outs, kernels.chunks(batch), kernels.taps + 1))
 
-    def forward_ops(self, stream: cuda.Stream, src: int, rows: int, training: bool) -> list[Op]:
+    def forward_ops(self, stream: cuda.Stream, src: int, rows: int, training: bool,
+                    shared_input: bool = False) -> list[Op]:
+        """`shared_input`: src is one buffer every model reads (the test images)."""
         s = self.shape
         return [(f"conv{s.index}+bias+pool+relu", partial(self.kernels.forward, stream, src, self.w.ptr, self.b.ptr,
-                                                           self.a.ptr, self.arg.ptr, rows, s.outs, s.h, s.w))]
+                                                           self.a.ptr, self.arg.ptr, rows, s.outs, s.h, s.w,
+                                                           shared_input=shared_input, **self.axis.launch))]
 
     def backward_ops(self, stream: cuda.Stream, src: int, dsrc: int | None) -> list[Op]:
         """From da: the weight and bias gradients (src: the layer's input), and the input's
@@ -188,10 +243,11 @@ class FusedConv:
         s, b = self.shape, self.batch
         ops = [(f"conv{s.index} weight+bias grad", partial(
             self.kernels.weight_grad, stream, src, self.da.ptr, self.arg.ptr, self.partial.ptr, self.w.grad,
-            self.b.grad, b, s.outs, s.h, s.w))]
+            self.b.grad, b, s.outs, s.h, s.w, **self.axis.launch))]
         if dsrc is not None:
             ops.append((f"conv{s.index} input grad", partial(
-                self.kernels.backward_data, stream, self.da.ptr, self.arg.ptr, self.w.ptr, dsrc, b, s.outs, s.h, s.w)))
+                self.kernels.backward_data, stream, self.da.ptr, self.arg.ptr, self.w.ptr, dsrc, b, s.outs, s.h, s.w,
+                **self.axis.launch)))
         return ops
 
 
@@ -228,7 +284,9 @@ class CudnnConv:
         for plan, src in ((self.train_plan, train_src), (self.eval_plan, eval_src)):
             plan.choose(src, self.w.ptr, self.c.ptr, workspace.ptr, workspace.nbytes)
 
-    def forward_ops(self, stream: cuda.Stream, src: int, rows: int, training: bool) -> list[Op]:
+    def forward_ops(self, stream: cuda.Stream, src: int, rows: int, training: bool,
+                    shared_input: bool = False) -> list[Op]:
+        """One model's (cuDNN's calls have no model axis: `shared_input` changes nothing)."""
         s, plan = self.shape, self.train_plan if training else self.eval_plan
         return [(f"conv{s.index} forward", partial(plan.forward, src, self.w.ptr, self.c.ptr)),
                 (f"conv{s.index} bias+pool+relu", partial(
@@ -254,41 +312,55 @@ class CudnnConv:
 
 class Linear:
     """Layer j of the head: h = src·Wᵀ + b (ReLU'd unless it is the logits layer), W fan_out ×
-    fan_in; dh its output's gradient for the training batch."""
+    fan_in; dh its output's gradient for the training batch. Its products are cuBLASLt's
+    (`gemms`), the model axis's models one after another in a strided batch, each planned when
+    its op is built (the model builds its ops once at setup, outside any capture) and queued per
+    step with nothing chosen."""
 
-    def __init__(self, arena: Arena, index: int, fan_in: int, fan_out: int, relu: bool, blas: Cublas,
-                 layers_cu: Layers, fused_cu: Fused, batch: int, rows: int):
+    def __init__(self, arena: Arena, index: int, fan_in: int, fan_out: int, relu: bool, gemms: LtGemms,
+                 layers_cu: Layers, fused_cu: Fused, batch: int, rows: int, axis: ModelAxis):
         self.index, self.fan_in, self.fan_out, self.relu, self.batch = index, fan_in, fan_out, relu, batch
-        self.blas, self.layers_cu, self.fused_cu = blas, layers_cu, fused_cu
+        self.gemms, self.layers_cu, self.fused_cu, self.axis = gemms, layers_cu, fused_cu, axis
         self.w = Parameter(f"linear{index}.weight", (fan_out, fan_in))
         self.b = Parameter(f"linear{index}.bias", (fan_out,))
         self.h = arena.reserve(f"h{index + 1}", (rows, fan_out))
         self.dh = arena.reserve(f"dh{index + 1}", (batch, fan_out))
         self.row_buffers = (self.h,)  # sized for the training batch or an evaluation pass
 
+    def _product(self, name: str, transa: bool, transb: bool, m: int, n: int, k: int, a: int, lda: int, b: int,
+                 ldb: int, c: int, ldc: int) -> Op:
+        """C = op(A)·op(B) for every model (each operand its own: the stride between models),
+        planned now (its algorithm chosen, its layouts made; once a shape and batch) and only
+        queued by the op."""
+        e, models = self.axis.elements, self.axis.models
+        self.gemms.plan(transa, transb, m, n, k, lda, e, ldb, e, ldc, e, models)
+        return (name, partial(self.gemms.gemm_strided_batched, transa, transb, m, n, k, 1.0, a, lda, e, b, ldb, e,
+                              0.0, c, ldc, e, models))
+
     def forward_ops(self, stream: cuda.Stream, src: int, rows: int) -> list[Op]:
         j, k, n = self.index, self.fan_in, self.fan_out
-        return [(f"linear{j} product", partial(self.blas.gemm, False, True, rows, n, k, 1.0, src, k, self.w.ptr, k,
-                                               0.0, self.h.ptr, n)),
+        return [self._product(f"linear{j} product", False, True, rows, n, k, src, k, self.w.ptr, k, self.h.ptr, n),
                 (f"linear{j} bias{'+relu' if self.relu else ''}", partial(
-                    self.layers_cu.bias_relu, stream, self.h.ptr, self.b.ptr, rows, n, self.relu))]
+                    self.layers_cu.bias_relu, stream, self.h.ptr, self.b.ptr, rows, n, self.relu,
+                    **self.axis.launch))]
 
     def weight_grad_op(self, src: int) -> Op:
         """dW = dhᵀ·src over the training batch."""
         k, n, b = self.fan_in, self.fan_out, self.batch
-        return (f"linear{self.index} weight grad", partial(self.blas.gemm, True, False, n, k, b, 1.0, self.dh.ptr, n,
-                                                           src, k, 0.0, self.w.grad, k))
+        return self._product(f"linear{self.index} weight grad", True, False, n, k, b, self.dh.ptr, n, src, k,
+                             self.w.grad, k)
 
     def input_grad_op(self, dsrc: int) -> Op:
         """dsrc = dh·W: the gradient of the layer's input."""
         k, n, b = self.fan_in, self.fan_out, self.batch
-        return (f"linear{self.index} input grad", partial(self.blas.gemm, False, False, b, k, n, 1.0, self.dh.ptr, n,
-                                                          self.w.ptr, k, 0.0, dsrc, k))
+        return self._product(f"linear{self.index} input grad", False, False, b, k, n, self.dh.ptr, n, self.w.ptr, k,
+                             dsrc, k)
 
     def relu_bias_grad_op(self, stream: cuda.Stream) -> Op:
         """dh masked by h > 0 (the ReLU's backward, in place), and db = Σ_rows dh."""
         return (f"linear{self.index} relu+bias grad", partial(self.fused_cu.relu_bias_grad, stream, self.h.ptr,
-                                                              self.dh.ptr, self.b.grad, self.fan_out, self.batch))
+                                                              self.dh.ptr, self.b.grad, self.fan_out, self.batch,
+                                                              **self.axis.launch))
 
     def backward_ops(self, stream: cuda.Stream, src: int, dsrc: int, below: Linear | None) -> list[Op]:
         """The weight gradient, the input's gradient into dsrc, and through the ReLU of the layer
@@ -298,7 +370,7 @@ class Linear:
 
 
 class SoftmaxHead:
-    """The logits layer's training step as a cuBLAS product and bias kernel, cnn.cu's loss step
+    """The logits layer's training step as a cuBLASLt product and bias kernel, cnn.cu's loss step
     (dlogits of the batch's valid rows, the cursor moved on, Σ loss), the bias gradient, then the
     weight and input gradients as any Linear's."""
 
@@ -310,11 +382,12 @@ class SoftmaxHead:
     def train_ops(self, stream: cuda.Stream, src: int, dsrc: int, below: Linear | None, batch: Batch) -> list[Op]:
         out = self.logits
         ops = out.forward_ops(stream, src, batch.rows)
+        axis = out.axis.launch
         ops.append(("loss step", partial(self.cnn_cu.softmax_xent_step, stream, out.h.ptr, batch.y.ptr, out.dh.ptr,
                                          batch.cursor.ptr, batch.combined, batch.epoch_samples, out.fan_out,
-                                         batch.loss_sum, batch.ranks)))
+                                         batch.loss_sum, batch.ranks, **axis)))
         ops.append((f"linear{out.index} bias grad", partial(self.layers_cu.bias_grad, stream, out.dh.ptr, out.b.grad,
-                                                            batch.rows, out.fan_out)))
+                                                            batch.rows, out.fan_out, **axis)))
         return ops + out.backward_ops(stream, src, dsrc, below)
 
 
@@ -332,15 +405,16 @@ class FusedHead:
         self.count = arena.reserve("head_count", (1,), np.int32)
 
     def train_ops(self, stream: cuda.Stream, src: int, dsrc: int, below: Linear | None, batch: Batch) -> list[Op]:
-        out, b, k = self.logits, batch.rows, self.logits.fan_in
+        out, b, k, axis = self.logits, batch.rows, self.logits.fan_in, self.logits.axis.launch
         ops = [(f"linear{out.index}+loss step", partial(
                    self.head_cu.logits_loss, stream, src, out.w.ptr, out.b.ptr, batch.y.ptr, out.dh.ptr,
                    self.row_loss.ptr, self.count.ptr, batch.cursor.ptr, batch.combined, k, batch.epoch_samples,
-                   batch.loss_sum, batch.ranks)),
+                   batch.loss_sum, batch.ranks, **axis)),
                (f"linear{out.index} weight+bias grad", partial(self.head_cu.grads, stream, src, out.dh.ptr, out.w.grad,
-                                                               out.b.grad, b, k))]
+                                                               out.b.grad, b, k, **axis))]
         if below is None:
             return ops + [out.input_grad_op(dsrc)]
         # dsrc (below.dh) = dlogits·W masked by below.h > 0, with the bias gradient of the layer below
         return ops + [(f"linear{out.index} input grad+relu+bias grad", partial(
-            self.fused_cu.head_backward, stream, out.dh.ptr, out.w.ptr, below.h.ptr, dsrc, below.b.grad, k, b))]
+            self.fused_cu.head_backward, stream, out.dh.ptr, out.w.ptr, below.h.ptr, dsrc, below.b.grad, k, b,
+            **axis))]

@@ -1,37 +1,56 @@
 """Many cnns of one shape trained together on one GPU: the sweep's packs of the cnn on `graphs`
 and `device-loop`, every model's weights bit-identical to its run alone.
 
-Each model is a CnnDevice of its own, built with its plan's recipe: its parameters, gradients,
-optimizer state, activations and sample orders in an arena of its own. They share what a process
-sets up once (graphtrain.stages.cnn_shared): the dataset on the device (one upload for the whole
-pack, and for the process's next pack of the same data), the kernel modules, and per lane a
-stream with its cuBLAS handle and workspace; model m runs on lane m mod `lanes`. A model's run
-is its epochs captured as graphs (`CnnDevice.record_part`): the reset, each epoch's steps in a
-WHILE node with their loss summed apart, the evaluation after the last. These are the launches of
-its run alone, reading and writing its own buffers only (no sum across models), so each model
-trains the bits it trains alone (same seed, learning rate and sample order).
+Three ways (`mode`; scripts/probes/cnn_pack_modes.py times them all in one call):
 
-Two ways to put the runs on the GPU (`mode`; scripts/probes/cnn_pack_modes.py times both):
-
+    axis     the models on one model axis: every launch of a step trains K models at once
+             (graphtrain.stages.cnn_layers.ModelAxis), each epoch one graph for all of them
     streams  one graph per model and epoch, captured from its lane's stream; each lane launches
              its models' graphs one after another, the lanes side by side (launched in turn)
     graph    one graph per epoch and group of `lanes` models (the j-th model of every lane), each
              model a branch of it; the groups' graphs launched one after another
 
-"streams" is the default until the probe's measurements say which wins on an H100 (issue's
-table in results/ when run); DEFAULT_LANES likewise.
+"axis" is the sweep's (graphtrain.stages.REGISTRY's Pack.mode): a speedrun cnn's replayed step is
+~15 small dependent launches, so K models alone on streams are ~15·K launches a step, bound by
+launching; on the axis they are ~15 launches a step whatever K, each K times as wide.
 
-Timing, with CUDA events: streams, an event on the lane after each of its models' epochs (a
-model's epoch time is its lane's time on it, as graphtrain.packed times its lanes); graph, an
-event after each group's epoch graph (each model's epoch time is its group's). The pack's
-training time runs from an event before the first launch to the last event: first step to last
-accuracy on the device; the correct counts are read after.
+The axis. K models are one CnnDevice of `models=K`: one allocation of K copies of a model's arena
+layout, model k's `model_stride` bytes after model k − 1's; model k's initial weights, sample
+orders and recipe constants (its learning rate, the schedule's and the optimizer's) written into
+its own copy. The step is recorded once, each launch with the grid's z over the models and the
+stride (the kernels' model axis), the linear layers' products as strided batches of K through
+cuBLASLt with each shape's one algorithm (graphtrain.libs.cublaslt.LtGemms, which a run alone
+takes as a batch of one); each epoch is one graph (the reset first, the steps in a WHILE node,
+the evaluation after the last). A block computes for model k what it computes for the model
+alone, and so each model trains the bits of its run alone (same seed, lr and order). The models
+go in packs of at most AXIS_MAX_MODELS, and as many as PACK_MEMORY_FRACTION of the GPU holds (each
+evaluating the whole test set at once, as the run alone does); packs beyond the first are trained
+one after another, each built, trained, read and freed in turn (the pack's training time sums
+theirs).
 
-Memory: a model's evaluation passes take up to MAX_EVAL_ROWS test rows (its activations sized
-for them); where that many models do not fit PACK_MEMORY_FRACTION of the GPU, the pack evaluates
-in smaller passes, the same for every model (its records say so): each row's logits come from
-the same kernels, but cuBLAS may sum the products in another order for another row count, so an
-accuracy may then differ from the run alone's by a sample on a near tie.
+The streams and graph modes: each model is a CnnDevice of its own, built with its plan's recipe: its
+parameters, gradients, optimizer state, activations and sample orders in an arena of its own. They
+share what a process sets up once (graphtrain.stages.cnn_shared): the dataset on the device (one
+upload for the whole pack, and for the process's next pack of the same data), the kernel modules,
+and per lane a stream with its library handles and workspace; model m runs on lane m mod `lanes`. A
+model's run is its epochs captured as graphs (`CnnDevice.record_part`): the reset, each epoch's
+steps in a WHILE node with their loss summed apart, the evaluation after the last. These are the
+launches of its run alone, reading and writing its own buffers only (no sum across models), so each
+model trains the bits it trains alone (same seed, learning rate and sample order).
+
+Timing, with CUDA events: axis, an event after each pack's epoch graph (each model's epoch time is
+its pack's); streams, an event on the lane after each of its models' epochs (a model's epoch
+time is its lane's time on it, as graphtrain.packed times its lanes); graph, an event after each
+group's epoch graph (each model's epoch time is its group's). The pack's training time runs from
+an event before the first launch to the last event: first step to last accuracy on the device
+(the axis: summed over its packs); the correct counts are read after.
+
+Memory (streams and graph): a model's evaluation passes take up to MAX_EVAL_ROWS test rows (its
+activations sized for them); where that many models do not fit PACK_MEMORY_FRACTION of the GPU,
+the pack evaluates in smaller passes, the same for every model (its records say so): each row's
+logits come from the same kernels, but cuBLASLt may sum the products in another order for
+another row count, so an accuracy may then differ from the run alone's by a sample on a near
+tie. The axis keeps the run alone's passes, and trains fewer models a pack instead.
 """
 
 from __future__ import annotations
@@ -45,13 +64,17 @@ import numpy as np
 
 from graphtrain import environment
 from graphtrain.errors import ModelUnsupported
+from graphtrain.kernels import ceil_div
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
+from graphtrain.recipe import MNIST_MEAN, MNIST_STD
 from graphtrain.reference import Layer
 
-MODES = ("streams", "graph")
-DEFAULT_MODE = "streams"
-DEFAULT_LANES = 16  # lanes at most (streams with their handles), one per model up to this
+NORMALISATION = (MNIST_MEAN, MNIST_STD)  # the images' (mean, std), applied on the device
+MODES = ("axis", "streams", "graph")
+DEFAULT_MODE = "axis"
+DEFAULT_LANES = 16  # streams and graph: lanes at most (streams with their handles), one per model up to this
+AXIS_MAX_MODELS = 128  # axis: models a launch trains at most (a pack); more go in further packs
 PACK_MEMORY_FRACTION = 0.85  # of the GPU's memory, for the models' arenas and the lanes
 
 
@@ -79,27 +102,26 @@ def fitting_eval_rows(models: int, model_bytes: int, row_bytes: int, rows: int, 
     return int(fitting)
 
 
-def normalised(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The dataset as the cnn trains on it (images on MNIST's mean and deviation, int32 labels),
-    the same arrays as every row of the process gets (graphtrain.recipe.normalised, the labels as
-    they are where int32 already): its upload is kept (cnn_shared)."""
-    from graphtrain.recipe import normalised as normalised_images
-
-    return (normalised_images(data.train_images), data.train_labels.astype(np.int32, copy=False),
-            normalised_images(data.test_images), data.test_labels.astype(np.int32, copy=False))
+def dataset_arrays(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The dataset's arrays as every cnn row of the process hands them to CnnDevice (the images as
+    loaded, normalised on the device with NORMALISATION; the labels int32, as they are where int32
+    already): the same objects, so their upload is kept (cnn_shared)."""
+    return (data.train_images, data.train_labels.astype(np.int32, copy=False),
+            data.test_images, data.test_labels.astype(np.int32, copy=False))
 
 
 def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None,
                      mode: str = DEFAULT_MODE, row: str = "graphs") -> list[RunRecord]:
-    """Train every plan's cnn together on this process's GPU; one run record per plan, in order,
-    each with `pack`: how the pack ran, its training time and its setup."""
+    """Train every plan's cnn together on this process's GPU, in `mode` (MODES; `lanes`: the
+    streams and graph modes'); one run record per plan, in order, each with `pack`: how the pack
+    ran, its training time and its setup."""
     from graphtrain.config import cnn_spec
     from graphtrain.libs import cuda
     from graphtrain.packed import check_pack
     from graphtrain.recipe import recipe_of
     from graphtrain.stages import CNN_TRAINS
     from graphtrain.stages.cnn_device import MAX_EVAL_ROWS, CnnDevice
-    from graphtrain.stages.cnn_shared import CUBLAS_WORKSPACE_BYTES, lanes as lanes_of
+    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lanes as lanes_of
 
     if mode not in MODES:
         raise ValueError(f"pack mode {mode!r}: one of {', '.join(MODES)}")
@@ -115,7 +137,9 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
     first.check_fits(True, device.total_memory)
     spec = cnn_spec(first.config)
     recipes = [recipe_of(plan.config, sum(plan.batches), plan.num_epochs, precision) for plan in plans]
-    arrays = normalised(data)
+    arrays = dataset_arrays(data)
+    if mode == "axis":
+        return _train_on_axis(plans, data, precision, row, run_start, device, spec, recipes, arrays)
     lanes = min(lanes or DEFAULT_LANES, count)
     pool = lanes_of(device, lanes)
     lane_of_model = [m % lanes for m in range(count)]
@@ -127,8 +151,8 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
     main = cuda.Stream()
     try:
         def build(m: int, eval_rows: int) -> CnnDevice:
-            model = CnnDevice(device, spec, recipes[m], *arrays, device_loop=True, lane=pool[lane_of_model[m]],
-                              eval_rows=eval_rows)
+            model = CnnDevice(device, spec, recipes[m], *arrays, normalisation=NORMALISATION, device_loop=True,
+                              lane=pool[lane_of_model[m]], eval_rows=eval_rows)
             if not model.fused:  # cuDNN's timed search could pick other algorithms than the run alone's
                 model.close()
                 raise ModelUnsupported("the cnn packs where every conv layer runs as the fused kernels; these "
@@ -138,7 +162,7 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
 
         model_starts = [time.perf_counter()]
         probe = build(0, MAX_EVAL_ROWS)
-        budget = (int(PACK_MEMORY_FRACTION * device.total_memory) - lanes * CUBLAS_WORKSPACE_BYTES
+        budget = (int(PACK_MEMORY_FRACTION * device.total_memory) - lanes * LANE_WORKSPACE_BYTES
                   - probe.data.arena.nbytes)
         try:
             eval_rows = fitting_eval_rows(count, probe.arena.nbytes, probe.eval_row_bytes,
@@ -246,27 +270,149 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
                 "eval_rows": probe.eval_rows, "how": how,
                 "id": f"cnn-{row}-{first.config.seed}-{first.config.lr}-{count}"}
         gpu_env = {**environment.host(), **environment.gpu(device), **probe.environment()}
-        records = []
-        for m, (model, plan) in enumerate(zip(models, plans)):
-            losses = model.read_loss_sums()
-            accuracy = model.read_correct() / plan.num_test
-            entries = [EpochRecord(plan.first_epoch + e + 1, epoch_ms[m][e], plan.batches[e],
-                                   full=plan.batches[e] == plan.batches_per_epoch,
-                                   train_loss=float(losses[e]) / plan.samples_seen(plan.batches[e]))
-                       for e in range(len(epochs))]
-            entries[-1].test_accuracy = accuracy
-            weights = model.weights()
-            record = RunRecord(stage=row, kind="stage", config=plan.config, environment=gpu_env, epochs=entries,
-                               setup_ms=setup_ms, total_ms=(time.perf_counter() - run_start) * 1e3,
-                               test_accuracy=accuracy, note=f"{model.precision_note()}; packed: {how}",
-                               precision=precision, data=data_summary(data),
-                               params=[Layer(w, b) for w, b in zip(weights[::2], weights[1::2])])
-            record.pack = {**pack, "lane": lane_of_model[m]}
-            records.append(record)
-        return records
+        return [model_record(plan, row, data, precision, gpu_env, epoch_ms[m], read_model(model),
+                             {**pack, "lane": lane_of_model[m]}, run_start)
+                for m, (model, plan) in enumerate(zip(models, plans))]
     finally:  # the graphs before the models whose buffers they launch on, the streams last
         for obj in (*chain.from_iterable(events), *chain.from_iterable(graphs), *models, *outers, main):
             obj.close()
+
+
+def read_model(model, k: int = 0) -> tuple[np.ndarray, int, list[np.ndarray], str]:
+    """What a run record takes of model `k` of a CnnDevice (0: a model of its own) after its run:
+    its epochs' loss sums, its test count, its weights, its precision note."""
+    return model.read_loss_sums(model=k), model.read_correct(model=k), model.weights(model=k), model.precision_note()
+
+
+def model_record(plan: RunPlan, row: str, data, precision: str, gpu_env: dict, epoch_ms: list[float], read: tuple,
+                 pack: dict, run_start: float) -> RunRecord:
+    """The run record of the plan from what `read_model` read: its epochs' times and losses, its
+    test accuracy and weights; `pack` as it ran."""
+    losses, correct, weights, precision_note = read
+    accuracy = correct / plan.num_test
+    entries = [EpochRecord(plan.first_epoch + e + 1, epoch_ms[e], plan.batches[e],
+                           full=plan.batches[e] == plan.batches_per_epoch,
+                           train_loss=float(losses[e]) / plan.samples_seen(plan.batches[e]))
+               for e in range(len(plan.batches))]
+    entries[-1].test_accuracy = accuracy
+    record = RunRecord(stage=row, kind="stage", config=plan.config, environment=gpu_env, epochs=entries,
+                       setup_ms=pack["setup_ms"], total_ms=(time.perf_counter() - run_start) * 1e3,
+                       test_accuracy=accuracy, note=f"{precision_note}; packed: {pack['how']}",
+                       precision=precision, data=data_summary(data),
+                       params=[Layer(w, b) for w, b in zip(weights[::2], weights[1::2])])
+    record.pack = pack
+    return record
+
+
+def axis_packs(count: int, fitting: int) -> list[list[int]]:
+    """The models (0..count−1) in packs of at most min(AXIS_MAX_MODELS, fitting) models, as few
+    packs as that allows, their sizes within one of each other, in order. ValueError where not
+    even one model fits."""
+    most = min(AXIS_MAX_MODELS, fitting)
+    if most < 1:
+        raise ValueError("not even one model fits")
+    packs = ceil_div(count, most)
+    return [list(range(p * count // packs, (p + 1) * count // packs)) for p in range(packs)]
+
+
+def _train_on_axis(plans: list[RunPlan], data, precision: str, row: str, run_start: float, device, spec,
+                   recipes: list, arrays) -> list[RunRecord]:
+    """train_packed_cnn's "axis" mode: the models in packs on one model axis (see the module's
+    docstring), trained one pack after another on the process's lane 0."""
+    from graphtrain.libs import cuda
+    from graphtrain.stages.cnn_device import CnnDevice
+    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lane_of
+
+    first, count, epochs = plans[0], len(plans), plans[0].batches
+    lane = lane_of(device)
+    # One model of its own: a model's bytes and evaluation passes (the first of the process also
+    # uploads the dataset and loads the kernel files, which the packs then share).
+    probe = CnnDevice(device, spec, recipes[0], *arrays, normalisation=NORMALISATION, device_loop=True, lane=lane)
+    model_bytes, data_bytes, fused, eval_rows = probe.model_bytes, probe.data.arena.nbytes, probe.fused, probe.eval_rows
+    probe.close()
+    if not fused:
+        raise ModelUnsupported("the cnn packs where every conv layer runs as the fused kernels; these layers run "
+                               "through cuDNN, whose calls have no model axis")
+    budget = int(PACK_MEMORY_FRACTION * device.total_memory) - LANE_WORKSPACE_BYTES - data_bytes
+    try:
+        packs = axis_packs(count, budget // model_bytes)
+    except ValueError:
+        raise ModelUnsupported(f"a cnn of {model_bytes / 2**20:.0f} MiB does not fit "
+                               f"{budget / 2**30:.1f} GiB") from None
+    outer = cuda.Stream()  # where each pack's graphs are captured and launched
+    epoch_ms: list[list[float]] = [[] for _ in plans]
+    reads: list[tuple | None] = [None] * count  # each model's read_model, once its pack has trained
+    built_ms, model_setup_ms, capture_ms, train_ms, train_wall_ms = [], [], 0.0, 0.0, 0.0
+    gpu_env: dict = {}
+    objects: list = []  # what the pack training now holds: its model, then its graphs and events
+    try:
+        for members in packs:
+            start = time.perf_counter()
+            model = CnnDevice(device, spec, recipes[members[0]], *arrays, normalisation=NORMALISATION,
+                              device_loop=True, lane=lane,
+                              models=len(members))
+            objects.append(model)
+            built_ms.append((time.perf_counter() - start) * 1e3)
+            gpu_env = gpu_env or {**environment.host(), **environment.gpu(device), **model.environment()}
+
+            def put_runs() -> None:
+                """Each model's recipe, initial weights and sample orders, into its own copy."""
+                for k, m in enumerate(members):
+                    started = time.perf_counter()
+                    model.set_recipe(recipes[m], model=k)
+                    model.load(flat(plans[m].initial), plans[m].orders, model=k)
+                    model_setup_ms.append((time.perf_counter() - started) * 1e3)
+
+            # Warm up (the first launches of every kernel and product of the axis), then the runs again.
+            put_runs()
+            model.reset(model.stream)
+            model.record_step(model.stream)
+            model.record_eval(model.stream)
+            model.stream.synchronize()
+            del model_setup_ms[-len(members):]
+            put_runs()
+            capture_start = time.perf_counter()
+            graphs = []
+            for e, steps in enumerate(epochs):
+                with cuda.Graph.capture(outer) as graph:
+                    model.record_part(outer, steps, epoch=e, reset=e == 0, evaluate=e == len(epochs) - 1)
+                objects.append(graph)
+                graphs.append(graph)
+            capture_ms += (time.perf_counter() - capture_start) * 1e3
+            events = [cuda.Event() for _ in range(len(epochs) + 1)]
+            objects += events
+            cuda.stream_wait(outer, model.stream)  # the uploads before the first step
+            wall_start = time.perf_counter()
+            events[0].record(outer)
+            for graph, end in zip(graphs, events[1:]):
+                graph.launch(outer)
+                end.record(outer)
+            outer.synchronize()
+            train_wall_ms += (time.perf_counter() - wall_start) * 1e3
+            train_ms += events[0].elapsed_ms(events[-1])
+            for k, m in enumerate(members):
+                epoch_ms[m] = [a.elapsed_ms(b) for a, b in zip(events, events[1:])]
+                reads[m] = read_model(model, k)
+            while objects:  # the pack's memory free for the next
+                objects.pop().close()
+        setup_ms = (time.perf_counter() - run_start) * 1e3 - train_wall_ms
+        sizes = sorted({len(members) for members in packs})
+        how = (f"{count} models on one model axis: each step's launches train "
+               f"{' or '.join(map(str, sizes))} models at once (grid z, strided batched products), "
+               f"each epoch one graph")
+        if len(packs) > 1:
+            how += f"; {len(packs)} packs one after another (memory, or {AXIS_MAX_MODELS} models a launch at most)"
+        pack = {"models": count, "lanes": 1, "mode": "axis", "packs": len(packs), "models_per_launch": max(sizes),
+                "train_ms": train_ms, "train_wall_ms": train_wall_ms, "setup_ms": setup_ms,
+                "capture_ms": capture_ms, "first_model_setup_ms": built_ms[0],
+                "model_setup_ms": statistics.median(model_setup_ms), "eval_rows": eval_rows, "how": how,
+                "id": f"cnn-{row}-{first.config.seed}-{first.config.lr}-{count}"}
+        return [model_record(plan, row, data, precision, gpu_env, epoch_ms[m], reads[m], {**pack, "lane": 0},
+                             run_start) for m, plan in enumerate(plans)]
+    finally:  # the graphs and events before the model whose buffers they launch on, the stream last
+        while objects:
+            objects.pop().close()
+        outer.close()
 
 
 def flat(layers: Sequence[Layer]) -> list[np.ndarray]:

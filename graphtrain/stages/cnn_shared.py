@@ -4,7 +4,7 @@ and the lanes (a stream with the library handles bound to it).
     data = resident_data(device, train_images, train_labels, test_images, test_labels, stream)
     data.acquire() … data.release()          # a model's use of it; an unused one may be dropped later
     lane = lane_of(device)                    # lane 0: where a model runs unless told otherwise
-    lane.stream, lane.blas("tf32"), lane.dnn()
+    lane.stream, lane.gemms("tf32"), lane.dnn()
 
 A process that trains many cnns of one dataset (a sweep's rows, the speedrun's seeds, a pack of
 models) uploads the dataset once per device: `resident_data` keeps the last MAX_RESIDENT datasets
@@ -13,10 +13,12 @@ arrays are taken as they are at the first upload and must not change after). The
 are shared the same way (graphtrain.kernels.KernelFile).
 
 A lane's models run one after another, in its stream's order, so they share its handles and
-their workspace: one cuBLAS handle per precision (its math mode) and one cuDNN handle, created at
-their first use. cuBLAS gives the same bits on every run only where each stream has a handle and
-workspace of its own (its documentation's reproducibility note): models on different lanes run at
-once, each lane with its own. Lanes last as long as the process's hold on the device.
+their workspace: a cuBLASLt handle with its products per precision (graphtrain.libs.cublaslt.
+LtGemms: one algorithm per product shape, whatever the number of models a call multiplies, so a
+model's products are the same bits alone and packed on a model axis) and one cuDNN handle,
+created at their first use. cuBLASLt, as cuBLAS, gives the same bits on every run only where each
+stream has a workspace of its own: models on different lanes run at once, each lane with its own.
+Lanes last as long as the process's hold on the device.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ import numpy as np
 
 from graphtrain.kernels.images import Images
 from graphtrain.libs import cuda
-from graphtrain.libs.cublas import Cublas
+from graphtrain.libs.cublaslt import Lt, LtGemms
 from graphtrain.libs.cudnn import Cudnn
 from graphtrain.libs.memory import Arena
 
-CUBLAS_WORKSPACE_BYTES = 32 << 20
+LANE_WORKSPACE_BYTES = 32 << 20
 MAX_RESIDENT = 2  # datasets a device keeps; beyond, the least recently used one no model holds goes
 MAX_EVAL_PASSES = 64  # an evaluation's forward passes at most: the test set is padded by MAX_EVAL_PASSES − 1 rows
 
@@ -121,24 +123,28 @@ def resident_data(device: cuda.DeviceInfo, train_images: np.ndarray, train_label
 
 
 class Lane:
-    """A stream, the library handles bound to it (made at their first use) and the cuBLAS
+    """A stream, the library handles bound to it (made at their first use) and the cuBLASLt
     workspace they use. The models of a lane run in its stream's order, one after another."""
 
     def __init__(self, device: cuda.DeviceInfo, index: int):
         self.device, self.index = device, index
         self.stream = cuda.Stream()
         self.arena = Arena()
-        self.blas_workspace = self.arena.reserve("cublas_workspace", (CUBLAS_WORKSPACE_BYTES,), np.uint8)
+        self.workspace = self.arena.reserve("cublaslt_workspace", (LANE_WORKSPACE_BYTES,), np.uint8)
         self.arena.allocate()
-        self._blas: dict[str, Cublas] = {}
+        self._lt: Lt | None = None
+        self._gemms: dict[str, LtGemms] = {}
         self._dnn: Cudnn | None = None
 
-    def blas(self, precision: str) -> Cublas:
-        """The lane's cuBLAS handle for products in `precision` (its math mode)."""
-        if precision not in self._blas:
-            ws = self.blas_workspace
-            self._blas[precision] = Cublas(self.stream, ws.ptr, ws.nbytes, precision)
-        return self._blas[precision]
+    def gemms(self, precision: str) -> LtGemms:
+        """The lane's cuBLASLt products in `precision` (each shape's one algorithm, and every
+        product planned on the lane, kept for its next models)."""
+        if precision not in self._gemms:
+            if self._lt is None:
+                ws = self.workspace
+                self._lt = Lt(ws.ptr, ws.nbytes)
+            self._gemms[precision] = LtGemms(self._lt, self.stream, precision)
+        return self._gemms[precision]
 
     def dnn(self) -> Cudnn:
         """The lane's cuDNN handle."""
@@ -147,7 +153,7 @@ class Lane:
         return self._dnn
 
     def close(self) -> None:
-        for handle in (*self._blas.values(), self._dnn):
+        for handle in (*self._gemms.values(), self._lt, self._dnn):
             if handle is not None:
                 handle.close()
         self.arena.close()

@@ -1,15 +1,18 @@
 """The cnn's packs measured each way: 64 speedrun cnns (the preset's recipe; 8 learning rates ×
-seeds 0-7) trained together by graphtrain.stages.cnn_pack in each mode ("streams": a graph per
-model on its lane's stream; "graph": one graph of a lane-group's models as branches) over 8, 16
-and 64 lanes, each twice, on one GPU in one process. Per configuration: the pack's training
+seeds 0-7) trained together by graphtrain.stages.cnn_pack in each mode ("axis": every launch
+trains the models of a pack, at most --per-launch of them; "streams": a graph per model on its
+lane's stream; "graph": one graph of a lane-group's models as branches, the last two over 8, 16
+and 64 lanes), each twice, on one GPU in one process. Per configuration: the pack's training
 time (first step to last accuracy, CUDA events) and its host wall, its setup (all of it; the
 captures; the first model's construction and the median of the others': the per-row setup once
 the process holds the dataset, the kernels and the lanes), the test accuracies, and whether
 every model's weights are the bits of the first configuration's (they must be: each model runs
-its own launches). A pack of one model first: the run alone, for scale.
+its own launches). A pack of one model first: the run alone, for scale. For axis, the "lanes"
+column is the most models a launch trains, "1st model" the first pack's construction, and "per
+model" the median time to write a model's recipe, weights and orders into the pack.
 
-Usage: python3 scripts/probes/cnn_pack_modes.py [--lanes 8,16,64] [--modes streams,graph]
-                                                [--precision tf32] [--repeats 2]"""
+Usage: python3 scripts/probes/cnn_pack_modes.py [--lanes 8,16,64] [--modes axis,streams,graph]
+                                                [--per-launch 64,32] [--precision tf32] [--repeats 2]"""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from graphtrain import config, data
 from graphtrain.plan import RunPlan
+from graphtrain.stages import cnn_pack
 from graphtrain.stages.cnn_pack import flat, train_packed_cnn
 
 LRS = (0.006, 0.007, 0.008, 0.009, 0.01, 0.011, 0.012, 0.014)
@@ -38,7 +42,8 @@ def digest(record) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lanes", default="8,16,64")
-    parser.add_argument("--modes", default="streams,graph")
+    parser.add_argument("--modes", default="axis,streams,graph")
+    parser.add_argument("--per-launch", default="64,32", help="axis: the most models a launch trains")
     parser.add_argument("--precision", default="tf32")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -73,6 +78,12 @@ def main() -> None:
 
     show("streams", 1, plans[:1])  # one model: the run alone (and the process's first setup)
     for mode in args.modes.split(","):
+        if mode == "axis":  # one lane; the pack's size a launch instead
+            for per_launch in (int(n) for n in args.per_launch.split(",")):
+                cnn_pack.AXIS_MAX_MODELS = per_launch
+                for _ in range(args.repeats):
+                    show(mode, per_launch, plans)
+            continue
         for lanes in (int(n) for n in args.lanes.split(",")):
             for _ in range(args.repeats):
                 show(mode, lanes, plans)
