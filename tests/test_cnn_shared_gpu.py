@@ -300,7 +300,7 @@ def test_cnns_on_one_model_axis_train_the_bits_each_trains_alone_on_graphs(gpu_d
     config = preset("speedrun").replace(epochs=1, batch=96, precision=precision)
     plans = [RunPlan.for_data(config.replace(lr=lr, seed=seed), data) for lr, seed in
              ((0.006, 0), (0.01, 1), (0.014, 2))]
-    assert plans[0].batches == [11]
+    assert tuple(plans[0].batches) == (11,)
     records = cnn_pack.train_packed_cnn(plans, data, precision=precision, mode="axis")
     pack = records[0].pack
     assert pack["mode"] == "axis" and pack["models"] == 3
