@@ -6,6 +6,9 @@ test_persistent_wide_gpu.py."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,3 +223,16 @@ def test_the_phase_script_prints_a_column_per_build():
     assert rows[0] == "| phase (block 0) | layer | registers | staged |"
     assert f"| {PHASES[0][1]} | 1 | 1000 | 500 |" in rows and f"| {PHASES[3][1]} | 3 | 0 | 100 |" in rows
     assert rows[-1] == "| **step** | | **1000** | **600** |" and len(rows) == 5
+
+
+def test_the_check_script_names_its_parts(tmp_path):
+    """scripts/checks/wide_persistent.py runs the parts it is given (the sweep only when named), and
+    refuses a part it lacks before running any, with one line."""
+    module = load_script("wide_persistent")
+    assert "sweep" in module.PARTS and "sweep" not in module.DEFAULT_PARTS
+    assert set(module.DEFAULT_PARTS) < set(module.PARTS)
+    assert module.SWEEP[:2] == ["sweep", "--preset"] and "jax-scan" in module.SWEEP
+    proc = subprocess.run([sys.executable, str(Path(module.__file__)), str(tmp_path / "out"), "timing", "nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr == "error: no part nope (the parts: " + ", ".join(module.PARTS) + ")\n"
+    assert not (tmp_path / "out").exists()
