@@ -51,9 +51,9 @@
 // Why staged: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and in the registers build
 // it waits for an L2 round trip at each (one k-step ahead hides one; the published weights' loads
 // none), so a product costs ~7 round trips whatever its bytes. L2's bandwidth is not what binds: on
-// an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16,
-// which read half the bytes of L2 between them (every block reads each exchanged matrix whole) and
-// wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
+// an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16
+// (results/persistent-wide-check-h100.md), which read half the bytes of L2 between them (every block
+// reads each exchanged matrix whole) and wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
 // round trips. The sums, their order and every value are the registers build's (the same fragments
 // from the same bf16 values): the two give the same weights bit for bit.
 //
