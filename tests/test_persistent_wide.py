@@ -6,18 +6,24 @@ test_persistent_wide_gpu.py."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+from test_persistent import load_script
 
 from graphtrain.errors import ModelUnsupported
-from graphtrain.kernels import persistent_wide
+from graphtrain.kernels import KERNELS_DIR, persistent_wide
 from graphtrain.kernels.persistent import ELEMENT_BYTES, MAX_SHARED_BYTES, Layout
 from graphtrain.kernels.persistent_mlp import MlpShape
-from graphtrain.kernels.persistent_wide import PersistentWide, WideShape
+from graphtrain.kernels.persistent_wide import PHASES, VARIANTS, PersistentWide, WideShape
 from graphtrain.stages.persistent import kernel_name, mlp_shape, products_note
 
 ELF_MAGIC = b"\x7fELF"
 JHU_784 = WideShape(784, (784,) * 3, 10, 128, 255)
+STAGED = dataclasses.replace(JHU_784, variant="staged")
 
 
 @pytest.mark.parametrize("width,units,blocks,padded", [
@@ -82,15 +88,17 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
     assert PersistentWide.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
 
 
-@pytest.mark.parametrize("table,region,prefix", [("layout", "ht", "SMEM_"), ("layout", "part", "SMEM_"),
-                                                 ("workspace", "grad", "WS_")])
+@pytest.mark.parametrize("table,region,prefix,variant", [
+    ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"),
+    ("workspace", "grad", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"), ("layout", "stage", "SMEM_", "staged"),
+])
 def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, table, region,
-                                                                 prefix):
+                                                                 prefix, variant):
     """Each of the kernel's memories is laid out in one place: grow a region of its table, and the
     bytes the launcher launches with (shared memory) or allocates (the workspace) and the offsets
     the kernel is compiled with all move by the region's size, and the kernel compiled from them
-    changes."""
-    shape = WideShape(784, (257,) * 3, 10, 128, 255)
+    changes (in the staged build too, whose rings follow the other regions)."""
+    shape = WideShape(784, (257,) * 3, 10, 128, 255, variant=variant)
     before, plain_defines = getattr(shape, table), shape.defines
     plain = PersistentWide.cubin("sm_90", plain_defines)
     grown = Layout([dataclasses.replace(r, count=r.count + 512) if r.name == region else r for r in before.regions])
@@ -136,3 +144,95 @@ def test_the_unit_choices_are_tried_in_order(monkeypatch):
     monkeypatch.setattr(persistent_wide, "UNIT_CHOICES", (16, 8))
     assert JHU_784.block_units == 16 and JHU_784.blocks == 49
     assert WideShape(784, (1024,) * 3, 10, 128, 255).block_units == 8  # 16 does not fit its shared memory
+
+
+@pytest.mark.parametrize("shape,depth", [
+    (STAGED, 3), (dataclasses.replace(STAGED, hidden=(1024,) * 3), 2),
+    (dataclasses.replace(STAGED, hidden=(512,) * 3, batch=32), 7),
+    (WideShape(784, (257, 257), 10, 100, 255, variant="staged"), 5), (WideShape(30, (72,) * 4, 3, 16, variant="staged"), 2),
+    (WideShape(784, (64,) * 2, 32, 40, 255, variant="staged"), 7), (WideShape(784, (512,), 10, 128, variant="staged"), 5),
+])
+def test_the_staged_build_compiles_with_the_deepest_rings_that_fit(nvrtc_available, cache, shape, depth):
+    """The staged build's rings: as many slabs a warp as fit beside the rest of the shared memory (the
+    784³ MLP at batch 128: three; 1024 units: two), at most the k-steps a warp takes (49 k-steps of
+    784 inputs: seven); its layout ends with them, and it compiles for each kind of shape."""
+    assert shape.refusal() is None and shape.stage_depth == depth == shape.defines["STAGE_DEPTH"]
+    plain = dataclasses.replace(shape, variant="registers")
+    assert plain.defines["STAGE_DEPTH"] == 0 and "stage" not in plain.layout.offsets
+    rings = shape.layout.regions[-1]
+    assert rings.name == "stage" and rings.count == 8 * depth * (shape.rows16 + shape.block_units) * 16
+    assert shape.shared_bytes <= MAX_SHARED_BYTES
+    assert shape.layout.offsets["stage"] == plain.layout.bytes  # the registers build's regions unmoved
+    assert PersistentWide.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
+
+
+def test_the_staged_build_takes_what_fits_and_refuses_what_does_not(monkeypatch):
+    """Its rings do not fit beside the masters of blocks of 16 units at 784 (nor at 1024): asked for
+    16 units it is refused for its shared memory, and tried after 8 it takes blocks of 8."""
+    assert "a block of 16 units needs" in dataclasses.replace(STAGED, units=16).refusal()
+    monkeypatch.setattr(persistent_wide, "UNIT_CHOICES", (16, 8))
+    assert STAGED.block_units == 8 and dataclasses.replace(JHU_784, variant="registers").block_units == 16
+    assert dataclasses.replace(STAGED, stage_slabs=2).stage_depth == 2
+    with pytest.raises(ValueError, match="at least 2"):
+        _ = dataclasses.replace(STAGED, stage_slabs=1).stage_depth
+    with pytest.raises(ValueError, match="no grid kernel variant 'tma'"):
+        _ = dataclasses.replace(JHU_784, variant="tma").defines
+
+
+def test_the_default_variant_is_the_rungs(monkeypatch):
+    """A shape that names no variant takes DEFAULT_VARIANT when used, as the rung's shapes do, and
+    the run's record says how its operands were loaded."""
+    assert persistent_wide.DEFAULT_VARIANT in VARIANTS
+    shape = mlp_shape(MlpShape(784, (784,) * 3, 10, 128, 255, bf16=True), 132)
+    monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", "staged")
+    assert shape.build == "staged" and shape.stage_depth == 3
+    assert products_note(shape).endswith("a grid of 98 blocks of 8 units; k-steps staged in rings of 3")
+    monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", "registers")
+    assert shape.stage_depth == 0 and products_note(shape).endswith("of 8 units")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_probe_build_compiles(nvrtc_available, cache, variant):
+    """scripts/probes/persistent_wide_phases.py's build: the kernel with -DPROBES (probes.cuh, block 0
+    of the grid probing), a slot for every phase of the launcher's PHASES, their counts at the end
+    of its shared memory; the plain build has no probe code."""
+    shape = dataclasses.replace(JHU_784, variant=variant)
+    plain, probed = PersistentWide.build_layout(shape), PersistentWide.build_layout(shape, probes=True)
+    assert probed.bytes == plain.bytes + 8 * len(PHASES) * 4 and probed.offsets["probe_counts"] == plain.bytes
+    assert probed.bytes <= MAX_SHARED_BYTES
+    defines = PersistentWide.build_defines(shape, probes=True)
+    assert defines["SMEM_BYTES"] == probed.bytes and "PROBES" not in PersistentWide.build_defines(shape)
+    cubin = PersistentWide.cubin("sm_90", defines)
+    assert cubin.startswith(ELF_MAGIC) and cubin != PersistentWide.cubin("sm_90", shape.defines)
+
+
+def test_every_phase_is_probed_in_the_kernel():
+    """Each of PHASES ends somewhere in the kernel (a slot the kernel never counts would print as
+    nothing), and the kernel counts no phase the list lacks (that would not compile)."""
+    source = (KERNELS_DIR / "persistent_wide.cu").read_text()
+    for name, _ in PHASES:
+        assert f"PROBE_END(probes, {name}," in source or f"PHASE_END(probes, {name}," in source, name
+
+
+def test_the_phase_script_prints_a_column_per_build():
+    module = load_script("persistent_wide_phases")
+    steps, layers = 4, 3
+    tables = {v: np.zeros((len(PHASES), layers + 1), np.int64) for v in ("registers", "staged")}
+    tables["registers"][0, 1], tables["staged"][0, 1], tables["staged"][3, 3] = 4000, 2000, 400
+    rows = module.phase_rows(tables, steps)
+    assert rows[0] == "| phase (block 0) | layer | registers | staged |"
+    assert f"| {PHASES[0][1]} | 1 | 1000 | 500 |" in rows and f"| {PHASES[3][1]} | 3 | 0 | 100 |" in rows
+    assert rows[-1] == "| **step** | | **1000** | **600** |" and len(rows) == 5
+
+
+def test_the_check_script_names_its_parts(tmp_path):
+    """scripts/checks/wide_persistent.py runs the parts it is given (the sweep only when named), and
+    refuses a part it lacks before running any, with one line."""
+    module = load_script("wide_persistent")
+    assert "sweep" in module.PARTS and "sweep" not in module.DEFAULT_PARTS
+    assert set(module.DEFAULT_PARTS) < set(module.PARTS)
+    assert module.SWEEP[:2] == ["sweep", "--preset"] and "jax-scan" in module.SWEEP
+    proc = subprocess.run([sys.executable, str(Path(module.__file__)), str(tmp_path / "out"), "timing", "nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr == "error: no part nope (the parts: " + ", ".join(module.PARTS) + ")\n"
+    assert not (tmp_path / "out").exists()

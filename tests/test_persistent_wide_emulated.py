@@ -40,7 +40,7 @@ def build(shape: WideShape, folder) -> str:
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("no g++ to compile the kernel for the CPU")
-    source = (KERNELS_DIR / "logits_loss.cuh").read_text() + (KERNELS_DIR / "persistent_wide.cu").read_text()
+    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "logits_loss.cuh", "persistent_wide.cu"))
     for old, new in REPLACED.items():
         assert old in source, f"persistent_wide.cu no longer has {old!r}: the emulation must follow it"
         source = source.replace(old, new)
@@ -55,6 +55,52 @@ def build(shape: WideShape, folder) -> str:
         pytest.skip(f"{compiler} has no C++20 <barrier>")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return program
+
+
+def run_emulated(shape: WideShape, cfg: TrainConfig, data: Dataset, steps: int, folder) -> tuple[list, np.ndarray]:
+    """The kernel built for `shape` and run on the CPU from the float64 run's initial weights, one
+    launch of `steps` steps an epoch: (each parameter after, in the stage's order; the metrics)."""
+    folder.mkdir(exist_ok=True)
+    program = build(shape, folder)
+    start = reference.init_params(cfg.dims, cfg.bias, cfg.seed, np.float64)
+    kernel_images(data.train_images, shape).tofile(folder / "images.bin")
+    data.train_labels.astype(np.int32).tofile(folder / "labels.bin")
+    samples = len(data.train_images)
+    orders = [reference.epoch_order(cfg.seed, epoch, samples) for epoch in range(cfg.epochs)]
+    np.concatenate(orders).astype(np.int32).tofile(folder / "order.bin")
+    for i, layer in enumerate(start):
+        layer.w.astype(np.float32).tofile(folder / f"p{i}.bin")
+        (layer.b if cfg.bias else np.zeros(1)).astype(np.float32).tofile(folder / f"p{i + len(start)}.bin")
+    proc = subprocess.run([program, str(folder), str(samples), str(steps), repr(cfg.lr), str(int(cfg.bias)), "1",
+                           str(cfg.epochs)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    params = [np.fromfile(folder / f"out{i}.bin", np.float32) for i in range(2 * len(start))]
+    return params, np.fromfile(folder / "metrics.bin", np.float64)
+
+
+def test_the_staged_build_gives_the_registers_builds_bits(tmp_path, seed):
+    """The staged build (each warp's k-steps copied ahead into a ring in shared memory) against the
+    registers build and float64: 400 features (25 k-steps: warp 0 takes four, so a ring of three
+    slabs wraps), three hidden layers of 144 units in 9 blocks of 16 (the published weights staged
+    beside the rows), batch 24 over 60 samples (steps of 24, 24 and 12 rows: the images' rows past
+    a step copied as zeros). The same fragments in the same order: the same bits."""
+    samples, steps, features = 60, 3, 400
+    data = Dataset.synthetic(samples, 10, seed=seed, num_features=features)
+    data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
+    cfg = TrainConfig(hidden=(144,) * 3, batch=24, epochs=1, lr=0.1, seed=seed, in_features=features)
+    registers = WideShape(features, cfg.hidden, 10, cfg.batch, 255, units=16, variant="registers")
+    staged = dataclasses.replace(registers, variant="staged", stage_slabs=3)
+    assert staged.refusal() is None and staged.defines["STAGE_DEPTH"] == 3 and registers.defines["STAGE_DEPTH"] == 0
+    assert staged.shared_bytes > registers.shared_bytes
+    want, want_metrics = run_emulated(registers, cfg, data, steps, tmp_path / "registers")
+    got, got_metrics = run_emulated(staged, cfg, data, steps, tmp_path / "staged")
+    start, after, loss, _ = bf16_reference_steps(cfg, data, steps, 255)
+    assert abs(got_metrics[0] - loss) < BOUND * loss, f"seed {seed}: {got_metrics}"
+    for i, s in enumerate(start):  # (the staged build checked against float64 too: both builds wrong alike fail here)
+        assert rel_err(got[i].reshape(s.w.shape) - s.w, after[i].w - s.w) < BOUND, f"seed {seed}: layer {i + 1}'s weights"
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert np.array_equal(a, b), f"seed {seed}: parameter {i} differs between the builds"
+    assert np.array_equal(got_metrics, want_metrics), f"seed {seed}"
 
 
 @pytest.mark.parametrize("hidden,batch,samples,features,classes,bias,eight_bit,units,epochs", [

@@ -129,9 +129,12 @@ def test_steps_match_the_bf16_rung(seed):
     assert errors["bf16 rung"] < BOUND and errors["bf16 rung vs float64"] < BOUND, f"seed {seed}: {errors}"
 
 
-def test_same_seed_gives_the_same_bits():
+@pytest.mark.parametrize("variant", persistent_wide.VARIANTS)
+def test_same_seed_gives_the_same_bits(monkeypatch, variant):
     """Sums in a fixed order, no float atomics: two runs of two epochs (the second from the first's
-    weights, with a tail step each) give the same weights, losses and accuracies bit for bit."""
+    weights, with a tail step each) give the same weights, losses and accuracies bit for bit, in
+    each build of the kernel."""
+    monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", variant)
     data = eight_bit(Dataset.synthetic(SAMPLES, 100, seed=5))
     cfg = TrainConfig(hidden=(784,) * 3, batch=128, epochs=2, lr=0.1, seed=6)
 
@@ -145,6 +148,30 @@ def test_same_seed_gives_the_same_bits():
     assert metrics_a == metrics_b
     for a, b in zip(weights_a, weights_b):
         assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b)
+
+
+@pytest.mark.parametrize("hidden,batch", [((784,) * 3, 128), ((1024,) * 3, 128), ((512,) * 3, 32)])
+def test_the_staged_build_gives_the_registers_builds_weights(monkeypatch, hidden, batch, seed):
+    """The staged build (each warp's k-steps copied ahead into a ring in shared memory: three slabs at
+    784 units, two at 1024, seven at batch 32) against the registers build after three steps (at
+    batch 128 the last a tail of 44 rows): within the bound the registers build keeps to the float64
+    run with its roundings, and the same bits (the same fragments, summed in the same order); and
+    against float64."""
+    data = eight_bit(Dataset.synthetic(SAMPLES, 100, seed=seed))
+    cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, precision="bf16")
+    runs = {}
+    for variant in ("registers", "staged"):
+        monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", variant)
+        runs[variant] = train_steps("persistent", cfg, data, STEPS)
+        assert runs[variant][0].build == variant
+    (_, plain_metrics, plain), (shape, metrics, staged) = runs["registers"], runs["staged"]
+    assert shape.stage_depth >= 2
+    start, after, _, _ = reference_steps(cfg, data, STEPS)
+    assert max(change_errors(staged, start, plain)) < ROUNDED_BOUND, f"seed {seed}"
+    assert max(change_errors(staged, start, after)) < BOUND, f"seed {seed}"
+    for i, (a, b) in enumerate(zip(staged, plain)):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b), f"seed {seed}: layer {i + 1} differs"
+    assert metrics == plain_metrics, f"seed {seed}"
 
 
 def test_a_model_past_the_limit_is_refused_with_the_reason():

@@ -39,6 +39,24 @@
 // sums added as a fixed tree; the barrier's counter is an integer): the same seed gives the same
 // weights bit for bit.
 //
+// Two builds of the products' operand loads (STAGE_DEPTH, from the launcher's `variant`):
+//   registers (STAGE_DEPTH 0)  a warp loads each k-step's A fragments from L2 straight into registers,
+//              the next k-step's issued while this one multiplies, and a published W_l's B fragments
+//              from L2 in the k-step itself;
+//   staged (STAGE_DEPTH ≥ 2)   each warp copies its k-steps (cp.async) into a ring of STAGE_DEPTH
+//              slabs of its own in shared memory, STAGE_DEPTH − 1 k-steps ahead of the one it
+//              multiplies: the whole batch's 16 inputs of the k-step (the rows, or the images through
+//              the sample order, zero past the step's rows) and, in a forward of l ≥ 2, the block's
+//              rows of the published W_l at those inputs; the fragments then come from the slab.
+// Why staged: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and in the registers build
+// it waits for an L2 round trip at each (one k-step ahead hides one; the published weights' loads
+// none), so a product costs ~7 round trips whatever its bytes. L2's bandwidth is not what binds: on
+// an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16
+// (results/persistent-wide-check-h100.md), which read half the bytes of L2 between them (every block
+// reads each exchanged matrix whole) and wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
+// round trips. The sums, their order and every value are the registers build's (the same fragments
+// from the same bf16 values): the two give the same weights bit for bit.
+//
 // Precision (the bf16 rung's): the hidden layers' products read bf16 operands (the images as bf16,
 // 8-bit pixels as k, exact; the weights rounded as they are loaded, or published as bf16; h_l and
 // dh_l exchanged as bf16) with fp32 sums (mma.sync m16n8k16), into fp32 master weights; the head and
@@ -47,8 +65,11 @@
 // Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
 // THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
 // BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
-// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, the shared-memory layout SMEM_* and the workspace's
-// WS_* (the offsets of its regions in global memory). Needs bf16 mma and movmatrix (sm_80 and later).
+// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, the shared-memory layout SMEM_* and the
+// workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
+// cp.async (sm_80 and later). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
+// adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
+// where the metrics would go (scripts/probes/persistent_wide_phases.py).
 
 #define WARPS (THREADS / 32)
 #define SLOTS (WARPS / 2)              // partial sums kept in shared memory while the warps' are added
@@ -60,11 +81,14 @@
 #define PIECE (ROWS16 * UNITS)         // a block's piece of an exchanged matrix (bf16 values)
 #define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
+#define SLAB_ROWS (ROWS16 * 16)          // a staged k-step of the rows: ROWS16 rows of 16 inputs (bf16)
+#define SLAB (SLAB_ROWS + UNITS * 16)    // and of the block's rows of a published W_l, after them
 
 #if UNITS % 8 != 0 || NT < 1 || NT > 2 || HIDDEN_PAD != BLOCKS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
     || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 4 != 0 \
-    || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0
+    || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
+    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0
 #error "persistent_wide.cu: unsupported sizes"
 #endif
 
@@ -86,6 +110,12 @@ struct Smem {
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
                         //   [R_OWN][BLOCKS][CLASSES], the owned rows' partial logits (no product runs then)
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
+#if STAGE_DEPTH
+    bf16_bits* stage;   // [WARPS][STAGE_DEPTH][SLAB]     each warp's ring of staged k-steps (the staged build's)
+#endif
+#ifdef PROBES
+    long long* probe_counts;  // [PROBE_PHASES][PROBE_LAYERS]  the probe build's phase counts
+#endif
 };
 
 __device__ Smem carve(unsigned char* base) {
@@ -103,6 +133,12 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, dh, SMEM_DH);
     SMEM_REGION(s, base, part, SMEM_PART);
     SMEM_REGION(s, base, dl, SMEM_DL);
+#if STAGE_DEPTH
+    SMEM_REGION(s, base, stage, SMEM_STAGE);
+#endif
+#ifdef PROBES
+    SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
+#endif
     check_shared_bytes(SMEM_BYTES);
     return s;
 }
@@ -131,6 +167,13 @@ __device__ __forceinline__ bf16_bits* wg_of(const Workspace& ws, int l, int pari
 }
 __device__ __forceinline__ float* wc_of(const Smem& s, int l) { return s.wc + (l - 2) * UNITS * WC_STRIDE; }
 __device__ __forceinline__ bf16_bits* ht_of(const Smem& s, int l) { return s.ht + (l - 1) * UNITS * HT_STRIDE; }
+#if STAGE_DEPTH
+__device__ __forceinline__ bf16_bits* ring_of(const Smem& s) { return s.stage; }
+#else
+__device__ __forceinline__ bf16_bits* ring_of(const Smem&) { return nullptr; }
+#endif
+// The end of a phase in the probe build: a block barrier (the slowest thread's time), then the count.
+#define PHASE_END(p, name, layer) do { PROBE_SYNC(); PROBE_END(p, name, layer); } while (0)
 
 // ---- the grid barrier ----------------------------------------------------------------------------
 // Every block's writes before it are visible to every block after it. Thread 0 of each block adds one
@@ -163,11 +206,32 @@ __device__ __forceinline__ void a_fragment(unsigned (&a)[4], uint2 row_g, uint2 
     a[0] = row_g.x; a[1] = row_g8.x; a[2] = row_g.y; a[3] = row_g8.y;
 }
 
+// A staged k-step (the staged build's slab): row r's 16 inputs at slab[16r ..], as the copies of
+// 16 bytes c = lane + 32j (j < MT) put them, chunk c holding row c / 2's inputs 8(c mod 2) .. + 7. The
+// A fragments of every m-tile read from it (a_fragment's layout: a half-warp's 8-byte loads take
+// four rows of 32 bytes, 128 contiguous bytes, on distinct banks).
+__device__ __forceinline__ void staged_fragments(unsigned (&a)[MT][4], const bf16_bits* slab) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        a_fragment(a[mt], *reinterpret_cast<const uint2*>(slab + (16 * mt + g) * 16 + 4 * t),
+                   *reinterpret_cast<const uint2*>(slab + (16 * mt + g + 8) * 16 + 4 * t));
+}
+
 // The rows of an exchanged matrix (h_l or dh_l of the batch, block-major: input k at piece k / UNITS):
 // load(a, k) the fragments of every m-tile at the lane's inputs k = k0 + 4t (rows past the step's are
-// zero there, written so by their producer).
+// zero there, written so by their producer); stage(slab, ks) the lane's copies of k-step ks.
 struct ExchangedRows {
     const bf16_bits* base;
+    __device__ __forceinline__ const bf16_bits* at(int r, int k) const { return base + (k / UNITS) * PIECE + r * UNITS + k % UNITS; }
+    __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
+        const int lane = threadIdx.x & 31, h = lane & 1;
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+            const int r = (lane >> 1) + 16 * j;
+            copy16_async_or_zero(slab + 16 * r + 8 * h, at(r, 16 * ks + 8 * h), 16);
+        }
+    }
     __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
         const bf16_bits* p = base + (k / UNITS) * PIECE + k % UNITS;
@@ -179,9 +243,32 @@ struct ExchangedRows {
 };
 
 // The batch's images (rows of FEATURE_STRIDE bf16, read-only for the launch), through the sample
-// order: the lane's rows 16mt + g, + 8, zero past the step's rows (read at image 0 and dropped).
+// order: the lane's rows 16mt + g, + 8, zero past the step's rows (read at image 0 and dropped); in
+// the staged build the rows of the lane's copies, (lane / 2) + 16j, zero past the step's (copied as
+// zeros).
 struct ImageRows {
     const bf16_bits* images;
+#if STAGE_DEPTH
+    int row[MT];     // the first value of the image of row (lane / 2) + 16j
+    unsigned valid;  // bit j: that row is one of the step's
+    __device__ __forceinline__ ImageRows(const bf16_bits* images, const int* step_order, int rows) : images(images), valid(0) {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+            const int r = (lane >> 1) + 16 * j;
+            row[j] = r < rows ? __ldg(step_order + r) * FEATURE_STRIDE : 0;
+            valid |= (r < rows ? 1u : 0u) << j;
+        }
+    }
+    __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
+        const int lane = threadIdx.x & 31, h = lane & 1;
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+            const int r = (lane >> 1) + 16 * j;
+            copy16_async_or_zero(slab + 16 * r + 8 * h, images + row[j] + 16 * ks + 8 * h, ((valid >> j) & 1u) ? 16 : 0);
+        }
+    }
+#else
     int row[MT][2];  // the first value of the row's image
     unsigned valid;  // bit 2·mt + h: row 16mt + 8h + g is one of the step's
     __device__ __forceinline__ ImageRows(const bf16_bits* images, const int* step_order, int rows) : images(images), valid(0) {
@@ -207,14 +294,19 @@ struct ImageRows {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) a_fragment(a[mt], v[mt][0], v[mt][1]);
     }
+#endif
 };
 
 // B fragments from fp32 master weights in shared memory, w[n][k] (unit-major, UNITS rows of `stride`),
 // rounded to bf16 as loaded: the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load (a
 // stride ≡ 16 mod 32 floats puts a load phase's two units on different banks).
+// (Weights: load(b, k) the B fragments at the lane's inputs k = k0 + 4t; in the staged build stage(slab,
+// ks) the lane's copies of k-step ks, if any, and load_staged(b, slab, k) the fragments.)
 struct MasterWeights {
     const float* w;
     int stride;
+    __device__ __forceinline__ void stage(bf16_bits*, int) const {}
+    __device__ __forceinline__ void load_staged(unsigned (&b)[NT][2], const bf16_bits*, int k) const { load(b, k); }
     __device__ __forceinline__ void load(unsigned (&b)[NT][2], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
@@ -225,9 +317,23 @@ struct MasterWeights {
         }
     }
 };
-// B fragments from a published bf16 copy of W_l (HIDDEN_PAD × HIDDEN_PAD, row-major), at the block's rows.
+// B fragments from a published bf16 copy of W_l (HIDDEN_PAD × HIDDEN_PAD, row-major), at the block's rows;
+// staged, unit u's 16 inputs of the k-step at slab[SLAB_ROWS + 16u ..] (lanes 2u, 2u + 1 copy them).
 struct PublishedWeights {
     const bf16_bits* rows;  // W_l[u0, 0]
+    __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
+        const int lane = threadIdx.x & 31, u = lane >> 1, h = lane & 1;
+        if (u < UNITS) copy16_async_or_zero(slab + SLAB_ROWS + 16 * u + 8 * h, rows + u * HIDDEN_PAD + 16 * ks + 8 * h, 16);
+    }
+    __device__ __forceinline__ void load_staged(unsigned (&b)[NT][2], const bf16_bits* slab, int k) const {
+        const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const uint2 v = *reinterpret_cast<const uint2*>(slab + SLAB_ROWS + (8 * n + g) * 16 + k % 16);
+            b[n][0] = v.x;
+            b[n][1] = v.y;
+        }
+    }
     __device__ __forceinline__ void load(unsigned (&b)[NT][2], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
@@ -238,6 +344,18 @@ struct PublishedWeights {
         }
     }
 };
+// No B operand (the update of W_1 alone, whose B comes from dh_1ᵀ in shared memory); made as
+// MasterWeights are, so that update_product takes either.
+struct NoWeights {
+    const float* w;
+    int stride;
+    __device__ __forceinline__ void stage(bf16_bits*, int) const {}
+    __device__ __forceinline__ void load_staged(unsigned (&)[NT][2], const bf16_bits*, int) const {}
+    __device__ __forceinline__ void load(unsigned (&)[NT][2], int) const {}
+};
+
+template <bool FIRST, class A, class B> struct Either { typedef A type; };
+template <class A, class B> struct Either<false, A, B> { typedef B type; };
 
 template <int N>
 __device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsigned (&from)[N][4]) {
@@ -258,31 +376,65 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
             for (int q = 0; q < 4; ++q) sums[i][n][q] = 0.0f;
 }
 
-// body(ks, a) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
-// m-tile at the k-step (a_fragment's layout), the next k-step's loaded while this one's are used.
-template <class Rows, class Body>
-__device__ __forceinline__ void each_kstep(const Rows& rows, int ksteps, Body body) {
+// body(ks, a, b) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
+// m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
+// body, which may update the weights). The registers build loads the next k-step's A fragments while
+// this one's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
+// ring (`ring`: the block's rings, Smem::stage), k-step i in slab i mod STAGE_DEPTH: at iteration i
+// it issues k-step i + STAGE_DEPTH − 1's copies into the slab that k-step i − 1 was read from (every
+// lane past the __syncwarp after that read), commits them as one group (every iteration commits one,
+// empty past the warp's k-steps, so the group count is the iteration's), and waits until k-step i's
+// group, STAGE_DEPTH − 1 groups before the newest, has landed: its own copies, then every lane's (the
+// __syncwarp after the wait).
+template <class Rows, class Weights, class Body>
+__device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, const Weights& weights, int ksteps,
+                                           Body body) {
     const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+#if STAGE_DEPTH
+    const int mine = warp < ksteps ? (ksteps - 1 - warp) / WARPS + 1 : 0;  // the warp's k-steps
+    bf16_bits* own = ring + warp * (STAGE_DEPTH * SLAB);
+    auto stage = [&](int i) {  // k-step i of the warp's, into its slab
+        if (i < mine) {
+            rows.stage(own + (i % STAGE_DEPTH) * SLAB, warp + i * WARPS);
+            weights.stage(own + (i % STAGE_DEPTH) * SLAB, warp + i * WARPS);
+        }
+        copies_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < STAGE_DEPTH - 1; ++i) stage(i);
+    for (int i = 0; i < mine; ++i) {
+        const int ks = warp + i * WARPS;
+        stage(i + STAGE_DEPTH - 1);
+        copies_wait<STAGE_DEPTH - 1>();
+        __syncwarp();
+        const bf16_bits* slab = own + (i % STAGE_DEPTH) * SLAB;
+        unsigned a[MT][4], b[NT][2];
+        staged_fragments(a, slab);
+        weights.load_staged(b, slab, 16 * ks + 4 * t);
+        __syncwarp();  // (the slab read: the next iteration's copies may overwrite it)
+        body(ks, a, b);
+    }
+#else
     unsigned a[MT][4];
     if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
     for (int ks = warp; ks < ksteps; ks += WARPS) {
         const bool more = ks + WARPS < ksteps;
         unsigned next[MT][4];
         if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
-        body(ks, a);
+        unsigned b[NT][2];
+        weights.load(b, 16 * ks + 4 * t);
+        body(ks, a, b);
         if (more) copy_fragments(a, next);
     }
+#endif
 }
 
 // acc = rows · Wᵀ over warp w's k-steps (m = rows, n = the block's units, k = inputs).
 template <class Rows, class Weights>
-__device__ __forceinline__ void forward_product(const Rows& rows, const Weights& weights, int ksteps,
+__device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& rows, const Weights& weights, int ksteps,
                                                 float (&acc)[MT][NT][4]) {
-    const int t = threadIdx.x & 3;
     zero_sums(acc);
-    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
-        unsigned b[NT][2];
-        weights.load(b, 16 * ks + 4 * t);
+    each_kstep(ring, rows, weights, ksteps, [&](int, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -301,15 +453,15 @@ __device__ __forceinline__ void forward_product(const Rows& rows, const Weights&
 // tile's 16 rows. bt[j][r] (UNITS rows of HT_STRIDE bf16) gives B (k = rows, n = units) as 4-byte
 // loads. The k-steps are the warp's own: no other warp reads or writes these weights meanwhile.
 template <bool DX, class Rows>
-__device__ __forceinline__ void update_product(const Rows& rows, int ksteps, float* w, int stride, const bf16_bits* bt,
-                                               float lr, bf16_bits* published, float (&acc)[MT][NT][4]) {
+__device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows, int ksteps, float* w, int stride,
+                                               const bf16_bits* bt, float lr, bf16_bits* published,
+                                               float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     if (DX) zero_sums(acc);
     const int kmap = 4 * (g >> 1) + (g & 1);
-    each_kstep(rows, ksteps, [&](int ks, const unsigned (&a)[MT][4]) {
+    typedef typename Either<DX, MasterWeights, NoWeights>::type Weights;  // DX's B: w before this k-step's update
+    each_kstep(ring, rows, Weights{w, stride}, ksteps, [&](int ks, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
         if (DX) {
-            unsigned b[NT][2];
-            MasterWeights{w, stride}.load(b, 16 * ks + 4 * t);  // (before this k-step's update below)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -409,9 +561,10 @@ struct Step {
 // F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
 template <class Rows, class Weights>
 __device__ __forceinline__ void forward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, const Rows& rows,
-                                              const Weights& weights, int ksteps, float unit) {
+                                              const Weights& weights, int ksteps, float unit, Probes& probes) {
     float acc[MT][NT][4];
-    forward_product(rows, weights, ksteps, acc);
+    forward_product(ring_of(s), rows, weights, ksteps, acc);
+    PHASE_END(probes, FORWARD_PRODUCTS, l);
     const float* bias = s.b + (l - 1) * UNITS;
     bf16_bits* ht = l < LAYERS ? ht_of(s, l) : nullptr;
     bf16_bits* piece = l < LAYERS ? act_of(ws, l) + st.rank * PIECE : nullptr;
@@ -428,6 +581,7 @@ __device__ __forceinline__ void forward_layer(const Smem& s, const Workspace& ws
             __stcg(reinterpret_cast<unsigned*>(piece + r * UNITS + u), pair);
         }
     });
+    PHASE_END(probes, FORWARD_SUMS, l);
 }
 
 // The head's partial logits P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ of the step's rows, published.
@@ -529,11 +683,13 @@ __device__ __forceinline__ void head_gradient(const Smem& s, const Workspace& ws
 }
 
 // B_l, l ≥ 2: dh_{l−1}[:, U_c] and the update of W_l[:, U_c] (published for the next step's forward).
-__device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, int bias, float lr) {
+__device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, int bias, float lr,
+                                               Probes& probes) {
     float acc[MT][NT][4];
     const bf16_bits* ht = ht_of(s, l - 1);
-    update_product<true>(ExchangedRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
+    update_product<true>(ring_of(s), ExchangedRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
                          wg_of(ws, l, (st.step + 1) & 1) + st.rank * UNITS, acc);
+    PHASE_END(probes, BACKWARD_PRODUCTS, l);
     sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;  // (h_{l−1} as bf16 is > 0 where it is: [h > 0], the ReLU's mask)
         *reinterpret_cast<float2*>(s.dh + r * UNITS + u) =
@@ -541,14 +697,15 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& w
                         real && to_float(ht[(u + 1) * HT_STRIDE + r]) > 0.0f ? v1 : 0.0f);
     });
     own_gradient_done(s, ws, st, l - 1, bias, lr);
+    PHASE_END(probes, BACKWARD_SUMS, l);
 }
 
 // W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x.
 __device__ __forceinline__ void update_first_layer(const Smem& s, const Step& st, const bf16_bits* images, float lr) {
     __syncthreads();  // dht is whole
     float unused[MT][NT][4];
-    update_product<false>(ImageRows(images, st.order, st.rows), F_KSTEPS, s.w1, W1_STRIDE, s.dht, lr * X_UNIT, nullptr,
-                          unused);
+    update_product<false>(ring_of(s), ImageRows(images, st.order, st.rows), F_KSTEPS, s.w1, W1_STRIDE, s.dht,
+                          lr * X_UNIT, nullptr, unused);
     __syncthreads();  // (the next step's forward of layer 1 reads W_1)
 }
 
@@ -623,25 +780,37 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0)
 
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
+    Probes probes(metrics);  // (a probe build's table, where the metrics would go)
+    PROBE_START(probes, s.probe_counts);
     for (int step = 0; step < num_steps; ++step) {
         const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH};
-        forward_layer(s, ws, st, 1, ImageRows(images, st.order, st.rows), MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT);
+        forward_layer(s, ws, st, 1, ImageRows(images, st.order, st.rows), MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT,
+                      probes);
         for (int l = 2; l <= LAYERS; ++l) {
             grid_sync(ws.barrier);  // h_{l−1} of every block published
+            PROBE_END(probes, WAIT_FORWARD, l - 1);
             forward_layer(s, ws, st, l, ExchangedRows{act_of(ws, l - 1)},
-                          PublishedWeights{wg_of(ws, l, step & 1) + (long long)u0 * HIDDEN_PAD}, H_KSTEPS, 1.0f);
+                          PublishedWeights{wg_of(ws, l, step & 1) + (long long)u0 * HIDDEN_PAD}, H_KSTEPS, 1.0f, probes);
         }
         head_partials(s, ws, st);
+        PHASE_END(probes, HEAD_PARTIALS, 0);
         grid_sync(ws.barrier);  // every block's partial logits
+        PROBE_END(probes, WAIT_FORWARD, LAYERS);
         softmax_rows(s, ws, st, labels, measure != 0, loss_sum, correct_sum);
+        PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits
+        PROBE_END(probes, WAIT_SOFTMAX, 0);
         head_gradient(s, ws, st, bias, lr);
+        PHASE_END(probes, HEAD_GRADIENT, 0);
         for (int l = LAYERS; l >= 2; --l) {
             grid_sync(ws.barrier);  // dh_l of every block published
-            backward_layer(s, ws, st, l, bias, lr);
+            PROBE_END(probes, WAIT_BACKWARD, l);
+            backward_layer(s, ws, st, l, bias, lr, probes);
         }
         update_first_layer(s, st, images, lr);
+        PROBE_END(probes, UPDATE, 1);  // (update_first_layer ends at a block barrier)
     }
+    PROBE_FINISH(probes);
 
     // ---- parameters back to global memory; the metrics, added in block order by block 0 ---------
     __syncthreads();

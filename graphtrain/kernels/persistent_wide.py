@@ -4,7 +4,9 @@ launch an epoch (the model too wide for one cluster's shared memory: see persist
 The kernel is compiled for the model's sizes, the batch and the number of blocks, so a
 `PersistentWide` is made per workload, and `WideShape.refusal` says beforehand why one cannot be.
 Its shared memory and its global workspace are each laid out by one table (`WideShape.layout`,
-`WideShape.workspace`), which both the launcher and the kernel's -D defines come from.
+`WideShape.workspace`), which both the launcher and the kernel's -D defines come from. The kernel has
+two builds of its operand loads (`VARIANTS`; its header comment says why): a shape names one, or
+takes DEFAULT_VARIANT.
 """
 
 from __future__ import annotations
@@ -14,10 +16,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphtrain.kernels import F32, I32, PTR, KernelFile, ceil_div, kernel
-from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region
+from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region, probe_defines
 from graphtrain.libs import cuda
 
 THREADS = 256  # per block: eight warps, the k-steps of each product split over them
+WARPS = THREADS // 32
+# The builds of the products' operand loads: "registers", from L2 into registers one k-step ahead;
+# "staged", each warp's k-steps copied (cp.async) into a ring of its own in shared memory, STAGE_DEPTH
+# − 1 k-steps ahead (the deepest ring that fits, at least two slabs). The same sums either way.
+VARIANTS = ("registers", "staged")
+DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured faster)
+# The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
+# counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
+PHASES = tuple(tuple(line.split(None, 1)) for line in """
+FORWARD_PRODUCTS   F_l: products (the slowest warp's)
+FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published
+HEAD_PARTIALS      F_L: the head's partial logits published
+WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
+SOFTMAX            S: the owned rows' logits in, softmax, dlogits published
+WAIT_SOFTMAX       grid barrier after S: every row's dlogits
+HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
+WAIT_BACKWARD      grid barrier before B_l: dh_l of every block
+BACKWARD_PRODUCTS  B_l: dh_{l-1}'s products and W_l's update (the slowest warp's)
+BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, b_{l-1}'s update, dh_{l-1} published
+UPDATE             update of W_1 (its products)
+""".strip().splitlines())
 # The units of every hidden layer a block owns, in the order tried: the first whose grid fits the GPU
 # (one block per SM) and whose layout fits a block's shared memory. A block's products are its units
 # wide (mma columns of 8); every block reads each exchanged matrix whole whatever it owns, so fewer,
@@ -46,6 +69,8 @@ class WideShape:
     bf16: bool = True  # the only precision the kernel has (bf16 operands, fp32 sums and master weights)
     sm_count: int = ASSUMED_SMS
     units: int = 0
+    variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as UNIT_CHOICES is)
+    stage_slabs: int = 0  # the staged build's slabs a warp; 0: the most that fit (stage_depth_with)
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -69,6 +94,39 @@ class WideShape:
     @property
     def rows16(self) -> int:
         return ceil_div(self.batch, 16) * 16
+
+    @property
+    def build(self) -> str:
+        """The variant the kernel is compiled as."""
+        variant = self.variant or DEFAULT_VARIANT
+        if variant not in VARIANTS:
+            raise ValueError(f"no grid kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
+        return variant
+
+    def slab_values(self, units: int) -> int:
+        """bf16 values of a staged k-step: the batch's rows and the block's units, 16 inputs each."""
+        return (self.rows16 + units) * 16
+
+    def stage_depth_with(self, units: int) -> int:
+        """The staged build's slabs a warp (0 in the registers build): `stage_slabs` where given,
+        else the most that fit a block's shared memory beside the rest, at most the k-steps a warp
+        takes of a product, at least two (a shape that two do not fit is refused for its shared
+        memory)."""
+        if self.build != "staged":
+            return 0
+        if self.stage_slabs:
+            if self.stage_slabs < 2:
+                raise ValueError(f"a staged ring of {self.stage_slabs} slabs (at least 2)")
+            return self.stage_slabs
+        widest = max(self.padded_features, self.blocks_for(units) * units) // 16  # a product's k-steps
+        rest = self.layout_with(units, stage_depth=0).bytes
+        slab_bytes = WARPS * self.slab_values(units) * 2
+        fits = (MAX_SHARED_BYTES - ceil_div(rest, 16) * 16) // slab_bytes
+        return max(2, min(ceil_div(widest, WARPS), fits))
+
+    @property
+    def stage_depth(self) -> int:
+        return self.stage_depth_with(self.block_units)
 
     def blocks_for(self, units: int) -> int:
         """Blocks of `units` units that cover the width, in whole k-steps of 16 units."""
@@ -116,10 +174,14 @@ class WideShape:
     def strides(self) -> dict[str, int]:
         return self.strides_with(self.block_units)
 
-    def layout_with(self, units: int) -> Layout:
+    def layout_with(self, units: int, stage_depth: int | None = None, probe_counts: int = 0) -> Layout:
         """persistent_wide.cu's shared memory for blocks of `units` units (its struct Smem says what
-        each region holds)."""
+        each region holds): with the staged build's rings (`stage_depth` slabs a warp, its own where
+        None) and `probe_counts` int64 phase counts (a probe build's)."""
         st, layers, classes, rows16 = self.strides_with(units), self.layers, self.classes, self.rows16
+        depth = self.stage_depth_with(units) if stage_depth is None else stage_depth
+        rings = [Region("stage", "unsigned short", WARPS * depth * self.slab_values(units), 16)] if depth else []
+        probes = [Region("probe_counts", "long long", probe_counts)] if probe_counts else []
         return Layout([
             Region("totals", "double", 2 * THREADS // 32),
             Region("w1", "float", units * st["W1_STRIDE"], 16),
@@ -137,6 +199,8 @@ class WideShape:
             Region("part", "float", max(THREADS // 32 // 2 * rows16 * st["PART_STRIDE"],
                                         ceil_div(self.batch, self.blocks_for(units)) * self.blocks_for(units) * classes), 16),
             Region("dl", "float", rows16 * classes, 16),
+            *rings,
+            *probes,
         ])
 
     @property
@@ -166,7 +230,7 @@ class WideShape:
     def defines(self) -> dict[str, int]:
         """The -D defines persistent_wide.cu is compiled with for this shape."""
         workspace = self.workspace
-        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "FEATURES": self.features,
+        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "FEATURES": self.features,
                 "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.width, "HIDDEN_PAD": self.padded_hidden,
                 "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "PIXEL_LEVELS": self.pixel_levels,
                 **self.strides, **self.layout.defines,
@@ -191,18 +255,37 @@ class WideShape:
 class PersistentWide(KernelFile):
     stem = "persistent_wide"
     min_arch = 80  # bf16 mma and movmatrix; no cluster
-    headers = ("smem_layout.cuh", "bf16_mma.cuh", "logits_loss.cuh")
+    headers = ("smem_layout.cuh", "probes.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
     # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
     # passes its own.
     defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}
     _wide_epoch = kernel("wide_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32, PTR, cooperative=True,
                          max_shared_bytes=MAX_SHARED_BYTES)
 
-    def __init__(self, device, shape: WideShape):
-        self.shape, self.shared_bytes = shape, shape.shared_bytes  # (the table is read once, not per launch)
+    def __init__(self, device, shape: WideShape, probes: bool = False):
+        """`probes`: the probe build (probes.cuh), which counts the SM cycles of each phase and layer
+        of the steps (thread 0 of block 0) and writes them, PHASES × (layers + 1) int64 summed over
+        the launch's steps, where train_epoch's `metrics` points (and is never to measure)."""
+        layout = self.build_layout(shape, probes)
+        self.shape, self.shared_bytes = shape, layout.bytes  # (the table is read once, not per launch)
         workspace = shape.workspace
         self.workspace_bytes, self.barrier_offset = workspace.bytes, workspace.offsets["barrier"]
-        super().__init__(device, shape.defines)
+        super().__init__(device, self.build_defines(shape, probes))
+
+    @staticmethod
+    def build_layout(shape: WideShape, probes: bool = False) -> Layout:
+        """The kernel's shared memory for `shape`; the probe build's holds its phase counts too."""
+        if not probes:
+            return shape.layout
+        return shape.layout_with(shape.block_units, probe_counts=len(PHASES) * (shape.layers + 1))
+
+    @classmethod
+    def build_defines(cls, shape: WideShape, probes: bool = False) -> dict[str, int | str]:
+        """The -D defines of the kernel for `shape`, with its probes or without."""
+        if not probes:
+            return shape.defines
+        return {**shape.defines, **cls.build_layout(shape, True).defines, **probe_defines(name for name, _ in PHASES),
+                "PROBE_PHASES": len(PHASES), "PROBE_LAYERS": shape.layers + 1, "PROBE_RANK": "blockIdx.x"}
 
     def train_epoch(self, stream, images: int, labels: int, order: int, params: int, bias: bool, num_samples: int,
                     num_steps: int, lr: float, metrics: int, measure: bool, workspace: int) -> None:

@@ -1,5 +1,6 @@
 // Phase probes of the persistent kernels (scripts/probes/persistent_phases.py, persistent_mlp_phases.py):
-// SM clock readings by thread 0 of cluster block 0, compiled only with -DPROBES. Without it every
+// SM clock readings by thread 0 of cluster block 0 (of block PROBE_RANK == 0 where a kernel's launcher
+// defines it otherwise: the grid kernel's blockIdx.x), compiled only with -DPROBES. Without it every
 // probe is `((void)0)` and `Probes` an empty struct, so the kernel's code is as if they were absent.
 // Not a kernel file: a launcher lists it in `headers`.
 //
@@ -17,13 +18,16 @@
 //                                   slowest thread's time (probe builds only: it slows the step).
 
 #ifdef PROBES
+#ifndef PROBE_RANK
+#define PROBE_RANK cluster_rank()
+#endif
 struct Probes {
     long long* table;  // global: the stamps, or where finish copies the phase counts
     long long* counts = nullptr;  // shared: the phase counts (PROBE_END)
     long long mark = 0;
     bool on;
     __device__ explicit Probes(void* metrics) : table(static_cast<long long*>(metrics)) {
-        on = cluster_rank() == 0 && threadIdx.x == 0;
+        on = PROBE_RANK == 0 && threadIdx.x == 0;
     }
 #ifdef PROBE_STEPS  // a kernel that stamps
     __device__ __forceinline__ void stamp(int step, int slot) {

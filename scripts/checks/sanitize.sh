@@ -6,16 +6,21 @@
 # With `persistent`, only the persistent kernels: memcheck over one whole epoch of each build
 # (softmax regression, jhu; the MLP at H = 128), then racecheck and synccheck as below (a few
 # steps: under racecheck an epoch of the cluster kernels takes hours). With `wide`, only the grid
-# kernel's (persistent_wide.cu) checks, which both other modes run too.
+# kernel's (persistent_wide.cu) checks, in each of its builds, which both other modes run too.
 set -uo pipefail
 out=${1:?usage: scripts/checks/sanitize.sh OUT_DIR [persistent | wide]}
 only=${2:-}
 mkdir -p "$out"
 status=0
 short=(--steps 3)
+# `graphtrain run` with the grid kernel built as $variant (persistent_wide.VARIANTS; the rung's
+# default where unset), which no option of the command chooses
+as_variant='import sys; from graphtrain.kernels import persistent_wide; persistent_wide.DEFAULT_VARIANT = sys.argv.pop(1); from graphtrain.__main__ import main; main()'
 sanitize() {  # sanitize TOOL NAME graphtrain-run-args... (the run's length among them)
   local tool=$1 name=$2; shift 2
-  if timeout "${limit:-0}" compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 python3 -m graphtrain run "$@" \
+  local graphtrain=(python3 -m graphtrain)
+  if [ -n "${variant:-}" ]; then graphtrain=(python3 -c "$as_variant" "$variant"); fi
+  if timeout "${limit:-0}" compute-sanitizer --tool "$tool" --report-api-errors no --num-cuda-barriers 64 --error-exitcode 99 "${graphtrain[@]}" run "$@" \
       > "$out/$tool-$name.log" 2>&1; then
     echo "ok      $tool $name"
   else
@@ -38,12 +43,17 @@ PY
 # off the cluster kernel's multiples of 64, so 10 blocks of 8 units (the last 8 units padding) and
 # four grid barriers a step; the cuda-mnist preset's batch of 32, then batch 128 over 300 samples
 # (steps of 128, 128 and 44 rows). Each tool sees its global exchanges, its barrier's spin and
-# atomics (memcheck), and its block barriers and shared memory (racecheck, synccheck).
+# atomics (memcheck), and its block barriers and shared memory (racecheck, synccheck). Each build of
+# the kernel (persistent_wide.VARIANTS): the staged one's copies into its warps' rings (cp.async) and
+# their __syncwarp (at batch 128 a ring of four slabs, which the 49 k-steps of the images wrap).
 wide() {
   local limit=600  # seconds a check may take (a grid barrier that never opens fails it, not the script)
-  for tool in memcheck racecheck synccheck; do
-    check "$tool" persistent-wide --stage persistent --preset cuda-mnist --hidden 72,72
-    sanitize "$tool" persistent-wide-tail --stage persistent --hidden 72,72 --data "$out/mnist-300.npz" --epochs 1
+  local variant
+  for variant in $(python3 -c 'from graphtrain.kernels.persistent_wide import VARIANTS; print(*VARIANTS)'); do
+    for tool in memcheck racecheck synccheck; do
+      check "$tool" "persistent-wide-$variant" --stage persistent --preset cuda-mnist --hidden 72,72
+      sanitize "$tool" "persistent-wide-tail-$variant" --stage persistent --hidden 72,72 --data "$out/mnist-300.npz" --epochs 1
+    done
   done
 }
 if [ "$only" = wide ]; then

@@ -1,19 +1,30 @@
-"""The persistent rung's grid kernel (kernels/persistent_wide.cu) on one GPU, in one call of under ten
-minutes, each part in a process of its own with a time limit (a grid barrier that never opens shows
-as a part that ran out of time, and the parts after it still run):
+"""The persistent rung's grid kernel (kernels/persistent_wide.cu) on one GPU, each part in a process of
+its own with a time limit (a grid barrier that never opens shows as a part that ran out of time, and
+the parts after it still run). Each part runs both builds of the kernel (persistent_wide.VARIANTS:
+its operands loaded from L2 into registers, or staged into shared memory by cp.async):
 
-  smoke    an MLP of two hidden layers of 72 units (10 blocks), one epoch of 300 samples, every
-           kernel of the report compiled meanwhile (the compile cache serves the parts after it)
+  smoke    an MLP of two hidden layers of 72 units (10 blocks), one epoch of 300 samples in each
+           build, every kernel of the report compiled meanwhile (the compile cache serves the parts
+           after it)
   timing   the 784³ MLP of the jhu preset (batch 128, SGD at 0.1, 20 epochs) on MNIST: the median
-           epoch (CUDA events) and the test accuracy of `persistent` in blocks of 8 units and of 16,
-           of `device-loop` (bf16) and of `graphs` (fp32); then `persistent` on the cuda-mnist preset
-           at H = 512 and 1024 (batch 32, 5000 steps): its training time and accuracy
+           epoch (CUDA events) and the test accuracy of `persistent` in each build (the registers
+           build in blocks of 8 units and of 16; the staged one's rings fit beside blocks of 8
+           only), of `device-loop` (bf16) and of `graphs` (fp32); then `persistent` on the cuda-mnist
+           preset at H = 512 and 1024 (batch 32, 5000 steps) in each build: its training time and
+           accuracy; last, each build's 784³ epoch against the registers build's in blocks of 8
+  phases   scripts/probes/persistent_wide_phases.py: the SM cycles of each phase of a 784³ step,
+           a column per build
   errors   the weights' change after three steps against float64 and against the bf16 rung (the
-           bounds the GPU tests hold them to), at 784 and 1024 units
+           bounds the GPU tests hold them to), at 784 and 1024 units, and the staged build's at 784
   tests    tests/test_persistent_wide_gpu.py and the persistent rung's refusals in test_rungs_gpu.py
+  sweep    (only when named) `graphtrain sweep --preset cuda-mnist --hidden-sizes 128,256,512,1024
+           --stages persistent --peer jax-scan`, its table written to OUT_DIR (the rung's default
+           build) and printed
 
-Usage (GPU machine, from the tree, GRAPHTRAIN_DATA naming the MNIST folder):
-  python3 scripts/checks/wide_persistent.py [OUT_DIR]      (each part's whole output in OUT_DIR)
+Usage (GPU machine, from the tree, GRAPHTRAIN_DATA naming the MNIST folder; each part's whole output
+in OUT_DIR; the default parts: all but sweep, which may not fit one ten-minute call with them):
+  python3 scripts/checks/wide_persistent.py [OUT_DIR [PART ...]]
+  python3 scripts/checks/wide_persistent.py PART [OUT_DIR]        (one part, in this process)
 """
 
 from __future__ import annotations
@@ -29,22 +40,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this tree's graphtrain, in this process and (PYTHONPATH) in the parts'
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-PARTS = {"smoke": 120, "timing": 200, "errors": 90, "tests": 170}  # seconds each may take
+PARTS = {"smoke": 150, "timing": 260, "phases": 120, "errors": 100, "tests": 240, "sweep": 540}  # seconds each may take
+DEFAULT_PARTS = ("smoke", "timing", "phases", "errors", "tests")
+SWEEP = ["sweep", "--preset", "cuda-mnist", "--hidden-sizes", "128,256,512,1024", "--stages", "persistent",
+         "--peer", "jax-scan"]
 TESTS = ["tests/test_persistent_wide_gpu.py", "tests/test_rungs_gpu.py::test_persistent_refuses_a_model_it_cannot_train",
          "tests/test_rungs_gpu.py::test_persistent_refusal_from_the_cli_is_one_line_and_writes_nothing"]
 
 
 def precompile() -> None:
     """Every grid kernel the parts build, compiled at once on all cores into the cache."""
-    from graphtrain.kernels.persistent_wide import PersistentWide, WideShape
+    from graphtrain.kernels.persistent_wide import VARIANTS, PersistentWide, WideShape
     from graphtrain.libs import cuda
 
     device = cuda.open_device()
-    shapes = [WideShape(784, hidden, 10, batch, levels, sm_count=device.sm_count, units=units)
+    shapes = [WideShape(784, hidden, 10, batch, levels, sm_count=device.sm_count, units=units, variant=variant)
               for hidden, batch, levels, units in (
                   ((784,) * 3, 128, 255, 8), ((784,) * 3, 128, 255, 16), ((784,) * 3, 128, 0, 8),
                   ((1024,) * 3, 128, 255, 8), ((512,) * 3, 128, 255, 8), ((257,) * 3, 128, 255, 8),
-                  ((512,) * 3, 32, 255, 8), ((1024,) * 3, 32, 255, 8), ((512,), 128, 255, 8), ((257,) * 2, 100, 0, 8))]
+                  ((512,) * 3, 32, 255, 8), ((1024,) * 3, 32, 255, 8), ((512,), 128, 255, 8), ((257,) * 2, 100, 0, 8))
+              for variant in VARIANTS]
+    shapes = [shape for shape in shapes if shape.refusal() is None]  # (the staged build's blocks of 16 do not fit)
     futures = [PersistentWide.cubin_async(device.arch, shape.defines) for shape in shapes]
     for future in futures:
         future.result()
@@ -55,15 +71,19 @@ def smoke() -> None:
 
     from graphtrain.config import TrainConfig
     from graphtrain.data import Dataset
+    from graphtrain.kernels import persistent_wide
     from graphtrain.training import train
 
     started = time.perf_counter()
     data = Dataset.synthetic(300, 100, seed=1)
-    record = train(TrainConfig(hidden=(72, 72), batch=128, epochs=1, lr=0.1, seed=2), stage="persistent", data=data)
-    env = record.environment
-    print(f"smoke: {env['persistent_kernel']} kernel ({env['persistent_products']}), loss "
-          f"{record.epochs[-1].train_loss:.4f}, finite weights "
-          f"{all(np.isfinite(layer.w).all() for layer in record.params)}, {time.perf_counter() - started:.1f} s")
+    for variant in persistent_wide.VARIANTS:
+        persistent_wide.DEFAULT_VARIANT = variant
+        record = train(TrainConfig(hidden=(72, 72), batch=128, epochs=1, lr=0.1, seed=2), stage="persistent", data=data)
+        env = record.environment
+        print(f"smoke, {variant}: {env['persistent_kernel']} kernel ({env['persistent_products']}), loss "
+              f"{record.epochs[-1].train_loss:.4f}, finite weights "
+              f"{all(np.isfinite(layer.w).all() for layer in record.params)}, {time.perf_counter() - started:.1f} s",
+              flush=True)
     precompile()
     print(f"smoke: kernels compiled, {time.perf_counter() - started:.1f} s in all")
 
@@ -77,22 +97,42 @@ def timing() -> None:
     data = load("mnist")
     jhu = PRESETS["jhu"].replace(hidden=(784,) * 3)
 
-    def row(label: str, stage: str, cfg) -> None:
+    def row(label: str, stage: str, cfg) -> float:
+        """The run's line; its median epoch (ms)."""
         record = train(cfg, stage=stage, data=data)
         ms = [epoch.ms for epoch in record.epochs]
         kernel = record.environment.get("persistent_products", "")
-        print(f"{label:<34} median {statistics.median(ms):8.2f} ms/epoch  (min {min(ms):.2f}, max {max(ms):.2f}; "
+        print(f"{label:<44} median {statistics.median(ms):8.2f} ms/epoch  (min {min(ms):.2f}, max {max(ms):.2f}; "
               f"train {sum(ms):8.1f} ms)  test accuracy {100 * record.test_accuracy:.2f}%  {kernel}", flush=True)
+        return statistics.median(ms)
 
-    choices = persistent_wide.UNIT_CHOICES
-    for units in choices:
-        persistent_wide.UNIT_CHOICES = (units,)
-        row(f"784^3 jhu persistent, {units} units", "persistent", jhu)
-    persistent_wide.UNIT_CHOICES = choices
+    choices, medians = persistent_wide.UNIT_CHOICES, {}
+    for variant in persistent_wide.VARIANTS:
+        persistent_wide.DEFAULT_VARIANT = variant
+        for units in choices:
+            shape = persistent_wide.WideShape(784, jhu.hidden, 10, jhu.batch, 255, units=units, variant=variant)
+            if shape.refusal() is None:
+                persistent_wide.UNIT_CHOICES = (units,)
+                medians[variant, units] = row(f"784^3 jhu persistent {variant}, {units} units", "persistent", jhu)
+        persistent_wide.UNIT_CHOICES = choices
+    persistent_wide.DEFAULT_VARIANT = "registers"
     row("784^3 jhu device-loop (bf16)", "device-loop", jhu)
     row("784^3 jhu graphs (fp32)", "graphs", jhu)
     for h in (512, 1024):
-        row(f"cuda-mnist H={h} persistent", "persistent", PRESETS["cuda-mnist"].replace(hidden=(h,) * 3))
+        for variant in persistent_wide.VARIANTS:
+            persistent_wide.DEFAULT_VARIANT = variant
+            row(f"cuda-mnist H={h} persistent {variant}", "persistent", PRESETS["cuda-mnist"].replace(hidden=(h,) * 3))
+    base = medians["registers", 8]
+    print("784^3 epoch against the registers build in blocks of 8 units: "
+          + ", ".join(f"{variant} ({units} units) {base / ms:.3f}x" for (variant, units), ms in medians.items()))
+
+
+def phases(out: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "probes" / "persistent_wide_phases.py")], cwd=ROOT,
+                          capture_output=True, text=True)
+    (out / "persistent-wide-phases.md").write_text(proc.stdout)
+    print(proc.stdout + proc.stderr)
+    sys.exit(proc.returncode)
 
 
 def errors() -> None:
@@ -109,6 +149,9 @@ def errors() -> None:
 
     show("784^3, 3 steps", wide_tests.wide_step_errors((784,) * 3, 128, seed=0, against_bf16=True))
     show("1024^3, 3 steps", wide_tests.wide_step_errors((1024,) * 3, 128, seed=0))
+    persistent_wide.DEFAULT_VARIANT = "staged"
+    show("784^3 staged, 3 steps", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
+    persistent_wide.DEFAULT_VARIANT = "registers"
     persistent_wide.UNIT_CHOICES = (16,)
     show("784^3 in blocks of 16 units", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
 
@@ -121,17 +164,24 @@ def tests() -> None:
     sys.exit(proc.returncode)
 
 
-def main(out: Path) -> int:
+def sweep(out: Path) -> None:
+    """The issue's sweep, its Markdown, JSON and plots written to `out` by the command itself."""
+    proc = subprocess.run([sys.executable, "-m", "graphtrain", *SWEEP, "--out", str(out)], cwd=ROOT)
+    sys.exit(proc.returncode)
+
+
+def main(out: Path, parts: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    print(f"the grid kernel's checks, each part's output in {out}", flush=True)
+    print(f"the grid kernel's checks ({', '.join(parts)}), each part's output in {out}", flush=True)
     status = 0
-    for part, limit in PARTS.items():
+    for part in parts:
+        limit = PARTS[part]
         log = out / f"wide-{part}.log"
         started = time.perf_counter()
         with log.open("w") as sink:
             try:
-                proc = subprocess.run([sys.executable, __file__, part], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                                      timeout=limit)
+                proc = subprocess.run([sys.executable, __file__, part, str(out)], cwd=ROOT, stdout=sink,
+                                      stderr=subprocess.STDOUT, timeout=limit)
                 verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             except subprocess.TimeoutExpired:
                 verdict = f"FAILED (still running after {limit} s: stopped)"
@@ -139,13 +189,22 @@ def main(out: Path) -> int:
             status = 1
         lines = log.read_text().splitlines()
         shown = [line for line in lines if part != "tests" or line.startswith(("tests:", "FAILED", "ERROR", "SKIPPED"))]
-        print(f"== {part}: {verdict}, {time.perf_counter() - started:.0f} s", *shown[-14:], sep="\n", flush=True)
+        shown = shown[-40:] if part in ("phases", "sweep") else shown[-16:]  # (the tables whole)
+        print(f"== {part}: {verdict}, {time.perf_counter() - started:.0f} s", *shown, sep="\n", flush=True)
     return status
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    if len(sys.argv) > 1 and sys.argv[1] in PARTS:
-        {"smoke": smoke, "timing": timing, "errors": errors, "tests": tests}[sys.argv[1]]()
+    args = sys.argv[1:]
+    if args and args[0] in PARTS:  # one part, in this process
+        part, out = args[0], Path(args[1]) if len(args) > 1 else ROOT / "results"
+        run_part = {"smoke": smoke, "timing": timing, "errors": errors, "tests": tests, "phases": lambda: phases(out),
+                    "sweep": lambda: sweep(out)}[part]
+        run_part()
     else:
-        sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="wide-"))))
+        unknown = [part for part in args[1:] if part not in PARTS]
+        if unknown:
+            print(f"error: no part {', '.join(unknown)} (the parts: {', '.join(PARTS)})", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(main(Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="wide-")), args[1:] or list(DEFAULT_PARTS)))

@@ -1,5 +1,6 @@
 // The CUDA features persistent_wide.cu uses, emulated on the CPU (tests/test_persistent_wide_emulated.py):
-// a std::thread per CUDA thread; __syncthreads a barrier of the block's threads; a warp's mma.sync,
+// a std::thread per CUDA thread; __syncthreads a barrier of the block's threads, __syncwarp of the
+// warp's; cp.async's copies made at the wait for their group; a warp's mma.sync,
 // movmatrix and shuffles computed from its 32 lanes' registers, exchanged through the warp's own
 // memory between two barriers of its lanes, each register holding what PTX says it holds (the
 // fragment layouts of mma.m16n8k16 and movmatrix.m8n8, the lower k in a register's low half); global
@@ -106,6 +107,23 @@ inline unsigned __ballot_sync(unsigned, bool p) {
     for (int i = 0; i < 32; ++i) out |= (w.u[i][7] ? 1u : 0u) << i;
     w.bar.arrive_and_wait();
     return out;
+}
+inline void __syncwarp() { warp_ctx->bar.arrive_and_wait(); }
+// async_copy.cuh's copies: a thread's copies are made when it waits for their group, not before (the
+// latest the GPU may make them), so that a read before the wait sees the buffer's old bytes.
+struct PendingCopy { void* dst; const void* src; unsigned bytes; };
+thread_local std::vector<PendingCopy> open_copies;
+thread_local std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
+inline void copy16_async_or_zero(void* dst, const void* src, unsigned src_bytes) { open_copies.push_back({dst, src, src_bytes}); }
+inline void copies_commit() { copy_groups.push_back(std::move(open_copies)); open_copies.clear(); }
+template <int N> void copies_wait() {
+    while (copy_groups.size() > (size_t)N) {
+        for (const PendingCopy& c : copy_groups.front()) {
+            memset(c.dst, 0, 16);
+            memcpy(c.dst, c.src, c.bytes);
+        }
+        copy_groups.erase(copy_groups.begin());
+    }
 }
 // smem_layout.cuh's, without the special register
 #define SMEM_REGION(s, base, member, OFFSET) do {                                                   \
