@@ -3,10 +3,10 @@
 and once with BEFORE's (a copy of another revision's tree), on this GPU: the saved weights
 compared key by key (np.array_equal), and each record's epoch losses and test accuracy.
 
-    python3 scripts/checks/same_bits.py BEFORE_DIR [--save-before]
+    python3 scripts/checks/same_bits.py BEFORE_DIR [--save-before] [--only TEXT]
 
 --save-before: BEFORE's tree saves the cnn too (a revision that could not save it is compared
-by its record only)."""
+by its record only). --only: the runs whose name holds TEXT."""
 
 from __future__ import annotations
 
@@ -61,11 +61,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("--save-before", action="store_true")
+    parser.add_argument("--only", default="", help="the runs whose name holds this text")
     args = parser.parse_args()
     same_everywhere = True
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         for i, (name, run_args) in enumerate(RUNS):
+            if args.only not in name:
+                continue
             cnn = "speedrun" in run_args
             save_before = args.save_before or not cnn
             a, wa = run(args.before.resolve(), run_args, scratch, f"before{i}", save_before)
