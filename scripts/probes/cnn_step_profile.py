@@ -1,9 +1,12 @@
 """Where a speedrun step's GPU time goes: each launch of the step captured 50 times into a graph
 of its own and timed with CUDA events (GPU time, no host in it), then the whole step replayed
-as one graph, and the whole run (device loop) as the speedrun times it.
-Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N]"""
+as one graph, and the whole run (device loop) as the speedrun times it. With --models K, the step
+of K models on one model axis (a sweep's pack, graphtrain.stages.cnn_pack's mode "axis"): each
+launch trains all K; the per-launch and whole-step times only.
+Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K]"""
 
 import argparse
+import sys
 import time
 
 from graphtrain import config, data
@@ -17,6 +20,7 @@ parser.add_argument("--precision", default="tf32")
 parser.add_argument("--body", type=int, default=5)
 parser.add_argument("--cudnn", action="store_true", help="the conv layers through cuDNN, not convpool.cu")
 parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on NCHW tensors")
+parser.add_argument("--models", type=int, default=1, help="models on one model axis (the fused conv kernels)")
 args = parser.parse_args()
 speedrun = config.preset("speedrun").replace(precision=args.precision)
 case = SpeedrunCase.of(speedrun, data.load("mnist"))
@@ -24,9 +28,10 @@ plan, mnist = case.plan(speedrun, 0), case.data
 initial = [a.copy() for layer in plan.initial for a in (layer.w, layer.b)]
 model = CnnDevice(cuda.open_device(), config.cnn_spec(speedrun), case.recipe, normalised(mnist.train_images),
                   mnist.train_labels, normalised(mnist.test_images), mnist.test_labels, fused=not args.cudnn,
-                  nhwc=not args.nchw, device_loop=True)
+                  nhwc=not args.nchw, device_loop=True, models=args.models)
 s = model.stream
-model.load(initial, plan.orders)
+for k in range(args.models):
+    model.load(initial, plan.orders, model=k)
 model.reset(s)
 model.record_step(s)
 s.synchronize()
@@ -55,6 +60,9 @@ for name, op in model.step_ops(s):
     print(f"{name:32} {us:8.2f}")
 print(f"{'sum':32} {total:8.2f}")
 print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
+if args.models > 1:
+    print(f"({args.models} models a launch)")
+    sys.exit(0)
 print("algorithms:", model.environment()["cudnn_algorithms"])
 for i, plan in enumerate(model.train_plans):
     for name, results in (plan.timed.items() if plan else ()):
