@@ -343,10 +343,13 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
     const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
     if (train) {
         if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
+        float dzs[CLASSES];  // every class's dz on every lane (the warp whole: the loop below is not)
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) dzs[j] = __shfl_sync(0xffffffffu, dz, j);
         for (int u = lane; u < HIDDEN; u += 32) {
             float v = 0.0f;
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) v = fmaf(__shfl_sync(0xffffffffu, dz, j), __ldcg(w2 + j * HIDDEN + u), v);
+            for (int j = 0; j < CLASSES; ++j) v = fmaf(dzs[j], __ldcg(w2 + j * HIDDEN + u), v);
             __stcg(ws.dh + r * HIDDEN + u, __ldcg(ws.h + r * HIDDEN + u) > 0.0f ? v : 0.0f);
         }
     }
@@ -588,8 +591,8 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
     add_metrics(s, ws, rank, loss_sum, correct_sum, metrics);
 }
 
-// out[0] += the number of the first num_samples images whose largest logit is their label's, in
-// passes of BATCH rows (the same phases 1–3 as training, without the gradients).
+// out[1] += the number of the first num_samples images whose largest logit is their label's (out[0]
+// is left as it is), in passes of BATCH rows (the same phases 1–3 as training, without the gradients).
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 cnn_evaluate(const float* images, const int* labels, int num_samples, const float* params, double* out,
              unsigned char* workspace) {

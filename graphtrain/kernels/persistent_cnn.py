@@ -194,9 +194,9 @@ class PersistentCnn(KernelFile):
                         num_samples, num_steps, first_step, metrics, int(measure), workspace,
                         shared_bytes=self.shared_bytes)
 
-    def evaluate(self, stream, images: int, labels: int, num_samples: int, params: int, correct: int,
+    def evaluate(self, stream, images: int, labels: int, num_samples: int, params: int, out: int,
                  workspace: int) -> None:
-        """correct[0] (a double) += how many of the first num_samples images the model classifies right."""
+        """out[1] (of two doubles; out[0] unchanged) += how many of the first num_samples images the model classifies right."""
         cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
-        self._cnn_evaluate(stream, self.shape.blocks, THREADS, images, labels, num_samples, params, correct, workspace,
+        self._cnn_evaluate(stream, self.shape.blocks, THREADS, images, labels, num_samples, params, out, workspace,
                            shared_bytes=self.shared_bytes)
