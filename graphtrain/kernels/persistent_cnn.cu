@@ -254,26 +254,41 @@ struct Step {
 };
 
 // out[o][pi][pj] = max over the 2×2 window of conv(in)[o] + b[o], then ReLU; arg its first maximum's
-// position (row-major). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread a pooled output.
+// position (row-major). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread a pooled output:
+// its window's four conv outputs from one (K+1)×(K+1) patch of each input map and its K×K weights,
+// held in registers (each output's sum over c, u, v in that order).
 template <int CIN, int COUT, int SIDE, int K>
 __device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, const float* b, float* out,
                                                unsigned char* arg, float* out_global) {
     constexpr int CONV = SIDE - K + 1, POOLED = CONV / 2;
     for (int i = threadIdx.x; i < COUT * POOLED * POOLED; i += THREADS) {
         const int o = i / (POOLED * POOLED), p = i - o * POOLED * POOLED, pi = p / POOLED, pj = p - pi * POOLED;
+        float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the window's conv outputs, row-major
+        for (int c = 0; c < CIN; ++c) {
+            const float* patch_at = in + (c * SIDE + 2 * pi) * SIDE + 2 * pj;
+            const float* taps = w + (o * CIN + c) * K * K;
+            float patch[K + 1][K + 1], tap[K][K];
+#pragma unroll
+            for (int u = 0; u <= K; ++u)
+#pragma unroll
+                for (int v = 0; v <= K; ++v) patch[u][v] = patch_at[u * SIDE + v];
+#pragma unroll
+            for (int u = 0; u < K; ++u)
+#pragma unroll
+                for (int v = 0; v < K; ++v) tap[u][v] = taps[u * K + v];
+#pragma unroll
+            for (int u = 0; u < K; ++u)
+#pragma unroll
+                for (int v = 0; v < K; ++v)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) z[q] = fmaf(patch[u + (q >> 1)][v + (q & 1)], tap[u][v], z[q]);
+        }
         float best = 0.0f;
         int best_at = 0;
+#pragma unroll
         for (int q = 0; q < 4; ++q) {
-            const int y = 2 * pi + (q >> 1), x = 2 * pj + (q & 1);
-            float z = 0.0f;
-            for (int c = 0; c < CIN; ++c)
-#pragma unroll
-                for (int u = 0; u < K; ++u)
-#pragma unroll
-                    for (int v = 0; v < K; ++v)
-                        z = fmaf(in[(c * SIDE + y + u) * SIDE + x + v], w[((o * CIN + c) * K + u) * K + v], z);
-            z += b[o];
-            if (q == 0 || z > best) { best = z; best_at = q; }
+            const float zq = z[q] + b[o];
+            if (q == 0 || zq > best) { best = zq; best_at = q; }
         }
         const float a = fmaxf(best, 0.0f);
         out[i] = a;
