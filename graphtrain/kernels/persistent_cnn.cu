@@ -16,7 +16,8 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     every thread of the grid one parameter of W2, b2 or b1: its gradient (the rows in order) and update
+//     every warp of the grid a parameter of W2, b2 or b1: its gradient (a lane's rows in order, the
+//     lanes by a butterfly) and update
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -39,6 +40,7 @@
 #define P1 (H1 / 2)                // after pool 1
 #define H2 (P1 - K2 + 1)           // conv 2's
 #define P2 (H2 / 2)                // after pool 2
+#define WP (H2 + 2 * (K2 - 1))     // conv 2's output gradient with a zero border of K2 − 1 (phase 5)
 #define PIX (IMG * IMG)
 #define A1 (C1 * P1 * P1)          // a sample's pooled conv-1 map
 #define A2 (C2 * P2 * P2)          // a sample's pooled conv-2 map: FLAT
@@ -56,9 +58,10 @@
 #define P_W2 (P_B1 + HIDDEN)
 #define P_B2 (P_W2 + CLASSES * HIDDEN)
 #define NPARAMS (P_B2 + CLASSES)
-#define TILE 32                    // a product's tile: 32 × 32 outputs, one m16n8 piece a warp
-#define KC 32                      // the k-values of a tile's operands staged at a time
+// TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
+// operands staged at a time (both from the launcher, which lays out the staged tiles)
 #define TILE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
+#define STAGED (TILE * KC / THREADS)  // the values of an operand's staged tile a thread loads
 #define ROW_TILES ((BATCH + TILE - 1) / TILE)
 #define UNIT_TILES ((HIDDEN + TILE - 1) / TILE)
 #define FLAT_TILES ((FLAT + TILE - 1) / TILE)
@@ -67,7 +70,8 @@
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
 #define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
-#if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3)
+#if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
+    || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
 #error "persistent_cnn.cu: unsupported sizes"
 #endif
 
@@ -78,7 +82,7 @@ struct Smem {
     float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
     float* x;        // [PIX]            a sample's image
     float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
-    float* work;     // [C2·H2·H2]       conv 2's output gradient (phase 5)
+    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5)
     float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
@@ -189,11 +193,19 @@ struct Operand {
     int sm, sk, rows, ks;
     bool k_fast;
     __device__ __forceinline__ float at(int m, int k) const { return m < rows && k < ks ? __ldcg(p + (long long)m * sm + (long long)k * sk) : 0.0f; }
-    // Stage the tile's rows m0.. and inputs k0.. into t[TILE][TILE_STRIDE] (t[m][k]).
+    // Stage the tile's rows m0.. and inputs k0.. into t[TILE][TILE_STRIDE] (t[m][k]): every load
+    // issued before any is stored, so that they wait for L2 together.
     __device__ __forceinline__ void stage(float* t, int m0, int k0) const {
-        for (int e = threadIdx.x; e < TILE * KC; e += THREADS) {
-            const int m = k_fast ? e / KC : e % TILE, k = k_fast ? e % KC : e / TILE;
-            t[m * TILE_STRIDE + k] = at(m0 + m, k0 + k);
+        float v[STAGED];
+#pragma unroll
+        for (int j = 0; j < STAGED; ++j) {
+            const int e = threadIdx.x + j * THREADS;
+            v[j] = at(m0 + (k_fast ? e / KC : e % TILE), k0 + (k_fast ? e % KC : e / TILE));
+        }
+#pragma unroll
+        for (int j = 0; j < STAGED; ++j) {
+            const int e = threadIdx.x + j * THREADS;
+            t[(k_fast ? e / KC : e % TILE) * TILE_STRIDE + (k_fast ? e % KC : e / TILE)] = v[j];
         }
     }
 };
@@ -385,18 +397,6 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 }
 
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
-// Σ_{r < rows} value(r) as four sums over r mod 4, then (s0 + s1) + (s2 + s3): a fixed order.
-template <class Value>
-__device__ __forceinline__ float sum_rows(int rows, Value value) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int r = 0;
-    for (; r + 4 <= rows; r += 4)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) part[q] += value(r + q);
-    for (int q = 0; r + q < rows; ++q) part[q] += value(r + q);
-    return (part[0] + part[1]) + (part[2] + part[3]);
-}
-
 __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
                                 const float* w1, float* w1_next, const Update& up) {
     // dW1 = dhᵀ·a2, a tile of W1 and its update
@@ -428,24 +428,27 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
             if (r < st.rows && f < FLAT) __stcg(ws.da2 + r * FLAT + f, d[i]);
         }
     }
-    // W2, b2, b1: a thread a parameter
-    for (int i = st.rank * THREADS + threadIdx.x; i < HEAD_PARAMS; i += BLOCKS * THREADS) {
-        float g;
+    // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
+    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
+    const int lane = threadIdx.x & 31;
+    for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
+        float g = 0.0f;
         int at;
         if (i < CLASSES * HIDDEN) {
             const int j = i / HIDDEN, u = i - j * HIDDEN;
-            g = sum_rows(st.rows, [&](int r) { return __ldcg(ws.dz + r * CLASSES + j) * __ldcg(ws.h + r * HIDDEN + u); });
+            for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
             at = P_W2 + i;
         } else if (i < CLASSES * HIDDEN + CLASSES) {
             const int j = i - CLASSES * HIDDEN;
-            g = sum_rows(st.rows, [&](int r) { return __ldcg(ws.dz + r * CLASSES + j); });
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
             at = P_B2 + j;
         } else {
             const int u = i - CLASSES * HIDDEN - CLASSES;
-            g = sum_rows(st.rows, [&](int r) { return __ldcg(ws.dh + r * HIDDEN + u); });
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
             at = P_B1 + u;
         }
-        __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
+        g = warp_sum(g);
+        if (lane == 0) __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
     }
 }
 
@@ -459,7 +462,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.a1[i] = __ldcg(ws.a1 + (long long)r * A1 + i);
         s.arg1[i] = ws.arg1[(long long)r * A1 + i];
     }
-    for (int i = threadIdx.x; i < C2 * H2 * H2; i += THREADS) s.work[i] = 0.0f;
+    for (int i = threadIdx.x; i < C2 * WP * WP; i += THREADS) s.work[i] = 0.0f;
     __syncthreads();
     // dp2 = da2 ⊙ [a2 > 0], scattered to conv 2's output gradient
     for (int i = threadIdx.x; i < A2; i += THREADS) {
@@ -469,7 +472,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.dp2[i] = g;
         s.arg2[i] = (unsigned char)q;
         const int o = i / (P2 * P2), p = i - o * P2 * P2, pi = p / P2, pj = p - pi * P2;
-        s.work[(o * H2 + 2 * pi + (q >> 1)) * H2 + 2 * pj + (q & 1)] = g;
+        s.work[(o * WP + K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
     }
     __syncthreads();
     // conv 2's weight and bias gradients, from the pooled outputs' windows
@@ -494,17 +497,16 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
     for (int i = threadIdx.x; i < A1; i += THREADS) {
         float g = 0.0f;
         if (s.a1[i] > 0.0f) {
-            // a1[c][y][x] was read by conv 2's outputs (y − u, x − v) through the weight (u, v)
+            // a1[c][y][x] was read by conv 2's outputs (y − u, x − v) through the weight (u, v); those
+            // past conv 2's outputs read the border's zeros
             const int c = i / (P1 * P1), p = i - c * P1 * P1, y = p / P1, x = p - y * P1;
+            const float* at = s.work + (K2 - 1 + y) * WP + K2 - 1 + x;
             for (int o = 0; o < C2; ++o)
 #pragma unroll
                 for (int u = 0; u < K2; ++u)
 #pragma unroll
-                    for (int v = 0; v < K2; ++v) {
-                        const int oy = y - u, ox = x - v;
-                        if (oy >= 0 && oy < H2 && ox >= 0 && ox < H2)
-                            g = fmaf(s.work[(o * H2 + oy) * H2 + ox], w2[((o * C1 + c) * K2 + u) * K2 + v], g);
-                    }
+                    for (int v = 0; v < K2; ++v)
+                        g = fmaf(at[(o * WP - u) * WP - v], w2[((o * C1 + c) * K2 + u) * K2 + v], g);
         }
         s.dp1[i] = g;
     }

@@ -18,7 +18,8 @@ from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout,
 from graphtrain.libs import cuda
 
 THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32 tile each
-TILE, KC = 32, 32  # a product's tile of outputs, and the k-values staged at a time (persistent_cnn.cu)
+TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 piece a warp)
+KC = 64  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 13 trips to L2
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
 WARPS = THREADS // 32
@@ -91,7 +92,7 @@ class CnnShape:
             Region("grad", "float", self.conv_params, 16),
             Region("x", "float", self.image ** 2, 16),
             Region("a1", "float", self.a1, 16),
-            Region("work", "float", self.c2 * self.conv2_side ** 2, 16),
+            Region("work", "float", self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2, 16),
             Region("dp1", "float", self.a1, 16),
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
@@ -128,7 +129,7 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PASSES": self.passes, "TILE": TILE, "KC": KC, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
