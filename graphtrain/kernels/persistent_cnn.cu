@@ -60,7 +60,7 @@
 #define NPARAMS (P_B2 + CLASSES)
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
 // operands staged at a time (both from the launcher, which lays out the staged tiles)
-#define TILE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
+#define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
 #define STAGED (TILE * KC / THREADS)  // the values of an operand's staged tile a thread loads
 #define ROW_TILES ((BATCH + TILE - 1) / TILE)
 #define UNIT_TILES ((HIDDEN + TILE - 1) / TILE)
@@ -87,8 +87,8 @@ struct Smem {
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
-    float* ta;       // [TILE][TILE_STRIDE]  a product's A tile, staged
-    float* tb;       // [TILE][TILE_STRIDE]  its B tile
+    float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
+    float* tb;       // [TILE][STAGE_STRIDE]  its B tile
 };
 
 __device__ Smem carve(unsigned char* base) {
@@ -193,7 +193,7 @@ struct Operand {
     int sm, sk, rows, ks;
     bool k_fast;
     __device__ __forceinline__ float at(int m, int k) const { return m < rows && k < ks ? __ldcg(p + (long long)m * sm + (long long)k * sk) : 0.0f; }
-    // Stage the tile's rows m0.. and inputs k0.. into t[TILE][TILE_STRIDE] (t[m][k]): every load
+    // Stage the tile's rows m0.. and inputs k0.. into t[TILE][STAGE_STRIDE] (t[m][k]): every load
     // issued before any is stored, so that they wait for L2 together.
     __device__ __forceinline__ void stage(float* t, int m0, int k0) const {
         float v[STAGED];
@@ -205,7 +205,7 @@ struct Operand {
 #pragma unroll
         for (int j = 0; j < STAGED; ++j) {
             const int e = threadIdx.x + j * THREADS;
-            t[(k_fast ? e / KC : e % TILE) * TILE_STRIDE + (k_fast ? e % KC : e / TILE)] = v[j];
+            t[(k_fast ? e / KC : e % TILE) * STAGE_STRIDE + (k_fast ? e % KC : e / TILE)] = v[j];
         }
     }
 };
@@ -215,8 +215,8 @@ struct Operand {
 __device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, const Operand& b, int m0, int n0, int ks,
                                              float (&d)[4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const float* ta = s.ta + (16 * (warp & 1)) * TILE_STRIDE;
-    const float* tb = s.tb + (8 * (warp >> 1)) * TILE_STRIDE;
+    const float* ta = s.ta + (16 * (warp & 1)) * STAGE_STRIDE;
+    const float* tb = s.tb + (8 * (warp >> 1)) * STAGE_STRIDE;
 #if PASSES == 3
     Sums3 sums;
 #else
@@ -229,9 +229,9 @@ __device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, co
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < KC; kk += 8) {
-            const float av[4] = {ta[g * TILE_STRIDE + kk + t], ta[(g + 8) * TILE_STRIDE + kk + t],
-                                 ta[g * TILE_STRIDE + kk + t + 4], ta[(g + 8) * TILE_STRIDE + kk + t + 4]};
-            const float bv[2] = {tb[g * TILE_STRIDE + kk + t], tb[g * TILE_STRIDE + kk + t + 4]};
+            const float av[4] = {ta[g * STAGE_STRIDE + kk + t], ta[(g + 8) * STAGE_STRIDE + kk + t],
+                                 ta[g * STAGE_STRIDE + kk + t + 4], ta[(g + 8) * STAGE_STRIDE + kk + t + 4]};
+            const float bv[2] = {tb[g * STAGE_STRIDE + kk + t], tb[g * STAGE_STRIDE + kk + t + 4]};
 #if PASSES == 3
             mma_split(sums, av, bv);
 #else
