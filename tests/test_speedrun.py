@@ -236,7 +236,7 @@ def test_rungs_train_the_cnn_or_refuse_it(mnist_dir):
     assert [layer.w.shape for layer in plan.initial] == [(24, 1, 5, 5), (32, 24, 3, 3), (256, 800), (10, 256)]
     record = run_stage(get_stage("numpy"), plan, small)
     assert record.test_accuracy > 0.3 and math.isfinite(record.epochs[0].train_loss)  # 3 Adam steps; chance: 0.1
-    for rung in ("baseline", "fused", "persistent"):
+    for rung in ("baseline", "fused"):
         with pytest.raises(UsageError, match="trains MLPs only"):
             run_stage(get_stage(rung), plan, small)
     mlp = plan_for(config.preset("jhu").replace(optimizer="adam", epochs=1), small)

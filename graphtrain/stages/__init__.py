@@ -170,7 +170,7 @@ REGISTRY: tuple[RowSpec, ...] = (
             Trainer("graphtrain.stages.persistent:PersistentStage", ("bf16", "fp32"),
                     "its one kernel applies SGD at a constant rate inside the epoch it trains; the recipe trains "
                     "on numpy and on graphs through device-loop"),
-            MLP_ONLY,
+            Trainer("graphtrain.stages.cnn_persistent:CnnPersistentStage", CNN_TRAINS, None),
             ONE_KERNEL, ONE_KERNEL,
             pack=Pack("graphtrain.packed:train_packed", softmax_only=True)),
     # the peers: the same workload trained by frameworks, in the order the ladder runs them

@@ -21,4 +21,17 @@ for run in "memcheck adam" "racecheck adam no-loop" "synccheck adam no-loop" "me
     echo "FAILED  $name (see $name.log)"; status=1
   fi
 done
+# The persistent rung's grid kernel (kernels/persistent_cnn.cu): an epoch of 200 images at batch 128
+# (a step and a tail of 72) and the evaluation of 100 (one pass of part of a batch): every phase and barrier
+# of a step; racecheck for its shared memory (the staged tiles, the samples' maps, the conv gradient
+# sums), synccheck for its block barriers inside the grid's.
+for tool in memcheck racecheck synccheck; do
+  name="$tool-persistent"
+  if compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 \
+      python3 scripts/checks/persistent_cnn.py --steps 200 > "$out/$name.log" 2>&1; then
+    echo "ok      $name"
+  else
+    echo "FAILED  $name (see $name.log)"; status=1
+  fi
+done
 exit $status

@@ -1,0 +1,633 @@
+// `persistent` for the cnn: conv(1→C1, K1×K1) → max-pool 2 → ReLU → conv(C1→C2, K2×K2) → max-pool 2 →
+// ReLU → flatten (FLAT = C2·P2·P2) → linear HIDDEN, ReLU → linear CLASSES, trained with the recipe's
+// optimizer and schedule by a cooperative grid of BLOCKS blocks (one per SM); one launch runs an
+// epoch's steps. The parameters, the optimizer's state and the exchanged activations live in global
+// memory (L2); a block keeps in shared memory what a phase of its own reads (the conv weights, a
+// sample's maps, its conv gradient sums, the tiles of a product).
+//
+// A step of `rows` samples (read through the sample order), in six phases, each ended by a grid
+// barrier (every block's writes before it visible to every block after):
+//
+//   1 per sample r ≡ rank (mod BLOCKS): the image, conv 1 + pool + ReLU → a1 (kept, with each pool
+//     window's argmax, for phase 5), conv 2 + pool + ReLU → a2[r] (published), its argmaxes (kept)
+//   2 fc1, tiles of TILE rows × TILE units:  h = relu(a2 · W1ᵀ + b1)                       (published)
+//   3 a warp a row: z = h·W2ᵀ + b2, dz = (softmax(z) − onehot(y)) / rows,
+//                   dh = dz·W2 ⊙ [h > 0]                                                (published)
+//   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
+//     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
+//     tiles of da2 = dh·W1 (TILE rows × TILE features);
+//     every warp of the grid a parameter of W2, b2 or b1: its gradient (a lane's rows in order, the
+//     lanes by a butterfly) and update
+//   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
+//     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
+//     pool 1, conv 1's weight gradient; the block's sums over its samples published
+//   6 each conv parameter's gradient, the blocks' sums added in block order by its owner
+//     (i ≡ rank mod BLOCKS), and its update; the next step's phase 1 reads the conv weights anew
+//
+// The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
+// in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
+// The convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
+// (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
+//
+// The optimizer is optim.cu's (its OptimizerConstants read from the device at the launch, its rate
+// from schedule_lr at step first_step + s): a restart writes another recipe there.
+//
+// Compile-time (kernels/persistent_cnn.py): BLOCKS, THREADS (256), IMG, C1, K1, C2, K2, HIDDEN, CLASSES
+// (≤ 32), BATCH, PASSES, the shared-memory layout SMEM_*, the workspace's WS_*, and optim.cu's OC_*.
+
+#define WARPS (THREADS / 32)
+#define H1 (IMG - K1 + 1)          // conv 1's output side
+#define P1 (H1 / 2)                // after pool 1
+#define H2 (P1 - K2 + 1)           // conv 2's
+#define P2 (H2 / 2)                // after pool 2
+#define WP (H2 + 2 * (K2 - 1))     // conv 2's output gradient with a zero border of K2 − 1 (phase 5)
+#define PIX (IMG * IMG)
+#define A1 (C1 * P1 * P1)          // a sample's pooled conv-1 map
+#define A2 (C2 * P2 * P2)          // a sample's pooled conv-2 map: FLAT
+#define FLAT A2
+#define NW1 (C1 * K1 * K1)
+#define NW2 (C2 * C1 * K2 * K2)
+#define NCONV (NW1 + C1 + NW2 + C2)  // the conv parameters, first in the span
+// The parameter span, the model's order: conv 1 W, b, conv 2 W, b, fc1 W, b, fc2 W, b.
+#define P_CW1 0
+#define P_CB1 (P_CW1 + NW1)
+#define P_CW2 (P_CB1 + C1)
+#define P_CB2 (P_CW2 + NW2)
+#define P_W1 (P_CB2 + C2)
+#define P_B1 (P_W1 + HIDDEN * FLAT)
+#define P_W2 (P_B1 + HIDDEN)
+#define P_B2 (P_W2 + CLASSES * HIDDEN)
+#define NPARAMS (P_B2 + CLASSES)
+// TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
+// operands staged at a time (both from the launcher, which lays out the staged tiles)
+#define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
+#define STAGED (TILE * KC / THREADS)  // the values of an operand's staged tile a thread loads
+#define ROW_TILES ((BATCH + TILE - 1) / TILE)
+#define UNIT_TILES ((HIDDEN + TILE - 1) / TILE)
+#define FLAT_TILES ((FLAT + TILE - 1) / TILE)
+#define FC1_TILES (ROW_TILES * UNIT_TILES)
+#define DW1_TILES (UNIT_TILES * FLAT_TILES)
+#define DA2_TILES (ROW_TILES * FLAT_TILES)
+#define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
+
+#if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
+    || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
+#error "persistent_cnn.cu: unsupported sizes"
+#endif
+
+// ---- shared memory (the layout table: kernels/persistent_cnn.py, CnnShape.layout) -----------------
+struct Smem {
+    double* totals;  // [2·WARPS]        the warps' loss and correct counts, at the end
+    float* conv;     // [NCONV]          the conv parameters (this step's), in the span's order
+    float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
+    float* x;        // [PIX]            a sample's image
+    float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
+    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5)
+    float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
+    float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
+    unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
+    unsigned char* arg2;  // [A2]        pool 2's
+    float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
+    float* tb;       // [TILE][STAGE_STRIDE]  its B tile
+};
+
+__device__ Smem carve(unsigned char* base) {
+    Smem s;
+    SMEM_REGION(s, base, totals, SMEM_TOTALS);
+    SMEM_REGION(s, base, conv, SMEM_CONV);
+    SMEM_REGION(s, base, grad, SMEM_GRAD);
+    SMEM_REGION(s, base, x, SMEM_X);
+    SMEM_REGION(s, base, a1, SMEM_A1);
+    SMEM_REGION(s, base, work, SMEM_WORK);
+    SMEM_REGION(s, base, dp1, SMEM_DP1);
+    SMEM_REGION(s, base, dp2, SMEM_DP2);
+    SMEM_REGION(s, base, arg1, SMEM_ARG1);
+    SMEM_REGION(s, base, arg2, SMEM_ARG2);
+    SMEM_REGION(s, base, ta, SMEM_TA);
+    SMEM_REGION(s, base, tb, SMEM_TB);
+    check_shared_bytes(SMEM_BYTES);
+    return s;
+}
+
+// ---- global workspace (its table: CnnShape.workspace; the launcher zeroes `barrier`) -----------------
+struct Workspace {
+    unsigned long long* barrier;  // the grid barrier's arrivals
+    double* block_metrics;        // [BLOCKS][2]     each block's loss and correct count
+    float* w1_other;              // [HIDDEN][FLAT]  the second copy of W1 (odd steps read it)
+    float* a1;                    // [BATCH][A1]     each sample's pooled conv-1 map (its block's own)
+    unsigned char* arg1;          // [BATCH][A1]     pool 1's argmaxes (the block's own)
+    unsigned char* arg2;          // [BATCH][A2]     pool 2's (the block's own)
+    float* a2;                    // [BATCH][FLAT]   the flattened conv output
+    float* h;                     // [BATCH][HIDDEN] fc1's output
+    float* dh;                    // [BATCH][HIDDEN] its gradient (ReLU-masked)
+    float* dz;                    // [BATCH][CLASSES] dlogits
+    float* da2;                   // [BATCH][FLAT]   the gradient at the flattened conv output
+    float* conv_part;             // [BLOCKS][NCONV] each block's conv gradient sums
+};
+
+__device__ Workspace workspace_at(unsigned char* base) {
+    return Workspace{reinterpret_cast<unsigned long long*>(base + WS_BARRIER), reinterpret_cast<double*>(base + WS_BLOCK_METRICS),
+                     reinterpret_cast<float*>(base + WS_W1_OTHER), reinterpret_cast<float*>(base + WS_A1),
+                     reinterpret_cast<unsigned char*>(base + WS_ARG1), reinterpret_cast<unsigned char*>(base + WS_ARG2),
+                     reinterpret_cast<float*>(base + WS_A2), reinterpret_cast<float*>(base + WS_H),
+                     reinterpret_cast<float*>(base + WS_DH), reinterpret_cast<float*>(base + WS_DZ),
+                     reinterpret_cast<float*>(base + WS_DA2), reinterpret_cast<float*>(base + WS_CONV_PART)};
+}
+
+// ---- the grid barrier (persistent_wide.cu's) -----------------------------------------------------
+// Thread 0 of each block adds one arrival to a counter that only grows (zeroed before the launch),
+// its release fence ordering the block's writes before it, and waits for the counter to reach a
+// whole multiple of BLOCKS (every block passes the same barriers).
+__device__ __forceinline__ void grid_sync(unsigned long long* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long arrived = atomicAdd(counter, 1ull);
+        const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
+        unsigned long long now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
+        } while (now < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// ---- the optimizer: optim.cu's update of one parameter ---------------------------------------------
+struct Update {
+    OptimizerConstants c;
+    float lr, step_size, rc2;  // the step's rate, lr / (1 − β1^t), 1 / √(1 − β2^t)
+    __device__ Update(const OptimizerConstants* constants, int t) : c(*constants) {
+        const Schedule sch{c.schedule, c.total, c.warmup, c.lr, c.pct, c.div, c.final_div};
+        lr = schedule_lr(sch, t - 1);
+        const float c1 = (float)(1.0 - pow((double)c.beta1, (double)t));
+        rc2 = (float)rsqrt(1.0 - pow((double)c.beta2, (double)t));
+        step_size = lr / c1;
+    }
+    // The parameter's new value from its value w and gradient g; s1, s2: its state slots.
+    __device__ __forceinline__ float apply(float w, float g, float* s1, float* s2) const {
+        if (c.optimizer == 4) w *= 1.0f - lr * c.weight_decay;
+        else g = fmaf(c.weight_decay, w, g);
+        if (c.optimizer == 0) return w - lr * g;
+        if (c.optimizer <= 2) {
+            const float b = fmaf(c.momentum, *s1, g);
+            *s1 = b;
+            return w - lr * (c.optimizer == 2 ? fmaf(c.momentum, b, g) : b);
+        }
+        const float m = fmaf(c.beta1, *s1, (1.0f - c.beta1) * g);
+        const float v = fmaf(c.beta2, *s2, (1.0f - c.beta2) * g * g);
+        *s1 = m;
+        *s2 = v;
+        return w - step_size * m / fmaf(sqrtf(v), rc2, c.eps);
+    }
+};
+
+// ---- the tensor-core products ----------------------------------------------------------------------
+// A TF32 operand rounded to nearest (ties away), as cvt.rna.tf32.f32 gives it.
+__device__ __forceinline__ unsigned tf32_rounded(float v) { return (__float_as_uint(v) + 0x1000u) & 0xffffe000u; }
+
+// An operand of a product, M × K (or N × K): value(m, k) = p[m·sm + k·sk] inside (rows, ks), zero
+// past them. k_fast: the operand's adjacent values run along k (its tile is staged k-fastest).
+struct Operand {
+    const float* p;
+    int sm, sk, rows, ks;
+    bool k_fast;
+    __device__ __forceinline__ float at(int m, int k) const { return m < rows && k < ks ? __ldcg(p + (long long)m * sm + (long long)k * sk) : 0.0f; }
+    // Stage the tile's rows m0.. and inputs k0.. into t[TILE][STAGE_STRIDE] (t[m][k]): every load
+    // issued before any is stored, so that they wait for L2 together.
+    __device__ __forceinline__ void stage(float* t, int m0, int k0) const {
+        float v[STAGED];
+#pragma unroll
+        for (int j = 0; j < STAGED; ++j) {
+            const int e = threadIdx.x + j * THREADS;
+            v[j] = at(m0 + (k_fast ? e / KC : e % TILE), k0 + (k_fast ? e % KC : e / TILE));
+        }
+#pragma unroll
+        for (int j = 0; j < STAGED; ++j) {
+            const int e = threadIdx.x + j * THREADS;
+            t[(k_fast ? e / KC : e % TILE) * STAGE_STRIDE + (k_fast ? e % KC : e / TILE)] = v[j];
+        }
+    }
+};
+
+// The tile C[m0 .. m0+31][n0 .. n0+31] of A·Bᵀ over k < ks: warp w computes rows m0 + 16·(w % 2) + {g, g+8}
+// and columns n0 + 8·(w / 2) + {2t, 2t+1} (d as mma_tf32 lays it out), the k-steps in order.
+__device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, const Operand& b, int m0, int n0, int ks,
+                                             float (&d)[4]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const float* ta = s.ta + (16 * (warp & 1)) * STAGE_STRIDE;
+    const float* tb = s.tb + (8 * (warp >> 1)) * STAGE_STRIDE;
+#if PASSES == 3
+    Sums3 sums;
+#else
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#endif
+    for (int k0 = 0; k0 < ks; k0 += KC) {
+        __syncthreads();  // (the tiles' last readers are done)
+        a.stage(s.ta, m0, k0);
+        b.stage(s.tb, n0, k0);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < KC; kk += 8) {
+            const float av[4] = {ta[g * STAGE_STRIDE + kk + t], ta[(g + 8) * STAGE_STRIDE + kk + t],
+                                 ta[g * STAGE_STRIDE + kk + t + 4], ta[(g + 8) * STAGE_STRIDE + kk + t + 4]};
+            const float bv[2] = {tb[g * STAGE_STRIDE + kk + t], tb[g * STAGE_STRIDE + kk + t + 4]};
+#if PASSES == 3
+            mma_split(sums, av, bv);
+#else
+            const unsigned ar[4] = {tf32_rounded(av[0]), tf32_rounded(av[1]), tf32_rounded(av[2]), tf32_rounded(av[3])};
+            const unsigned br[2] = {tf32_rounded(bv[0]), tf32_rounded(bv[1])};
+            mma_tf32(sums, ar, br);
+#endif
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#if PASSES == 3
+        d[i] = total(sums, i);
+#else
+        d[i] = sums[i];
+#endif
+}
+
+// The output (m, n) of d[i] in tile_product's tile at (m0, n0).
+__device__ __forceinline__ void tile_place(int m0, int n0, int i, int& m, int& n) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    m = m0 + 16 * (warp & 1) + (lane >> 2) + (i >= 2 ? 8 : 0);
+    n = n0 + 8 * (warp >> 1) + 2 * (lane & 3) + (i & 1);
+}
+
+// ---- phase 1: a sample's convolutions ------------------------------------------------------------
+struct Step {
+    int step, rows, rank;
+    const int* order;  // the step's sample indices (global); nullptr: sample `first + r` (the evaluation)
+    int first;
+    __device__ __forceinline__ int sample(int r) const { return order ? __ldg(order + r) : first + r; }
+};
+
+// out[o][pi][pj] = max over the 2×2 window of conv(in)[o] + b[o], then ReLU; arg its first maximum's
+// position (row-major). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread a pooled output:
+// its window's four conv outputs from one (K+1)×(K+1) patch of each input map and its K×K weights,
+// held in registers (each output's sum over c, u, v in that order).
+template <int CIN, int COUT, int SIDE, int K>
+__device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, const float* b, float* out,
+                                               unsigned char* arg, float* out_global) {
+    constexpr int CONV = SIDE - K + 1, POOLED = CONV / 2;
+    for (int i = threadIdx.x; i < COUT * POOLED * POOLED; i += THREADS) {
+        const int o = i / (POOLED * POOLED), p = i - o * POOLED * POOLED, pi = p / POOLED, pj = p - pi * POOLED;
+        float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the window's conv outputs, row-major
+        for (int c = 0; c < CIN; ++c) {
+            const float* patch_at = in + (c * SIDE + 2 * pi) * SIDE + 2 * pj;
+            const float* taps = w + (o * CIN + c) * K * K;
+            float patch[K + 1][K + 1], tap[K][K];
+#pragma unroll
+            for (int u = 0; u <= K; ++u)
+#pragma unroll
+                for (int v = 0; v <= K; ++v) patch[u][v] = patch_at[u * SIDE + v];
+#pragma unroll
+            for (int u = 0; u < K; ++u)
+#pragma unroll
+                for (int v = 0; v < K; ++v) tap[u][v] = taps[u * K + v];
+#pragma unroll
+            for (int u = 0; u < K; ++u)
+#pragma unroll
+                for (int v = 0; v < K; ++v)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) z[q] = fmaf(patch[u + (q >> 1)][v + (q & 1)], tap[u][v], z[q]);
+        }
+        float best = 0.0f;
+        int best_at = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float zq = z[q] + b[o];
+            if (q == 0 || zq > best) { best = zq; best_at = q; }
+        }
+        const float a = fmaxf(best, 0.0f);
+        out[i] = a;
+        arg[i] = (unsigned char)best_at;
+        if (out_global) __stcg(out_global + i, a);
+    }
+}
+
+// The sample's forward through both convolutions: a1 (smem and the workspace), a2 published, the
+// argmaxes kept.
+__device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
+    const float* image = images + (long long)sample * PIX;
+    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
+    __syncthreads();
+    conv_pool_relu<1, C1, IMG, K1>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1);
+    __syncthreads();
+    conv_pool_relu<C1, C2, P1, K2>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT);
+    for (int i = threadIdx.x; i < A1; i += THREADS) ws.arg1[(long long)r * A1 + i] = s.arg1[i];
+    for (int i = threadIdx.x; i < A2; i += THREADS) ws.arg2[(long long)r * A2 + i] = s.arg2[i];
+    __syncthreads();  // (the next sample overwrites x, a1)
+}
+
+__device__ void load_conv(const Smem& s, const float* params) {
+    for (int i = threadIdx.x; i < NCONV; i += THREADS) s.conv[i] = __ldcg(params + i);
+    __syncthreads();
+}
+
+// ---- phase 2: fc1 --------------------------------------------------------------------------------
+__device__ void fc1_forward(const Smem& s, const Workspace& ws, const Step& st, const float* w1, const float* b1) {
+    for (int tile = st.rank; tile < FC1_TILES; tile += BLOCKS) {
+        const int m0 = (tile / UNIT_TILES) * TILE, n0 = (tile % UNIT_TILES) * TILE;
+        float d[4];
+        tile_product(s, Operand{ws.a2, FLAT, 1, st.rows, FLAT, true}, Operand{w1, FLAT, 1, HIDDEN, FLAT, true}, m0, n0, FLAT, d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int r, u;
+            tile_place(m0, n0, i, r, u);
+            if (r < BATCH && u < HIDDEN) __stcg(ws.h + r * HIDDEN + u, r < st.rows ? fmaxf(d[i] + __ldcg(b1 + u), 0.0f) : 0.0f);
+        }
+    }
+}
+
+// ---- phase 3: the head, a warp a row ------------------------------------------------------------------
+// z_j = b2_j + Σ_u h_u·W2[j][u] (each lane its units u ≡ lane mod 32, then a butterfly); with labels,
+// dz and dh published and the loss and correct count kept (measure); without (the evaluation), the
+// correct count only.
+__device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, int r, const float* w2, const float* b2,
+                                         const int* labels, bool train, bool measure, double& loss_sum, double& correct_sum) {
+    const int lane = threadIdx.x & 31;
+    float part[CLASSES];
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) part[j] = 0.0f;
+    for (int u = lane; u < HIDDEN; u += 32) {
+        const float hu = __ldcg(ws.h + (long long)r * HIDDEN + u);
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) part[j] = fmaf(hu, __ldcg(w2 + j * HIDDEN + u), part[j]);
+    }
+    float z = -__int_as_float(0x7f800000);  // −∞ past the classes
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) {
+        const float v = warp_sum(part[j]);
+        if (lane == j) z = v + __ldcg(b2 + j);
+    }
+    const bool is_class = lane < CLASSES;
+    const int label = __ldg(labels + st.sample(r));
+    float m, total;
+    const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
+    if (train) {
+        if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
+        float dzs[CLASSES];  // every class's dz on every lane (the warp whole: the loop below is not)
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) dzs[j] = __shfl_sync(0xffffffffu, dz, j);
+        for (int u = lane; u < HIDDEN; u += 32) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) v = fmaf(dzs[j], __ldcg(w2 + j * HIDDEN + u), v);
+            __stcg(ws.dh + r * HIDDEN + u, __ldcg(ws.h + r * HIDDEN + u) > 0.0f ? v : 0.0f);
+        }
+    }
+    if (measure) {
+        unsigned at_max;
+        const float z_label = warp_label_logit(z, is_class, 0, label, m, at_max);
+        if (lane == 0) {
+            if (train) loss_sum += (double)xent_loss(total, m, z_label);
+            correct_sum += first_max_is(at_max, label) ? 1.0 : 0.0;
+        }
+    }
+}
+
+__device__ void head(const Workspace& ws, const Step& st, const float* params, const int* labels, bool train, bool measure,
+                     double& loss_sum, double& correct_sum) {
+    for (int r = st.rank * WARPS + (threadIdx.x >> 5); r < st.rows; r += BLOCKS * WARPS)
+        head_row(ws, st, r, params + P_W2, params + P_B2, labels, train, measure, loss_sum, correct_sum);
+}
+
+// ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
+__device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
+                                const float* w1, float* w1_next, const Update& up) {
+    // dW1 = dhᵀ·a2, a tile of W1 and its update
+    for (int tile = st.rank; tile < DW1_TILES; tile += BLOCKS) {
+        const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
+        float d[4];
+        tile_product(s, Operand{ws.dh, 1, HIDDEN, HIDDEN, st.rows, false}, Operand{ws.a2, 1, FLAT, FLAT, st.rows, false},
+                     m0, n0, st.rows, d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int u, f;
+            tile_place(m0, n0, i, u, f);
+            if (u < HIDDEN && f < FLAT) {
+                const long long at = (long long)u * FLAT + f;
+                __stcg(w1_next + at, up.apply(__ldcg(w1 + at), d[i], s1 + P_W1 + at, s2 + P_W1 + at));
+            }
+        }
+    }
+    // da2 = dh·W1 (this step's W1)
+    for (int tile = st.rank; tile < DA2_TILES; tile += BLOCKS) {
+        const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
+        float d[4];
+        tile_product(s, Operand{ws.dh, HIDDEN, 1, st.rows, HIDDEN, true}, Operand{w1, 1, FLAT, FLAT, HIDDEN, false},
+                     m0, n0, HIDDEN, d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int r, f;
+            tile_place(m0, n0, i, r, f);
+            if (r < st.rows && f < FLAT) __stcg(ws.da2 + r * FLAT + f, d[i]);
+        }
+    }
+    // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
+    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
+    const int lane = threadIdx.x & 31;
+    for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
+        float g = 0.0f;
+        int at;
+        if (i < CLASSES * HIDDEN) {
+            const int j = i / HIDDEN, u = i - j * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
+            at = P_W2 + i;
+        } else if (i < CLASSES * HIDDEN + CLASSES) {
+            const int j = i - CLASSES * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
+            at = P_B2 + j;
+        } else {
+            const int u = i - CLASSES * HIDDEN - CLASSES;
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
+            at = P_B1 + u;
+        }
+        g = warp_sum(g);
+        if (lane == 0) __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
+    }
+}
+
+// ---- phase 5: a sample's convolutions backward -------------------------------------------------------
+// Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
+// (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
+__device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
+    const float* image = images + (long long)sample * PIX;
+    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
+    for (int i = threadIdx.x; i < A1; i += THREADS) {
+        s.a1[i] = __ldcg(ws.a1 + (long long)r * A1 + i);
+        s.arg1[i] = ws.arg1[(long long)r * A1 + i];
+    }
+    for (int i = threadIdx.x; i < C2 * WP * WP; i += THREADS) s.work[i] = 0.0f;
+    __syncthreads();
+    // dp2 = da2 ⊙ [a2 > 0], scattered to conv 2's output gradient
+    for (int i = threadIdx.x; i < A2; i += THREADS) {
+        const float a2 = __ldcg(ws.a2 + (long long)r * FLAT + i);
+        const float g = a2 > 0.0f ? __ldcg(ws.da2 + (long long)r * FLAT + i) : 0.0f;
+        const int q = ws.arg2[(long long)r * A2 + i];
+        s.dp2[i] = g;
+        s.arg2[i] = (unsigned char)q;
+        const int o = i / (P2 * P2), p = i - o * P2 * P2, pi = p / P2, pj = p - pi * P2;
+        s.work[(o * WP + K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
+    }
+    __syncthreads();
+    // conv 2's weight and bias gradients, from the pooled outputs' windows
+    for (int i = threadIdx.x; i < NW2; i += THREADS) {
+        const int o = i / (C1 * K2 * K2), rest = i - o * C1 * K2 * K2, c = rest / (K2 * K2), uv = rest - c * K2 * K2;
+        const int u = uv / K2, v = uv - u * K2;
+        float sum = 0.0f;
+        for (int p = 0; p < P2 * P2; ++p) {
+            const int pi = p / P2, pj = p - pi * P2, q = s.arg2[o * P2 * P2 + p];
+            const int y = 2 * pi + (q >> 1), x = 2 * pj + (q & 1);
+            sum = fmaf(s.dp2[o * P2 * P2 + p], s.a1[(c * P1 + y + u) * P1 + x + v], sum);
+        }
+        s.grad[P_CW2 + i] += sum;
+    }
+    for (int o = threadIdx.x; o < C2; o += THREADS) {
+        float sum = 0.0f;
+        for (int p = 0; p < P2 * P2; ++p) sum += s.dp2[o * P2 * P2 + p];
+        s.grad[P_CB2 + o] += sum;
+    }
+    // the gradient at pool 1's outputs: conv 2's input gradient at each window's argmax, ReLU-masked
+    const float* w2 = s.conv + P_CW2;
+    for (int i = threadIdx.x; i < A1; i += THREADS) {
+        float g = 0.0f;
+        if (s.a1[i] > 0.0f) {
+            // a1[c][y][x] was read by conv 2's outputs (y − u, x − v) through the weight (u, v); those
+            // past conv 2's outputs read the border's zeros
+            const int c = i / (P1 * P1), p = i - c * P1 * P1, y = p / P1, x = p - y * P1;
+            const float* at = s.work + (K2 - 1 + y) * WP + K2 - 1 + x;
+            for (int o = 0; o < C2; ++o)
+#pragma unroll
+                for (int u = 0; u < K2; ++u)
+#pragma unroll
+                    for (int v = 0; v < K2; ++v)
+                        g = fmaf(at[(o * WP - u) * WP - v], w2[((o * C1 + c) * K2 + u) * K2 + v], g);
+        }
+        s.dp1[i] = g;
+    }
+    __syncthreads();
+    // conv 1's weight and bias gradients
+    for (int i = threadIdx.x; i < NW1; i += THREADS) {
+        const int o = i / (K1 * K1), uv = i - o * K1 * K1, u = uv / K1, v = uv - u * K1;
+        float sum = 0.0f;
+        for (int p = 0; p < P1 * P1; ++p) {
+            const int pi = p / P1, pj = p - pi * P1, q = s.arg1[o * P1 * P1 + p];
+            const int y = 2 * pi + (q >> 1), x = 2 * pj + (q & 1);
+            sum = fmaf(s.dp1[o * P1 * P1 + p], s.x[(y + u) * IMG + x + v], sum);
+        }
+        s.grad[P_CW1 + i] += sum;
+    }
+    for (int o = threadIdx.x; o < C1; o += THREADS) {
+        float sum = 0.0f;
+        for (int p = 0; p < P1 * P1; ++p) sum += s.dp1[o * P1 * P1 + p];
+        s.grad[P_CB1 + o] += sum;
+    }
+    __syncthreads();  // (the next sample overwrites the maps)
+}
+
+// ---- phase 6: the conv parameters' gradients summed over the blocks, and their update -------------------
+// Parameter i ≡ rank (mod BLOCKS) by eight lanes, lane e adding the blocks c ≡ e (mod 8) in order,
+// then the eight sums by a butterfly: a fixed order.
+__device__ void conv_update(const Workspace& ws, const Step& st, float* params, float* s1, float* s2, const Update& up) {
+    const int sub = threadIdx.x & 7;
+    constexpr int PER_PASS = THREADS / 8;
+    for (int q0 = 0; st.rank + BLOCKS * q0 < NCONV; q0 += PER_PASS) {
+        const int i = st.rank + BLOCKS * (q0 + (threadIdx.x >> 3));
+        float sum = 0.0f;
+        if (i < NCONV)
+            for (int c = sub; c < BLOCKS; c += 8) sum += __ldcg(ws.conv_part + (long long)c * NCONV + i);
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (i < NCONV && sub == 0) __stcg(params + i, up.apply(__ldcg(params + i), sum, s1 + i, s2 + i));
+    }
+}
+
+// ---- the epoch -----------------------------------------------------------------------------------
+// The metrics, added in block order by block 0 (after a barrier): out[0] += Σ loss, out[1] += Σ correct.
+__device__ void add_metrics(const Smem& s, const Workspace& ws, int rank, double loss_sum, double correct_sum, double* out) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { s.totals[2 * warp] = loss_sum; s.totals[2 * warp + 1] = correct_sum; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double l = 0.0, c = 0.0;
+        for (int w = 0; w < WARPS; ++w) { l += s.totals[2 * w]; c += s.totals[2 * w + 1]; }
+        __stcg(ws.block_metrics + 2 * rank, l);
+        __stcg(ws.block_metrics + 2 * rank + 1, c);
+    }
+    grid_sync(ws.barrier);
+    if (out != nullptr && rank == 0 && threadIdx.x == 0) {
+        double l = 0.0, c = 0.0;
+        for (int k = 0; k < BLOCKS; ++k) { l += __ldcg(ws.block_metrics + 2 * k); c += __ldcg(ws.block_metrics + 2 * k + 1); }
+        out[0] += l;
+        out[1] += c;
+    }
+}
+
+// num_steps steps of BATCH samples over order[0:num_samples] (the last may be shorter), the first
+// one the run's step first_step (0-based: its rate and the optimizer's bias correction). params: the
+// NPARAMS span, trained in place; slot1, slot2: the optimizer's state, alike; metrics += (Σ loss,
+// Σ correct) when measuring.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+cnn_epoch(const float* images, const int* labels, const int* order, float* params, float* slot1, float* slot2,
+          const OptimizerConstants* constants, int num_samples, int num_steps, int first_step, double* metrics,
+          int measure, unsigned char* workspace) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Smem s = carve(smem_raw);
+    const Workspace ws = workspace_at(workspace);
+    const int rank = blockIdx.x;
+    double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
+    for (int step = 0; step < num_steps; ++step) {
+        const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH, 0};
+        const Update up(constants, first_step + step + 1);
+        float* w1 = step & 1 ? ws.w1_other : params + P_W1;
+        float* w1_next = step & 1 ? params + P_W1 : ws.w1_other;
+        load_conv(s, params);
+        for (int i = threadIdx.x; i < NCONV; i += THREADS) s.grad[i] = 0.0f;
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
+        grid_sync(ws.barrier);  // a2 of every sample
+        fc1_forward(s, ws, st, w1, params + P_B1);
+        grid_sync(ws.barrier);  // h
+        head(ws, st, params, labels, true, measure != 0, loss_sum, correct_sum);
+        grid_sync(ws.barrier);  // dz, dh
+        linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up);
+        grid_sync(ws.barrier);  // da2; the linear layers updated
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r));
+        for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
+        grid_sync(ws.barrier);  // every block's conv gradient sums
+        conv_update(ws, st, params, slot1, slot2, up);
+        grid_sync(ws.barrier);  // the conv parameters updated
+    }
+    if (num_steps & 1)  // the last step wrote the other copy of W1
+        for (int i = rank * THREADS + threadIdx.x; i < HIDDEN * FLAT; i += BLOCKS * THREADS)
+            __stcg(params + P_W1 + i, __ldcg(ws.w1_other + i));
+    add_metrics(s, ws, rank, loss_sum, correct_sum, metrics);
+}
+
+// out[1] += the number of the first num_samples images whose largest logit is their label's (out[0]
+// is left as it is), in passes of BATCH rows (the same phases 1–3 as training, without the gradients).
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+cnn_evaluate(const float* images, const int* labels, int num_samples, const float* params, double* out,
+             unsigned char* workspace) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Smem s = carve(smem_raw);
+    const Workspace ws = workspace_at(workspace);
+    const int rank = blockIdx.x;
+    double unused = 0.0, correct_sum = 0.0;
+    for (int i = threadIdx.x; i < NCONV; i += THREADS) s.conv[i] = __ldg(params + i);
+    __syncthreads();
+    for (int first = 0; first < num_samples; first += BATCH) {
+        const Step st{0, min(BATCH, num_samples - first), rank, nullptr, first};
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
+        grid_sync(ws.barrier);
+        fc1_forward(s, ws, st, params + P_W1, params + P_B1);
+        grid_sync(ws.barrier);
+        head(ws, st, params, labels, false, true, unused, correct_sum);
+        grid_sync(ws.barrier);  // (the next pass overwrites a2 and h)
+    }
+    add_metrics(s, ws, rank, unused, correct_sum, out);
+}

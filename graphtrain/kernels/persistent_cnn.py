@@ -1,0 +1,203 @@
+"""Launcher for persistent_cnn.cu: the cnn trained by a cooperative grid of one block per SM, one
+launch an epoch, and its test accuracy by a second launch of the same grid.
+
+The kernel is compiled for the model's sizes, the batch, the number of blocks and the products'
+passes, so a `PersistentCnn` is made per workload, and `CnnShape.refusal` says beforehand why one
+cannot be. Its shared memory and its global workspace are each laid out by one table
+(`CnnShape.layout`, `CnnShape.workspace`), which both the launcher and the kernel's -D defines come
+from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphtrain.kernels import I32, PTR, KernelFile, kernel
+from graphtrain.kernels.optim import CONSTANTS, layout_defines
+from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region
+from graphtrain.libs import cuda
+
+THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32 tile each
+TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 piece a warp)
+KC = 64  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 13 trips to L2
+ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
+PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
+WARPS = THREADS // 32
+
+
+@dataclass(frozen=True)
+class CnnShape:
+    """The sizes the kernel is compiled for: the model's (square 1-channel images of side `image`,
+    conv 1 of c1 maps k1×k1, conv 2 of c2 maps k2×k2, each followed by a 2×2 max-pool and a ReLU,
+    one hidden linear layer, the logits), the batch's, the products' passes, and the grid's."""
+
+    image: int
+    c1: int
+    k1: int
+    c2: int
+    k2: int
+    hidden: int
+    classes: int
+    batch: int
+    passes: int = 1
+    blocks: int = ASSUMED_SMS
+
+    kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
+
+    @classmethod
+    def of(cls, spec, batch: int, precision: str, blocks: int = ASSUMED_SMS) -> CnnShape:
+        """The shape of a cnn spec (graphtrain.reference_cnn.CnnSpec) that `problems_of(spec)` passes."""
+        (first, second), (hidden,) = spec.convs, spec.hidden
+        return cls(spec.height, first.out_channels, first.kernel, second.out_channels, second.kernel, hidden,
+                   spec.classes, batch, PASSES.get(precision, 1), blocks)
+
+    @property
+    def conv1_side(self) -> int:
+        return self.image - self.k1 + 1
+
+    @property
+    def pooled1(self) -> int:
+        return self.conv1_side // 2
+
+    @property
+    def conv2_side(self) -> int:
+        return self.pooled1 - self.k2 + 1
+
+    @property
+    def pooled2(self) -> int:
+        return self.conv2_side // 2
+
+    @property
+    def a1(self) -> int:
+        return self.c1 * self.pooled1 ** 2
+
+    @property
+    def flat(self) -> int:
+        return self.c2 * self.pooled2 ** 2
+
+    @property
+    def conv_params(self) -> int:
+        return self.c1 * self.k1 ** 2 + self.c1 + self.c2 * self.c1 * self.k2 ** 2 + self.c2
+
+    @property
+    def num_params(self) -> int:
+        return self.conv_params + self.hidden * self.flat + self.hidden + self.classes * self.hidden + self.classes
+
+    @property
+    def layout(self) -> Layout:
+        """persistent_cnn.cu's shared memory (its struct Smem says what each region holds)."""
+        return Layout([
+            Region("totals", "double", 2 * WARPS),
+            Region("conv", "float", self.conv_params, 16),
+            Region("grad", "float", self.conv_params, 16),
+            Region("x", "float", self.image ** 2, 16),
+            Region("a1", "float", self.a1, 16),
+            Region("work", "float", self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2, 16),
+            Region("dp1", "float", self.a1, 16),
+            Region("dp2", "float", self.flat, 16),
+            Region("arg1", "unsigned char", self.a1, 16),
+            Region("arg2", "unsigned char", self.flat, 16),
+            Region("ta", "float", TILE * (KC + 4), 16),
+            Region("tb", "float", TILE * (KC + 4), 16),
+        ])
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.layout.bytes
+
+    @property
+    def workspace(self) -> Layout:
+        """The kernel's global scratch (its struct Workspace), each region on a 256-byte boundary."""
+        batch = self.batch
+        return Layout([
+            Region("barrier", "unsigned long long", 1, 256),
+            Region("block_metrics", "double", 2 * self.blocks, 256),
+            Region("w1_other", "float", self.hidden * self.flat, 256),
+            Region("a1", "float", batch * self.a1, 256),
+            Region("arg1", "unsigned char", batch * self.a1, 256),
+            Region("arg2", "unsigned char", batch * self.flat, 256),
+            Region("a2", "float", batch * self.flat, 256),
+            Region("h", "float", batch * self.hidden, 256),
+            Region("dh", "float", batch * self.hidden, 256),
+            Region("dz", "float", batch * self.classes, 256),
+            Region("da2", "float", batch * self.flat, 256),
+            Region("conv_part", "float", self.blocks * self.conv_params, 256),
+        ])
+
+    @property
+    def defines(self) -> dict[str, int]:
+        """The -D defines persistent_cnn.cu is compiled with for this shape."""
+        return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
+                "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
+                "PASSES": self.passes, "TILE": TILE, "KC": KC, **self.layout.defines, **layout_defines(CONSTANTS),
+                **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
+
+    def refusal(self) -> str | None:
+        """Why the kernel cannot train this shape, or None."""
+        if self.classes > MAX_CLASSES:
+            return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
+        if self.conv1_side < 2 or self.conv2_side < 2 or self.conv1_side % 2 or self.conv2_side % 2:
+            return (f"conv outputs of {self.conv1_side} and {self.conv2_side} pixels a side: the grid kernel's "
+                    "2×2 pools take even sides only")
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            return f"a block needs {self.shared_bytes} bytes of shared memory (at most {MAX_SHARED_BYTES})"
+        if self.workspace.bytes >= 2**31:
+            return f"a workspace of {self.workspace.bytes} bytes (the kernel's offsets are 32-bit)"
+        return None
+
+
+def problems_of(spec) -> list[str]:
+    """Why the grid kernel cannot hold a cnn spec's layers (empty: it can, its sizes then checked by
+    CnnShape.refusal): the speedrun's kind of model only."""
+    problems = []
+    if spec.channels != 1 or spec.height != spec.width:
+        problems.append(f"{spec.channels}-channel {spec.height}×{spec.width} images (one channel, square only)")
+    if len(spec.convs) != 2:
+        problems.append(f"{len(spec.convs)} conv layers (exactly two)")
+    for i, layer in enumerate(spec.convs, 1):
+        if (layer.stride, layer.padding, layer.pool) != (1, 0, 2):
+            problems.append(f"conv layer {i} of stride {layer.stride}, padding {layer.padding}, pool {layer.pool} "
+                            "(stride 1, no padding, a 2×2 pool only)")
+    if len(spec.hidden) != 1:
+        problems.append(f"{len(spec.hidden)} hidden linear layers (exactly one)")
+    return problems
+
+
+class PersistentCnn(KernelFile):
+    stem = "persistent_cnn"
+    min_arch = 80  # TF32 mma; no cluster
+    headers = ("smem_layout.cuh", "tf32_mma.cuh", "logits_loss.cuh", "optim.cu")
+    # The class's defines compile the file for the speedrun's cnn (the CPU tests); a stage passes its own.
+    defines = CnnShape(28, 24, 5, 32, 3, 256, 10, 256).defines
+    _cnn_epoch = kernel("cnn_epoch", PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32, PTR, cooperative=True,
+                        max_shared_bytes=MAX_SHARED_BYTES)
+    _cnn_evaluate = kernel("cnn_evaluate", PTR, PTR, I32, PTR, PTR, PTR, cooperative=True,
+                           max_shared_bytes=MAX_SHARED_BYTES)
+
+    def __init__(self, device, shape: CnnShape):
+        self.shape, self.shared_bytes = shape, shape.shared_bytes  # (the table is read once, not per launch)
+        workspace = shape.workspace
+        self.workspace_bytes, self.barrier_offset = workspace.bytes, workspace.offsets["barrier"]
+        super().__init__(device, shape.defines)
+
+    def train_epoch(self, stream, images: int, labels: int, order: int, params: int, slot1: int, slot2: int,
+                    constants: int, num_samples: int, num_steps: int, first_step: int, metrics: int, measure: bool,
+                    workspace: int) -> None:
+        """`num_steps` steps of the shape's batch over samples order[0:num_samples] (the last batch
+        may be shorter), the first of them the run's step `first_step` (0-based). `params`: the
+        model's num_params floats in its order (each conv layer's W, b, then each linear layer's),
+        updated in place; slot1, slot2: the optimizer's state, laid out alike; constants: optim.py's
+        CONSTANTS record; metrics (2 doubles) += (Σ loss, #correct) when measuring. `images`: rows of
+        image² normalised floats; `workspace`: workspace_bytes of device memory, its barrier counter
+        zeroed here before the launch."""
+        cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
+        self._cnn_epoch(stream, self.shape.blocks, THREADS, images, labels, order, params, slot1, slot2, constants,
+                        num_samples, num_steps, first_step, metrics, int(measure), workspace,
+                        shared_bytes=self.shared_bytes)
+
+    def evaluate(self, stream, images: int, labels: int, num_samples: int, params: int, out: int,
+                 workspace: int) -> None:
+        """out[1] (of two doubles; out[0] unchanged) += how many of the first num_samples images the model classifies right."""
+        cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
+        self._cnn_evaluate(stream, self.shape.blocks, THREADS, images, labels, num_samples, params, out, workspace,
+                           shared_bytes=self.shared_bytes)

@@ -1,0 +1,38 @@
+"""The cnn's steps in float64 as persistent_cnn.cu computes them: reference_cnn's, with the roundings
+of its one-pass TF32 products (test_persistent_cnn_emulated.py, test_persistent_cnn_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphtrain import reference_cnn
+from graphtrain.reference_cnn import CnnSpec
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """x rounded to TF32 (10 mantissa bits) to nearest, ties away from zero: cvt.rna.tf32.f32, as the
+    kernel rounds an operand of its one-pass products."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+def float64_step(spec: CnnSpec, params, x, labels, passes: int):
+    """One step's (gradients, mean loss, correct count) in float64: reference_cnn's, with fc1's three
+    products (h, dW1, da2) from TF32-rounded operands where the kernel takes one pass."""
+    rounded = tf32 if passes == 1 else (lambda v: v)
+    acts = reference_cnn.forward(spec, params, x)
+    a2, w1, b1, w2, b2 = acts["h"][0], *params[4:8]
+    h = np.maximum(rounded(a2) @ rounded(w1).T + b1, 0)
+    logits = h @ w2.T + b2
+    loss, dz = reference_cnn.loss_and_dlogits(logits, labels)
+    dh = (dz @ w2) * (h > 0)
+    grads = [None] * 4 + [rounded(dh).T @ rounded(a2), dh.sum(axis=0), dz.T @ h, dz.sum(axis=0)]
+    da = (rounded(dh) @ rounded(w1)).reshape(acts["a"][-1].shape)
+    for i in reversed(range(2)):  # reference_cnn.backward's conv layers
+        layer, c, below = spec.convs[i], acts["c"][i], acts["a"][i]
+        dc = reference_cnn.maxpool_backward(da * (acts["a"][i + 1] > 0), acts["arg"][i], layer.pool, c.shape)
+        grads[2 * i] = reference_cnn.conv_backward_filter(below, dc, layer.kernel)
+        grads[2 * i + 1] = dc.sum(axis=(0, 2, 3))
+        if i > 0:
+            da = reference_cnn.conv_backward_data(dc, params[2 * i], below.shape)
+    return grads, loss, int((logits.argmax(axis=1) == labels).sum())

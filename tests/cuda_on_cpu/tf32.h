@@ -1,0 +1,31 @@
+// What persistent_cnn.cu uses beyond prelude.h, emulated on the CPU (tests/test_persistent_cnn_emulated.py):
+// the TF32 mma.sync m16n8k8 computed from its 32 lanes' registers as PTX lays out its fragments
+// (tf32_mma.cuh), each operand read as the hardware reads it (its top 19 bits), the sums in double;
+// and the few math functions optim.cu's schedule and update take.
+#include "prelude.h"
+using std::max;
+inline unsigned __float_as_uint(float f) { return float_bits(f); }
+inline float cospif(float x) { return (float)cos(M_PI * (double)x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+
+// D += A·B, m16n8k8: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; b = B[t][g], B[t+4][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1] (g = lane / 4, t = lane % 4).
+inline void mma_tf32_emulated(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    for (int q = 0; q < 4; ++q) w.u[l][q] = a[q];
+    w.u[l][4] = b[0]; w.u[l][5] = b[1];
+    w.bar.arrive_and_wait();
+    auto tf32 = [](unsigned bits) { return (double)__uint_as_float(bits & 0xffffe000u); };
+    auto A = [&](int r, int k) { return tf32(w.u[(r % 8) * 4 + k % 4][(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]); };
+    auto B = [&](int k, int n) { return tf32(w.u[n * 4 + k % 4][4 + (k >= 4)]); };
+    const int g = l >> 2, t = l & 3;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        double s = 0.0;
+        for (int k = 0; k < 8; ++k) s += A(rows[i], k) * B(k, cols[i]);
+        out[i] = d[i] + (float)s;
+    }
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}

@@ -1,0 +1,101 @@
+"""The persistent rung's cnn kernel (persistent_cnn.cu) without a GPU: the shapes it takes and those it
+refuses (with the reason, before the GPU is opened), the one table of each of its memories, and its
+compilation for sm_90. Its steps run on the CPU in test_persistent_cnn_emulated.py, on a GPU in
+test_persistent_cnn_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from graphtrain import config
+from graphtrain.config import cnn_spec
+from graphtrain.errors import ModelUnsupported
+from graphtrain.kernels.persistent import MAX_SHARED_BYTES
+from graphtrain.kernels.persistent_cnn import CnnShape, PersistentCnn, problems_of
+from graphtrain.reference_cnn import CnnSpec, ConvLayer
+from graphtrain.stages import trainer_of
+from graphtrain.stages.cnn_persistent import cnn_refusal
+
+ELF_MAGIC = b"\x7fELF"
+SPEEDRUN = CnnShape(28, 24, 5, 32, 3, 256, 10, 256)
+
+
+def test_the_speedrun_cnn_is_the_shape_of_its_preset():
+    spec = cnn_spec(config.preset("speedrun"))
+    shape = CnnShape.of(spec, 256, "tf32")
+    assert shape == SPEEDRUN and shape.refusal() is None and not problems_of(spec)
+    assert (shape.conv1_side, shape.pooled1, shape.conv2_side, shape.pooled2, shape.flat) == (24, 12, 10, 5, 800)
+    assert shape.num_params == sum(math.prod(s) for s in spec.param_shapes())
+    assert CnnShape.of(spec, 256, "fp32").passes == 3 and shape.passes == 1
+
+
+@pytest.mark.parametrize("spec,needle", [
+    (CnnSpec((ConvLayer(24, 5),), (256,)), "1 conv layers (exactly two)"),
+    (CnnSpec((ConvLayer(8, 3),) * 3, (64,)), "3 conv layers"),
+    (CnnSpec((ConvLayer(24, 5, stride=2), ConvLayer(32, 3)), (256,)), "conv layer 1 of stride 2"),
+    (CnnSpec((ConvLayer(24, 5), ConvLayer(32, 3, padding=1)), (256,)), "conv layer 2 of stride 1, padding 1"),
+    (CnnSpec((ConvLayer(24, 5), ConvLayer(32, 3)), (256, 128)), "2 hidden linear layers"),
+    (CnnSpec((ConvLayer(24, 5), ConvLayer(32, 3)), (256,), channels=3), "3-channel 28×28 images"),
+    (CnnSpec((ConvLayer(24, 4), ConvLayer(32, 3)), (256,)), "even sides only"),  # 25×25 after conv 1
+    (CnnSpec((ConvLayer(24, 5), ConvLayer(32, 3)), (256,), classes=40), "40 classes"),
+    (CnnSpec((ConvLayer(128, 5), ConvLayer(64, 3)), (256,)), "bytes of shared memory"),
+])
+def test_a_cnn_it_cannot_hold_is_refused_with_the_reason(spec, needle):
+    refusal = cnn_refusal(spec, 256, "tf32")
+    assert refusal is not None and needle in refusal, refusal
+
+
+def test_close_variants_are_held():
+    """Other widths, kernels, batches and class counts of the speedrun's kind of cnn."""
+    for spec, batch in [(CnnSpec((ConvLayer(16, 5), ConvLayer(64, 3)), (128,)), 128),
+                        (CnnSpec((ConvLayer(16, 5), ConvLayer(32, 5)), (300,), classes=32), 100),
+                        (CnnSpec((ConvLayer(32, 5), ConvLayer(48, 3)), (512,)), 512)]:
+        assert cnn_refusal(spec, batch, "tf32") is None
+        assert CnnShape.of(spec, batch, "tf32").shared_bytes <= MAX_SHARED_BYTES
+
+
+def test_the_rung_refuses_before_the_gpu_is_opened(monkeypatch):
+    """A cnn the kernel cannot hold is refused in setup before any device work (the device is
+    never opened here: opening it would fail on a machine without a GPU with another message)."""
+    from graphtrain.libs import cuda
+    from graphtrain.plan import RunPlan
+
+    monkeypatch.setattr(cuda, "open_device", lambda *a, **k: pytest.fail("the device was opened"))
+    cfg = config.preset("speedrun").replace(conv=((24, 5), (32, 3), (16, 3)))
+    plan = RunPlan.build(cfg, 512, 128, 784, 10)
+    stage = trainer_of("persistent", "cnn").load()(plan, None)
+    with pytest.raises(ModelUnsupported, match="3 conv layers"):
+        stage.setup()
+
+
+@pytest.mark.parametrize("shape", [
+    SPEEDRUN, dataclasses.replace(SPEEDRUN, passes=3), dataclasses.replace(SPEEDRUN, batch=100, blocks=114),
+    CnnShape(28, 16, 5, 64, 3, 128, 10, 128), CnnShape(14, 4, 3, 6, 3, 40, 32, 8, passes=3, blocks=4),
+])
+def test_the_kernel_compiles_for_sm_90(nvrtc_available, cache, shape):
+    assert shape.refusal() is None
+    assert PersistentCnn.cubin("sm_90", shape.defines).startswith(ELF_MAGIC)
+
+
+@pytest.mark.parametrize("table,region,prefix", [("layout", "work", "SMEM_"), ("workspace", "h", "WS_")])
+def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, table, region,
+                                                                 prefix):
+    """Grow a region of a table: the bytes launched with or allocated, and every later region's
+    offset the kernel is compiled with, move by its size, and the compiled kernel changes."""
+    from graphtrain.kernels.persistent import ELEMENT_BYTES, Layout
+
+    before, plain_defines = getattr(SPEEDRUN, table), SPEEDRUN.defines
+    plain = PersistentCnn.cubin("sm_90", plain_defines)
+    grown = Layout([dataclasses.replace(r, count=r.count + 512) if r.name == region else r for r in before.regions])
+    monkeypatch.setattr(CnnShape, table, property(lambda self: grown))
+    moved = 512 * ELEMENT_BYTES[next(r.ctype for r in before.regions if r.name == region)]
+    names = [r.name for r in before.regions]
+    for name in names:
+        shift = moved if names.index(name) > names.index(region) else 0
+        assert SPEEDRUN.defines[f"{prefix}{name.upper()}"] == plain_defines[f"{prefix}{name.upper()}"] + shift, name
+    if table == "layout":
+        assert SPEEDRUN.shared_bytes == before.bytes + moved == SPEEDRUN.defines["SMEM_BYTES"]
+    assert PersistentCnn.cubin("sm_90", SPEEDRUN.defines) != plain

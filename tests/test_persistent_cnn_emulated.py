@@ -1,0 +1,147 @@
+"""persistent_cnn.cu run on the CPU: its source compiled by the host's C++ compiler with the CUDA
+features it uses emulated (cuda_on_cpu/prelude.h and tf32.h: a thread per CUDA thread, a warp's TF32
+mma.sync and shuffles computed from its lanes' registers as PTX lays them out, block and grid barriers
+of threads), a few steps of small cnns against reference_cnn's float64 steps, and its evaluation
+against reference_cnn's accuracy. What the emulation cannot show (the GPU's memory order, its timing)
+test_persistent_cnn_gpu.py does."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from cnn_reference import float64_step
+from helpers import rel_err
+
+from graphtrain import reference_cnn
+from graphtrain.kernels import KERNELS_DIR
+from graphtrain.kernels.optim import constants_of
+from graphtrain.kernels.persistent_cnn import CnnShape
+from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
+
+HARNESS = KERNELS_DIR.parents[1] / "tests" / "cuda_on_cpu"
+# What the host compiler cannot take, replaced: the block's dynamic shared memory (the launch's own
+# buffer), the barrier's acquire load (the compiler's, and a yield: a thread per CUDA thread), the
+# TF32 mma's inline PTX (tf32.h's emulation), the kernels' qualifiers.
+REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsigned char* smem_raw = block_smem();',
+            'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
+                'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
+            'extern "C" __global__ void': 'void'}
+MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
+# The float64 steps round what the kernel rounds (fc1's products' operands to TF32 where it takes one
+# pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
+# is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32
+# weights, rounded by 2⁻²⁴ of |w| ≤ 0.5 each step against updates of about the rate (~1e-2 at the
+# schedule's peak, 4e-4 at its start): up to ~3e-5 of an update, far less in norm. Adam divides m by √v,
+# so an update errs as its gradient does unless a ReLU mask or a pool's argmax flips (a value within
+# ~1e-7 of 0 or of its window's others: none expected among these few thousand). A wrong index,
+# fragment, mask, rounding or step errs by 1e-3 (a TF32 rounding missed) to order 1.
+BOUND = 1e-4
+
+
+def build(shape: CnnShape, folder) -> str:
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++ to compile the kernel for the CPU")
+    optim = (KERNELS_DIR / "optim.cu").read_text()
+    optim = optim[:optim.index('extern "C" __global__ void optimizer_step')]  # its struct and schedule only
+    source = "".join((KERNELS_DIR / name).read_text() for name in ("tf32_mma.cuh", "logits_loss.cuh")) + optim
+    source += (KERNELS_DIR / "persistent_cnn.cu").read_text()
+    for old, new in REPLACED.items():
+        assert old in source, f"persistent_cnn.cu no longer has {old!r}: the emulation must follow it"
+        source = source.replace(old, new)
+    source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source)
+    assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
+    defines = {**shape.defines, "WS_BYTES": shape.workspace.bytes}
+    text = ('#include "tf32.h"\n' + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + source
+            + (HARNESS / "cnn_launch.inc").read_text())
+    (folder / "cnn.cpp").write_text(text)
+    program = str(folder / "cnn")
+    proc = subprocess.run([compiler, "-O1", "-std=c++20", "-pthread", "-w", "-I", str(HARNESS), "-o", program,
+                           str(folder / "cnn.cpp")], capture_output=True, text=True)
+    if proc.returncode and "barrier" in proc.stderr and "No such file" in proc.stderr:
+        pytest.skip(f"{compiler} has no C++20 <barrier>")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return program
+
+
+def spec_of(shape: CnnShape) -> CnnSpec:
+    return CnnSpec((ConvLayer(shape.c1, shape.k1), ConvLayer(shape.c2, shape.k2)), (shape.hidden,), shape.classes,
+                   1, shape.image, shape.image)
+
+
+# (shape, samples per epoch, [(steps, first step)] a launch each, test images)
+CASES = {
+    # 14×14 images: conv 3×3 → 12 → 6, conv 3×3 → 4 → 2; 24 features, 40 units (a part tile of 32),
+    # batch 8 over 4 blocks (two samples each), 20 samples: steps of 8, 8 and a tail of 4; two launches,
+    # the first of three steps (the last of them writes the second copy of W1, copied back), the second
+    # from step 3 over another order; the test images in passes of 8, the last of 3.
+    "small": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=3, blocks=4), 20, [(3, 0), (2, 3)], 19),
+    # the speedrun's geometry (28 → 24 → 12 → 10 → 5, 5×5 then 3×3), few maps: 75 features, 36 units,
+    # 7 classes, batch 6 over 3 blocks; one launch of three steps (6, 6, a tail of 2) from step 40 of
+    # the schedule, one pass (TF32).
+    "speedrun-geometry": (CnnShape(28, 2, 5, 3, 3, 36, 7, 6, passes=1, blocks=3), 14, [(3, 40)], 6),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_steps_match_float64(tmp_path, case, seed):
+    shape, samples, launches, num_test = CASES[case]
+    assert shape.refusal() is None
+    spec = spec_of(shape)
+    program = build(shape, tmp_path)
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((samples, shape.image ** 2)).astype(np.float32)
+    labels = rng.integers(0, shape.classes, samples).astype(np.int32)
+    test_images = rng.standard_normal((num_test, shape.image ** 2)).astype(np.float32)
+    test_labels = rng.integers(0, shape.classes, num_test).astype(np.int32)
+    params = reference_cnn.init_params(spec, seed, np.float32)
+    total = 100
+    optimizer, schedule = Optimizer("adam", betas=(0.7, 0.9)), Schedule("one-cycle", 0.01, total)
+    orders = [rng.permutation(samples).astype(np.int32) for _ in launches]
+
+    # float64: the same steps (fc1's products from TF32-rounded operands in one pass), the optimizer's
+    # state carried over the launches
+    ref = [p.astype(np.float64) for p in params]
+    state = optimizer.init_state(ref)
+    loss_sum = correct = 0.0
+    for order, (steps, first) in zip(orders, launches):
+        for s in range(steps):
+            idx = order[s * shape.batch:(s + 1) * shape.batch]
+            grads, loss, right = float64_step(spec, ref, images[idx].astype(np.float64), labels[idx],
+                                                    shape.passes)
+            correct += right
+            loss_sum += loss * len(idx)
+            optimizer.step(ref, grads, state, first + s + 1, schedule.at(first + s))
+
+    images.tofile(tmp_path / "images.bin")
+    labels.tofile(tmp_path / "labels.bin")
+    np.concatenate(orders).tofile(tmp_path / "order.bin")
+    np.concatenate([p.ravel() for p in params]).astype(np.float32).tofile(tmp_path / "params.bin")
+    constants_of(optimizer, schedule).tofile(tmp_path / "constants.bin")
+    np.array([(samples, steps, first) for steps, first in launches], np.int32).tofile(tmp_path / "launches.bin")
+    test_images.tofile(tmp_path / "test_images.bin")
+    test_labels.tofile(tmp_path / "test_labels.bin")
+    proc = subprocess.run([program, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+
+    out = np.fromfile(tmp_path / "out.bin", np.float32)
+    at = 0
+    names = ["conv 1 W", "conv 1 b", "conv 2 W", "conv 2 b", "fc1 W", "fc1 b", "fc2 W", "fc2 b"]
+    errors = {}
+    for name, start, want in zip(names, params, ref):
+        got = out[at:at + start.size].reshape(start.shape)
+        at += start.size
+        errors[name] = rel_err(got - start, want - start)
+    assert at == out.size
+    assert max(errors.values()) < BOUND, f"seed {seed}: ‖Δout − Δref‖/‖Δref‖ by parameter {errors}"
+    metrics = np.fromfile(tmp_path / "metrics.bin", np.float64)
+    assert abs(metrics[0] - loss_sum) < 1e-4 * loss_sum and abs(metrics[1] - correct) <= 1, \
+        f"seed {seed}: metrics {metrics}, float64 {loss_sum, correct}"
+    want_correct = int((reference_cnn.logits(spec, ref, test_images.astype(np.float64)).argmax(axis=1)
+                        == test_labels).sum())
+    got_correct = np.fromfile(tmp_path / "correct.bin", np.float64)[0]
+    assert abs(got_correct - want_correct) <= 1, f"seed {seed}: {got_correct} test images right, float64 {want_correct}"
