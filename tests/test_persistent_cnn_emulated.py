@@ -47,7 +47,7 @@ def build(shape: CnnShape, folder) -> str:
     if compiler is None:
         pytest.skip("no g++ to compile the kernel for the CPU")
     optim = (KERNELS_DIR / "optim.cu").read_text()
-    optim = optim[:optim.index('extern "C" __global__ void optimizer_step')]  # its struct and schedule only
+    optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
     source = "".join((KERNELS_DIR / name).read_text() for name in ("tf32_mma.cuh", "logits_loss.cuh")) + optim
     source += (KERNELS_DIR / "persistent_cnn.cu").read_text()
     for old, new in REPLACED.items():
