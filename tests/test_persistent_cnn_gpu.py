@@ -50,7 +50,7 @@ def train(name: str, cfg, data: Dataset, restarts: int = 0):
     """An epoch on rung `name` (restarted `restarts` times with the same plan, each time trained
     again): (its weights as flat arrays, the measured mean loss, the test accuracy)."""
     plan = RunPlan.for_data(cfg, data)
-    with get_stage(name)(plan, data) as stage:
+    with get_stage(name, "cnn")(plan, data) as stage:
         stage.setup()
         for attempt in range(restarts + 1):
             if attempt:
@@ -110,7 +110,7 @@ def test_a_seed_gives_the_same_bits_twice_and_after_a_restart():
 def test_a_cnn_past_its_shared_memory_is_refused():
     data = small_data()
     cfg = speedrun_config("tf32", conv=((128, 5), (64, 3)))
-    with get_stage("persistent")(RunPlan.for_data(cfg, data), data) as stage, \
+    with get_stage("persistent", "cnn")(RunPlan.for_data(cfg, data), data) as stage, \
             pytest.raises(ModelUnsupported, match="bytes of shared memory"):
         stage.setup()
 
@@ -133,7 +133,7 @@ def test_a_restart_trains_another_seed_and_recipe_as_a_fresh_setup_does():
     first, other = speedrun_config("tf32", seed=1), speedrun_config("tf32", seed=2, lr=0.02, optimizer="adamw",
                                                                      weight_decay=1e-3)
     fresh, fresh_loss, fresh_accuracy, _ = train("persistent", other, data)
-    with get_stage("persistent")(RunPlan.for_data(first, data), data) as stage:
+    with get_stage("persistent", "cnn")(RunPlan.for_data(first, data), data) as stage:
         stage.setup()
         stage.train_epoch(0, 5, measure=True)
         plan = RunPlan.for_data(other, data)

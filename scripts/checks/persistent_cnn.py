@@ -49,7 +49,7 @@ def steps(samples: int = SAMPLES, test: int = TEST) -> None:
     data = Dataset.from_arrays(noisy(ytr), ytr, noisy(yte), yte, name="digits")
     cfg = config.preset("speedrun").replace(batch=128)
     plan = RunPlan.for_data(cfg, data)
-    with get_stage("persistent")(plan, data) as stage:
+    with get_stage("persistent", "cnn")(plan, data) as stage:
         started = time.perf_counter()
         stage.setup()
         setup_s = time.perf_counter() - started
