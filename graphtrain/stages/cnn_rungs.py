@@ -158,19 +158,15 @@ class CnnGraphsStage(CnnStage):
     def setup(self) -> None:
         from graphtrain.libs import cuda
         from graphtrain.stages.cnn_device import CnnDevice
-
-        from graphtrain.recipe import MNIST_MEAN, MNIST_STD
+        from graphtrain.stages.cnn_shared import MNIST_NORMALISATION, dataset_arrays
 
         self.spec, self.recipe = cnn_model(self)
         self.device = cuda.open_device()
-        data = self.data
-        # The images as loaded, normalised on the device; the labels as they are (int32 already:
-        # the same arrays for every row, so the dataset is uploaded once per process).
-        self.model = m = CnnDevice(self.device, self.spec, self.recipe, data.train_images,
-                                   data.train_labels.astype(np.int32, copy=False), data.test_images,
-                                   data.test_labels.astype(np.int32, copy=False), fused=self.conv_path == "fused",
-                                   device_loop=self.device_loop, normalisation=(MNIST_MEAN, MNIST_STD),
-                                   **self.model_options())
+        # The images as loaded, normalised on the device: the same arrays for every row, so the
+        # dataset is uploaded once per process.
+        self.model = m = CnnDevice(self.device, self.spec, self.recipe, *dataset_arrays(self.data),
+                                   fused=self.conv_path == "fused", device_loop=self.device_loop,
+                                   normalisation=MNIST_NORMALISATION, **self.model_options())
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
         # Warm up (the first launch of every kernel and library call, the evaluation's too), then

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphtrain.data.images import MNIST_NORMALISATION
 from graphtrain.kernels.images import Images
 from graphtrain.libs import cuda
 from graphtrain.libs.cublaslt import Lt, LtGemms
@@ -34,6 +35,15 @@ from graphtrain.libs.memory import Arena
 LANE_WORKSPACE_BYTES = 32 << 20
 MAX_RESIDENT = 2  # datasets a device keeps; beyond, the least recently used one no model holds goes
 MAX_EVAL_PASSES = 64  # an evaluation's forward passes at most: the test set is padded by MAX_EVAL_PASSES − 1 rows
+
+
+def dataset_arrays(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The dataset's arrays as every cnn of the process hands them to CnnDevice, with
+    normalisation=MNIST_NORMALISATION (the images as loaded, normalised on the device; the labels
+    int32, as they are where int32 already): the same objects each time, so `resident_data`
+    uploads them once."""
+    return (data.train_images, data.train_labels.astype(np.int32, copy=False),
+            data.test_images, data.test_labels.astype(np.int32, copy=False))
 
 
 class ResidentData:
