@@ -90,7 +90,8 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 @pytest.mark.parametrize("table,region,prefix,variant", [
     ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"),
-    ("workspace", "grad", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"), ("layout", "stage", "SMEM_", "staged"),
+    ("workspace", "grad", "WS_", "registers"), ("workspace", "x", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"),
+    ("layout", "stage", "SMEM_", "staged"),
 ])
 def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, table, region,
                                                                  prefix, variant):

@@ -33,6 +33,7 @@ FORWARD_PRODUCTS   F_l: products (the slowest warp's)
 FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published
 HEAD_PARTIALS      F_L: the head's partial logits published
 WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
+GATHER             X: the next step's images gathered (the owned rows)
 SOFTMAX            S: the owned rows' logits in, softmax, dlogits published
 WAIT_SOFTMAX       grid barrier after S: every row's dlogits
 HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
@@ -219,6 +220,7 @@ class WideShape:
         return Layout([
             Region("barrier", "unsigned long long", 1, 256),
             Region("block_metrics", "double", 2 * blocks, 256),
+            Region("x", "unsigned short", 2 * self.rows16 * self.padded_features, 256),
             Region("act", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("grad", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("wg", "unsigned short", (layers - 1) * 2 * padded * padded, 256),
