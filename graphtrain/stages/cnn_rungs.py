@@ -142,11 +142,13 @@ class CnnGraphsStage(CnnStage):
 
     @classmethod
     def first_uses(cls) -> list:
-        """cuBLAS's once-a-process start (the linear layers' products), and cuDNN's where the
-        conv layers are asked of it, which `graphtrain run` begins beside the data loading."""
-        from graphtrain.libs import cublas, cudnn
+        """The lane the model runs on, with its cuBLASLt handle (the linear layers' products:
+        cnn_shared.first_use), and cuDNN's start where the conv layers are asked of it, which
+        `graphtrain run` begins beside the data loading."""
+        from graphtrain.libs import cudnn
+        from graphtrain.stages import cnn_shared
 
-        return [cublas.first_use, *([cudnn.first_use] if cls.conv_path == "cudnn" else [])]
+        return [cnn_shared.first_use, *([cudnn.first_use] if cls.conv_path == "cudnn" else [])]
 
     @classmethod
     def on_conv_path(cls, path: str) -> type[CnnGraphsStage]:
@@ -175,7 +177,8 @@ class CnnGraphsStage(CnnStage):
         m.reset(m.stream)
         m.record_step(m.stream)
         m.record_eval(m.stream)
-        m.stream.synchronize()
+        # No wait for the warm-up: start_run's uploads are queued after it on the same stream and
+        # wait for themselves (a warm-up kernel's failure surfaces there).
         self.start_run()
         self.capture()
 
