@@ -181,15 +181,16 @@ class CnnDevice:
         self.arena = arena = Arena()
         self.data = None
         try:
+            # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the
+            # device, on a thread of its own from here on while this setup goes on (the kernel
+            # files, the arena, the products' planning: the data's addresses are known at once);
+            # waited for before anything reads it.
+            self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
+                                      None, normalisation).acquire()
             self._kernel_files(device, spec, shapes, fused_head)
             self._reserve(arena, spec, shapes)
             self._place_models(arena)
             arena.allocate()
-            # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the
-            # device, on a thread of its own while this setup goes on (its addresses are known at
-            # once: the products are planned meanwhile); waited for before anything reads it.
-            self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
-                                      None, normalisation).acquire()
             self.optimizer.load(device)  # model 0's constants
             for k in range(1, models):
                 self.set_recipe(recipe, model=k)
