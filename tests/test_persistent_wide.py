@@ -77,7 +77,8 @@ def test_the_784_cube_fits_in_blocks_of_8_and_of_16_units():
 
 
 @pytest.mark.parametrize("shape", [
-    JHU_784, dataclasses.replace(JHU_784, units=16), WideShape(784, (1024,) * 3, 10, 128, 255),
+    JHU_784, dataclasses.replace(JHU_784, units=16), dataclasses.replace(JHU_784, prefetch=3),
+    WideShape(784, (1024,) * 3, 10, 128, 255),
     WideShape(784, (257,) * 3, 10, 128, 255), WideShape(784, (512,) * 3, 10, 32, 255), WideShape(784, (512,), 10, 128),
     WideShape(784, (257, 257), 10, 100, 255), WideShape(30, (72,) * 4, 3, 16), WideShape(784, (64,) * 2, 32, 40, 255),
 ])

@@ -47,17 +47,17 @@
 // weights bit for bit.
 //
 // Two builds of the products' operand loads (STAGE_DEPTH, from the launcher's `variant`):
-//   registers (STAGE_DEPTH 0)  a warp loads each k-step's A fragments from L2 straight into registers,
-//              the next k-step's issued while this one multiplies, and a published W_l's B fragments
-//              from L2 in the k-step itself;
+//   registers (STAGE_DEPTH 0)  a warp loads each k-step's A and B fragments (from L2, or the masters
+//              from shared memory) straight into registers, PREFETCH k-steps ahead of the one it
+//              multiplies (a ring of PREFETCH k-steps' fragments in registers);
 //   staged (STAGE_DEPTH ≥ 2)   each warp copies its k-steps (cp.async) into a ring of STAGE_DEPTH
 //              slabs of its own in shared memory, STAGE_DEPTH − 1 k-steps ahead of the one it
 //              multiplies: the whole batch's 16 inputs of the k-step (the rows of x or of h_l,
 //              zero past the step's rows) and, in a forward of l ≥ 2, the block's
 //              rows of the published W_l at those inputs; the fragments then come from the slab.
 // Why staged: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and in the registers build
-// it waits for an L2 round trip at each (one k-step ahead hides one; the published weights' loads
-// none), so a product costs ~7 round trips whatever its bytes. L2's bandwidth is not what binds: on
+// it waits for an L2 round trip at each with PREFETCH 1 (one k-step ahead hides one), so a product
+// costs ~7 round trips whatever its bytes; PREFETCH p waits ~7 / p. L2's bandwidth is not what binds: on
 // an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16
 // (results/persistent-wide-check-h100.md), which read half the bytes of L2 between them (every block
 // reads each exchanged matrix whole) and wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
@@ -72,7 +72,7 @@
 // Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
 // THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
 // BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
-// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, the shared-memory layout SMEM_* and the
+// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, PREFETCH, the shared-memory layout SMEM_* and the
 // workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
 // cp.async (sm_80 and later). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
 // adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
@@ -95,7 +95,7 @@
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
     || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 4 != 0 \
     || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
-    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0
+    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1
 #error "persistent_wide.cu: unsupported sizes"
 #endif
 
@@ -327,6 +327,14 @@ __device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsig
         for (int q = 0; q < 4; ++q) to[i][q] = from[i][q];
 }
 
+__device__ __forceinline__ void copy_b(unsigned (&to)[NT][2], const unsigned (&from)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        to[n][0] = from[n][0];
+        to[n][1] = from[n][1];
+    }
+}
+
 // ---- the products --------------------------------------------------------------------------------
 template <int M>
 __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
@@ -340,8 +348,8 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
 
 // body(ks, a, b) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
 // m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
-// body, which may update the weights). The registers build loads the next k-step's A fragments while
-// this one's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
+// body, which may update the weights). The registers build loads k-step i + PREFETCH's fragments while
+// k-step i's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
 // ring (`ring`: the block's rings, Smem::stage), k-step i in slab i mod STAGE_DEPTH: at iteration i
 // it issues k-step i + STAGE_DEPTH − 1's copies into the slab that k-step i − 1 was read from (every
 // lane past the __syncwarp after that read), commits them as one group (every iteration commits one,
@@ -377,16 +385,37 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
         body(ks, a, b);
     }
 #else
-    unsigned a[MT][4];
-    if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
-    for (int ks = warp; ks < ksteps; ks += WARPS) {
-        const bool more = ks + WARPS < ksteps;
-        unsigned next[MT][4];
-        if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
-        unsigned b[NT][2];
-        weights.load(b, 16 * ks + 4 * t);
-        body(ks, a, b);
-        if (more) copy_fragments(a, next);
+    // The warp's k-step i is ks = warp + i·WARPS; its fragments wait in slot i mod PREFETCH of the
+    // ring (a static index: the j loop is unrolled), loaded PREFETCH k-steps ahead: k-step i + PREFETCH's
+    // loads are issued before k-step i multiplies, so PREFETCH L2 round trips overlap. (A B fragment
+    // loaded ahead is of other inputs than the body's update writes: the same values.)
+    const int mine = warp < ksteps ? (ksteps - 1 - warp) / WARPS + 1 : 0;  // the warp's k-steps
+    unsigned a[PREFETCH][MT][4], b[PREFETCH][NT][2];
+#pragma unroll
+    for (int j = 0; j < PREFETCH; ++j)
+        if (j < mine) {
+            rows.load(a[j], 16 * (warp + j * WARPS) + 4 * t);
+            weights.load(b[j], 16 * (warp + j * WARPS) + 4 * t);
+        }
+    for (int i0 = 0; i0 < mine; i0 += PREFETCH) {
+#pragma unroll
+        for (int j = 0; j < PREFETCH; ++j) {
+            const int i = i0 + j;
+            if (i < mine) {
+                const bool more = i + PREFETCH < mine;
+                const int k_next = 16 * (warp + (i + PREFETCH) * WARPS) + 4 * t;
+                unsigned next_a[MT][4], next_b[NT][2];
+                if (more) {
+                    rows.load(next_a, k_next);
+                    weights.load(next_b, k_next);
+                }
+                body(warp + i * WARPS, a[j], b[j]);
+                if (more) {
+                    copy_fragments(a[j], next_a);
+                    copy_b(b[j], next_b);
+                }
+            }
+        }
     }
 #endif
 }

@@ -26,6 +26,10 @@ WARPS = THREADS // 32
 # − 1 k-steps ahead (the deepest ring that fits, at least two slabs). The same sums either way.
 VARIANTS = ("registers", "staged")
 DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured faster)
+# The registers build's k-steps of operand loads in flight beyond the one multiplying (a ring of
+# fragments in registers, PREFETCH in the kernel): each adds a k-step's fragments to a thread's
+# registers (32 at batch 128) and hides one more L2 round trip of a product's ~7. The same sums.
+DEFAULT_PREFETCH = 1
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
@@ -72,6 +76,7 @@ class WideShape:
     units: int = 0
     variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as UNIT_CHOICES is)
     stage_slabs: int = 0  # the staged build's slabs a warp; 0: the most that fit (stage_depth_with)
+    prefetch: int = 0  # the registers build's k-steps loaded ahead; 0: DEFAULT_PREFETCH (read when used)
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -103,6 +108,14 @@ class WideShape:
         if variant not in VARIANTS:
             raise ValueError(f"no grid kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
         return variant
+
+    @property
+    def prefetch_depth(self) -> int:
+        """The registers build's k-steps of loads in flight (1 in the staged build, which has its ring)."""
+        depth = self.prefetch or DEFAULT_PREFETCH
+        if depth < 1:
+            raise ValueError(f"a prefetch of {depth} k-steps (at least 1)")
+        return 1 if self.build == "staged" else depth
 
     def slab_values(self, units: int) -> int:
         """bf16 values of a staged k-step: the batch's rows and the block's units, 16 inputs each."""
@@ -232,7 +245,8 @@ class WideShape:
     def defines(self) -> dict[str, int]:
         """The -D defines persistent_wide.cu is compiled with for this shape."""
         workspace = self.workspace
-        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "FEATURES": self.features,
+        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "PREFETCH": self.prefetch_depth,
+                "FEATURES": self.features,
                 "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.width, "HIDDEN_PAD": self.padded_hidden,
                 "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "PIXEL_LEVELS": self.pixel_levels,
                 **self.strides, **self.layout.defines,
