@@ -241,7 +241,8 @@ def test_packed_cnns_train_the_bits_each_trains_alone(gpu_device, mnist_dir, pre
     from graphtrain.plan import RunPlan
     from graphtrain.recipe import recipe_of
     from graphtrain.stages.cnn_device import CnnDevice
-    from graphtrain.stages.cnn_pack import NORMALISATION, dataset_arrays, flat, train_packed_cnn
+    from graphtrain.stages.cnn_pack import flat, train_packed_cnn
+    from graphtrain.stages.cnn_shared import MNIST_NORMALISATION, dataset_arrays
 
     full = data_mod.load("mnist", data_dir=mnist_dir)
     data = dataclasses.replace(full, train_images=full.train_images[:1000], train_labels=full.train_labels[:1000],
@@ -256,7 +257,7 @@ def test_packed_cnns_train_the_bits_each_trains_alone(gpu_device, mnist_dir, pre
         for plan, record in zip(plans, records):
             recipe = recipe_of(plan.config, sum(plan.batches), plan.num_epochs, precision)
             alone = CnnDevice(gpu_device, cnn_spec(plan.config), recipe, *dataset_arrays(data), device_loop=True,
-                              normalisation=NORMALISATION)
+                              normalisation=MNIST_NORMALISATION)
             try:
                 graph = alone.capture_run(sum(plan.batches), outer)
                 weights, correct = run_graph(alone, graph, outer, flat(plan.initial), plan.orders)

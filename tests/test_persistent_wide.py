@@ -77,7 +77,8 @@ def test_the_784_cube_fits_in_blocks_of_8_and_of_16_units():
 
 
 @pytest.mark.parametrize("shape", [
-    JHU_784, dataclasses.replace(JHU_784, units=16), WideShape(784, (1024,) * 3, 10, 128, 255),
+    JHU_784, dataclasses.replace(JHU_784, units=16), dataclasses.replace(JHU_784, prefetch=3),
+    WideShape(784, (1024,) * 3, 10, 128, 255),
     WideShape(784, (257,) * 3, 10, 128, 255), WideShape(784, (512,) * 3, 10, 32, 255), WideShape(784, (512,), 10, 128),
     WideShape(784, (257, 257), 10, 100, 255), WideShape(30, (72,) * 4, 3, 16), WideShape(784, (64,) * 2, 32, 40, 255),
 ])
@@ -90,7 +91,8 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 @pytest.mark.parametrize("table,region,prefix,variant", [
     ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"),
-    ("workspace", "grad", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"), ("layout", "stage", "SMEM_", "staged"),
+    ("workspace", "grad", "WS_", "registers"), ("workspace", "x", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"),
+    ("layout", "stage", "SMEM_", "staged"),
 ])
 def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available, cache, monkeypatch, table, region,
                                                                  prefix, variant):

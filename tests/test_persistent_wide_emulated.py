@@ -103,6 +103,26 @@ def test_the_staged_build_gives_the_registers_builds_bits(tmp_path, seed):
     assert np.array_equal(got_metrics, want_metrics), f"seed {seed}"
 
 
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_loads_further_ahead_give_the_same_bits(tmp_path, seed, prefetch):
+    """The registers build with `prefetch` k-steps of loads in flight against one: 400 features
+    (25 k-steps: warp 0 takes four, so a ring of two or three slots wraps and a warp's last
+    k-steps have none left to load), three hidden layers of 144 units in 9 blocks of 16 (9 k-steps:
+    warp 0 takes two), batch 24 over 60 samples. The same fragments in the same order: the same bits."""
+    samples, steps, features = 60, 3, 400
+    data = Dataset.synthetic(samples, 10, seed=seed, num_features=features)
+    data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
+    cfg = TrainConfig(hidden=(144,) * 3, batch=24, epochs=1, lr=0.1, seed=seed, in_features=features)
+    one = WideShape(features, cfg.hidden, 10, cfg.batch, 255, units=16, variant="registers", prefetch=1)
+    ahead = dataclasses.replace(one, prefetch=prefetch)
+    assert ahead.defines["PREFETCH"] == prefetch and one.defines["PREFETCH"] == 1
+    want, want_metrics = run_emulated(one, cfg, data, steps, tmp_path / "one")
+    got, got_metrics = run_emulated(ahead, cfg, data, steps, tmp_path / "ahead")
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert np.array_equal(a, b), f"seed {seed}: parameter {i} differs with {prefetch} k-steps ahead"
+    assert np.array_equal(got_metrics, want_metrics), f"seed {seed}"
+
+
 @pytest.mark.parametrize("hidden,batch,samples,features,classes,bias,eight_bit,units,epochs", [
     ((144,) * 3, 32, 80, 160, 10, True, True, 16, 1),
     ((136,) * 2, 24, 60, 200, 10, True, False, 8, 2),

@@ -174,6 +174,24 @@ def test_the_staged_build_gives_the_registers_builds_weights(monkeypatch, hidden
     assert metrics == plain_metrics, f"seed {seed}"
 
 
+@pytest.mark.parametrize("hidden,batch", [((784,) * 3, 128), ((1024,) * 3, 128), ((512,) * 3, 32)])
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_loads_further_ahead_give_the_same_weights(monkeypatch, hidden, batch, prefetch, seed):
+    """The registers build with `prefetch` k-steps of loads in flight against one, after three steps
+    (at batch 128 the last a tail of 44 rows): the same fragments in the same order, the same bits."""
+    data = eight_bit(Dataset.synthetic(SAMPLES, 100, seed=seed))
+    cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, precision="bf16")
+    runs = {}
+    for depth in (1, prefetch):
+        monkeypatch.setattr(persistent_wide, "DEFAULT_PREFETCH", depth)
+        runs[depth] = train_steps("persistent", cfg, data, STEPS)
+        assert runs[depth][0].prefetch_depth == depth
+    (_, one_metrics, one), (_, metrics, ahead) = runs[1], runs[prefetch]
+    for i, (a, b) in enumerate(zip(ahead, one)):
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.b, b.b), f"seed {seed}: layer {i + 1} differs"
+    assert metrics == one_metrics, f"seed {seed}"
+
+
 def test_a_model_past_the_limit_is_refused_with_the_reason():
     """2048 units: 256 blocks of 8 units are more than the SMs, and a block of 16 units more than
     its shared memory; in fp32, which the grid kernel does not train, the cluster kernel's reason

@@ -195,10 +195,13 @@ def test_a_rung_begins_the_first_uses_of_the_libraries_its_setup_calls_and_no_ot
     assert get_stage("device-loop").first_uses() == [cublas.first_use]  # its test-set forward pass
     assert get_stage("baseline").first_uses() == []
     assert get_stage("persistent").first_uses() == [] and get_stage("numpy").first_uses() == []
-    # the cnn: its linear layers' products; cuDNN only where its conv layers are asked of it
-    assert get_stage("graphs", "cnn").first_uses() == [cublas.first_use]
-    assert get_stage("device-loop", "cnn").first_uses() == [cublas.first_use]
-    assert get_stage("graphs", "cnn").on_conv_path("cudnn").first_uses() == [cublas.first_use, cudnn.first_use]
+    # the cnn: its lane and cuBLASLt handle (its linear layers' products); cuDNN only where its conv
+    # layers are asked of it
+    from graphtrain.stages import cnn_shared
+
+    assert get_stage("graphs", "cnn").first_uses() == [cnn_shared.first_use]
+    assert get_stage("device-loop", "cnn").first_uses() == [cnn_shared.first_use]
+    assert get_stage("graphs", "cnn").on_conv_path("cudnn").first_uses() == [cnn_shared.first_use, cudnn.first_use]
     assert get_stage("numpy", "cnn").first_uses() == []
 
 

@@ -12,6 +12,7 @@ from graphtrain.data import Dataset
 from graphtrain.plan import RunPlan
 from graphtrain.stages import get_stage
 from graphtrain.stages.cnn_rungs import flat_params
+from test_peers_gpu import require
 
 pytestmark = pytest.mark.gpu
 
@@ -83,20 +84,6 @@ def test_the_speedrun_sets_the_graphs_row_up_once_for_its_seeds(mnist_dir):
     for seed, accuracy in zip([0, 1], result.accuracies):
         record = training.train(config.replace(seed=seed), "graphs", data=mnist)
         assert record.test_accuracy == accuracy, f"seed {seed}"
-
-
-def require(name: str) -> None:
-    if name.startswith("torch"):
-        torch = pytest.importorskip("torch", reason="torch is not installed")
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA GPU visible to torch")
-    else:
-        jax = pytest.importorskip("jax", reason="jax is not installed")
-        try:
-            if not jax.devices("gpu"):
-                raise RuntimeError
-        except RuntimeError:
-            pytest.skip("no CUDA GPU visible to jax")
 
 
 @pytest.mark.parametrize("name", ["torch-eager", "torch-compile", "torch-graph", "jax-scan"])

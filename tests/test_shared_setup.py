@@ -201,7 +201,32 @@ def fake_uploads(monkeypatch):
     monkeypatch.setattr(cuda, "copy_to_device", lambda dst, src, stream: counts.__setitem__(
         "uploads", counts["uploads"] + 1))
     monkeypatch.setattr(cnn_shared, "_resident", [])
+    # An upload beside the caller: its thread sets the device and uploads on a stream of its own.
+    monkeypatch.setattr(cuda, "runtime_api", lambda: _FakeRuntime)
+    monkeypatch.setattr(cuda, "Stream", _FakeStream)
     return counts
+
+
+class _FakeRuntime:
+    @staticmethod
+    def cudaSetDevice(ordinal: int) -> int:
+        return 0
+
+
+class _FakeStream:
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _ready_all() -> None:
+    """Every dataset's upload begun beside waited for (they run on threads of their own)."""
+    from graphtrain.stages import cnn_shared
+
+    for data in list(cnn_shared._resident):
+        data.ready()
 
 
 def dataset(seed: int, n: int = 50):
@@ -214,11 +239,11 @@ def test_a_dataset_is_uploaded_once_per_device_and_arrays(fake_uploads):
     from graphtrain.stages.cnn_shared import MAX_EVAL_PASSES, resident_data
 
     arrays = dataset(0)
-    first = resident_data(FAKE_DEVICE, *arrays, None).acquire()
+    first = resident_data(FAKE_DEVICE, *arrays, None).acquire().ready()
     assert fake_uploads["uploads"] == 4 and first.test_x.shape == (20 + MAX_EVAL_PASSES - 1, 784)
     assert resident_data(FAKE_DEVICE, *arrays, None) is first and fake_uploads["uploads"] == 4
     copies = tuple(a.copy() for a in arrays)  # equal, but other arrays: the key is their identity
-    assert resident_data(FAKE_DEVICE, *copies, None) is not first and fake_uploads["uploads"] == 8
+    assert resident_data(FAKE_DEVICE, *copies, None).ready() is not first and fake_uploads["uploads"] == 8
     reopened = cuda.DeviceInfo(*vars(FAKE_DEVICE).values())
     assert resident_data(reopened, *arrays, None) is not first
 
@@ -228,11 +253,90 @@ def test_a_dataset_no_model_holds_goes_when_room_is_needed(fake_uploads):
 
     held = resident_data(FAKE_DEVICE, *dataset(0), None).acquire()
     others = [resident_data(FAKE_DEVICE, *dataset(seed), None) for seed in range(1, MAX_RESIDENT + 2)]
+    _ready_all()
     assert held in _resident and len(_resident) == MAX_RESIDENT, "the held one stays, unused ones make room"
     assert others[-1] in _resident and fake_uploads["frees"] == MAX_RESIDENT
     held.release()
     with pytest.raises(RuntimeError, match="released more often"):
         held.release()
+
+
+def test_an_upload_begun_beside_is_waited_for_where_the_data_is_used(fake_uploads, monkeypatch):
+    """The upload runs on a thread of its own: `ready` waits for all of it (the caller's setup
+    goes on meanwhile), and a stream given uploads at once, before resident_data returns."""
+    import threading
+
+    from graphtrain.stages.cnn_shared import resident_data
+
+    gate, copy = threading.Event(), cuda.copy_to_device
+
+    def held_copy(dst, src, stream):
+        gate.wait(5)
+        copy(dst, src, stream)
+
+    monkeypatch.setattr(cuda, "copy_to_device", held_copy)
+    data = resident_data(FAKE_DEVICE, *dataset(0), None)
+    assert fake_uploads["uploads"] == 0 and data.uploading.thread.is_alive(), "resident_data returned at once"
+    gate.set()
+    assert data.ready() is data and fake_uploads["uploads"] == 4
+    monkeypatch.setattr(cuda, "copy_to_device", copy)
+    resident_data(FAKE_DEVICE, *dataset(1), _FakeStream())
+    assert fake_uploads["uploads"] == 8, "with a stream, uploaded before it returns"
+
+
+def test_a_failed_upload_surfaces_where_the_data_is_used_and_is_dropped(fake_uploads, monkeypatch):
+    from graphtrain.stages.cnn_shared import _resident, resident_data
+
+    def fails(dst, src, stream):
+        raise cuda.CudaError("cudaMemcpyAsync(HostToDevice)", "cudaErrorMemoryAllocation")
+
+    monkeypatch.setattr(cuda, "copy_to_device", fails)
+    arrays = dataset(0)
+    data = resident_data(FAKE_DEVICE, *arrays, None).acquire()
+    with pytest.raises(cuda.CudaError, match="cudaErrorMemoryAllocation"):
+        data.ready()
+    assert data not in _resident and fake_uploads["frees"] == 1, "dropped: its memory freed"
+    cuda.wait_for_head_starts()  # handed to the caller already: not raised again
+    monkeypatch.setattr(cuda, "copy_to_device", lambda dst, src, stream: None)
+    assert resident_data(FAKE_DEVICE, *arrays, None).ready() is not data, "the next model uploads it again"
+
+
+def test_the_first_use_makes_lane_0_and_its_handle_for_the_setup(monkeypatch):
+    """cnn_shared.first_use, on its thread, makes lane 0 and its cuBLASLt handle; the setup's
+    lane_of takes that lane and that handle (waiting where they are still being made)."""
+    import threading
+
+    from graphtrain.stages import cnn_shared
+
+    made, entered, gate = [], threading.Event(), threading.Event()
+
+    class FakeLt:
+        def __init__(self, workspace, nbytes):
+            entered.set()
+            gate.wait(5)
+            made.append(threading.current_thread().name)
+
+    class FakeLane(cnn_shared.Lane):
+        def __init__(self, device, index):  # no stream, no memory: the handle's making only
+            self.device, self.index, self._lt, self._lt_lock = device, index, None, threading.Lock()
+            self.workspace = type("Workspace", (), {"ptr": 0, "nbytes": 1})()
+
+    monkeypatch.setattr(cnn_shared, "Lt", FakeLt)
+    monkeypatch.setattr(cnn_shared, "Lane", FakeLane)
+    monkeypatch.setattr(cnn_shared, "_lanes", {})
+    monkeypatch.setattr(cuda, "open_device", lambda: FAKE_DEVICE)
+    thread = threading.Thread(target=cnn_shared.first_use, name="first-use")
+    thread.start()
+    try:
+        assert entered.wait(5)  # the first use is making the handle
+        lane = cnn_shared.lane_of(FAKE_DEVICE)
+        gate.set()
+        handle = lane.lt()  # waits for the first use's handle rather than making another
+        thread.join(5)
+        assert made == ["first-use"] and lane.lt() is handle and cnn_shared.lane_of(FAKE_DEVICE) is lane
+    finally:
+        gate.set()
+        thread.join(5)
 
 
 # ---- a recipe on a built cnn ------------------------------------------------------------------------

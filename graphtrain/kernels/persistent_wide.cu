@@ -12,8 +12,9 @@
 // A hidden layer l ≥ 2 is read by rows in its forward: each block publishes its columns, updated, as
 // bf16 into a global copy of W_l (one of two, by step parity), which the next step's forward reads.
 //
-// A step of `rows` samples x (read through the sample order), h_0 = x, the exchanged values bf16:
+// A step of `rows` samples x, h_0 = x, the exchanged values bf16:
 //
+//   X (the step before; rows r ≡ c (mod BLOCKS))  x[r] = images[order[r]]        (published)
 //   F_l, l = 1..L     h_l[:, U_c] = relu(h_{l−1} · W_l[U_c, :]ᵀ + b_l[U_c])      (published, l < L)
 //   F_L (the head)    P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ  (fp32, the units in order) (published)
 //   S, rows r ≡ c     z = Σ_{c' = 0..BLOCKS−1} P_c'[r] + b_h (in that order),
@@ -30,7 +31,13 @@
 // another block writes between them (F_1 publishes h_1, which only F_2 reads), so no barrier parts
 // them. A buffer written in one phase and read in the next is rewritten a step later, with at least
 // one barrier between its readers and its next writer: one buffer per exchange suffices, and two for
-// the published weights (read in F_l, rewritten in B_l of the same step).
+// the published weights (read in F_l, rewritten in B_l of the same step) and for x (read in F_1 and
+// W_1's update, and the next step's gathered in X, between the barriers after F_L and after S of this
+// step: the first comes after every block's W_1 update of the step before, which read that buffer,
+// and the second before the next step's F_1; step 0's x gathered before the first barrier).
+// Why gather: x's rows are random rows of the whole training set (tens of MB, past what L2 keeps),
+// which F_1 and W_1's update each read whole from every block; gathered once, they read a buffer of
+// the batch's size from L2, as F_2 reads h_1.
 //
 // So every block reads each exchanged matrix (x, h_1..h_{L−1}, dh_L..dh_2, x again) once a step, with
 // the weights in place; dX and the update of layer l read dh_l in one pass: its mma fragments, as
@@ -40,17 +47,17 @@
 // weights bit for bit.
 //
 // Two builds of the products' operand loads (STAGE_DEPTH, from the launcher's `variant`):
-//   registers (STAGE_DEPTH 0)  a warp loads each k-step's A fragments from L2 straight into registers,
-//              the next k-step's issued while this one multiplies, and a published W_l's B fragments
-//              from L2 in the k-step itself;
+//   registers (STAGE_DEPTH 0)  a warp loads each k-step's A and B fragments (from L2, or the masters
+//              from shared memory) straight into registers, PREFETCH k-steps ahead of the one it
+//              multiplies (a ring of PREFETCH k-steps' fragments in registers);
 //   staged (STAGE_DEPTH ≥ 2)   each warp copies its k-steps (cp.async) into a ring of STAGE_DEPTH
 //              slabs of its own in shared memory, STAGE_DEPTH − 1 k-steps ahead of the one it
-//              multiplies: the whole batch's 16 inputs of the k-step (the rows, or the images through
-//              the sample order, zero past the step's rows) and, in a forward of l ≥ 2, the block's
+//              multiplies: the whole batch's 16 inputs of the k-step (the rows of x or of h_l,
+//              zero past the step's rows) and, in a forward of l ≥ 2, the block's
 //              rows of the published W_l at those inputs; the fragments then come from the slab.
 // Why staged: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and in the registers build
-// it waits for an L2 round trip at each (one k-step ahead hides one; the published weights' loads
-// none), so a product costs ~7 round trips whatever its bytes. L2's bandwidth is not what binds: on
+// it waits for an L2 round trip at each with PREFETCH 1 (one k-step ahead hides one), so a product
+// costs ~7 round trips whatever its bytes; PREFETCH p waits ~7 / p. L2's bandwidth is not what binds: on
 // an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16
 // (results/persistent-wide-check-h100.md), which read half the bytes of L2 between them (every block
 // reads each exchanged matrix whole) and wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
@@ -65,7 +72,7 @@
 // Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
 // THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
 // BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
-// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, the shared-memory layout SMEM_* and the
+// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, PREFETCH, the shared-memory layout SMEM_* and the
 // workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
 // cp.async (sm_80 and later). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
 // adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
@@ -88,7 +95,7 @@
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
     || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 4 != 0 \
     || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
-    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0
+    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1
 #error "persistent_wide.cu: unsupported sizes"
 #endif
 
@@ -147,6 +154,7 @@ __device__ Smem carve(unsigned char* base) {
 struct Workspace {
     unsigned long long* barrier;  // the grid barrier's arrivals
     double* block_metrics;        // [BLOCKS][2]                       each block's loss and correct count
+    bf16_bits* x;                 // [2][ROWS16][FEATURE_STRIDE]       x of the steps, by step parity
     bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
     bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
     bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD][HIDDEN_PAD]  W_l, l ≥ 2, by step parity
@@ -156,10 +164,12 @@ struct Workspace {
 
 __device__ Workspace workspace_at(unsigned char* base) {
     return Workspace{reinterpret_cast<unsigned long long*>(base + WS_BARRIER), reinterpret_cast<double*>(base + WS_BLOCK_METRICS),
+                     reinterpret_cast<bf16_bits*>(base + WS_X),
                      reinterpret_cast<bf16_bits*>(base + WS_ACT), reinterpret_cast<bf16_bits*>(base + WS_GRAD),
                      reinterpret_cast<bf16_bits*>(base + WS_WG), reinterpret_cast<float*>(base + WS_PARTIALS),
                      reinterpret_cast<float*>(base + WS_DZ)};
 }
+__device__ __forceinline__ bf16_bits* x_of(const Workspace& ws, int step) { return ws.x + (step & 1) * ROWS16 * FEATURE_STRIDE; }
 __device__ __forceinline__ bf16_bits* act_of(const Workspace& ws, int l) { return ws.act + (l - 1) * BLOCKS * PIECE; }
 __device__ __forceinline__ bf16_bits* grad_of(const Workspace& ws, int l) { return ws.grad + (l - 2) * BLOCKS * PIECE; }
 __device__ __forceinline__ bf16_bits* wg_of(const Workspace& ws, int l, int parity) {
@@ -218,12 +228,17 @@ __device__ __forceinline__ void staged_fragments(unsigned (&a)[MT][4], const bf1
                    *reinterpret_cast<const uint2*>(slab + (16 * mt + g + 8) * 16 + 4 * t));
 }
 
-// The rows of an exchanged matrix (h_l or dh_l of the batch, block-major: input k at piece k / UNITS):
-// load(a, k) the fragments of every m-tile at the lane's inputs k = k0 + 4t (rows past the step's are
-// zero there, written so by their producer); stage(slab, ks) the lane's copies of k-step ks.
+// The rows of an exchanged matrix of the batch, in pieces of WIDTH inputs, ROWS16 rows each (input k
+// of row r at (k / WIDTH)·ROWS16·WIDTH + r·WIDTH + k mod WIDTH): h_l or dh_l block-major (WIDTH =
+// UNITS, block c's units at piece c), x row-major (WIDTH = FEATURE_STRIDE, one piece). load(a, k) the
+// fragments of every m-tile at the lane's inputs k = k0 + 4t (rows past the step's are zero there,
+// written so by their producer); stage(slab, ks) the lane's copies of k-step ks.
+template <int WIDTH>
 struct ExchangedRows {
     const bf16_bits* base;
-    __device__ __forceinline__ const bf16_bits* at(int r, int k) const { return base + (k / UNITS) * PIECE + r * UNITS + k % UNITS; }
+    __device__ __forceinline__ const bf16_bits* at(int r, int k) const {
+        return base + (k / WIDTH) * (ROWS16 * WIDTH) + r * WIDTH + k % WIDTH;
+    }
     __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
         const int lane = threadIdx.x & 31, h = lane & 1;
 #pragma unroll
@@ -234,68 +249,15 @@ struct ExchangedRows {
     }
     __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
-        const bf16_bits* p = base + (k / UNITS) * PIECE + k % UNITS;
+        const bf16_bits* p = at(0, k);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-            a_fragment(a[mt], __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g) * UNITS)),
-                       __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g + 8) * UNITS)));
+            a_fragment(a[mt], __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g) * WIDTH)),
+                       __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g + 8) * WIDTH)));
     }
 };
-
-// The batch's images (rows of FEATURE_STRIDE bf16, read-only for the launch), through the sample
-// order: the lane's rows 16mt + g, + 8, zero past the step's rows (read at image 0 and dropped); in
-// the staged build the rows of the lane's copies, (lane / 2) + 16j, zero past the step's (copied as
-// zeros).
-struct ImageRows {
-    const bf16_bits* images;
-#if STAGE_DEPTH
-    int row[MT];     // the first value of the image of row (lane / 2) + 16j
-    unsigned valid;  // bit j: that row is one of the step's
-    __device__ __forceinline__ ImageRows(const bf16_bits* images, const int* step_order, int rows) : images(images), valid(0) {
-        const int lane = threadIdx.x & 31;
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-            const int r = (lane >> 1) + 16 * j;
-            row[j] = r < rows ? __ldg(step_order + r) * FEATURE_STRIDE : 0;
-            valid |= (r < rows ? 1u : 0u) << j;
-        }
-    }
-    __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
-        const int lane = threadIdx.x & 31, h = lane & 1;
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-            const int r = (lane >> 1) + 16 * j;
-            copy16_async_or_zero(slab + 16 * r + 8 * h, images + row[j] + 16 * ks + 8 * h, ((valid >> j) & 1u) ? 16 : 0);
-        }
-    }
-#else
-    int row[MT][2];  // the first value of the row's image
-    unsigned valid;  // bit 2·mt + h: row 16mt + 8h + g is one of the step's
-    __device__ __forceinline__ ImageRows(const bf16_bits* images, const int* step_order, int rows) : images(images), valid(0) {
-        const int g = (threadIdx.x & 31) >> 2;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 16 * mt + 8 * h + g;
-                row[mt][h] = r < rows ? __ldg(step_order + r) * FEATURE_STRIDE : 0;
-                valid |= (r < rows ? 1u : 0u) << (2 * mt + h);
-            }
-    }
-    __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
-        uint2 v[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                v[mt][h] = __ldg(reinterpret_cast<const uint2*>(images + row[mt][h] + k));
-                if (!((valid >> (2 * mt + h)) & 1u)) v[mt][h] = make_uint2(0u, 0u);
-            }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) a_fragment(a[mt], v[mt][0], v[mt][1]);
-    }
-#endif
-};
+typedef ExchangedRows<UNITS> HiddenRows;           // h_l, dh_l
+typedef ExchangedRows<FEATURE_STRIDE> InputRows;   // x
 
 // B fragments from fp32 master weights in shared memory, w[n][k] (unit-major, UNITS rows of `stride`),
 // rounded to bf16 as loaded: the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load (a
@@ -365,6 +327,14 @@ __device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsig
         for (int q = 0; q < 4; ++q) to[i][q] = from[i][q];
 }
 
+__device__ __forceinline__ void copy_b(unsigned (&to)[NT][2], const unsigned (&from)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        to[n][0] = from[n][0];
+        to[n][1] = from[n][1];
+    }
+}
+
 // ---- the products --------------------------------------------------------------------------------
 template <int M>
 __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
@@ -378,8 +348,8 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
 
 // body(ks, a, b) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
 // m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
-// body, which may update the weights). The registers build loads the next k-step's A fragments while
-// this one's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
+// body, which may update the weights). The registers build loads k-step i + PREFETCH's fragments while
+// k-step i's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
 // ring (`ring`: the block's rings, Smem::stage), k-step i in slab i mod STAGE_DEPTH: at iteration i
 // it issues k-step i + STAGE_DEPTH − 1's copies into the slab that k-step i − 1 was read from (every
 // lane past the __syncwarp after that read), commits them as one group (every iteration commits one,
@@ -415,16 +385,37 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
         body(ks, a, b);
     }
 #else
-    unsigned a[MT][4];
-    if (warp < ksteps) rows.load(a, 16 * warp + 4 * t);
-    for (int ks = warp; ks < ksteps; ks += WARPS) {
-        const bool more = ks + WARPS < ksteps;
-        unsigned next[MT][4];
-        if (more) rows.load(next, 16 * (ks + WARPS) + 4 * t);
-        unsigned b[NT][2];
-        weights.load(b, 16 * ks + 4 * t);
-        body(ks, a, b);
-        if (more) copy_fragments(a, next);
+    // The warp's k-step i is ks = warp + i·WARPS; its fragments wait in slot i mod PREFETCH of the
+    // ring (a static index: the j loop is unrolled), loaded PREFETCH k-steps ahead: k-step i + PREFETCH's
+    // loads are issued before k-step i multiplies, so PREFETCH L2 round trips overlap. (A B fragment
+    // loaded ahead is of other inputs than the body's update writes: the same values.)
+    const int mine = warp < ksteps ? (ksteps - 1 - warp) / WARPS + 1 : 0;  // the warp's k-steps
+    unsigned a[PREFETCH][MT][4], b[PREFETCH][NT][2];
+#pragma unroll
+    for (int j = 0; j < PREFETCH; ++j)
+        if (j < mine) {
+            rows.load(a[j], 16 * (warp + j * WARPS) + 4 * t);
+            weights.load(b[j], 16 * (warp + j * WARPS) + 4 * t);
+        }
+    for (int i0 = 0; i0 < mine; i0 += PREFETCH) {
+#pragma unroll
+        for (int j = 0; j < PREFETCH; ++j) {
+            const int i = i0 + j;
+            if (i < mine) {
+                const bool more = i + PREFETCH < mine;
+                const int k_next = 16 * (warp + (i + PREFETCH) * WARPS) + 4 * t;
+                unsigned next_a[MT][4], next_b[NT][2];
+                if (more) {
+                    rows.load(next_a, k_next);
+                    weights.load(next_b, k_next);
+                }
+                body(warp + i * WARPS, a[j], b[j]);
+                if (more) {
+                    copy_fragments(a[j], next_a);
+                    copy_b(b[j], next_b);
+                }
+            }
+        }
     }
 #endif
 }
@@ -558,6 +549,24 @@ struct Step {
     const int* order;  // the step's sample indices (global)
 };
 
+// X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
+// FEATURE_STRIDE bf16, read-only for the launch) through the sample order, zero past its rows;
+// published, in 16-byte pieces, for every block's F_1 and W_1's update of that step.
+__device__ __forceinline__ void gather_rows(const Workspace& ws, const bf16_bits* images, const int* order, int step,
+                                            int num_samples, int rank) {
+    constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
+    const int rows = min(BATCH, num_samples - step * BATCH);
+    const int* step_order = order + (long long)step * BATCH;
+    uint4* x = reinterpret_cast<uint4*>(x_of(ws, step));
+    for (int i = threadIdx.x; i < (ROWS16 + BLOCKS - 1) / BLOCKS * PIECES; i += THREADS) {
+        const int q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
+        if (r >= ROWS16) continue;
+        const uint4 v = r < rows ? __ldg(reinterpret_cast<const uint4*>(images + __ldg(step_order + r) * FEATURE_STRIDE) + piece)
+                                 : make_uint4(0u, 0u, 0u, 0u);
+        __stcg(x + r * PIECES + piece, v);
+    }
+}
+
 // F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
 template <class Rows, class Weights>
 __device__ __forceinline__ void forward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, const Rows& rows,
@@ -687,7 +696,7 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& w
                                                Probes& probes) {
     float acc[MT][NT][4];
     const bf16_bits* ht = ht_of(s, l - 1);
-    update_product<true>(ring_of(s), ExchangedRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
+    update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
                          wg_of(ws, l, (st.step + 1) & 1) + st.rank * UNITS, acc);
     PHASE_END(probes, BACKWARD_PRODUCTS, l);
     sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
@@ -701,10 +710,10 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& w
 }
 
 // W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x.
-__device__ __forceinline__ void update_first_layer(const Smem& s, const Step& st, const bf16_bits* images, float lr) {
+__device__ __forceinline__ void update_first_layer(const Smem& s, const Workspace& ws, const Step& st, float lr) {
     __syncthreads();  // dht is whole
     float unused[MT][NT][4];
-    update_product<false>(ring_of(s), ImageRows(images, st.order, st.rows), F_KSTEPS, s.w1, W1_STRIDE, s.dht,
+    update_product<false>(ring_of(s), InputRows{x_of(ws, st.step)}, F_KSTEPS, s.w1, W1_STRIDE, s.dht,
                           lr * X_UNIT, nullptr, unused);
     __syncthreads();  // (the next step's forward of layer 1 reads W_1)
 }
@@ -777,25 +786,28 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     const int rank = blockIdx.x;
     const int u0 = rank * UNITS;  // this block's first unit
     load_parameters(s, ws, params, bias, u0);
-    grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0)
+    if (num_steps > 0) gather_rows(ws, images, order, 0, num_samples, rank);
+    grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)
 
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
     Probes probes(metrics);  // (a probe build's table, where the metrics would go)
     PROBE_START(probes, s.probe_counts);
     for (int step = 0; step < num_steps; ++step) {
         const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH};
-        forward_layer(s, ws, st, 1, ImageRows(images, st.order, st.rows), MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT,
+        forward_layer(s, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT,
                       probes);
         for (int l = 2; l <= LAYERS; ++l) {
             grid_sync(ws.barrier);  // h_{l−1} of every block published
             PROBE_END(probes, WAIT_FORWARD, l - 1);
-            forward_layer(s, ws, st, l, ExchangedRows{act_of(ws, l - 1)},
+            forward_layer(s, ws, st, l, HiddenRows{act_of(ws, l - 1)},
                           PublishedWeights{wg_of(ws, l, step & 1) + (long long)u0 * HIDDEN_PAD}, H_KSTEPS, 1.0f, probes);
         }
         head_partials(s, ws, st);
         PHASE_END(probes, HEAD_PARTIALS, 0);
         grid_sync(ws.barrier);  // every block's partial logits
         PROBE_END(probes, WAIT_FORWARD, LAYERS);
+        if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);  // (x_of: the other buffer)
+        PHASE_END(probes, GATHER, 0);
         softmax_rows(s, ws, st, labels, measure != 0, loss_sum, correct_sum);
         PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits
@@ -807,7 +819,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
             PROBE_END(probes, WAIT_BACKWARD, l);
             backward_layer(s, ws, st, l, bias, lr, probes);
         }
-        update_first_layer(s, st, images, lr);
+        update_first_layer(s, ws, st, lr);
         PROBE_END(probes, UPDATE, 1);  // (update_first_layer ends at a block barrier)
     }
     PROBE_FINISH(probes);

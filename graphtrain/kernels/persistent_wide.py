@@ -26,6 +26,10 @@ WARPS = THREADS // 32
 # − 1 k-steps ahead (the deepest ring that fits, at least two slabs). The same sums either way.
 VARIANTS = ("registers", "staged")
 DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured faster)
+# The registers build's k-steps of operand loads in flight beyond the one multiplying (a ring of
+# fragments in registers, PREFETCH in the kernel): each adds a k-step's fragments to a thread's
+# registers (32 at batch 128) and hides one more L2 round trip of a product's ~7. The same sums.
+DEFAULT_PREFETCH = 1
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
@@ -33,6 +37,7 @@ FORWARD_PRODUCTS   F_l: products (the slowest warp's)
 FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published
 HEAD_PARTIALS      F_L: the head's partial logits published
 WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
+GATHER             X: the next step's images gathered (the owned rows)
 SOFTMAX            S: the owned rows' logits in, softmax, dlogits published
 WAIT_SOFTMAX       grid barrier after S: every row's dlogits
 HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
@@ -71,6 +76,7 @@ class WideShape:
     units: int = 0
     variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as UNIT_CHOICES is)
     stage_slabs: int = 0  # the staged build's slabs a warp; 0: the most that fit (stage_depth_with)
+    prefetch: int = 0  # the registers build's k-steps loaded ahead; 0: DEFAULT_PREFETCH (read when used)
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -102,6 +108,14 @@ class WideShape:
         if variant not in VARIANTS:
             raise ValueError(f"no grid kernel variant {variant!r} (one of {', '.join(VARIANTS)})")
         return variant
+
+    @property
+    def prefetch_depth(self) -> int:
+        """The registers build's k-steps of loads in flight (1 in the staged build, which has its ring)."""
+        depth = self.prefetch or DEFAULT_PREFETCH
+        if depth < 1:
+            raise ValueError(f"a prefetch of {depth} k-steps (at least 1)")
+        return 1 if self.build == "staged" else depth
 
     def slab_values(self, units: int) -> int:
         """bf16 values of a staged k-step: the batch's rows and the block's units, 16 inputs each."""
@@ -219,6 +233,7 @@ class WideShape:
         return Layout([
             Region("barrier", "unsigned long long", 1, 256),
             Region("block_metrics", "double", 2 * blocks, 256),
+            Region("x", "unsigned short", 2 * self.rows16 * self.padded_features, 256),
             Region("act", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("grad", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("wg", "unsigned short", (layers - 1) * 2 * padded * padded, 256),
@@ -230,7 +245,8 @@ class WideShape:
     def defines(self) -> dict[str, int]:
         """The -D defines persistent_wide.cu is compiled with for this shape."""
         workspace = self.workspace
-        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "FEATURES": self.features,
+        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "PREFETCH": self.prefetch_depth,
+                "FEATURES": self.features,
                 "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.width, "HIDDEN_PAD": self.padded_hidden,
                 "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "PIXEL_LEVELS": self.pixel_levels,
                 **self.strides, **self.layout.defines,

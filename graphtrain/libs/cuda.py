@@ -280,27 +280,64 @@ def _open_device(ordinal: int) -> DeviceInfo:
         return info
 
 
-def start_beside(works: list[Callable[[], None]], device: DeviceInfo, name: str) -> None:
-    """Do `works`, in order, on a thread of its own with `device` current, the caller going on at
-    once: a head start on once-a-process work whose result the driver or a library keeps (a
-    library's first call), so that the caller's own later call finds it done, or waits for it
-    where it is still under way rather than doing it again. What a work raises ends the thread
-    and is kept for `wait_for_head_starts` to raise (where the same call fails in the caller's
-    own setup first, that error is the one the user sees). The next stream capture, and
+class HeadStart:
+    """Work begun on a thread of its own with a device current (`beside`). `result()` waits for
+    it and returns what it returned, or raises what it raised: where its result is used, so that
+    a failure surfaces there as the caller's own call would have. A failure no caller claimed is
+    raised by `wait_for_head_starts`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.thread: threading.Thread | None = None
+        self.value: Any = None
+        self.error: Exception | None = None
+        self.claimed = False  # its result (or failure) was handed to a caller
+
+    def result(self) -> Any:
+        self.thread.join()
+        self.claimed = True
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+_heads: list[HeadStart] = []  # every work begun by `beside`, for wait_for_head_starts
+
+
+def beside(work: Callable[[], Any], device: DeviceInfo, name: str) -> HeadStart:
+    """Do `work` on a thread of its own with `device` current, the caller going on at once; its
+    `HeadStart` gives the result where it is needed (see there). The next stream capture, and
     `release_devices`, wait for the thread first (it uses the context)."""
+    head = HeadStart(name)
+
     def run() -> None:
         try:
             # A new thread has no current context: the driver API's calls (cuStreamCreate) need one.
             check(runtime_api().cudaSetDevice(device.ordinal), "cudaSetDevice")
-            for work in works:
-                work()
-        except Exception as exc:  # kept: wait_for_head_starts raises it
-            _head_start_errors.append((name, exc))
+            head.value = work()
+        except Exception as exc:  # kept: raised by head.result(), or by wait_for_head_starts
+            head.error = exc
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
+    head.thread = thread = threading.Thread(target=run, name=name, daemon=True)
+    _heads.append(head)
     _started.append(thread)
     thread.start()
     before_capture(thread.join)
+    return head
+
+
+def start_beside(works: list[Callable[[], None]], device: DeviceInfo, name: str) -> HeadStart:
+    """Do `works`, in order, on a thread of its own with `device` current (`beside`): a head start
+    on once-a-process work whose result the driver or a library keeps (a library's first call),
+    so that the caller's own later call finds it done, or waits for it where it is still under
+    way rather than doing it again. What a work raises ends the thread; where the same call fails
+    in the caller's own setup first, that error is the one the user sees, else
+    `wait_for_head_starts` (or the returned HeadStart's `result`) raises it."""
+    def run() -> None:
+        for work in works:
+            work()
+
+    return beside(run, device, name)
 
 
 def _join_head_starts() -> None:
@@ -313,10 +350,14 @@ class HeadStartError(RuntimeError):
 
 
 def wait_for_head_starts() -> None:
-    """Wait until every head-start thread (`open_device_in_background`'s, `start_beside`'s) is done:
+    """Wait until every head-start thread (`open_device_in_background`'s, `beside`'s) is done:
     before work that must not share the GPU or the CPU with them (timed epochs). Raises what one
-    of them raised (once)."""
+    of them raised that no caller was handed yet (once)."""
     _join_head_starts()
+    for head in _heads:
+        if head.error is not None and not head.claimed:
+            head.claimed = True
+            _head_start_errors.append((head.name, head.error))
     if _head_start_errors:
         name, exc = _head_start_errors[0]
         _head_start_errors.clear()

@@ -131,6 +131,26 @@ def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
         nvrtc.nvrtcDestroyProgram(program)  # cleanup: its status must not mask the error being raised
 
 
+def ptxas_report(source: str, name: str, arch: str, options: Iterable[str] = ()) -> str:
+    """Compile `source` for `arch` with ptxas's resource report (--ptxas-options=-v), uncached, and
+    return NVRTC's log: each kernel's registers, stack frame and spill bytes a thread."""
+    nvrtc = cuda.bindings("nvrtc")
+    all_options = [f"--gpu-architecture={arch}", "-std=c++17", *options, "--ptxas-options=-v"]
+    program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
+    try:
+        encoded = [opt.encode() for opt in all_options]
+        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
+        log = b" " * _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
+        _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
+        text = log.rstrip(b"\0").decode(errors="replace").strip()
+        if status:
+            raise NvrtcError(f"NVRTC could not compile {name} ({status.name}):\n{text}", call="nvrtcCompileProgram",
+                             status=status.name, log=text)
+        return text
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+
+
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
     """Compile CUDA C++ `source` (called `name` in messages) to a cubin for `arch` ("sm_90"), cached
     under `cache_dir()` by source, options, architecture and NVRTC version (a corrupt entry is redone)."""

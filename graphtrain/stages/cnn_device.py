@@ -181,21 +181,26 @@ class CnnDevice:
         self.arena = arena = Arena()
         self.data = None
         try:
+            # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the
+            # device, on a thread of its own from here on while this setup goes on (the kernel
+            # files, the arena, the products' planning: the data's addresses are known at once);
+            # waited for before anything reads it.
+            self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
+                                      None, normalisation).acquire()
             self._kernel_files(device, spec, shapes, fused_head)
             self._reserve(arena, spec, shapes)
             self._place_models(arena)
             arena.allocate()
-            # train_x, train_y, test_x, test_y: uploaded by the first model of these arrays on the device
-            self.data = resident_data(device, train_images, train_labels, test_images, test_labels,
-                                      self.stream, normalisation).acquire()
             self.optimizer.load(device)  # model 0's constants
             for k in range(1, models):
                 self.set_recipe(recipe, model=k)
             if isinstance(self.head, FusedHead):
                 self._zero(self.head.count, self.stream)
-            self._choose_algorithms()
             self._plan_products()
-            self.stream.synchronize()
+            self.data.ready()
+            self._choose_algorithms()  # cuDNN's, timed on the data
+            # No wait here: what construction queued (memsets) is on the model's stream, before
+            # whatever the model queues next there, and the copies waited for themselves.
         except BaseException:
             self.close()
             raise

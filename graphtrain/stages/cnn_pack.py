@@ -67,10 +67,8 @@ from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels import ceil_div
 from graphtrain.plan import RunPlan
 from graphtrain.record import EpochRecord, RunRecord, data_summary
-from graphtrain.recipe import MNIST_MEAN, MNIST_STD
 from graphtrain.reference import Layer
 
-NORMALISATION = (MNIST_MEAN, MNIST_STD)  # the images' (mean, std), applied on the device
 MODES = ("axis", "streams", "graph")
 DEFAULT_MODE = "axis"
 DEFAULT_LANES = 16  # streams and graph: lanes at most (streams with their handles), one per model up to this
@@ -102,14 +100,6 @@ def fitting_eval_rows(models: int, model_bytes: int, row_bytes: int, rows: int, 
     return int(fitting)
 
 
-def dataset_arrays(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The dataset's arrays as every cnn row of the process hands them to CnnDevice (the images as
-    loaded, normalised on the device with NORMALISATION; the labels int32, as they are where int32
-    already): the same objects, so their upload is kept (cnn_shared)."""
-    return (data.train_images, data.train_labels.astype(np.int32, copy=False),
-            data.test_images, data.test_labels.astype(np.int32, copy=False))
-
-
 def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, lanes: int | None = None,
                      mode: str = DEFAULT_MODE, row: str = "graphs") -> list[RunRecord]:
     """Train every plan's cnn together on this process's GPU, in `mode` (MODES; `lanes`: the
@@ -121,7 +111,8 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
     from graphtrain.recipe import recipe_of
     from graphtrain.stages import CNN_TRAINS
     from graphtrain.stages.cnn_device import MAX_EVAL_ROWS, CnnDevice
-    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lanes as lanes_of
+    from graphtrain.stages.cnn_shared import (LANE_WORKSPACE_BYTES, MNIST_NORMALISATION, dataset_arrays,
+                                              lanes as lanes_of)
 
     if mode not in MODES:
         raise ValueError(f"pack mode {mode!r}: one of {', '.join(MODES)}")
@@ -151,8 +142,8 @@ def train_packed_cnn(plans: list[RunPlan], data, precision: str | None = None, l
     main = cuda.Stream()
     try:
         def build(m: int, eval_rows: int) -> CnnDevice:
-            model = CnnDevice(device, spec, recipes[m], *arrays, normalisation=NORMALISATION, device_loop=True,
-                              lane=pool[lane_of_model[m]], eval_rows=eval_rows)
+            model = CnnDevice(device, spec, recipes[m], *arrays, normalisation=MNIST_NORMALISATION,
+                              device_loop=True, lane=pool[lane_of_model[m]], eval_rows=eval_rows)
             if not model.fused:  # cuDNN's timed search could pick other algorithms than the run alone's
                 model.close()
                 raise ModelUnsupported("the cnn packs where every conv layer runs as the fused kernels; these "
@@ -321,13 +312,14 @@ def _train_on_axis(plans: list[RunPlan], data, precision: str, row: str, run_sta
     docstring), trained one pack after another on the process's lane 0."""
     from graphtrain.libs import cuda
     from graphtrain.stages.cnn_device import CnnDevice
-    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, lane_of
+    from graphtrain.stages.cnn_shared import LANE_WORKSPACE_BYTES, MNIST_NORMALISATION, lane_of
 
     first, count, epochs = plans[0], len(plans), plans[0].batches
     lane = lane_of(device)
     # One model of its own: a model's bytes and evaluation passes (the first of the process also
     # uploads the dataset and loads the kernel files, which the packs then share).
-    probe = CnnDevice(device, spec, recipes[0], *arrays, normalisation=NORMALISATION, device_loop=True, lane=lane)
+    probe = CnnDevice(device, spec, recipes[0], *arrays, normalisation=MNIST_NORMALISATION, device_loop=True,
+                      lane=lane)
     model_bytes, data_bytes, fused, eval_rows = probe.model_bytes, probe.data.arena.nbytes, probe.fused, probe.eval_rows
     probe.close()
     if not fused:
@@ -348,7 +340,7 @@ def _train_on_axis(plans: list[RunPlan], data, precision: str, row: str, run_sta
     try:
         for members in packs:
             start = time.perf_counter()
-            model = CnnDevice(device, spec, recipes[members[0]], *arrays, normalisation=NORMALISATION,
+            model = CnnDevice(device, spec, recipes[members[0]], *arrays, normalisation=MNIST_NORMALISATION,
                               device_loop=True, lane=lane,
                               models=len(members))
             objects.append(model)

@@ -142,11 +142,13 @@ class CnnGraphsStage(CnnStage):
 
     @classmethod
     def first_uses(cls) -> list:
-        """cuBLAS's once-a-process start (the linear layers' products), and cuDNN's where the
-        conv layers are asked of it, which `graphtrain run` begins beside the data loading."""
-        from graphtrain.libs import cublas, cudnn
+        """The lane the model runs on, with its cuBLASLt handle (the linear layers' products:
+        cnn_shared.first_use), and cuDNN's start where the conv layers are asked of it, which
+        `graphtrain run` begins beside the data loading."""
+        from graphtrain.libs import cudnn
+        from graphtrain.stages import cnn_shared
 
-        return [cublas.first_use, *([cudnn.first_use] if cls.conv_path == "cudnn" else [])]
+        return [cnn_shared.first_use, *([cudnn.first_use] if cls.conv_path == "cudnn" else [])]
 
     @classmethod
     def on_conv_path(cls, path: str) -> type[CnnGraphsStage]:
@@ -158,19 +160,15 @@ class CnnGraphsStage(CnnStage):
     def setup(self) -> None:
         from graphtrain.libs import cuda
         from graphtrain.stages.cnn_device import CnnDevice
-
-        from graphtrain.recipe import MNIST_MEAN, MNIST_STD
+        from graphtrain.stages.cnn_shared import MNIST_NORMALISATION, dataset_arrays
 
         self.spec, self.recipe = cnn_model(self)
         self.device = cuda.open_device()
-        data = self.data
-        # The images as loaded, normalised on the device; the labels as they are (int32 already:
-        # the same arrays for every row, so the dataset is uploaded once per process).
-        self.model = m = CnnDevice(self.device, self.spec, self.recipe, data.train_images,
-                                   data.train_labels.astype(np.int32, copy=False), data.test_images,
-                                   data.test_labels.astype(np.int32, copy=False), fused=self.conv_path == "fused",
-                                   device_loop=self.device_loop, normalisation=(MNIST_MEAN, MNIST_STD),
-                                   **self.model_options())
+        # The images as loaded, normalised on the device: the same arrays for every row, so the
+        # dataset is uploaded once per process.
+        self.model = m = CnnDevice(self.device, self.spec, self.recipe, *dataset_arrays(self.data),
+                                   fused=self.conv_path == "fused", device_loop=self.device_loop,
+                                   normalisation=MNIST_NORMALISATION, **self.model_options())
         self.note = m.precision_note()
         self.start_event, self.end_event = cuda.Event(), cuda.Event()
         # Warm up (the first launch of every kernel and library call, the evaluation's too), then
@@ -179,7 +177,8 @@ class CnnGraphsStage(CnnStage):
         m.reset(m.stream)
         m.record_step(m.stream)
         m.record_eval(m.stream)
-        m.stream.synchronize()
+        # No wait for the warm-up: start_run's uploads are queued after it on the same stream and
+        # wait for themselves (a warm-up kernel's failure surfaces there).
         self.start_run()
         self.capture()
 

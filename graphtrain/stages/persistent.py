@@ -111,7 +111,8 @@ def kernel_name(shape: Shape | MlpShape | WideShape) -> str:
 def products_note(shape: Shape | MlpShape | WideShape) -> str:
     """How the kernel of `shape` computes its products, as a run's record states it."""
     if isinstance(shape, WideShape):
-        staged = f"; k-steps staged in rings of {shape.stage_depth}" if shape.stage_depth else ""
+        staged = (f"; k-steps staged in rings of {shape.stage_depth}" if shape.stage_depth
+                  else f"; loads {shape.prefetch_depth} k-steps ahead" if shape.prefetch_depth > 1 else "")
         return (f"bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid of {shape.blocks} blocks "
                 f"of {shape.block_units} units{staged}")
     if isinstance(shape, MlpShape) and shape.bf16:

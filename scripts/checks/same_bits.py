@@ -34,6 +34,7 @@ RUNS = [
     ("bf16, softmax", ["--stage", "bf16", "--hidden", "none"]),
     ("device-loop, MLP 128", ["--stage", "device-loop", "--hidden", "128"]),
     ("persistent, MLP 128", ["--stage", "persistent", "--hidden", "128"]),
+    ("persistent, MLP 784x3 (the grid kernel)", ["--stage", "persistent", "--hidden", "784,784,784"]),
     ("graphs, MLP 128", ["--stage", "graphs", "--hidden", "128"]),
     ("graphs, speedrun cnn", ["--stage", "graphs", "--preset", "speedrun"]),
     ("device-loop, speedrun cnn", ["--stage", "device-loop", "--preset", "speedrun"]),

@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=469, help="SGD steps (the preset's batch; at most an epoch)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"builds to count, of {', '.join(VARIANTS)}")
     parser.add_argument("--units", type=int, default=0, help="units a block owns (0: the rung's choice)")
+    parser.add_argument("--prefetch", default="0", help="the registers build's k-steps loaded ahead, a column each "
+                        "(comma-separated; 0: the rung's, DEFAULT_PREFETCH)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -81,8 +83,11 @@ def main() -> None:
         steps = min(args.steps, -(-stage.num_train // config.batch))
         counts = arena.reserve("phase_counts", (len(PHASES) * (layers + 1),), np.int64)
         arena.allocate()
-        for variant in variants:
-            shape = dataclasses.replace(stage.shape, variant=variant)
+        depths = [int(p) for p in args.prefetch.split(",")]
+        builds = [(f"{v} prefetch {p}" if v == "registers" and len(depths) > 1 else v, v, p)
+                  for v in variants for p in (depths if v == "registers" else [0])]
+        for variant, build, depth in builds:
+            shape = dataclasses.replace(stage.shape, variant=build, prefetch=depth)
             refusal = shape.refusal()
             if refusal is not None:
                 notes.append(f"{variant}: not built ({refusal})")

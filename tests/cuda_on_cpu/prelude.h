@@ -24,9 +24,11 @@
 struct Dim3 { unsigned x, y, z; };
 thread_local Dim3 threadIdx, blockIdx;
 struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 using std::min;
