@@ -14,7 +14,8 @@ from graphtrain import config
 from graphtrain.config import cnn_spec
 from graphtrain.errors import ModelUnsupported
 from graphtrain.kernels.persistent import MAX_SHARED_BYTES
-from graphtrain.kernels.persistent_cnn import CnnShape, PersistentCnn, problems_of
+from graphtrain.kernels import KERNELS_DIR
+from graphtrain.kernels.persistent_cnn import PHASES, CnnShape, PersistentCnn, problems_of
 from graphtrain.reference_cnn import CnnSpec, ConvLayer
 from graphtrain.stages import trainer_of
 from graphtrain.stages.cnn_persistent import cnn_refusal
@@ -99,3 +100,34 @@ def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available
     if table == "layout":
         assert SPEEDRUN.shared_bytes == before.bytes + moved == SPEEDRUN.defines["SMEM_BYTES"]
     assert PersistentCnn.cubin("sm_90", SPEEDRUN.defines) != plain
+
+
+@pytest.mark.parametrize("shape", [SPEEDRUN, dataclasses.replace(SPEEDRUN, passes=3)])
+def test_the_probe_build_compiles(nvrtc_available, cache, shape):
+    """scripts/probes/persistent_cnn_phases.py's build: the kernel with -DPROBES (probes.cuh, block 0
+    of the grid probing), a slot for every phase of the launcher's PHASES, their counts at the end of
+    its shared memory; the plain build has no probe code."""
+    plain, probed = PersistentCnn.build_layout(shape), PersistentCnn.build_layout(shape, probes=True)
+    assert probed.bytes == plain.bytes + 8 * len(PHASES) and probed.offsets["probe_counts"] == plain.bytes
+    assert probed.bytes <= MAX_SHARED_BYTES
+    defines = PersistentCnn.build_defines(shape, probes=True)
+    assert defines["SMEM_BYTES"] == probed.bytes and "PROBES" not in PersistentCnn.build_defines(shape)
+    assert PersistentCnn.build_defines(shape) == shape.defines
+    cubin = PersistentCnn.cubin("sm_90", defines)
+    assert cubin.startswith(ELF_MAGIC) and cubin != PersistentCnn.cubin("sm_90", shape.defines)
+
+
+def test_every_phase_is_probed_in_the_kernel_in_step_order():
+    """Each of PHASES ends once in the kernel's step, in the table's order (a slot the kernel never
+    counts would print as nothing; a probe the table lacks would not compile), a phase before the
+    wait of the grid barrier after it."""
+    source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
+    step = source[source.index("cnn_epoch("):source.index("cnn_evaluate(")]
+    places = []
+    for name, _ in PHASES:
+        macro = "BARRIER" if name.startswith("WAIT_") else "PHASE_END"
+        assert step.count(f"{macro}(probes, {name})") == 1, name
+        places.append(step.index(f"{macro}(probes, {name})"))
+    assert places == sorted(places)
+    assert [name.startswith("WAIT_") for name, _ in PHASES] == [False, True] * 6
+    assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"

@@ -48,7 +48,7 @@ def build(shape: CnnShape, folder) -> str:
         pytest.skip("no g++ to compile the kernel for the CPU")
     optim = (KERNELS_DIR / "optim.cu").read_text()
     optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
-    source = "".join((KERNELS_DIR / name).read_text() for name in ("tf32_mma.cuh", "logits_loss.cuh")) + optim
+    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "tf32_mma.cuh", "logits_loss.cuh")) + optim
     source += (KERNELS_DIR / "persistent_cnn.cu").read_text()
     for old, new in REPLACED.items():
         assert old in source, f"persistent_cnn.cu no longer has {old!r}: the emulation must follow it"
@@ -87,8 +87,20 @@ CASES = {
 }
 
 
+# The recipes the device's constants select (test_persistent_cnn_gpu.py's): the speedrun's Adam with its
+# one-cycle rate, AdamW (decoupled weight decay) with the cosine schedule, Nesterov momentum with warm-up.
+RECIPES = {
+    "adam-one-cycle": lambda total: (Optimizer("adam", betas=(0.7, 0.9)), Schedule("one-cycle", 0.01, total)),
+    "adamw-cosine": lambda total: (Optimizer("adamw", betas=(0.7, 0.9), weight_decay=5e-4),
+                                   Schedule("cosine", 0.01, total)),
+    "nesterov-warmup": lambda total: (Optimizer("nesterov", momentum=0.9), Schedule("warmup", 0.05, total,
+                                                                                    warmup_steps=2)),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_steps_match_float64(tmp_path, case, seed):
+def test_steps_match_float64(tmp_path, case, recipe, seed):
     shape, samples, launches, num_test = CASES[case]
     assert shape.refusal() is None
     spec = spec_of(shape)
@@ -100,7 +112,7 @@ def test_steps_match_float64(tmp_path, case, seed):
     test_labels = rng.integers(0, shape.classes, num_test).astype(np.int32)
     params = reference_cnn.init_params(spec, seed, np.float32)
     total = 100
-    optimizer, schedule = Optimizer("adam", betas=(0.7, 0.9)), Schedule("one-cycle", 0.01, total)
+    optimizer, schedule = RECIPES[recipe](total)
     orders = [rng.permutation(samples).astype(np.int32) for _ in launches]
 
     # float64: the same steps (fc1's products from TF32-rounded operands in one pass), the optimizer's

@@ -89,6 +89,9 @@ struct Smem {
     unsigned char* arg2;  // [A2]        pool 2's
     float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
     float* tb;       // [TILE][STAGE_STRIDE]  its B tile
+#ifdef PROBES
+    long long* probe_counts;  // [PROBE_PHASES]  the probe build's phase counts
+#endif
 };
 
 __device__ Smem carve(unsigned char* base) {
@@ -105,6 +108,9 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, arg2, SMEM_ARG2);
     SMEM_REGION(s, base, ta, SMEM_TA);
     SMEM_REGION(s, base, tb, SMEM_TB);
+#ifdef PROBES
+    SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
+#endif
     check_shared_bytes(SMEM_BYTES);
     return s;
 }
@@ -548,6 +554,13 @@ __device__ void conv_update(const Workspace& ws, const Step& st, float* params, 
 }
 
 // ---- the epoch -----------------------------------------------------------------------------------
+// The probe build (probes.cuh, -DPROBES; PROBE_RANK blockIdx.x): thread 0 of block 0 adds each phase's
+// SM cycles and each grid barrier's wait (PHASES in kernels/persistent_cnn.py) over the launch's steps
+// in shared memory, and writes them where the metrics would go at its end. A phase ends at a block
+// barrier there (its slowest warp's time), so the wait that follows is the grid barrier's alone.
+#define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
+#define BARRIER(p, name) do { grid_sync(ws.barrier); PROBE_END(p, name, 0); } while (0)
+
 // The metrics, added in block order by block 0 (after a barrier): out[0] += Σ loss, out[1] += Σ correct.
 __device__ void add_metrics(const Smem& s, const Workspace& ws, int rank, double loss_sum, double correct_sum, double* out) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -581,6 +594,8 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
     const Workspace ws = workspace_at(workspace);
     const int rank = blockIdx.x;
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
+    Probes probes(metrics);  // (a probe build's table, where the metrics would go)
+    PROBE_START(probes, s.probe_counts);
     for (int step = 0; step < num_steps; ++step) {
         const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH, 0};
         const Update up(constants, first_step + step + 1);
@@ -589,24 +604,37 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         load_conv(s, params);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) s.grad[i] = 0.0f;
         for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
-        grid_sync(ws.barrier);  // a2 of every sample
+        PHASE_END(probes, CONVS_FORWARD);
+        BARRIER(probes, WAIT_CONVS_FORWARD);  // a2 of every sample
         fc1_forward(s, ws, st, w1, params + P_B1);
-        grid_sync(ws.barrier);  // h
+        PHASE_END(probes, FC1);
+        BARRIER(probes, WAIT_FC1);  // h
         head(ws, st, params, labels, true, measure != 0, loss_sum, correct_sum);
-        grid_sync(ws.barrier);  // dz, dh
+        PHASE_END(probes, HEAD);
+        BARRIER(probes, WAIT_HEAD);  // dz, dh
         linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up);
-        grid_sync(ws.barrier);  // da2; the linear layers updated
+        PHASE_END(probes, LINEAR_BACKWARD);
+        BARRIER(probes, WAIT_LINEAR_BACKWARD);  // da2; the linear layers updated
         for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r));
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
-        grid_sync(ws.barrier);  // every block's conv gradient sums
+        PHASE_END(probes, CONVS_BACKWARD);
+        BARRIER(probes, WAIT_CONVS_BACKWARD);  // every block's conv gradient sums
         conv_update(ws, st, params, slot1, slot2, up);
-        grid_sync(ws.barrier);  // the conv parameters updated
+        PHASE_END(probes, CONV_UPDATE);
+        BARRIER(probes, WAIT_CONV_UPDATE);  // the conv parameters updated
     }
     if (num_steps & 1)  // the last step wrote the other copy of W1
         for (int i = rank * THREADS + threadIdx.x; i < HIDDEN * FLAT; i += BLOCKS * THREADS)
             __stcg(params + P_W1 + i, __ldcg(ws.w1_other + i));
+#ifdef PROBES
+    add_metrics(s, ws, rank, loss_sum, correct_sum, nullptr);  // (metrics holds the probe table)
+    PROBE_FINISH(probes);
+#else
     add_metrics(s, ws, rank, loss_sum, correct_sum, metrics);
+#endif
 }
+#undef PHASE_END
+#undef BARRIER
 
 // out[1] += the number of the first num_samples images whose largest logit is their label's (out[0]
 // is left as it is), in passes of BATCH rows (the same phases 1–3 as training, without the gradients).

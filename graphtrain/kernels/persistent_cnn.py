@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from graphtrain.kernels import I32, PTR, KernelFile, kernel
 from graphtrain.kernels.optim import CONSTANTS, layout_defines
-from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region
+from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region, probe_defines
 from graphtrain.libs import cuda
 
 THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32 tile each
@@ -23,6 +23,22 @@ KC = 64  # the k-values of a tile's operands staged at a time: fc1's 800 inputs 
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
 WARPS = THREADS // 32
+# The probe build's phases (probes.cuh; scripts/probes/persistent_cnn_phases.py) in step order, the
+# cycles from the probe before to its own: (name in the kernel, meaning).
+PHASES = tuple(tuple(line.split(None, 1)) for line in """
+CONVS_FORWARD         1: the block's samples' conv 1 + pool + ReLU, conv 2 + pool + ReLU, a2 published
+WAIT_CONVS_FORWARD    grid barrier after 1: a2 of every sample
+FC1                   2: h = relu(a2·W1ᵀ + b1), the block's tiles
+WAIT_FC1              grid barrier after 2: h
+HEAD                  3: logits, softmax, dz and dh, a warp a row
+WAIT_HEAD             grid barrier after 3: dz, dh
+LINEAR_BACKWARD       4: dW1's tiles and W1's update, da2's tiles, W2, b2 and b1's gradients and updates
+WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
+CONVS_BACKWARD        5: the block's samples' convolutions backward, its conv gradient sums published
+WAIT_CONVS_BACKWARD   grid barrier after 5: every block's sums
+CONV_UPDATE           6: the conv gradients summed over the blocks, the conv parameters' update
+WAIT_CONV_UPDATE      grid barrier after 6: the conv parameters updated
+""".strip().splitlines())
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,11 @@ class CnnShape:
     @property
     def layout(self) -> Layout:
         """persistent_cnn.cu's shared memory (its struct Smem says what each region holds)."""
+        return self.layout_with()
+
+    def layout_with(self, probe_counts: int = 0) -> Layout:
+        """The shared memory with `probe_counts` int64 phase counts at its end (the probe build's)."""
+        probes = [Region("probe_counts", "long long", probe_counts)] if probe_counts else []
         return Layout([
             Region("totals", "double", 2 * WARPS),
             Region("conv", "float", self.conv_params, 16),
@@ -99,6 +120,7 @@ class CnnShape:
             Region("arg2", "unsigned char", self.flat, 16),
             Region("ta", "float", TILE * (KC + 4), 16),
             Region("tb", "float", TILE * (KC + 4), 16),
+            *probes,
         ])
 
     @property
@@ -166,7 +188,7 @@ def problems_of(spec) -> list[str]:
 class PersistentCnn(KernelFile):
     stem = "persistent_cnn"
     min_arch = 80  # TF32 mma; no cluster
-    headers = ("smem_layout.cuh", "tf32_mma.cuh", "logits_loss.cuh", "model_axis.cuh", "optim.cu")
+    headers = ("smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "logits_loss.cuh", "model_axis.cuh", "optim.cu")
     # The class's defines compile the file for the speedrun's cnn (the CPU tests); a stage passes its own.
     defines = CnnShape(28, 24, 5, 32, 3, 256, 10, 256).defines
     _cnn_epoch = kernel("cnn_epoch", PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32, PTR, cooperative=True,
@@ -174,11 +196,28 @@ class PersistentCnn(KernelFile):
     _cnn_evaluate = kernel("cnn_evaluate", PTR, PTR, I32, PTR, PTR, PTR, cooperative=True,
                            max_shared_bytes=MAX_SHARED_BYTES)
 
-    def __init__(self, device, shape: CnnShape):
-        self.shape, self.shared_bytes = shape, shape.shared_bytes  # (the table is read once, not per launch)
+    def __init__(self, device, shape: CnnShape, probes: bool = False):
+        """`probes`: the probe build (probes.cuh), which counts the SM cycles of each of PHASES over
+        a launch's steps (thread 0 of block 0) and writes them, len(PHASES) int64, where train_epoch's
+        `metrics` would go (launched with measure off)."""
+        # (the table is read once, not per launch)
+        self.shape, self.shared_bytes = shape, self.build_layout(shape, probes).bytes
         workspace = shape.workspace
         self.workspace_bytes, self.barrier_offset = workspace.bytes, workspace.offsets["barrier"]
-        super().__init__(device, shape.defines)
+        super().__init__(device, self.build_defines(shape, probes))
+
+    @staticmethod
+    def build_layout(shape: CnnShape, probes: bool = False) -> Layout:
+        """The shared memory of the kernel for `shape`, with its probes' counts or without."""
+        return shape.layout_with(len(PHASES) if probes else 0)
+
+    @classmethod
+    def build_defines(cls, shape: CnnShape, probes: bool = False) -> dict[str, int | str]:
+        """The -D defines of the kernel for `shape`, with its probes or without."""
+        if not probes:
+            return shape.defines
+        return {**shape.defines, **cls.build_layout(shape, True).defines, **probe_defines(name for name, _ in PHASES),
+                "PROBE_PHASES": len(PHASES), "PROBE_LAYERS": 1, "PROBE_RANK": "blockIdx.x"}
 
     def train_epoch(self, stream, images: int, labels: int, order: int, params: int, slot1: int, slot2: int,
                     constants: int, num_samples: int, num_steps: int, first_step: int, metrics: int, measure: bool,

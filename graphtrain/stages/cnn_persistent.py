@@ -51,8 +51,7 @@ class CnnPersistentStage(CnnStage):
         from graphtrain.kernels.persistent_cnn import CnnShape, PersistentCnn
         from graphtrain.libs import cuda
         from graphtrain.libs.memory import Arena
-        from graphtrain.recipe import MNIST_MEAN, MNIST_STD
-        from graphtrain.stages.cnn_shared import resident_data
+        from graphtrain.stages.cnn_shared import MNIST_NORMALISATION, dataset_arrays, resident_data
 
         self.spec, self.recipe = cnn_model(self)
         refuse_unless_trains(self.spec, self.recipe.batch, self.precision)  # before the GPU is opened
@@ -61,10 +60,10 @@ class CnnPersistentStage(CnnStage):
         self.shape = shape = CnnShape.of(self.spec, self.recipe.batch, self.precision, device.sm_count)
         self.note = f"{self.precision} products on the tensor cores ({shape.passes} pass{'es' * (shape.passes > 1)})"
         self.stream = cuda.Stream()
-        data = self.data
-        self.resident = resident_data(device, data.train_images, data.train_labels.astype(np.int32, copy=False),
-                                      data.test_images, data.test_labels.astype(np.int32, copy=False), self.stream,
-                                      (MNIST_MEAN, MNIST_STD)).acquire()
+        # The same arrays as every cnn row hands (uploaded once a process); where another model's
+        # upload of them is still under way beside its setup, ready() waits for it.
+        self.resident = resident_data(device, *dataset_arrays(self.data), self.stream,
+                                      MNIST_NORMALISATION).acquire().ready()
         self.kernel = PersistentCnn(device, shape)
         self.arena = arena = Arena()
         n = shape.num_params
