@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from graphtrain import config
@@ -131,3 +132,18 @@ def test_every_phase_is_probed_in_the_kernel_in_step_order():
     assert places == sorted(places)
     assert [name.startswith("WAIT_") for name, _ in PHASES] == [False, True] * 6
     assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"
+
+
+def test_the_phase_script_prints_each_phase_a_row_and_a_column_per_build():
+    """scripts/probes/persistent_cnn_phases.py's table: the kernel's PHASES in order, their cycles a
+    step in each build, the step's total."""
+    from test_persistent import load_script
+
+    module = load_script("persistent_cnn_phases")
+    steps = 4
+    tables = {p: np.zeros(len(PHASES), np.int64) for p in ("tf32", "fp32")}
+    tables["tf32"][0], tables["fp32"][0], tables["fp32"][11] = 4000, 8000, 400
+    rows = module.phase_rows(tables, steps)
+    assert rows[0] == "| phase (block 0) | tf32 | fp32 |" and len(rows) == 2 + len(PHASES) + 1
+    assert rows[2] == f"| {PHASES[0][1]} | 1000 | 2000 |" and rows[13] == f"| {PHASES[11][1]} | 0 | 100 |"
+    assert rows[-1] == "| **step** | **1000** | **2100** |"
