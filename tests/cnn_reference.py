@@ -16,34 +16,11 @@ def tf32(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
 
 
-def windows(c: np.ndarray) -> np.ndarray:
-    """The 2×2 pool windows of conv outputs c (N, C, H, W): (N, C, H/2, W/2, 4), row-major in a window."""
-    n, ch, h, w = c.shape
-    return c.reshape(n, ch, h // 2, 2, w // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, ch, h // 2, w // 2, 4)
-
-
-def near_ties(spec: CnnSpec, params, x, gap: float) -> list[tuple[int, int]]:
-    """The pool windows (conv layer, flat window index) whose largest output passes the ReLU and
-    lies within `gap` of the next largest: where fp32 sums may pick the other maximum."""
-    acts, out = reference_cnn.forward(spec, params, x), []
-    for layer, c in enumerate(acts["c"]):
-        top = np.sort(windows(c), axis=-1)[..., 2:].reshape(-1, 2)
-        out += [(layer, int(i)) for i in np.flatnonzero((top[:, 1] - top[:, 0] < gap) & (top[:, 1] > 0))]
-    return out
-
-
-def float64_step(spec: CnnSpec, params, x, labels, passes: int, runner_up: tuple[int, int] | None = None):
+def float64_step(spec: CnnSpec, params, x, labels, passes: int):
     """One step's (gradients, mean loss, correct count) in float64: reference_cnn's, with fc1's three
-    products (h, dW1, da2) from TF32-rounded operands where the kernel takes one pass. `runner_up`: a
-    window of near_ties whose gradient goes to its second largest output instead (its forward value
-    the same within the tie)."""
+    products (h, dW1, da2) from TF32-rounded operands where the kernel takes one pass."""
     rounded = tf32 if passes == 1 else (lambda v: v)
     acts = reference_cnn.forward(spec, params, x)
-    if runner_up is not None:
-        layer, index = runner_up
-        arg = acts["arg"][layer].reshape(-1)
-        top = np.argsort(windows(acts["c"][layer]), axis=-1, kind="stable")[..., 2:].reshape(-1, 2)[index]
-        arg[index] = top[0] if top[1] == arg[index] else top[1]
     a2, w1, b1, w2, b2 = acts["h"][0], *params[4:8]
     h = np.maximum(rounded(a2) @ rounded(w1).T + b1, 0)
     logits = h @ w2.T + b2
