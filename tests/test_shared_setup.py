@@ -204,7 +204,10 @@ def fake_uploads(monkeypatch):
     # An upload beside the caller: its thread sets the device and uploads on a stream of its own.
     monkeypatch.setattr(cuda, "runtime_api", lambda: _FakeRuntime)
     monkeypatch.setattr(cuda, "Stream", _FakeStream)
-    return counts
+    yield counts
+    # Every upload begun beside the test done (and its failure, if no caller took it, raised here)
+    # before the fakes are undone: a thread still running would reach the real calls with fake streams.
+    cuda.wait_for_head_starts()
 
 
 class _FakeRuntime:
