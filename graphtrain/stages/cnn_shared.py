@@ -153,6 +153,14 @@ class ResidentData:
     def close(self) -> None:
         self.arena.close()
 
+    def drop(self) -> None:
+        """Free the data, which no model holds, once an upload still under way is over. A failure
+        of that upload is not raised here, in the setup of a model of other data: no model was
+        handed it, so cuda.wait_for_head_starts raises it."""
+        if self.uploading is not None:
+            self.uploading.thread.join()
+        self.close()
+
 
 _resident: list[ResidentData] = []  # least recently used first
 
@@ -173,7 +181,7 @@ def resident_data(device: cuda.DeviceInfo, train_images: np.ndarray, train_label
             return data
     for data in [d for d in _resident if d.users == 0][:max(0, len(_resident) + 1 - MAX_RESIDENT)]:
         _resident.remove(data)
-        data.ready().close()  # an upload still under way first
+        data.drop()
     data = ResidentData(device, *arrays, stream, normalisation)
     if stream is None:
         try:
