@@ -204,7 +204,10 @@ def fake_uploads(monkeypatch):
     # An upload beside the caller: its thread sets the device and uploads on a stream of its own.
     monkeypatch.setattr(cuda, "runtime_api", lambda: _FakeRuntime)
     monkeypatch.setattr(cuda, "Stream", _FakeStream)
-    return counts
+    yield counts
+    # Every upload begun beside the test done (and its failure, if no caller took it, raised here)
+    # before the fakes are undone: a thread still running would reach the real calls with fake streams.
+    cuda.wait_for_head_starts()
 
 
 class _FakeRuntime:
@@ -301,14 +304,37 @@ def test_a_failed_upload_surfaces_where_the_data_is_used_and_is_dropped(fake_upl
     assert resident_data(FAKE_DEVICE, *arrays, None).ready() is not data, "the next model uploads it again"
 
 
+def test_a_failed_upload_of_data_no_model_holds_is_raised_by_the_wait_not_by_its_dropping(
+        fake_uploads, monkeypatch):
+    """A dataset whose model failed before using it, its upload failed too: dropping it to make
+    room for other data waits for the upload and frees it without raising in that other data's
+    setup; the failure is not lost: the wait for the head starts raises it."""
+    from graphtrain.stages.cnn_shared import MAX_RESIDENT, _resident, resident_data
+
+    copy = cuda.copy_to_device
+
+    def fails(dst, src, stream):
+        raise cuda.CudaError("cudaMemcpyAsync(HostToDevice)", "cudaErrorMemoryAllocation")
+
+    monkeypatch.setattr(cuda, "copy_to_device", fails)
+    orphan = resident_data(FAKE_DEVICE, *dataset(0), None)  # acquired and released by a failed setup
+    monkeypatch.setattr(cuda, "copy_to_device", copy)
+    others = [resident_data(FAKE_DEVICE, *dataset(seed), None).acquire() for seed in range(1, MAX_RESIDENT + 1)]
+    assert orphan not in _resident and fake_uploads["frees"] == 1, "dropped: its memory freed"
+    assert all(data.ready() in _resident for data in others)
+    with pytest.raises(cuda.HeadStartError, match="cudaErrorMemoryAllocation"):
+        cuda.wait_for_head_starts()
+
+
 def test_the_first_use_makes_lane_0_and_its_handle_for_the_setup(monkeypatch):
-    """cnn_shared.first_use, on its thread, makes lane 0 and its cuBLASLt handle; the setup's
-    lane_of takes that lane and that handle (waiting where they are still being made)."""
+    """cnn_shared.first_use, on its thread, makes lane 0 and its cuBLASLt handle, then makes one
+    algorithm query on that handle; the setup's lane_of takes that lane and that handle (waiting
+    where they are still being made)."""
     import threading
 
     from graphtrain.stages import cnn_shared
 
-    made, entered, gate = [], threading.Event(), threading.Event()
+    made, queries, entered, gate = [], [], threading.Event(), threading.Event()
 
     class FakeLt:
         def __init__(self, workspace, nbytes):
@@ -321,8 +347,12 @@ def test_the_first_use_makes_lane_0_and_its_handle_for_the_setup(monkeypatch):
             self.device, self.index, self._lt, self._lt_lock = device, index, None, threading.Lock()
             self.workspace = type("Workspace", (), {"ptr": 0, "nbytes": 1})()
 
+    def fake_query(lt, shape):  # cuBLASLt's heuristics, set up at their first query
+        queries.append((lt, shape, threading.current_thread().name))
+
     monkeypatch.setattr(cnn_shared, "Lt", FakeLt)
     monkeypatch.setattr(cnn_shared, "Lane", FakeLane)
+    monkeypatch.setattr(cnn_shared, "choose_algo", fake_query)
     monkeypatch.setattr(cnn_shared, "_lanes", {})
     monkeypatch.setattr(cuda, "open_device", lambda: FAKE_DEVICE)
     thread = threading.Thread(target=cnn_shared.first_use, name="first-use")
@@ -334,6 +364,7 @@ def test_the_first_use_makes_lane_0_and_its_handle_for_the_setup(monkeypatch):
         handle = lane.lt()  # waits for the first use's handle rather than making another
         thread.join(5)
         assert made == ["first-use"] and lane.lt() is handle and cnn_shared.lane_of(FAKE_DEVICE) is lane
+        assert queries == [(handle, cnn_shared.FIRST_QUERY, "first-use")], "one query, after the handle"
     finally:
         gate.set()
         thread.join(5)

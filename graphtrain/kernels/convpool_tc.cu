@@ -8,6 +8,9 @@
 // per model (the forward's input x moves by its own x_stride: 0 where every model reads the same
 // images); blockIdx.z is the model, the grids' x (and the loops over it) are a model's own.
 
+// TC_MIN_BLOCKS: the blocks an SM is to hold of the forward and the weight gradient (their registers
+// bound it, their staging does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers);
+// 3 caps a thread at 80 registers, spilling a few hundred bytes, for more warps to hide latency with.
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
 #define WC (TC_W - TC_K + 1)
@@ -80,7 +83,7 @@ __device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restr
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
 #define F_GROUPS ((PLANE + 7) / 8)
-extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_forward(
+extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
     x = model_at(x, x_stride);
@@ -266,7 +269,7 @@ static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups
 // dconv's rows, and after the last sample the slices' sums where they were
 #define RED_WORDS (W_SLICES > 1 ? W_SLICES * W_GROUPS * W_MT * W_NTW * 128 : 0)
 #define DCS_WORDS (W_MT * 16 * KPS > RED_WORDS ? W_MT * 16 * KPS : RED_WORDS)
-extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_weight_grad(
+extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_weight_grad(
         const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
         float* __restrict__ partial, int n, int per_chunk, long long model_stride) {
     x = model_at(x, model_stride);

@@ -22,6 +22,7 @@ BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many bloc
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
+MIN_BLOCKS = 1  # the forward's and weight gradient's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
 
 
 def _c(n: int, d: int) -> int:
@@ -83,7 +84,7 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH}
+               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -100,7 +101,7 @@ class ConvPoolTc(KernelFile):
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
         self.bd_spb = s.samples_per_block(s.backward_data_words, ceil_div(h * w, 16))  # items: 16 input positions
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
-                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb})
+                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES

@@ -154,7 +154,7 @@ __device__ Smem carve(unsigned char* base) {
 struct Workspace {
     unsigned long long* barrier;  // the grid barrier's arrivals
     double* block_metrics;        // [BLOCKS][2]                       each block's loss and correct count
-    bf16_bits* x;                 // [2][ROWS16][FEATURE_STRIDE]       x of the steps, by step parity
+    bf16_bits* x;                 // [2][FEATURE_STRIDE / 16][ROWS16][16] x of the steps, by step parity
     bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
     bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
     bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD][HIDDEN_PAD]  W_l, l ≥ 2, by step parity
@@ -230,7 +230,7 @@ __device__ __forceinline__ void staged_fragments(unsigned (&a)[MT][4], const bf1
 
 // The rows of an exchanged matrix of the batch, in pieces of WIDTH inputs, ROWS16 rows each (input k
 // of row r at (k / WIDTH)·ROWS16·WIDTH + r·WIDTH + k mod WIDTH): h_l or dh_l block-major (WIDTH =
-// UNITS, block c's units at piece c), x row-major (WIDTH = FEATURE_STRIDE, one piece). load(a, k) the
+// UNITS, block c's units at piece c), x in k-step pieces (WIDTH = 16). load(a, k) the
 // fragments of every m-tile at the lane's inputs k = k0 + 4t (rows past the step's are zero there,
 // written so by their producer); stage(slab, ks) the lane's copies of k-step ks.
 template <int WIDTH>
@@ -257,7 +257,7 @@ struct ExchangedRows {
     }
 };
 typedef ExchangedRows<UNITS> HiddenRows;           // h_l, dh_l
-typedef ExchangedRows<FEATURE_STRIDE> InputRows;   // x
+typedef ExchangedRows<16> InputRows;               // x
 
 // B fragments from fp32 master weights in shared memory, w[n][k] (unit-major, UNITS rows of `stride`),
 // rounded to bf16 as loaded: the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load (a
@@ -551,7 +551,10 @@ struct Step {
 
 // X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
 // FEATURE_STRIDE bf16, read-only for the launch) through the sample order, zero past its rows;
-// published, in 16-byte pieces, for every block's F_1 and W_1's update of that step.
+// published in 16-byte pieces (InputRows' layout: piece p of row r in k-step p / 2, half p mod 2), for
+// every block's F_1 and W_1's update of that step. Why k-step pieces: a fragment load's 32 lanes (rows
+// g, g + 8 of a tile, inputs k0 + 4t .. + 3) then read 256 contiguous bytes, two lines of 128, where
+// row-major rows a whole image apart take eight lines of 32 bytes, which L1TEX serves a line at a time.
 __device__ __forceinline__ void gather_rows(const Workspace& ws, const bf16_bits* images, const int* order, int step,
                                             int num_samples, int rank) {
     constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
@@ -563,7 +566,7 @@ __device__ __forceinline__ void gather_rows(const Workspace& ws, const bf16_bits
         if (r >= ROWS16) continue;
         const uint4 v = r < rows ? __ldg(reinterpret_cast<const uint4*>(images + __ldg(step_order + r) * FEATURE_STRIDE) + piece)
                                  : make_uint4(0u, 0u, 0u, 0u);
-        __stcg(x + r * PIECES + piece, v);
+        __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), v);
     }
 }
 

@@ -30,11 +30,13 @@ import numpy as np
 from graphtrain.data.images import MNIST_NORMALISATION
 from graphtrain.kernels.images import Images
 from graphtrain.libs import cuda
-from graphtrain.libs.cublaslt import Lt, LtGemms
+from graphtrain.libs.cublaslt import GemmShape, Lt, LtGemms, choose_algo
 from graphtrain.libs.cudnn import Cudnn
 from graphtrain.libs.memory import Arena
 
 LANE_WORKSPACE_BYTES = 32 << 20
+# first_use's query: any TF32 product (the heuristics' set-up is the same for every shape)
+FIRST_QUERY = GemmShape(False, True, 256, 256, 256, 256, 256, 256, "tf32")
 MAX_RESIDENT = 2  # datasets a device keeps; beyond, the least recently used one no model holds goes
 MAX_EVAL_PASSES = 64  # an evaluation's forward passes at most: the test set is padded by MAX_EVAL_PASSES − 1 rows
 
@@ -151,6 +153,14 @@ class ResidentData:
     def close(self) -> None:
         self.arena.close()
 
+    def drop(self) -> None:
+        """Free the data, which no model holds, once an upload still under way is over. A failure
+        of that upload is not raised here, in the setup of a model of other data: no model was
+        handed it, so cuda.wait_for_head_starts raises it."""
+        if self.uploading is not None:
+            self.uploading.thread.join()
+        self.close()
+
 
 _resident: list[ResidentData] = []  # least recently used first
 
@@ -171,7 +181,7 @@ def resident_data(device: cuda.DeviceInfo, train_images: np.ndarray, train_label
             return data
     for data in [d for d in _resident if d.users == 0][:max(0, len(_resident) + 1 - MAX_RESIDENT)]:
         _resident.remove(data)
-        data.ready().close()  # an upload still under way first
+        data.drop()
     data = ResidentData(device, *arrays, stream, normalisation)
     if stream is None:
         try:
@@ -253,6 +263,9 @@ def lane_of(device: cuda.DeviceInfo, index: int = 0) -> Lane:
 def first_use() -> None:
     """The cnn's once-a-process start on the GPU, begun beside the data loading (a cnn rung's
     `first_uses`): lane 0 made (its stream, its workspace, its cuBLASLt handle: the library's own
-    start on this GPU), which the setup's `lane_of` then takes as made. Where it fails, the
-    setup's own `lane_of` makes the lane again and raises what its own calls raise."""
-    lane_of(cuda.open_device()).lt()
+    start on this GPU), which the setup's `lane_of` then takes as made, and one algorithm query
+    (cuBLASLt's heuristics set themselves up at their first, which would otherwise fall in the
+    setup's first choice of an algorithm). Where it fails, the setup's own `lane_of` makes the lane
+    again and raises what its own calls raise."""
+    lt = lane_of(cuda.open_device()).lt()
+    choose_algo(lt, FIRST_QUERY)

@@ -3,7 +3,7 @@ of its own and timed with CUDA events (GPU time, no host in it), then the whole 
 as one graph, and the whole run (device loop) as the speedrun times it. With --models K, the step
 of K models on one model axis (a sweep's pack, graphtrain.stages.cnn_pack's mode "axis"): each
 launch trains all K; the per-launch and whole-step times only.
-Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K]"""
+Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K] [--min-blocks B]"""
 
 import argparse
 import sys
@@ -21,7 +21,13 @@ parser.add_argument("--body", type=int, default=5)
 parser.add_argument("--cudnn", action="store_true", help="the conv layers through cuDNN, not convpool.cu")
 parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on NCHW tensors")
 parser.add_argument("--models", type=int, default=1, help="models on one model axis (the fused conv kernels)")
+parser.add_argument("--min-blocks", type=int, default=0,
+                    help="convpool_tc.cu's TC_MIN_BLOCKS (blocks an SM its forward and weight gradient are built for; 0: the default)")
 args = parser.parse_args()
+if args.min_blocks:
+    from graphtrain.kernels import convpool_tc
+
+    convpool_tc.MIN_BLOCKS = args.min_blocks
 speedrun = config.preset("speedrun").replace(precision=args.precision)
 case = SpeedrunCase.of(speedrun, data.load("mnist"))
 plan, mnist = case.plan(speedrun, 0), case.data
