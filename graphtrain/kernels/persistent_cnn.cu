@@ -272,48 +272,66 @@ struct Step {
 };
 
 // out[o][pi][pj] = max over the 2×2 window of conv(in)[o] + b[o], then ReLU; arg its first maximum's
-// position (row-major). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread a pooled output:
-// its window's four conv outputs from one (K+1)×(K+1) patch of each input map and its K×K weights,
-// held in registers (each output's sum over c, u, v in that order).
-template <int CIN, int COUT, int SIDE, int K>
+// position (row-major), each written to shared memory (out, arg) and to the workspace (out_global,
+// arg_global). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread OG output maps'
+// pooled outputs at one position: their windows' four conv outputs each from one (K+1)×(K+1) patch of
+// each input map, held in registers with the OG filters' K×K taps (a patch's loads feed OG maps; each
+// output's sum over c, u, v in that order).
+template <int CIN, int COUT, int SIDE, int K, int OG>
 __device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, const float* b, float* out,
-                                               unsigned char* arg, float* out_global) {
-    constexpr int CONV = SIDE - K + 1, POOLED = CONV / 2;
-    for (int i = threadIdx.x; i < COUT * POOLED * POOLED; i += THREADS) {
-        const int o = i / (POOLED * POOLED), p = i - o * POOLED * POOLED, pi = p / POOLED, pj = p - pi * POOLED;
-        float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the window's conv outputs, row-major
+                                               unsigned char* arg, float* out_global, unsigned char* arg_global) {
+    static_assert(COUT % OG == 0, "a thread's maps divide the layer's");
+    constexpr int CONV = SIDE - K + 1, POOLED = CONV / 2, AREA = POOLED * POOLED;
+    for (int task = threadIdx.x; task < COUT / OG * AREA; task += THREADS) {
+        const int o0 = task / AREA * OG, p = task % AREA, pi = p / POOLED, pj = p - pi * POOLED;
+        float z[OG][4];  // each map's window of conv outputs, row-major
+#pragma unroll
+        for (int g = 0; g < OG; ++g)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) z[g][q] = 0.0f;
         for (int c = 0; c < CIN; ++c) {
             const float* patch_at = in + (c * SIDE + 2 * pi) * SIDE + 2 * pj;
-            const float* taps = w + (o * CIN + c) * K * K;
-            float patch[K + 1][K + 1], tap[K][K];
+            float patch[K + 1][K + 1];
 #pragma unroll
             for (int u = 0; u <= K; ++u)
 #pragma unroll
                 for (int v = 0; v <= K; ++v) patch[u][v] = patch_at[u * SIDE + v];
 #pragma unroll
-            for (int u = 0; u < K; ++u)
+            for (int g = 0; g < OG; ++g) {
+                const float* taps = w + ((o0 + g) * CIN + c) * K * K;
+                float tap[K][K];
 #pragma unroll
-                for (int v = 0; v < K; ++v) tap[u][v] = taps[u * K + v];
+                for (int u = 0; u < K; ++u)
 #pragma unroll
-            for (int u = 0; u < K; ++u)
+                    for (int v = 0; v < K; ++v) tap[u][v] = taps[u * K + v];
 #pragma unroll
-                for (int v = 0; v < K; ++v)
+                for (int u = 0; u < K; ++u)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) z[q] = fmaf(patch[u + (q >> 1)][v + (q & 1)], tap[u][v], z[q]);
+                    for (int v = 0; v < K; ++v)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) z[g][q] = fmaf(patch[u + (q >> 1)][v + (q & 1)], tap[u][v], z[g][q]);
+            }
         }
-        float best = 0.0f;
-        int best_at = 0;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const float zq = z[q] + b[o];
-            if (q == 0 || zq > best) { best = zq; best_at = q; }
+        for (int g = 0; g < OG; ++g) {
+            float best = 0.0f;
+            int best_at = 0;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const float zq = z[g][q] + b[o0 + g];
+                if (q == 0 || zq > best) { best = zq; best_at = q; }
+            }
+            const int i = (o0 + g) * AREA + p;
+            const float a = fmaxf(best, 0.0f);
+            out[i] = a;
+            arg[i] = arg_global[i] = (unsigned char)best_at;
+            __stcg(out_global + i, a);
         }
-        const float a = fmaxf(best, 0.0f);
-        out[i] = a;
-        arg[i] = (unsigned char)best_at;
-        if (out_global) __stcg(out_global + i, a);
     }
 }
+
+// Output maps a thread of conv_pool_relu computes: as many as divide the layer's, up to `most`.
+#define MAPS_A_THREAD(cout, most) ((cout) % (most) == 0 ? (most) : (cout) % 2 == 0 ? 2 : 1)
 
 // The sample's forward through both convolutions: a1 (smem and the workspace), a2 published, the
 // argmaxes kept.
@@ -321,11 +339,11 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
     const float* image = images + (long long)sample * PIX;
     for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
     __syncthreads();
-    conv_pool_relu<1, C1, IMG, K1>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1);
+    conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1,
+                                                        ws.arg1 + (long long)r * A1);
     __syncthreads();
-    conv_pool_relu<C1, C2, P1, K2>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT);
-    for (int i = threadIdx.x; i < A1; i += THREADS) ws.arg1[(long long)r * A1 + i] = s.arg1[i];
-    for (int i = threadIdx.x; i < A2; i += THREADS) ws.arg2[(long long)r * A2 + i] = s.arg2[i];
+    conv_pool_relu<C1, C2, P1, K2, MAPS_A_THREAD(C2, 4)>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT,
+                                                        ws.arg2 + (long long)r * A2);
     __syncthreads();  // (the next sample overwrites x, a1)
 }
 
@@ -459,6 +477,54 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
 }
 
 // ---- phase 5: a sample's convolutions backward -------------------------------------------------------
+// The gradient at pool 1's outputs, ReLU-masked: conv 2's input gradient,
+//   dp1[c][y][x] = [a1[c][y][x] > 0] · Σ_o Σ_u Σ_v work[o][K2−1+y−u][K2−1+x−v] · w2[o][c][u][v]
+// (work: conv 2's output gradient with its zero border). A thread a DP1_T × DP1_T tile of one map: for
+// each o, the tile's (DP1_T + K2 − 1)² patch of work and the K2 × K2 taps into registers, then DP1_T²·K2²
+// FMAs, so that a shared-memory load feeds several FMAs (one load a term, two, gathered a thread an
+// output). Each output's sum runs over o, u, v in that order.
+#define DP1_T (P1 % 4 == 0 ? 4 : P1 % 3 == 0 ? 3 : P1 % 2 == 0 ? 2 : 1)
+__device__ __forceinline__ void pool1_gradient(const Smem& s) {
+    constexpr int T = DP1_T, TILES = P1 / T, PATCH = T + K2 - 1;
+    const float* w2 = s.conv + P_CW2;
+    for (int task = threadIdx.x; task < C1 * TILES * TILES; task += THREADS) {
+        const int c = task / (TILES * TILES), t = task - c * TILES * TILES, y0 = (t / TILES) * T, x0 = (t % TILES) * T;
+        float g[T][T];
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+#pragma unroll
+            for (int j = 0; j < T; ++j) g[i][j] = 0.0f;
+        for (int o = 0; o < C2; ++o) {
+            const float* at = s.work + (o * WP + y0) * WP + x0;  // the patch: bordered rows y0.., columns x0..
+            const float* taps = w2 + (o * C1 + c) * K2 * K2;
+            float patch[PATCH][PATCH], tap[K2][K2];
+#pragma unroll
+            for (int r = 0; r < PATCH; ++r)
+#pragma unroll
+                for (int q = 0; q < PATCH; ++q) patch[r][q] = at[r * WP + q];
+#pragma unroll
+            for (int u = 0; u < K2; ++u)
+#pragma unroll
+                for (int v = 0; v < K2; ++v) tap[u][v] = taps[u * K2 + v];
+#pragma unroll
+            for (int i = 0; i < T; ++i)
+#pragma unroll
+                for (int j = 0; j < T; ++j)
+#pragma unroll
+                    for (int u = 0; u < K2; ++u)
+#pragma unroll
+                        for (int v = 0; v < K2; ++v) g[i][j] = fmaf(patch[K2 - 1 + i - u][K2 - 1 + j - v], tap[u][v], g[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+#pragma unroll
+            for (int j = 0; j < T; ++j) {
+                const int k = (c * P1 + y0 + i) * P1 + x0 + j;
+                s.dp1[k] = s.a1[k] > 0.0f ? g[i][j] : 0.0f;
+            }
+    }
+}
+
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
 __device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
@@ -481,52 +547,53 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.work[(o * WP + K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
     }
     __syncthreads();
-    // conv 2's weight and bias gradients, from the pooled outputs' windows
-    for (int i = threadIdx.x; i < NW2; i += THREADS) {
-        const int o = i / (C1 * K2 * K2), rest = i - o * C1 * K2 * K2, c = rest / (K2 * K2), uv = rest - c * K2 * K2;
-        const int u = uv / K2, v = uv - u * K2;
-        float sum = 0.0f;
+    // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
+    // (c, o), o the fastest across a warp (its maps' loads on distinct banks), adding for each pooled
+    // output p of map o in order its gradient times the K2 × K2 patch of a1[c] at its window's argmax
+    for (int task = threadIdx.x; task < C1 * C2; task += THREADS) {
+        const int c = task / C2, o = task - c * C2;
+        float sum[K2][K2];
+#pragma unroll
+        for (int u = 0; u < K2; ++u)
+#pragma unroll
+            for (int v = 0; v < K2; ++v) sum[u][v] = 0.0f;
         for (int p = 0; p < P2 * P2; ++p) {
             const int pi = p / P2, pj = p - pi * P2, q = s.arg2[o * P2 * P2 + p];
-            const int y = 2 * pi + (q >> 1), x = 2 * pj + (q & 1);
-            sum = fmaf(s.dp2[o * P2 * P2 + p], s.a1[(c * P1 + y + u) * P1 + x + v], sum);
+            const float g = s.dp2[o * P2 * P2 + p];
+            const float* at = s.a1 + (c * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
+#pragma unroll
+            for (int u = 0; u < K2; ++u)
+#pragma unroll
+                for (int v = 0; v < K2; ++v) sum[u][v] = fmaf(g, at[u * P1 + v], sum[u][v]);
         }
-        s.grad[P_CW2 + i] += sum;
+#pragma unroll
+        for (int u = 0; u < K2; ++u)
+#pragma unroll
+            for (int v = 0; v < K2; ++v) s.grad[P_CW2 + ((o * C1 + c) * K2 + u) * K2 + v] += sum[u][v];
     }
     for (int o = threadIdx.x; o < C2; o += THREADS) {
         float sum = 0.0f;
         for (int p = 0; p < P2 * P2; ++p) sum += s.dp2[o * P2 * P2 + p];
         s.grad[P_CB2 + o] += sum;
     }
-    // the gradient at pool 1's outputs: conv 2's input gradient at each window's argmax, ReLU-masked
-    const float* w2 = s.conv + P_CW2;
-    for (int i = threadIdx.x; i < A1; i += THREADS) {
-        float g = 0.0f;
-        if (s.a1[i] > 0.0f) {
-            // a1[c][y][x] was read by conv 2's outputs (y − u, x − v) through the weight (u, v); those
-            // past conv 2's outputs read the border's zeros
-            const int c = i / (P1 * P1), p = i - c * P1 * P1, y = p / P1, x = p - y * P1;
-            const float* at = s.work + (K2 - 1 + y) * WP + K2 - 1 + x;
-            for (int o = 0; o < C2; ++o)
-#pragma unroll
-                for (int u = 0; u < K2; ++u)
-#pragma unroll
-                    for (int v = 0; v < K2; ++v)
-                        g = fmaf(at[(o * WP - u) * WP - v], w2[((o * C1 + c) * K2 + u) * K2 + v], g);
-        }
-        s.dp1[i] = g;
-    }
+    pool1_gradient(s);
     __syncthreads();
-    // conv 1's weight and bias gradients
-    for (int i = threadIdx.x; i < NW1; i += THREADS) {
-        const int o = i / (K1 * K1), uv = i - o * K1 * K1, u = uv / K1, v = uv - u * K1;
-        float sum = 0.0f;
+    // conv 1's weight gradients: a thread the K1 taps of one row u of map o's filter, adding for each
+    // pooled output p of map o in order its gradient times the image's row at its window's argmax
+    for (int task = threadIdx.x; task < C1 * K1; task += THREADS) {
+        const int o = task / K1, u = task - o * K1;
+        float sum[K1];
+#pragma unroll
+        for (int v = 0; v < K1; ++v) sum[v] = 0.0f;
         for (int p = 0; p < P1 * P1; ++p) {
             const int pi = p / P1, pj = p - pi * P1, q = s.arg1[o * P1 * P1 + p];
-            const int y = 2 * pi + (q >> 1), x = 2 * pj + (q & 1);
-            sum = fmaf(s.dp1[o * P1 * P1 + p], s.x[(y + u) * IMG + x + v], sum);
+            const float g = s.dp1[o * P1 * P1 + p];
+            const float* at = s.x + (2 * pi + (q >> 1) + u) * IMG + 2 * pj + (q & 1);
+#pragma unroll
+            for (int v = 0; v < K1; ++v) sum[v] = fmaf(g, at[v], sum[v]);
         }
-        s.grad[P_CW1 + i] += sum;
+#pragma unroll
+        for (int v = 0; v < K1; ++v) s.grad[P_CW1 + (o * K1 + u) * K1 + v] += sum[v];
     }
     for (int o = threadIdx.x; o < C1; o += THREADS) {
         float sum = 0.0f;
