@@ -57,6 +57,7 @@ class CnnShape:
     batch: int
     passes: int = 1
     blocks: int = ASSUMED_SMS
+    kc: int = KC  # the k-values of a product's operands staged a trip to L2
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -118,8 +119,8 @@ class CnnShape:
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
             Region("arg2", "unsigned char", self.flat, 16),
-            Region("ta", "float", TILE * (KC + 4), 16),
-            Region("tb", "float", TILE * (KC + 4), 16),
+            Region("ta", "float", TILE * (self.kc + 4), 16),
+            Region("tb", "float", TILE * (self.kc + 4), 16),
             *probes,
         ])
 
@@ -151,7 +152,7 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, "TILE": TILE, "KC": KC, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PASSES": self.passes, "TILE": TILE, "KC": self.kc, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:

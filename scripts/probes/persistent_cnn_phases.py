@@ -2,11 +2,14 @@
 """Where a step of the persistent rung's cnn kernel spends its time: SM cycles per phase, per step.
 
     python3 scripts/probes/persistent_cnn_phases.py [--preset speedrun] [--precisions tf32,fp32] [--steps 0]
+                                                    [--kc 64,128]
 
 Builds kernels/persistent_cnn.cu with its phase probes (-DPROBES, kernels/probes.cuh) for each of
 `--precisions` (the products' passes): thread 0 of block 0 reads the SM clock at the end of each of
 the step's six phases and of each grid barrier's wait after it (kernels/persistent_cnn.py's PHASES),
 adding each one's cycles over the launch in shared memory; the launch writes them out at its end.
+With `--kc`, each precision is built for each of those k-values staged a trip to L2 in the products
+(CnnShape.kc; the same sums in the same order), a column each.
 Each build trains `--steps` steps (0: an epoch) of the preset's cnn on MNIST in one launch, after a
 warm-up launch of one step, from the plan's initial weights, and the script prints the cycles per
 step of every phase, a markdown table with a column per build. The probe build ends each phase with
@@ -18,6 +21,7 @@ plain build (scripts/checks/persistent_cnn.py).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import shlex
 import sys
 
@@ -26,7 +30,7 @@ import numpy as np
 from graphtrain import data as data_mod
 from graphtrain import environment, report
 from graphtrain.config import preset
-from graphtrain.kernels.persistent_cnn import PASSES, PHASES, PersistentCnn
+from graphtrain.kernels.persistent_cnn import KC, PASSES, PHASES, PersistentCnn
 from graphtrain.libs import nvrtc
 from graphtrain.libs.memory import Arena
 from graphtrain.plan import RunPlan
@@ -49,6 +53,7 @@ def main() -> None:
     parser.add_argument("--preset", default="speedrun")
     parser.add_argument("--precisions", default="tf32", help=f"builds to count, of {', '.join(PASSES)}")
     parser.add_argument("--steps", type=int, default=0, help="steps in the counted launch (0: an epoch)")
+    parser.add_argument("--kc", default=str(KC), help="the products' k-values staged a trip, a build each (multiples of 8)")
     args = parser.parse_args()
     precisions = args.precisions.split(",")
     unknown = [p for p in precisions if p not in PASSES]
@@ -56,6 +61,12 @@ def main() -> None:
         parser.error(f"no precision {', '.join(unknown)} (one of {', '.join(PASSES)})")
     if args.steps < 0:
         parser.error(f"--steps {args.steps}: at least 0")
+    try:
+        kcs = [int(k) for k in args.kc.split(",")]
+    except ValueError:
+        parser.error(f"--kc {args.kc}: integers, e.g. 64,128")
+    if any(k < 8 or k % 8 for k in kcs):
+        parser.error(f"--kc {args.kc}: multiples of 8")
     base = preset(args.preset).replace(epochs=1, steps=None)
     if base.model != "cnn":
         parser.error(f"the preset {args.preset} trains a {base.model}, not a cnn")
@@ -70,18 +81,19 @@ def main() -> None:
             counts = arena.reserve("phase_counts", (len(PHASES),), np.int64)
             arena.allocate()
             notes.append(f"{precision}: {stage.note}, a grid of {stage.shape.blocks} blocks")
-            kernel = PersistentCnn(stage.device, stage.shape, probes=True)
-            try:
-                for num_steps in (1, steps):  # a warm-up launch, then the one counted
-                    stage.start_run()  # from the plan's initial weights
-                    counts.zero(stage.stream)
-                    kernel.train_epoch(stage.stream, stage.resident.train_x.ptr, stage.resident.train_y.ptr,
-                                       stage.orders.at(0, 0), stage.params.ptr, stage.slot1.ptr, stage.slot2.ptr,
-                                       stage.constants.ptr, stage.plan.samples_seen(num_steps), num_steps, 0,
-                                       counts.ptr, False, stage.workspace.ptr)
-                tables[precision] = counts.download(stage.stream)
-            finally:
-                kernel.close()
+            for kc in kcs:
+                kernel = PersistentCnn(stage.device, replace(stage.shape, kc=kc), probes=True)
+                try:
+                    for num_steps in (1, steps):  # a warm-up launch, then the one counted
+                        stage.start_run()  # from the plan's initial weights
+                        counts.zero(stage.stream)
+                        kernel.train_epoch(stage.stream, stage.resident.train_x.ptr, stage.resident.train_y.ptr,
+                                           stage.orders.at(0, 0), stage.params.ptr, stage.slot1.ptr, stage.slot2.ptr,
+                                           stage.constants.ptr, stage.plan.samples_seen(num_steps), num_steps, 0,
+                                           counts.ptr, False, stage.workspace.ptr)
+                    tables[precision if len(kcs) == 1 else f"{precision}, kc {kc}"] = counts.download(stage.stream)
+                finally:
+                    kernel.close()
             device = stage.device
     env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version()}
     print(report.script_header(f"persistent cnn kernel, {args.preset}: SM cycles per step", env,
