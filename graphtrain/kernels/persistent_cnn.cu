@@ -16,8 +16,8 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     every warp of the grid a column of W2 (its classes), b2 or a parameter of b1: the gradients
-//     (a lane's rows in order, the lanes by a butterfly) and updates
+//     every warp of the grid a parameter of W2, b2 or b1: its gradient (a lane's rows in order, the
+//     lanes by a butterfly) and update
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -68,7 +68,7 @@
 #define FC1_TILES (ROW_TILES * UNIT_TILES)
 #define DW1_TILES (UNIT_TILES * FLAT_TILES)
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
-#define HEAD_TASKS (HIDDEN + 1 + HIDDEN)  // phase 4's warps' tasks: W2's columns, b2, b1's parameters
+#define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
     || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
@@ -462,39 +462,27 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
             if (r < st.rows && f < FLAT) __stcg(ws.da2 + r * FLAT + f, d[i]);
         }
     }
-    // W2, b2, b1: a warp a column of W2 (every class's weight from unit u), b2 or a parameter of b1,
-    // lane l adding the rows r ≡ l (mod 32) in order, then the lanes by a butterfly (a fixed order; the
-    // rows' loads spread over the lanes, not queued on one; a column's h loaded once for its classes);
-    // lane j updates the task's class j
+    // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
+    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
     const int lane = threadIdx.x & 31;
-    for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_TASKS; i += BLOCKS * WARPS) {
-        if (i <= HIDDEN) {  // W2's column u = i, or b2 (i = HIDDEN)
-            float g[CLASSES];
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) g[j] = 0.0f;
-            for (int r = lane; r < st.rows; r += 32) {
-                const float h = i < HIDDEN ? __ldcg(ws.h + r * HIDDEN + i) : 1.0f;
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j) {
-                    const float dz = __ldcg(ws.dz + r * CLASSES + j);
-                    g[j] = i < HIDDEN ? fmaf(dz, h, g[j]) : g[j] + dz;
-                }
-            }
-            float mine = 0.0f;
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) {
-                const float sum = warp_sum(g[j]);
-                if (lane == j) mine = sum;
-            }
-            const int at = i < HIDDEN ? P_W2 + lane * HIDDEN + i : P_B2 + lane;
-            if (lane < CLASSES) __stcg(params + at, up.apply(__ldcg(params + at), mine, s1 + at, s2 + at));
+    for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
+        float g = 0.0f;
+        int at;
+        if (i < CLASSES * HIDDEN) {
+            const int j = i / HIDDEN, u = i - j * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
+            at = P_W2 + i;
+        } else if (i < CLASSES * HIDDEN + CLASSES) {
+            const int j = i - CLASSES * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
+            at = P_B2 + j;
         } else {
-            const int u = i - HIDDEN - 1;
-            float g = 0.0f;
+            const int u = i - CLASSES * HIDDEN - CLASSES;
             for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
-            g = warp_sum(g);
-            if (lane == 0) __stcg(params + P_B1 + u, up.apply(__ldcg(params + P_B1 + u), g, s1 + P_B1 + u, s2 + P_B1 + u));
+            at = P_B1 + u;
         }
+        g = warp_sum(g);
+        if (lane == 0) __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
     }
 }
 
