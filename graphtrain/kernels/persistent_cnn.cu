@@ -465,25 +465,22 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
     // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
     // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
     const int lane = threadIdx.x & 31;
-    constexpr int ROWS_A_LANE = (BATCH + 31) / 32;
     for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
-        // the lane's rows' factors loaded at once (a trip to L2, not one a row): a[k] · b[k] for W2's
-        // weights, a[k] for the biases (b[k] unused), then added in order
-        const bool weight = i < CLASSES * HIDDEN, bias2 = !weight && i < CLASSES * HIDDEN + CLASSES;
-        const int j = weight ? i / HIDDEN : i - CLASSES * HIDDEN, u = weight ? i - j * HIDDEN : i - CLASSES * HIDDEN - CLASSES;
-        const int at = weight ? P_W2 + i : bias2 ? P_B2 + j : P_B1 + u;
-        float a[ROWS_A_LANE], b[ROWS_A_LANE];
-#pragma unroll
-        for (int k = 0; k < ROWS_A_LANE; ++k) {
-            const int r = lane + 32 * k;
-            const bool row = r < st.rows;
-            a[k] = !row ? 0.0f : weight || bias2 ? __ldcg(ws.dz + r * CLASSES + j) : __ldcg(ws.dh + r * HIDDEN + u);
-            b[k] = row && weight ? __ldcg(ws.h + r * HIDDEN + u) : 0.0f;
-        }
         float g = 0.0f;
-#pragma unroll
-        for (int k = 0; k < ROWS_A_LANE; ++k)
-            if (lane + 32 * k < st.rows) g = weight ? fmaf(a[k], b[k], g) : g + a[k];
+        int at;
+        if (i < CLASSES * HIDDEN) {
+            const int j = i / HIDDEN, u = i - j * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
+            at = P_W2 + i;
+        } else if (i < CLASSES * HIDDEN + CLASSES) {
+            const int j = i - CLASSES * HIDDEN;
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
+            at = P_B2 + j;
+        } else {
+            const int u = i - CLASSES * HIDDEN - CLASSES;
+            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
+            at = P_B1 + u;
+        }
         g = warp_sum(g);
         if (lane == 0) __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
     }
@@ -624,18 +621,9 @@ __device__ void conv_update(const Workspace& ws, const Step& st, float* params, 
     constexpr int PER_PASS = THREADS / 8;
     for (int q0 = 0; st.rank + BLOCKS * q0 < NCONV; q0 += PER_PASS) {
         const int i = st.rank + BLOCKS * (q0 + (threadIdx.x >> 3));
-        // the lane's blocks' sums loaded at once (a trip to L2, not one a block), then added in order
-        constexpr int PER_LANE = (BLOCKS + 7) / 8;
-        float part[PER_LANE];
-#pragma unroll
-        for (int k = 0; k < PER_LANE; ++k) {
-            const int c = sub + 8 * k;
-            part[k] = i < NCONV && c < BLOCKS ? __ldcg(ws.conv_part + (long long)c * NCONV + i) : 0.0f;
-        }
         float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PER_LANE; ++k)
-            if (sub + 8 * k < BLOCKS) sum += part[k];
+        if (i < NCONV)
+            for (int c = sub; c < BLOCKS; c += 8) sum += __ldcg(ws.conv_part + (long long)c * NCONV + i);
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (i < NCONV && sub == 0) __stcg(params + i, up.apply(__ldcg(params + i), sum, s1 + i, s2 + i));
