@@ -319,13 +319,20 @@ struct NoWeights {
 template <bool FIRST, class A, class B> struct Either { typedef A type; };
 template <class A, class B> struct Either<false, A, B> { typedef B type; };
 
-// A ring's fragments (N of Q registers each: an A operand's 4, a B operand's 2) moved along it.
-template <int N, int Q>
-__device__ __forceinline__ void copy_fragments(unsigned (&to)[N][Q], const unsigned (&from)[N][Q]) {
+template <int N>
+__device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsigned (&from)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-        for (int q = 0; q < Q; ++q) to[i][q] = from[i][q];
+        for (int q = 0; q < 4; ++q) to[i][q] = from[i][q];
+}
+
+__device__ __forceinline__ void copy_b(unsigned (&to)[NT][2], const unsigned (&from)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        to[n][0] = from[n][0];
+        to[n][1] = from[n][1];
+    }
 }
 
 // ---- the products --------------------------------------------------------------------------------
@@ -405,7 +412,7 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
                 body(warp + i * WARPS, a[j], b[j]);
                 if (more) {
                     copy_fragments(a[j], next_a);
-                    copy_fragments(b[j], next_b);
+                    copy_b(b[j], next_b);
                 }
             }
         }

@@ -110,35 +110,45 @@ def cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else files.cache_dir("kernels")
 
 
-def _run_nvrtc(source: str, name: str, options: Sequence[str]) -> tuple[str, bytes]:
-    """Run NVRTC once: (its log, the cubin); NvrtcError with the log on a compile error."""
+def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
+    """Run NVRTC once; NvrtcError with the log on a compile error."""
     nvrtc = cuda.bindings("nvrtc")
     program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
     try:
         encoded = [opt.encode() for opt in options]
         status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
-        log = b" " * _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
-        _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)  # filled in place
-        text = log.rstrip(b"\0").decode(errors="replace").strip()
         if status:
+            size = _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
+            log = b" " * size  # the binding fills this buffer in place
+            _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
+            text = log.rstrip(b"\0").decode(errors="replace").strip()
             raise NvrtcError(f"NVRTC could not compile {name} ({status.name}, options: {' '.join(options)}):\n{text}",
                              call="nvrtcCompileProgram", status=status.name, log=text)
         cubin = b" " * _nvrtc_call("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize, program)
         _nvrtc_call("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN, program, cubin)
-        return text, cubin
+        return cubin
     finally:
         nvrtc.nvrtcDestroyProgram(program)  # cleanup: its status must not mask the error being raised
-
-
-def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
-    """Run NVRTC once: the cubin."""
-    return _run_nvrtc(source, name, options)[1]
 
 
 def ptxas_report(source: str, name: str, arch: str, options: Iterable[str] = ()) -> str:
     """Compile `source` for `arch` with ptxas's resource report (--ptxas-options=-v), uncached, and
     return NVRTC's log: each kernel's registers, stack frame and spill bytes a thread."""
-    return _run_nvrtc(source, name, [f"--gpu-architecture={arch}", "-std=c++17", *options, "--ptxas-options=-v"])[0]
+    nvrtc = cuda.bindings("nvrtc")
+    all_options = [f"--gpu-architecture={arch}", "-std=c++17", *options, "--ptxas-options=-v"]
+    program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
+    try:
+        encoded = [opt.encode() for opt in all_options]
+        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
+        log = b" " * _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
+        _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
+        text = log.rstrip(b"\0").decode(errors="replace").strip()
+        if status:
+            raise NvrtcError(f"NVRTC could not compile {name} ({status.name}):\n{text}", call="nvrtcCompileProgram",
+                             status=status.name, log=text)
+        return text
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
 
 
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
