@@ -8,12 +8,12 @@ test_persistent_cnn_gpu.py does."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 from cnn_reference import float64_step
+from emulation import compile_for_cpu
 from helpers import rel_err
 
 from graphtrain import reference_cnn
@@ -22,14 +22,7 @@ from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
-HARNESS = KERNELS_DIR.parents[1] / "tests" / "cuda_on_cpu"
-# What the host compiler cannot take, replaced: the block's dynamic shared memory (the launch's own
-# buffer), the barrier's acquire load (the compiler's, and a yield: a thread per CUDA thread), the
-# TF32 mma's inline PTX (tf32.h's emulation), the kernels' qualifiers.
-REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsigned char* smem_raw = block_smem();',
-            'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
-                'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
-            'extern "C" __global__ void': 'void'}
+# The TF32 mma's inline PTX, replaced by tf32.h's emulation (emulation.REPLACED: the rest).
 MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
 # The float64 steps round what the kernel rounds (fc1's products' operands to TF32 where it takes one
 # pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
@@ -43,29 +36,13 @@ BOUND = 1e-4
 
 
 def build(shape: CnnShape, folder) -> str:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no g++ to compile the kernel for the CPU")
     optim = (KERNELS_DIR / "optim.cu").read_text()
     optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
     source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "tf32_mma.cuh", "logits_loss.cuh")) + optim
-    source += (KERNELS_DIR / "persistent_cnn.cu").read_text()
-    for old, new in REPLACED.items():
-        assert old in source, f"persistent_cnn.cu no longer has {old!r}: the emulation must follow it"
-        source = source.replace(old, new)
-    source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source)
+    source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source + (KERNELS_DIR / "persistent_cnn.cu").read_text())
     assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
-    defines = {**shape.defines, "WS_BYTES": shape.workspace.bytes}
-    text = ('#include "tf32.h"\n' + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + source
-            + (HARNESS / "cnn_launch.inc").read_text())
-    (folder / "cnn.cpp").write_text(text)
-    program = str(folder / "cnn")
-    proc = subprocess.run([compiler, "-O1", "-std=c++20", "-pthread", "-w", "-I", str(HARNESS), "-o", program,
-                           str(folder / "cnn.cpp")], capture_output=True, text=True)
-    if proc.returncode and "barrier" in proc.stderr and "No such file" in proc.stderr:
-        pytest.skip(f"{compiler} has no C++20 <barrier>")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return program
+    return compile_for_cpu(source, "persistent_cnn.cu", {**shape.defines, "WS_BYTES": shape.workspace.bytes}, "tf32.h",
+                           "cnn_launch.inc", folder)
 
 
 def spec_of(shape: CnnShape) -> CnnSpec:

@@ -8,12 +8,12 @@ test_persistent_wide_gpu.py does."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 from bf16_reference import bf16_reference_steps
+from emulation import compile_for_cpu
 from helpers import rel_err
 
 from graphtrain import reference
@@ -23,13 +23,6 @@ from graphtrain.kernels import KERNELS_DIR
 from graphtrain.kernels.persistent import kernel_images, pixel_levels
 from graphtrain.kernels.persistent_wide import THREADS, WideShape
 
-HARNESS = KERNELS_DIR.parents[1] / "tests" / "cuda_on_cpu"
-# What the host compiler cannot take, replaced: the block's dynamic shared memory (the launch's own
-# buffer) and the barrier's acquire load (the compiler's, and a yield: a thread per CUDA thread).
-REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsigned char* smem_raw = block_smem();',
-            'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
-                'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
-            'extern "C" __global__ void': 'void'}
 # The kernel's sums are fp32 in an order of its own (the emulated mma's in double): a bf16 rounding
 # or a ReLU mask they flip moves a value by 2⁻⁹ of itself or more. A wrong fragment, index or step
 # errs by order 1, and bf16's roundings (which the reference mirrors) by ~5e-2.
@@ -37,24 +30,9 @@ BOUND = 1e-3
 
 
 def build(shape: WideShape, folder) -> str:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no g++ to compile the kernel for the CPU")
     source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "logits_loss.cuh", "persistent_wide.cu"))
-    for old, new in REPLACED.items():
-        assert old in source, f"persistent_wide.cu no longer has {old!r}: the emulation must follow it"
-        source = source.replace(old, new)
-    defines = {"THREADS": THREADS, **shape.defines, "WS_BYTES": shape.workspace.bytes}
-    text = ('#include "prelude.h"\n' + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + source
-            + (HARNESS / "launch.inc").read_text())
-    (folder / "wide.cpp").write_text(text)
-    program = str(folder / "wide")
-    proc = subprocess.run([compiler, "-O1", "-std=c++20", "-pthread", "-w", "-I", str(HARNESS), "-o", program,
-                           str(folder / "wide.cpp")], capture_output=True, text=True)
-    if proc.returncode and "barrier" in proc.stderr and "No such file" in proc.stderr:
-        pytest.skip(f"{compiler} has no C++20 <barrier>")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return program
+    return compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines, "WS_BYTES": shape.workspace.bytes},
+                           "prelude.h", "launch.inc", folder)
 
 
 def run_emulated(shape: WideShape, cfg: TrainConfig, data: Dataset, steps: int, folder) -> tuple[list, np.ndarray]:

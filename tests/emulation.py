@@ -1,0 +1,44 @@
+"""A grid kernel compiled by the host's C++ compiler for tests/cuda_on_cpu's emulation of the CUDA
+features it uses (a thread per CUDA thread; a warp's mma.sync, movmatrix and shuffles from its lanes'
+registers as PTX lays them out; block and grid barriers of threads): what the host compiler cannot
+take replaced, the shape's defines before the source, a launch harness after it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from graphtrain.kernels import KERNELS_DIR
+
+HARNESS = KERNELS_DIR.parents[1] / "tests" / "cuda_on_cpu"
+# The block's dynamic shared memory (the launch's own buffer), the grid barrier's acquire load (the
+# compiler's, and a yield: a thread per CUDA thread), the kernels' qualifiers.
+REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsigned char* smem_raw = block_smem();',
+            'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
+                'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
+            'extern "C" __global__ void': 'void'}
+
+
+def compile_for_cpu(source: str, kernel: str, defines: dict, header: str, launch: str, folder: Path) -> str:
+    """The program (its path) of `source` (kernel file `kernel`'s, with what it includes) after
+    `#include header` and the defines, followed by the harness file `launch`, built in `folder`."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++ to compile the kernel for the CPU")
+    for old, new in REPLACED.items():
+        assert old in source, f"{kernel} no longer has {old!r}: the emulation must follow it"
+        source = source.replace(old, new)
+    stem = Path(kernel).stem
+    text = (f'#include "{header}"\n' + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + source
+            + (HARNESS / launch).read_text())
+    (folder / f"{stem}.cpp").write_text(text)
+    program = str(folder / stem)
+    proc = subprocess.run([compiler, "-O1", "-std=c++20", "-pthread", "-w", "-I", str(HARNESS), "-o", program,
+                           str(folder / f"{stem}.cpp")], capture_output=True, text=True)
+    if proc.returncode and "barrier" in proc.stderr and "No such file" in proc.stderr:
+        pytest.skip(f"{compiler} has no C++20 <barrier>")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return program
