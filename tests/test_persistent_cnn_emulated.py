@@ -38,7 +38,7 @@ BOUND = 1e-4
 def build(shape: CnnShape, folder) -> str:
     optim = (KERNELS_DIR / "optim.cu").read_text()
     optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
-    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "tf32_mma.cuh", "logits_loss.cuh")) + optim
+    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "grid_sync.cuh", "tf32_mma.cuh", "logits_loss.cuh")) + optim
     source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source + (KERNELS_DIR / "persistent_cnn.cu").read_text())
     assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
     return compile_for_cpu(source, "persistent_cnn.cu", {**shape.defines, "WS_BYTES": shape.workspace.bytes}, "tf32.h",

@@ -30,7 +30,7 @@ BOUND = 1e-3
 
 
 def build(shape: WideShape, folder) -> str:
-    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "logits_loss.cuh", "persistent_wide.cu"))
+    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu"))
     return compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines, "WS_BYTES": shape.workspace.bytes},
                            "prelude.h", "launch.inc", folder)
 

@@ -140,24 +140,7 @@ __device__ Workspace workspace_at(unsigned char* base) {
                      reinterpret_cast<float*>(base + WS_DA2), reinterpret_cast<float*>(base + WS_CONV_PART)};
 }
 
-// ---- the grid barrier (persistent_wide.cu's) -----------------------------------------------------
-// Thread 0 of each block adds one arrival to a counter that only grows (zeroed before the launch),
-// its release fence ordering the block's writes before it, and waits for the counter to reach a
-// whole multiple of BLOCKS (every block passes the same barriers).
-__device__ __forceinline__ void grid_sync(unsigned long long* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long arrived = atomicAdd(counter, 1ull);
-        const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
-        unsigned long long now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
-        } while (now < target);
-        __threadfence();
-    }
-    __syncthreads();
-}
+// ---- the grid barrier: grid_sync.cuh's grid_sync(counter) --------------------------------------
 
 // ---- the optimizer: optim.cu's update of one parameter ---------------------------------------------
 struct Update {

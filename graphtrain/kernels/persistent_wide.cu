@@ -185,26 +185,7 @@ __device__ __forceinline__ bf16_bits* ring_of(const Smem&) { return nullptr; }
 // The end of a phase in the probe build: a block barrier (the slowest thread's time), then the count.
 #define PHASE_END(p, name, layer) do { PROBE_SYNC(); PROBE_END(p, name, layer); } while (0)
 
-// ---- the grid barrier ----------------------------------------------------------------------------
-// Every block's writes before it are visible to every block after it. Thread 0 of each block adds one
-// arrival to a counter that only grows (zeroed before the launch), the release fence ordering the
-// block's writes (made before the block barrier) before it, and waits for the counter to reach the
-// arrivals of this barrier's round: a whole multiple of BLOCKS (every block passes the same barriers).
-// (The pattern of cooperative_groups' grid sync, which NVRTC compiles only with the CUDA headers.)
-__device__ __forceinline__ void grid_sync(unsigned long long* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long arrived = atomicAdd(counter, 1ull);
-        const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
-        unsigned long long now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
-        } while (now < target);
-        __threadfence();
-    }
-    __syncthreads();
-}
+// ---- the grid barrier: grid_sync.cuh's grid_sync(counter) --------------------------------------
 
 // ---- the operands of the products ----------------------------------------------------------------
 // An A fragment (16 rows × 16 inputs k0..k0+15) with its k-slots permuted (a permutation of k leaves a

@@ -271,7 +271,7 @@ class WideShape:
 class PersistentWide(KernelFile):
     stem = "persistent_wide"
     min_arch = 80  # bf16 mma and movmatrix; no cluster
-    headers = ("smem_layout.cuh", "probes.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
+    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
     # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
     # passes its own.
     defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}

@@ -15,6 +15,7 @@ import re
 import struct
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,45 +111,50 @@ def cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else files.cache_dir("kernels")
 
 
-def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
-    """Run NVRTC once; NvrtcError with the log on a compile error."""
+@contextmanager
+def _program(source: str, name: str, options: Sequence[str]):
+    """An NVRTC program of `source` compiled with `options`: (the program, the compile's status)."""
     nvrtc = cuda.bindings("nvrtc")
     program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
     try:
         encoded = [opt.encode() for opt in options]
-        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
+        yield program, nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)  # cleanup: its status must not mask the error being raised
+
+
+def _log(program) -> str:
+    nvrtc = cuda.bindings("nvrtc")
+    log = b" " * _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
+    _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)  # the binding fills it in place
+    return log.rstrip(b"\0").decode(errors="replace").strip()
+
+
+def _failed(name: str, options: Sequence[str], status, log: str) -> NvrtcError:
+    return NvrtcError(f"NVRTC could not compile {name} ({status.name}, options: {' '.join(options)}):\n{log}",
+                      call="nvrtcCompileProgram", status=status.name, log=log)
+
+
+def _compile(source: str, name: str, options: Sequence[str]) -> bytes:
+    """Run NVRTC once; NvrtcError with the log on a compile error."""
+    nvrtc = cuda.bindings("nvrtc")
+    with _program(source, name, options) as (program, status):
         if status:
-            size = _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
-            log = b" " * size  # the binding fills this buffer in place
-            _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
-            text = log.rstrip(b"\0").decode(errors="replace").strip()
-            raise NvrtcError(f"NVRTC could not compile {name} ({status.name}, options: {' '.join(options)}):\n{text}",
-                             call="nvrtcCompileProgram", status=status.name, log=text)
+            raise _failed(name, options, status, _log(program))
         cubin = b" " * _nvrtc_call("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize, program)
         _nvrtc_call("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN, program, cubin)
         return cubin
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)  # cleanup: its status must not mask the error being raised
 
 
 def ptxas_report(source: str, name: str, arch: str, options: Iterable[str] = ()) -> str:
     """Compile `source` for `arch` with ptxas's resource report (--ptxas-options=-v), uncached, and
     return NVRTC's log: each kernel's registers, stack frame and spill bytes a thread."""
-    nvrtc = cuda.bindings("nvrtc")
     all_options = [f"--gpu-architecture={arch}", "-std=c++17", *options, "--ptxas-options=-v"]
-    program = _nvrtc_call("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram, source.encode(), name.encode(), 0, [], [])
-    try:
-        encoded = [opt.encode() for opt in all_options]
-        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
-        log = b" " * _nvrtc_call("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize, program)
-        _nvrtc_call("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog, program, log)
-        text = log.rstrip(b"\0").decode(errors="replace").strip()
+    with _program(source, name, all_options) as (program, status):
+        log = _log(program)
         if status:
-            raise NvrtcError(f"NVRTC could not compile {name} ({status.name}):\n{text}", call="nvrtcCompileProgram",
-                             status=status.name, log=text)
-        return text
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
+            raise _failed(name, all_options, status, log)
+        return log
 
 
 def compile_cubin(source: str, name: str, arch: str, options: Iterable[str] = ()) -> bytes:
