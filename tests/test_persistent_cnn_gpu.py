@@ -54,16 +54,17 @@ def speedrun_config(precision: str, seed: int = 3, **changes):
     return config.preset("speedrun").replace(batch=BATCH, precision=precision, seed=seed, **changes)
 
 
-def train(name: str, cfg, data: Dataset, restarts: int = 0):
-    """An epoch on rung `name` (restarted `restarts` times with the same plan, each time trained
-    again): (its weights as flat arrays, the measured mean loss, the test accuracy)."""
+def train(name: str, cfg, data: Dataset, restarts: int = 0, steps: int | None = None):
+    """An epoch (its first `steps` steps, where given) on rung `name` (restarted `restarts` times with
+    the same plan, each time trained again): (its weights as flat arrays, the measured mean loss, the
+    test accuracy, the plan)."""
     plan = RunPlan.for_data(cfg, data)
     with get_stage(name, "cnn")(plan, data) as stage:
         stage.setup()
         for attempt in range(restarts + 1):
             if attempt:
                 assert stage.restart(plan)
-            result = stage.train_epoch(0, plan.batches[0], measure=True)
+            result = stage.train_epoch(0, steps or plan.batches[0], measure=True)
             accuracy = stage.test_accuracy()
         return [a for layer in stage.weights() for a in (layer.w, layer.b)], result.train_loss, accuracy, plan
 
@@ -95,18 +96,13 @@ def test_steps_match_float64_with_the_kernels_roundings(precision, recipe):
     recipes the device's constants select over their first STEPS_CONDITIONED: the weights' change per
     parameter, the mean loss, and (for the epoch) the test accuracy of the weights."""
     data, cfg = small_data(), speedrun_config(precision, **RECIPES[recipe])
-    plan = RunPlan.for_data(cfg, data)
-    steps = plan.batches[0] if recipe == "adam" else STEPS_CONDITIONED
-    with get_stage("persistent", "cnn")(plan, data) as stage:
-        stage.setup()
-        result = stage.train_epoch(0, steps, measure=True)
-        accuracy = stage.test_accuracy()
-        got = [a for layer in stage.weights() for a in (layer.w, layer.b)]
-    start, ref, loss_sum, seen = float64_steps(cfg, data, plan, precision, steps)
+    steps = None if recipe == "adam" else STEPS_CONDITIONED  # None: the whole epoch
+    got, loss, accuracy, plan = train("persistent", cfg, data, steps=steps)
+    start, ref, loss_sum, seen = float64_steps(cfg, data, plan, precision, steps or plan.batches[0])
     for i, (g, r, s) in enumerate(zip(got, ref, start)):
         assert rel_err(g - s, r - s) < ROUNDED_BOUND, f"{precision}, {recipe}, parameter {i} {r.shape}, seed {cfg.seed}"
-    assert abs(result.train_loss - loss_sum / seen) < 1e-4 * result.train_loss, f"{precision}, {recipe}, seed {cfg.seed}"
-    if steps == plan.batches[0]:
+    assert abs(loss - loss_sum / seen) < 1e-4 * loss, f"{precision}, {recipe}, seed {cfg.seed}"
+    if steps is None:
         want = reference_cnn.accuracy(cnn_spec(cfg), ref, normalise(data.test_images).astype(np.float64),
                                       data.test_labels)
         assert abs(accuracy - want) <= 2 / TEST, f"{precision}, seed {cfg.seed}: {accuracy} against {want}"
