@@ -76,6 +76,22 @@ def test_every_kernel_file_has_a_launcher_module_beside_it(stem):
         assert attr == f"_{spec.name}", f"{stem}.py declares kernel {spec.name} as {attr}"
 
 
+def test_a_compile_error_names_the_kernel_file_and_its_line(monkeypatch, tmp_path):
+    # source() puts the headers before the file: a `#line` before each keeps messages (and a
+    # profiler's source lines) in the file's own numbering, not the concatenation's.
+    monkeypatch.setenv("GRAPHTRAIN_CACHE", str(tmp_path))
+    cls = next(launcher_class(stem) for stem in KERNEL_FILES if launcher_class(stem).headers)
+    cu = (KERNELS_DIR / f"{cls.stem}.cu").read_text(encoding="utf-8")
+    source = cls.source()
+    assert source.count(cu) == 1
+    lines = cu.split("\n")
+    lines[4] = "#error marker"  # the file's line 5
+    with pytest.raises(nvrtc.NvrtcError) as failed:
+        compile_kernels(source.replace(cu, "\n".join(lines)), f"{cls.stem}.cu", "sm_90", cls.specs().values(),
+                        cls.defines)
+    assert f"graphtrain/kernels/{cls.stem}.cu(5)" in str(failed.value), str(failed.value)[:2000]
+
+
 def test_every_header_a_launcher_names_exists_and_ships_with_the_package():
     shipped = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"]["graphtrain"]

@@ -238,8 +238,10 @@ class KernelFile:
 
     @classmethod
     def source(cls) -> str:
-        """The text compiled: the headers, then the `.cu` file."""
-        texts = [(KERNELS_DIR / name).read_text(encoding="utf-8") + "\n" for name in (*cls.headers, f"{cls.stem}.cu")]
+        """The text compiled: the headers, then the `.cu` file, each after a `#line` naming it, so
+        the compiler's messages and a profiler's source lines (GRAPHTRAIN_LINEINFO) point into it."""
+        texts = [f'#line 1 "graphtrain/kernels/{name}"\n' + (KERNELS_DIR / name).read_text(encoding="utf-8") + "\n"
+                 for name in (*cls.headers, f"{cls.stem}.cu")]
         return "".join(texts)
 
     @classmethod

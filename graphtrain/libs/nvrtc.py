@@ -111,6 +111,12 @@ def cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else files.cache_dir("kernels")
 
 
+def profiler_options() -> tuple[str, ...]:
+    """$GRAPHTRAIN_LINEINFO=1 compiles every kernel with its source lines (NVRTC's
+    --generate-line-info) for a profiler's per-line counters (ncu's source page); the code is the same."""
+    return ("--generate-line-info",) if os.environ.get("GRAPHTRAIN_LINEINFO") == "1" else ()
+
+
 @contextmanager
 def _program(source: str, name: str, options: Sequence[str]):
     """An NVRTC program of `source` compiled with `options`: (the program, the compile's status)."""
@@ -181,7 +187,7 @@ def compile_cubin_async(source: str, name: str, arch: str, options: Iterable[str
     global _compiling
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise ValueError(f"GPU architecture must look like 'sm_90' (a real architecture), not {arch!r}")
-    all_options = (f"--gpu-architecture={arch}", "-std=c++17", *options)
+    all_options = (f"--gpu-architecture={arch}", "-std=c++17", *options, *profiler_options())
     digest = hashlib.sha256()
     for part in ("graphtrain-cubin-v1", version(), "\0".join(all_options), source):
         digest.update(part.encode() + b"\xff")  # a separator that cannot occur in UTF-8 text
