@@ -157,6 +157,42 @@ def test_optimizer_kernel_matches_reference(stream, gpu_device, optimizer, steps
     assert abs(lr[0] - schedule.at(steps - 1)) <= 1e-6 * schedule.lr, msg
 
 
+def test_optimizer_kernel_four_at_a_time_and_one_at_a_time_give_the_same_bits(stream, gpu_device):
+    """The update takes aligned spans four floats at a time (the tail one at a time) and
+    misaligned ones one at a time: the same arithmetic, so the same bits, both the reference's."""
+    from graphtrain.kernels.optim import STATE_INTS, Optim, constants_of
+
+    seed = 5
+    rng = np.random.default_rng(seed)
+    n, steps = 3003, 3  # a tail of 3 past the quads
+    optimizer, schedule = R.Optimizer("adam", weight_decay=0.01), R.Schedule("one-cycle", 0.05, 6)
+    p0, grads = rng.standard_normal(n), [rng.standard_normal(n) for _ in range(steps)]
+    ref = [p0.copy()]
+    state = optimizer.init_state(ref)
+    for t in range(steps):
+        optimizer.step(ref, [grads[t]], state, t + 1, schedule.at(t))
+    cu = Optim(gpu_device)
+    results = []
+    try:
+        for shift in (0, 1):  # floats: 1 puts every span 4 bytes past a 16-byte boundary
+            z = np.zeros(n + 1, np.float32)
+            with Scratch(stream, p=np.concatenate([np.zeros(shift), p0, np.zeros(1 - shift)]).astype(np.float32),
+                         g=z, s1=z, s2=z, st=np.zeros(STATE_INTS, np.int32), lr=np.zeros(1, np.float32),
+                         constants=constants_of(optimizer, schedule)) as s:
+                at = lambda name: s[name] + 4 * shift  # noqa: E731
+                for t in range(steps):
+                    s.bufs["g"].upload(np.concatenate([np.zeros(shift), grads[t], np.zeros(1 - shift)]).astype(np.float32),
+                                       stream)
+                    cu.step(stream, at("p"), at("g"), at("s1"), at("s2"), n, s["st"], s["lr"], s["constants"])
+                results.append([s.get(name)[shift:shift + n] for name in ("p", "s1", "s2")])
+    finally:
+        cu.close()
+    msg = f"adam, {steps} steps, n {n}, seed {seed}"
+    for quads, single in zip(*results):
+        assert np.array_equal(quads.view(np.uint32), single.view(np.uint32)), msg
+    assert rel_err(results[0][0] - p0, ref[0] - p0) < 5e-5, msg
+
+
 @pytest.mark.parametrize("schedule", SCHEDULE_CASES, ids=lambda s: s.kind)
 def test_schedule_rates_match_reference(stream, gpu_device, schedule):
     from graphtrain.kernels.optim import Optim

@@ -62,7 +62,7 @@ class Optim(KernelFile):
         step; lr_out: where the rate used is written; constants: the CONSTANTS record. Each of
         them per model with `models` > 1."""
         stride = model_stride_arg(models, model_stride)
-        blocks = min(MAX_BLOCKS, ceil_div(n, THREADS))
+        blocks = min(MAX_BLOCKS, ceil_div(n, 4 * THREADS))  # a thread takes four parameters at a time
         self._optimizer_step(stream, model_grid(blocks, models), THREADS, params, grads, slot1, slot2, n, state,
                              lr_out, constants, stride)
 
