@@ -70,8 +70,8 @@ if args.models > 1:
     print(f"({args.models} models a launch)")
     sys.exit(0)
 print("algorithms:", model.environment()["cudnn_algorithms"])
-for i, plan in enumerate(model.train_plans):
-    for name, results in (plan.timed.items() if plan else ()):
+for i, conv_plan in enumerate(model.train_plans):
+    for name, results in (conv_plan.timed.items() if conv_plan else ()):
         print(f"conv{i} {name} timed (algo, status, ms, bytes, deterministic, math):", results)
 outer = cuda.Stream()
 for rep in range(3):
