@@ -6,11 +6,12 @@ launch trains all K; the per-launch and whole-step times only.
 Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K] [--min-blocks B]"""
 
 import argparse
+import shlex
 import sys
 import time
 
-from graphtrain import config, data
-from graphtrain.libs import cuda
+from graphtrain import config, data, environment, report
+from graphtrain.libs import cuda, nvrtc
 from graphtrain.recipe import normalised
 from graphtrain.speedrun import SpeedrunCase
 from graphtrain.stages.cnn_device import CnnDevice
@@ -58,6 +59,12 @@ def graph_ms(record, reps: int) -> float:
 
 
 REPS = 50
+env = {**environment.host(), **environment.gpu(model.device), "nvrtc": nvrtc.version()}
+print(report.script_header(f"the speedrun cnn's step ({args.precision}, {args.models} model(s) a launch): GPU time by launch",
+                           env, shlex.join(["python3", *sys.argv]),
+                           [f"Each launch captured {REPS} times into a graph of its own and timed with CUDA events "
+                            "(µs a launch, all models); then the whole step as one graph"]))
+print("```")
 print(f"{'launch':32} {'µs':>8}")
 total = 0.0
 for name, op in model.step_ops(s):
@@ -67,8 +74,9 @@ for name, op in model.step_ops(s):
 print(f"{'sum':32} {total:8.2f}")
 print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
 if args.models > 1:
-    print(f"({args.models} models a launch)")
+    print(f"({args.models} models a launch)\n```")
     sys.exit(0)
+print("```")
 print("algorithms:", model.environment()["cudnn_algorithms"])
 for i, conv_plan in enumerate(model.train_plans):
     for name, results in (conv_plan.timed.items() if conv_plan else ()):
