@@ -287,6 +287,26 @@ __device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
         if (pos < W_KT * 8 && (pos / WC >= 2 * HO || pos % WC >= 2 * WO)) dcs[e] = 0u;
     }
 }
+// The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
+// pieces) while the block multiplies this one's: where a sample of each is whole 16-byte pieces
+// (and the buffers 16-byte aligned, which the kernel checks), in RAW_WORDS words; else staged from
+// global memory between the barriers, waiting on its loads there.
+#define ASYNC_STAGE (IMAGE % 4 == 0 && (TC_OUTS * PLANE) % 16 == 0)
+#define RAW_WORDS (ASYNC_STAGE ? IMAGE + TC_OUTS * PLANE + TC_OUTS * PLANE / 4 : 0)
+// Sample s's copies into raw (the image, then dout's, then arg's, 16 bytes each over the block's
+// threads), committed as one group of each thread's.
+__device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, const float* dout,
+                                             const unsigned char* arg, int s) {
+    constexpr int X4 = IMAGE / 4, D4 = TC_OUTS * PLANE / 4, A16 = TC_OUTS * PLANE / 16;
+    const char* xb = reinterpret_cast<const char*>(x + (long long)s * IMAGE);
+    const char* db = reinterpret_cast<const char*>(dout + (long long)s * TC_OUTS * PLANE);
+    const char* ab = reinterpret_cast<const char*>(arg + (long long)s * TC_OUTS * PLANE);
+    for (int q = threadIdx.x; q < X4 + D4 + A16; q += THREADS) {
+        const char* src = q < X4 ? xb + 16 * q : q < X4 + D4 ? db + 16 * (q - X4) : ab + 16 * (q - X4 - D4);
+        copy16_async_or_zero(raw + 4 * q, src, 16);
+    }
+    copies_commit();
+}
 // f(acc[mt][j][e], its index i = (mt·W_NTW + j)·4 + e) for each of a lane's sums
 template <class F>
 __device__ __forceinline__ void each_sum(float (&acc)[W_MT][W_NTW][4], F f) {
@@ -307,7 +327,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     extern __shared__ __align__(16) unsigned smem[];
     unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
     float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
-    unsigned* xs = dcs + DCS_WORDS + TOT_WORDS;           // [IMAGE]
+    unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
+    unsigned* xs = raw + RAW_WORDS;                       // [IMAGE]
     int* posoff = reinterpret_cast<int*>(xs + IMAGE);     // [W_KT·8]: y·W + x of conv position k
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
@@ -325,15 +346,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     }
     float acc[W_MT][W_NTW][4];
     const int chunks = (n + per_chunk - 1) / per_chunk;
+    const bool async = ASYNC_STAGE && ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
+                                        reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
+    if (async && blockIdx.x < chunks) fetch_sample(raw, x, dout, arg, blockIdx.x * per_chunk);
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);
         each_sum(acc, [](float& v, int) { v = 0.0f; });
         for (int s = first; s < last; ++s) {
+            if (async) copies_wait<0>();  // this sample's copies (this thread's; the barrier: everyone's)
             __syncthreads();  // the previous sample's dconv and image, or the slices' sums, no longer read
             if (RED_WORDS > 0 && UNSCATTERED && s == first && chunk != blockIdx.x) clear_unscattered(dcs);
-            stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
-            scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
-            __syncthreads();
+            if (async) {
+                const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
+                stage_rows_tf32<IMAGE>(xs, IMAGE, reinterpret_cast<const float*>(raw), 1);
+                scatter_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE), 0,
+                              KPS, WC, 0);
+            } else {
+                stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
+                scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
+            }
+            __syncthreads();  // raw read: the block's next sample may land in it
+            if (async) {
+                const int next = s + 1 < last ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
+                if (next >= 0) fetch_sample(raw, x, dout, arg, next);
+            }
             if (!active) continue;
             for (int ks = slice; ks < W_KT; ks += W_SLICES) {
                 const int q0 = posoff[ks * 8 + t], q1 = posoff[ks * 8 + t + 4];

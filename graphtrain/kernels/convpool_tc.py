@@ -59,11 +59,14 @@ class ConvPoolShape:
 
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
-        sums of a block's chunks, the image, the conv positions' offsets."""
+        sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
+        pieces: convpool_tc.cu's ASYNC_STAGE), the image, the conv positions' offsets."""
         kt, mt, groups = _c(self.hc * self.wc, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + self.image + kt * 8
+        routed = self.outs * self.plane
+        raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + self.image + kt * 8
 
     def samples_per_block(self, words, items: int) -> int:
         """Samples a forward or backward-data block stages at once: enough for each warp to take
@@ -87,7 +90,7 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
-    headers = ("tf32_mma.cuh", "model_axis.cuh")
+    headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS,
                "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
