@@ -125,7 +125,7 @@ class ConvPoolTc(KernelFile):
         """A model's blocks of the weight gradient, each one partial sum: one a chunk, or, where the
         models fill every SM's WEIGHT_GRAD_MIN_BLOCKS at REDUCE_SLICES blocks each, REDUCE_SLICES
         blocks, block r adding the chunks ≡ r (mod REDUCE_SLICES) in order as the reduce would: the
-        same bits (convpool_tc.cu), a 1/16 of the partials' traffic at the speedrun's batch, and a
+        same bits (convpool_tc.cu), 1/16 to 1/32 of the partials' traffic at the speedrun's batch, and a
         block's fixed costs (its start, zeroing dconv's rows) paid once for many samples. Only these
         two counts keep the reduce's order, so the sums do not depend on `models`."""
         chunks = self.chunks(n)
