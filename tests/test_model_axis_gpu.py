@@ -314,8 +314,8 @@ def test_a_weight_gradient_of_models_enough_to_fill_the_gpu_is_each_alone_bit_fo
         per_model = [{"x": randn(rng, n, c, h, w), "dout": randn(rng, n, outs, ho, wo),
                       "arg": argmaxes(rng, n, outs, ho, wo), "partial": nan(outs * cp.chunks(n) * (cp.taps + 1)),
                       "dw": nan(outs * cp.taps), "db": nan(outs)} for _ in range(count)]
-        packed, alone = packed_and_alone(stream, {}, per_model, lambda s, p, **axis: cp.weight_grad(
-            s, p("x"), p("dout"), p("arg"), p("partial"), p("dw"), p("db"), n, outs, h, w, **axis))
+        packed, alone = packed_and_alone(stream, {}, per_model, lambda p, **axis: cp.weight_grad(
+            stream, p("x"), p("dout"), p("arg"), p("partial"), p("dw"), p("db"), n, outs, h, w, **axis))
     finally:
         cp.close()
     for m, (one, alone_one) in enumerate(zip(packed, alone)):
