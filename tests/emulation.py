@@ -22,13 +22,15 @@ REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsign
             'extern "C" __global__ void': 'void'}
 
 
-def compile_for_cpu(source: str, kernel: str, defines: dict, header: str, launch: str, folder: Path) -> str:
+def compile_for_cpu(source: str, kernel: str, defines: dict, header: str, launch: str, folder: Path,
+                    replaced: dict[str, str] = REPLACED) -> str:
     """The program (its path) of `source` (kernel file `kernel`'s, with what it includes) after
-    `#include header` and the defines, followed by the harness file `launch`, built in `folder`."""
+    `#include header` and the defines, followed by the harness file `launch`, built in `folder`;
+    `replaced`: what the host compiler cannot take (REPLACED: a grid kernel's), each found in source."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("no g++ to compile the kernel for the CPU")
-    for old, new in REPLACED.items():
+    for old, new in replaced.items():
         assert old in source, f"{kernel} no longer has {old!r}: the emulation must follow it"
         source = source.replace(old, new)
     stem = Path(kernel).stem

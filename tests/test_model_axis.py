@@ -123,6 +123,21 @@ def test_models_go_along_z_and_only_the_strides_change(uncompiled, case):
         assert a3[:-t] == a1[:-t], f1
 
 
+@pytest.mark.parametrize("conv,chunks", [("tc conv1", 256), ("tc conv2", 128)])
+def test_the_tc_weight_gradient_takes_a_block_a_slice_of_chunks_once_the_models_fill_every_sm(uncompiled, conv,
+                                                                                              chunks):
+    """A block a chunk until REDUCE_SLICES blocks a model fill two blocks an SM (132 SMs: 33 models),
+    then REDUCE_SLICES blocks a model; the reduce sums as many partials as there were blocks."""
+    from graphtrain.kernels.convpool_tc import REDUCE_SLICES
+
+    launcher = build(conv)
+    _, h, w, o, _ = CONV1 if conv == "tc conv1" else CONV2
+    args = (P[0], P[1], P[2], P[3], P[4], P[5], N, o, h, w)
+    for models, blocks in ((1, chunks), (32, chunks), (33, REDUCE_SLICES), (64, REDUCE_SLICES)):
+        grad, reduce = launches(uncompiled, launcher, "weight_grad", args, {"models": models, "model_stride": S})
+        assert grad[1] == (blocks, 1, models) and reduce[4][-2] == blocks, (conv, models)
+
+
 @pytest.mark.parametrize("models,stride,why", [
     (0, S, "models must be"), (kernels.MAX_MODELS + 1, S, "models must be"), (True, S, "models must be"),
     (2.0, S, "models must be"), (2, -256, "model_stride must be"), (2, 100, "model_stride must be"),

@@ -67,15 +67,16 @@ class Models:
 
 
 def packed_and_alone(stream, shared, per_model, launch):
-    """Each model's buffers after one launch of K models, and after K launches of one model each
-    (launch(ptr, **axis), ptr(name) the address of model 0's buffer or of a shared one)."""
+    """Each model's buffers after one launch of its len(per_model) models (K unless a test says), and
+    after a launch of one model each (launch(ptr, **axis), ptr(name) the address of model 0's buffer
+    or of a shared one)."""
     models = Models(stream, shared, per_model)
     try:
         models.fill()
-        launch(lambda name: models.ptr(name, 0), models=K, model_stride=models.stride)
+        launch(lambda name: models.ptr(name, 0), models=len(per_model), model_stride=models.stride)
         packed = models.read()
         models.fill()
-        for k in range(K):
+        for k in range(len(per_model)):
             launch(lambda name, k=k: models.ptr(name, k), models=1, model_stride=0)
         return packed, models.read()
     finally:
@@ -291,3 +292,40 @@ def test_a_strided_batched_product_is_each_gemm_to_rounding(gpu_device, stream, 
         ref = op_a @ (b_i.T if transb else b_i)
         assert rel_err(batched[i], ref) < TOLERANCE[precision], f"{msg}: product {i} against float64"
         assert rel_err(single[i], ref) < TOLERANCE[precision], f"{msg}: gemm {i} against float64"
+
+
+@pytest.mark.parametrize("layer", list(CONVS))
+def test_a_weight_gradient_of_models_enough_to_fill_the_gpu_is_each_alone_bit_for_bit(gpu_device, stream, seed,
+                                                                                       layer):
+    """convpool_tc's weight gradient over enough models that each model's chunks go to REDUCE_SLICES
+    blocks, each adding its chunks in the reduce's order (weight_grad_blocks), against each model's
+    one-model launch (a block a chunk): dw and db bit for bit, and near float64. A batch of 250: the
+    slices of chunks of unequal lengths."""
+    from graphtrain import reference_cnn as R
+    from graphtrain.kernels.convpool_tc import REDUCE_SLICES
+
+    c, h, w, outs, k = CONVS[layer]
+    n, ho, wo = 250, (h - k + 1) // 2, (w - k + 1) // 2
+    rng = np.random.default_rng(seed)
+    cp = conv_launcher(gpu_device, "tf32", c, h, w, outs, k)
+    try:
+        count = -(-cp.weight_grad_slots // REDUCE_SLICES)
+        assert cp.weight_grad_blocks(n, count) == REDUCE_SLICES and cp.weight_grad_blocks(n, 1) == cp.chunks(n) > REDUCE_SLICES
+        per_model = [{"x": randn(rng, n, c, h, w), "dout": randn(rng, n, outs, ho, wo),
+                      "arg": argmaxes(rng, n, outs, ho, wo), "partial": nan(outs * cp.chunks(n) * (cp.taps + 1)),
+                      "dw": nan(outs * cp.taps), "db": nan(outs)} for _ in range(count)]
+        packed, alone = packed_and_alone(stream, {}, per_model, lambda p, **axis: cp.weight_grad(
+            stream, p("x"), p("dout"), p("arg"), p("partial"), p("dw"), p("db"), n, outs, h, w, **axis))
+    finally:
+        cp.close()
+    for m, (one, alone_one) in enumerate(zip(packed, alone)):
+        for name in ("dw", "db"):
+            assert not np.isnan(one[name]).any(), f"{layer}: model {m}'s {name} not all written, seed {seed}"
+            assert bits(one[name]) == bits(alone_one[name]), f"{layer}: model {m}'s {name}, seed {seed}"
+    first = per_model[0]
+    off = first["arg"] == 255
+    dconv = R.maxpool_backward(np.where(off, 0.0, first["dout"]).astype(np.float64),
+                               np.where(off, 0, first["arg"]).astype(np.int64), 2, (n, outs, h - k + 1, w - k + 1))
+    ref_dw = R.conv_backward_filter(first["x"].astype(np.float64), dconv, k)
+    assert rel_err(packed[0]["dw"], ref_dw.ravel()) < 3e-3, f"{layer}, seed {seed}"  # TF32 operands
+    assert rel_err(packed[0]["db"], dconv.sum(axis=(0, 2, 3))) < 3e-3, f"{layer}, seed {seed}"

@@ -8,9 +8,10 @@
 // per model (the forward's input x moves by its own x_stride: 0 where every model reads the same
 // images); blockIdx.z is the model, the grids' x (and the loops over it) are a model's own.
 
-// TC_MIN_BLOCKS: the blocks an SM is to hold of the forward and the weight gradient (their registers
-// bound it, their staging does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers);
-// 3 caps a thread at 80 registers, spilling a few hundred bytes, for more warps to hide latency with.
+// TC_MIN_BLOCKS: the blocks an SM is to hold of the forward (its registers bound it, its staging
+// does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers); 3 caps a thread at 80
+// registers, spilling a few hundred bytes, for more warps to hide latency with. TC_WG_MIN_BLOCKS: the
+// same for the weight gradient (2: at most 128 registers, which its loop over chunks exceeds unbounded).
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
 #define WC (TC_W - TC_K + 1)
@@ -252,11 +253,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
 // ---- weight and bias gradients -----------------------------------------------------------------
 // dW[o, tap] = Σ_{s, (y, x)} dconv[s, o, y, x]·x[s, c, y + a, x + b] and db[o] = Σ dconv[s, o, ·]:
 // A[o, (y, x)] = dconv (dense in shared memory, rows past TC_OUTS and positions past HC·WC 0),
-// B[(y, x), tap] the im2col of x, with a column of ones at tap = TAPS for the bias. Block
-// `chunk` sums the samples [chunk·per_chunk, ...) one after another into
-// partial[(o·chunks + chunk)·(TAPS + 1) + tap]; convpool_tc_reduce adds the chunks in order.
+// B[(y, x), tap] the im2col of x, with a column of ones at tap = TAPS for the bias. Chunk c is
+// the samples [c·per_chunk, ...) summed one after another. Block b takes the chunks b, b + G,
+// b + 2G, ... (G = gridDim.x) and adds their sums in that order, from 0, into
+// partial[(o·G + b)·(TAPS + 1) + tap]; convpool_tc_reduce adds the G partials. With G = chunks
+// a block's partial is its one chunk's sum; with G = TC_REDUCE_SLICES a block adds the chunks in
+// the very order (and from the same 0) in which the reduce's slice b adds them at G = chunks, and
+// the reduce then adds the slices' sums in slice order: dw has the same bits either way.
 // Warp (group, slice) holds W_NTW n-tiles of group `group` for every m-tile and takes the
-// k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order at the end.
+// k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order after each chunk.
 #define W_MT ((TC_OUTS + 15) / 16)
 #define W_NT ((TAPS + 1 + 7) / 8)
 #define W_NTW 4
@@ -266,10 +271,53 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
 #define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so the A fragments' loads hit 32 banks
 #define ONE 0x3f800000u     // 1.0f, a TF32 value
 static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups than warps");
-// dconv's rows, and after the last sample the slices' sums where they were
+// dconv's rows, and after each chunk the slices' sums where they were
 #define RED_WORDS (W_SLICES > 1 ? W_SLICES * W_GROUPS * W_MT * W_NTW * 128 : 0)
 #define DCS_WORDS (W_MT * 16 * KPS > RED_WORDS ? W_MT * 16 * KPS : RED_WORDS)
-extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_weight_grad(
+// the running sums of a block's chunks: each lane of slice 0's warps its own W_MT·W_NTW·4 words
+#define TOT_WORDS (W_GROUPS * W_MT * W_NTW * 128)
+// Whether dconv's rows hold words the MMAs read that no scatter_dconv writes: positions past the
+// conv plane in the last k-step, or in no pool window (a last odd conv row or column).
+#define UNSCATTERED (HC * WC < W_KT * 8 || HC % 2 != 0 || WC % 2 != 0)
+// Those words back to 0 where the slices' sums were (e < RED_WORDS). Rows past TC_OUTS only feed
+// sums never written, and the scatter writes its own words for every sample: the two may run at once.
+__device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
+    for (int e = threadIdx.x; e < min(RED_WORDS, TC_OUTS * KPS); e += THREADS) {
+        const int pos = e % KPS;
+        if (pos < W_KT * 8 && (pos / WC >= 2 * HO || pos % WC >= 2 * WO)) dcs[e] = 0u;
+    }
+}
+// The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
+// pieces) while the block multiplies this one's: where a sample of each is whole 16-byte pieces
+// (and the buffers 16-byte aligned, which the kernel checks), in RAW_WORDS words; else staged from
+// global memory between the barriers, waiting on its loads there.
+#define ASYNC_STAGE (IMAGE % 4 == 0 && (TC_OUTS * PLANE) % 16 == 0)
+#define RAW_WORDS (ASYNC_STAGE ? IMAGE + TC_OUTS * PLANE + TC_OUTS * PLANE / 4 : 0)
+// Sample s's copies into raw (the image, then dout's, then arg's, 16 bytes each over the block's
+// threads), committed as one group of each thread's.
+__device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, const float* dout,
+                                             const unsigned char* arg, int s) {
+    constexpr int X4 = IMAGE / 4, D4 = TC_OUTS * PLANE / 4, A16 = TC_OUTS * PLANE / 16;
+    const char* xb = reinterpret_cast<const char*>(x + (long long)s * IMAGE);
+    const char* db = reinterpret_cast<const char*>(dout + (long long)s * TC_OUTS * PLANE);
+    const char* ab = reinterpret_cast<const char*>(arg + (long long)s * TC_OUTS * PLANE);
+    for (int q = threadIdx.x; q < X4 + D4 + A16; q += THREADS) {
+        const char* src = q < X4 ? xb + 16 * q : q < X4 + D4 ? db + 16 * (q - X4) : ab + 16 * (q - X4 - D4);
+        copy16_async_or_zero(raw + 4 * q, src, 16);
+    }
+    copies_commit();
+}
+// f(acc[mt][j][e], its index i = (mt·W_NTW + j)·4 + e) for each of a lane's sums
+template <class F>
+__device__ __forceinline__ void each_sum(float (&acc)[W_MT][W_NTW][4], F f) {
+#pragma unroll
+    for (int mt = 0; mt < W_MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < W_NTW; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(acc[mt][j][e], (mt * W_NTW + j) * 4 + e);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool_tc_weight_grad(
         const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
         float* __restrict__ partial, int n, int per_chunk, long long model_stride) {
     x = model_at(x, model_stride);
@@ -278,7 +326,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     partial = model_at(partial, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
     unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
-    unsigned* xs = dcs + DCS_WORDS;                       // [IMAGE]
+    float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
+    unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
+    unsigned* xs = raw + RAW_WORDS;                       // [IMAGE]
     int* posoff = reinterpret_cast<int*>(xs + IMAGE);     // [W_KT·8]: y·W + x of conv position k
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
@@ -294,74 +344,83 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
         ones[j] = tap == TAPS;
         toff[j] = tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0;
     }
-    float acc[W_MT][W_NTW][4] = {};
-    const int chunk = blockIdx.x, chunks = gridDim.x;
-    const int first = chunk * per_chunk, last = min(n, first + per_chunk);
-    for (int s = first; s < last; ++s) {
-        __syncthreads();
-        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
-        scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
-        __syncthreads();
-        if (!active) continue;
-        for (int ks = slice; ks < W_KT; ks += W_SLICES) {
-            const int q0 = posoff[ks * 8 + t], q1 = posoff[ks * 8 + t + 4];
-            unsigned a[W_MT][4];
-#pragma unroll
-            for (int mt = 0; mt < W_MT; ++mt) {
-                const unsigned* r = dcs + (mt * 16 + g) * KPS + ks * 8 + t;
-                a[mt][0] = r[0];
-                a[mt][1] = r[8 * KPS];
-                a[mt][2] = r[4];
-                a[mt][3] = r[8 * KPS + 4];
+    float acc[W_MT][W_NTW][4];
+    const int chunks = (n + per_chunk - 1) / per_chunk;
+    const bool async = ASYNC_STAGE && ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
+                                        reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
+    if (async && blockIdx.x < chunks) fetch_sample(raw, x, dout, arg, blockIdx.x * per_chunk);
+    for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+        const int first = chunk * per_chunk, last = min(n, first + per_chunk);
+        each_sum(acc, [](float& v, int) { v = 0.0f; });
+        for (int s = first; s < last; ++s) {
+            if (async) copies_wait<0>();  // this sample's copies (this thread's; the barrier: everyone's)
+            __syncthreads();  // the previous sample's dconv and image, or the slices' sums, no longer read
+            if (RED_WORDS > 0 && UNSCATTERED && s == first && chunk != blockIdx.x) clear_unscattered(dcs);
+            if (async) {
+                const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
+                stage_rows_tf32<IMAGE>(xs, IMAGE, reinterpret_cast<const float*>(raw), 1);
+                scatter_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE), 0,
+                              KPS, WC, 0);
+            } else {
+                stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
+                scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
             }
+            __syncthreads();  // raw read: the block's next sample may land in it
+            if (async) {
+                const int next = s + 1 < last ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
+                if (next >= 0) fetch_sample(raw, x, dout, arg, next);
+            }
+            if (!active) continue;
+            for (int ks = slice; ks < W_KT; ks += W_SLICES) {
+                const int q0 = posoff[ks * 8 + t], q1 = posoff[ks * 8 + t + 4];
+                unsigned a[W_MT][4];
 #pragma unroll
-            for (int j = 0; j < W_NTW; ++j) {
-                if ((group * W_NTW + j) >= W_NT) break;
-                const unsigned b[2] = {ones[j] ? ONE : xs[q0 + toff[j]], ones[j] ? ONE : xs[q1 + toff[j]]};
+                for (int mt = 0; mt < W_MT; ++mt) {
+                    const unsigned* r = dcs + (mt * 16 + g) * KPS + ks * 8 + t;
+                    a[mt][0] = r[0];
+                    a[mt][1] = r[8 * KPS];
+                    a[mt][2] = r[4];
+                    a[mt][3] = r[8 * KPS + 4];
+                }
 #pragma unroll
-                for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
+                for (int j = 0; j < W_NTW; ++j) {
+                    if ((group * W_NTW + j) >= W_NT) break;
+                    const unsigned b[2] = {ones[j] ? ONE : xs[q0 + toff[j]], ones[j] ? ONE : xs[q1 + toff[j]]};
+#pragma unroll
+                    for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
+                }
             }
         }
+        if (W_SLICES > 1) {  // slice 0's warps add the other slices' sums, in slice order
+            float* red = reinterpret_cast<float*>(dcs);  // warp (group, slice)'s lane's sum i at red_of(slice)[i·32]
+            auto red_of = [&](int sl) { return red + (sl * W_GROUPS + group) * W_MT * W_NTW * 128 + lane; };
+            __syncthreads();
+            if (active && slice > 0) each_sum(acc, [&](float& v, int i) { red_of(slice)[i * 32] = v; });
+            __syncthreads();
+            if (slice == 0)
+                for (int sl = 1; sl < W_SLICES; ++sl) each_sum(acc, [&](float& v, int i) { v += red_of(sl)[i * 32]; });
+        }
+        // A block of several chunks: their sums added in order from 0 (the reduce's order), in tot;
+        // the last one's total back into acc. A block of one chunk writes its sum as it is.
+        const bool more = chunk + (int)gridDim.x < chunks, after_first = chunk != (int)blockIdx.x;
+        if (slice == 0 && (more || after_first))
+            each_sum(acc, [&](float& v, int i) {
+                float& sum = tot[(group * W_MT * W_NTW * 4 + i) * 32 + lane];
+                sum = (after_first ? sum : 0.0f) + v;
+                if (!more) v = sum;
+            });
     }
-    if (W_SLICES > 1) {  // slice 0's warps add the other slices' sums, in slice order
-        float* red = reinterpret_cast<float*>(dcs);
-        __syncthreads();
-        if (active && slice > 0)
-#pragma unroll
-            for (int mt = 0; mt < W_MT; ++mt)
-#pragma unroll
-                for (int j = 0; j < W_NTW; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        red[((((slice * W_GROUPS + group) * W_MT + mt) * W_NTW + j) * 4 + e) * 32 + lane] = acc[mt][j][e];
-        __syncthreads();
-        if (slice != 0) return;
-        for (int sl = 1; sl < W_SLICES; ++sl)
-#pragma unroll
-            for (int mt = 0; mt < W_MT; ++mt)
-#pragma unroll
-                for (int j = 0; j < W_NTW; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc[mt][j][e] += red[((((sl * W_GROUPS + group) * W_MT + mt) * W_NTW + j) * 4 + e) * 32 + lane];
-    } else if (!active) {
-        return;
-    }
-#pragma unroll
-    for (int mt = 0; mt < W_MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < W_NTW; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
-                if (o < TC_OUTS && tap <= TAPS)
-                    partial[((long long)o * chunks + chunk) * (TAPS + 1) + tap] = acc[mt][j][e];
-            }
+    if (slice != 0 || blockIdx.x >= chunks) return;
+    each_sum(acc, [&](float& v, int i) {
+        const int mt = i / (W_NTW * 4), j = i / 4 % W_NTW, e = i % 4;
+        const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
+        if (o < TC_OUTS && tap <= TAPS) partial[((long long)o * gridDim.x + blockIdx.x) * (TAPS + 1) + tap] = v;
+    });
 }
 
-// dw[o, tap] = Σ_chunk partial[o, chunk, tap] (tap < TAPS), db[o] = the same at tap = TAPS. A
-// block of 32 outputs × TC_REDUCE_SLICES: slice r sums the chunks ≡ r (mod slices) in order,
-// then slice 0 adds the slices' sums in order.
+// dw[o, tap] = Σ_chunk partial[o, chunk, tap] (tap < TAPS), db[o] = the same at tap = TAPS, over the
+// weight gradient's `chunks` partials (its blocks). A block of 32 outputs × TC_REDUCE_SLICES: slice r
+// sums the chunks ≡ r (mod slices) in order, then slice 0 adds the slices' sums in order.
 extern "C" __global__ void convpool_tc_reduce(const float* __restrict__ partial, float* __restrict__ dw,
                                               float* __restrict__ db, int chunks, long long model_stride) {
     partial = model_at(partial, model_stride);

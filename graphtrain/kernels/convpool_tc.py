@@ -22,7 +22,10 @@ BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many bloc
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
-MIN_BLOCKS = 1  # the forward's and weight gradient's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
+MIN_BLOCKS = 1  # the forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
+# The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
+# registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
+WEIGHT_GRAD_MIN_BLOCKS = 2
 
 
 def _c(n: int, d: int) -> int:
@@ -55,10 +58,15 @@ class ConvPoolShape:
         return _c(_c(self.taps + 1, 8), NTW)
 
     def weight_grad_words(self) -> int:
+        """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
+        sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
+        pieces: convpool_tc.cu's ASYNC_STAGE), the image, the conv positions' offsets."""
         kt, mt, groups = _c(self.hc * self.wc, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + self.image + kt * 8
+        routed = self.outs * self.plane
+        raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + self.image + kt * 8
 
     def samples_per_block(self, words, items: int) -> int:
         """Samples a forward or backward-data block stages at once: enough for each warp to take
@@ -82,9 +90,10 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
-    headers = ("tf32_mma.cuh", "model_axis.cuh")
+    headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
+               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS,
+               "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -106,10 +115,23 @@ class ConvPoolTc(KernelFile):
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
         self.max_blocks = BLOCKS_PER_SM * device.sm_count
+        self.weight_grad_slots = WEIGHT_GRAD_MIN_BLOCKS * device.sm_count  # the weight gradient's blocks at once
 
     def chunks(self, n: int) -> int:
-        """Blocks (chunks of samples) of the weight gradient: its partial sums are outs × chunks × (taps + 1)."""
+        """Chunks of samples of the weight gradient: its partial sums are at most outs × chunks × (taps + 1)."""
         return ceil_div(n, self.chunk)
+
+    def weight_grad_blocks(self, n: int, models: int) -> int:
+        """A model's blocks of the weight gradient, each one partial sum: one a chunk, or, where the
+        models fill every SM's WEIGHT_GRAD_MIN_BLOCKS at REDUCE_SLICES blocks each, REDUCE_SLICES
+        blocks, block r adding the chunks ≡ r (mod REDUCE_SLICES) in order as the reduce would: the
+        same bits (convpool_tc.cu), 1/16 to 1/32 of the partials' traffic at the speedrun's batch, and a
+        block's fixed costs (its start, zeroing dconv's rows) paid once for many samples. Only these
+        two counts keep the reduce's order, so the sums do not depend on `models`."""
+        chunks = self.chunks(n)
+        if chunks > REDUCE_SLICES and models * REDUCE_SLICES >= self.weight_grad_slots:
+            return REDUCE_SLICES
+        return chunks
 
     def _check(self, outs: int, h: int, wd: int) -> None:
         s = self.shape
@@ -129,15 +151,15 @@ class ConvPoolTc(KernelFile):
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
                     h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
-        """dw, db from the pooled gradient dout: per-chunk partial sums (partial: outs × chunks ×
-        (taps + 1) floats), then their sum in order."""
+        """dw, db from the pooled gradient dout: a partial sum a block (partial: outs × chunks ×
+        (taps + 1) floats, the first `weight_grad_blocks` chunks' worth written), then their sum in order."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        chunks = self.chunks(n)
-        self._convpool_tc_weight_grad(stream, model_grid(chunks, models), THREADS, x, dout, arg, partial, n,
+        blocks = self.weight_grad_blocks(n, models)
+        self._convpool_tc_weight_grad(stream, model_grid(blocks, models), THREADS, x, dout, arg, partial, n,
                                       self.chunk, stride, shared_bytes=4 * self.shape.weight_grad_words())
         self._convpool_tc_reduce(stream, model_grid(ceil_div(outs * (self.taps + 1), 32), models),
-                                 32 * REDUCE_SLICES, partial, dw, db, chunks, stride)
+                                 32 * REDUCE_SLICES, partial, dw, db, blocks, stride)
 
     def backward_data(self, stream, dout: int, arg: int, w: int, dx: int, n: int, outs: int, h: int, wd: int,
                       models: int = 1, model_stride: int = 0) -> None:

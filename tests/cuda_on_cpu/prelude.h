@@ -19,7 +19,7 @@
 #define __device__
 #define __global__
 #define __forceinline__
-#define __launch_bounds__(a, b)
+#define __launch_bounds__(...)
 #define __align__(n)
 struct Dim3 { unsigned x, y, z; };
 thread_local Dim3 threadIdx, blockIdx;
