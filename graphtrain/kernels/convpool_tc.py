@@ -42,12 +42,20 @@ class ConvPoolShape:
         """The filters staged as rows of _c(taps, 8)·8 + 4 words (convpool_tc.cu's WST)."""
         return self.outs * (_c(self.taps, 8) * 8 + 4)
 
+    def fragment_words(self, k: int, cols: int) -> int:
+        """A GEMM's B operand (k rows, cols columns) staged as the mma's lanes take it
+        (convpool_tc.cu's fragment_word): 64 words a k-step of 8 and n-tile of 8."""
+        return _c(k, 8) * _c(cols, 8) * 64
+
     def forward_words(self, spb: int) -> int:
-        return self.filter_words() + _c(self.taps, 8) * 8 + spb * self.image
+        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images."""
+        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.image
 
     def backward_data_words(self, spb: int) -> int:
-        kt = _c(self.outs * self.k * self.k, 8)
-        return (self.filter_words() + 2 * kt * 8
+        """B fragments of the filters (k = (o, a, b), columns c), two dcp offsets a k-step's lane
+        pair, spb padded conv gradients."""
+        kk = self.outs * self.k * self.k
+        return (self.fragment_words(kk, self.c) + _c(kk, 8) * 8
                 + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2))
 
     def weight_grad_groups(self) -> int:
@@ -61,13 +69,29 @@ class ConvPoolShape:
         return max(mt * 16 * (kt * 8 + 4), red) + self.image + kt * 8
 
     def samples_per_block(self, words, items: int) -> int:
-        """Samples a forward or backward-data block stages at once: enough for each warp to take
-        about one of the kernel's `items` per sample, within half the shared memory limit (two
-        blocks an SM at least); at least 1."""
-        spb = max(1, round(WARPS / items))
-        while spb > 1 and 4 * words(spb) > MAX_SHARED // 2:
+        """Samples a forward block stages at once: the fewest whose items (`items` a sample) keep the
+        WARPS warps busiest (each round of items a warp, its last round's idle warps the waste; the
+        conv0 shape's 18 groups of windows: 4 samples, 72 items, 9 full rounds, against 18 items in
+        3 rounds, 6 of 24 warp-turns idle, at 1), within half the shared memory limit (two blocks an
+        SM at least), at most WARPS; at least 1."""
+        def busy(spb: int) -> float:
+            return spb * items / (_c(spb * items, WARPS) * WARPS)
+        fitting = [spb for spb in range(1, WARPS + 1) if spb == 1 or 4 * words(spb) <= MAX_SHARED // 2]
+        return min(fitting, key=lambda spb: (-busy(spb), spb))
+
+    def backward_data_samples(self) -> int:
+        """Samples a backward-data block stages at once: about one m-tile of 16 input positions a
+        warp a sample, within half the shared memory limit; at least 1 (the 24→32 3×3 layer: 1,
+        its 9 m-tiles on 8 warps; two would halve its blocks an SM)."""
+        spb = max(1, round(WARPS / _c(self.h * self.w, 16)))
+        while spb > 1 and 4 * self.backward_data_words(spb) > MAX_SHARED // 2:
             spb -= 1
         return spb
+
+
+def samples_per_round(capacity: int, n: int, grid: int) -> int:
+    """convpool_tc.cu's samples_per_round: what a block of the grid's stages a round, at most its capacity."""
+    return min(capacity, ceil_div(n, grid))
 
 
 def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, pool: int, first: bool) -> bool:
@@ -99,7 +123,8 @@ class ConvPoolTc(KernelFile):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
-        self.bd_spb = s.samples_per_block(s.backward_data_words, ceil_div(h * w, 16))  # items: 16 input positions
+        self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: as many as before
+        self.bd_spb = s.backward_data_samples()
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
@@ -110,6 +135,13 @@ class ConvPoolTc(KernelFile):
     def chunks(self, n: int) -> int:
         """Blocks (chunks of samples) of the weight gradient: its partial sums are outs × chunks × (taps + 1)."""
         return ceil_div(n, self.chunk)
+
+    def _grid(self, n: int, spb: int, models: int) -> int:
+        """A model's blocks of the forward or backward data: spb samples each, the launch's blocks over
+        all models at most max_blocks; past that each block loops over rounds of samples
+        (samples_per_round), staging the filters once (64 models × 256 samples: 8 blocks a model, 32
+        samples each, rather than 256 blocks each staging every filter for one or two samples)."""
+        return max(1, min(ceil_div(n, spb), self.max_blocks // models))
 
     def _check(self, outs: int, h: int, wd: int) -> None:
         s = self.shape
@@ -122,10 +154,10 @@ class ConvPoolTc(KernelFile):
         `shared_input`: every model reads the same x (the test images)."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = min(ceil_div(n, self.spb), self.max_blocks)
+        grid = self._grid(n, self.spb_alone, models)
         self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, w, b, out, arg, n,
                                   0 if shared_input else stride, stride,
-                                  shared_bytes=4 * self.shape.forward_words(self.spb))
+                                  shared_bytes=4 * self.shape.forward_words(samples_per_round(self.spb, n, grid)))
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
                     h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
@@ -144,6 +176,7 @@ class ConvPoolTc(KernelFile):
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = min(ceil_div(n, self.bd_spb), self.max_blocks)
+        grid = self._grid(n, self.bd_spb, models)
         self._convpool_tc_backward_data(stream, model_grid(grid, models), THREADS, dout, arg, w, dx, n, stride,
-                                        shared_bytes=4 * self.shape.backward_data_words(self.bd_spb))
+                                        shared_bytes=4 * self.shape.backward_data_words(
+                                            samples_per_round(self.bd_spb, n, grid)))
