@@ -220,13 +220,19 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 // ---- backward data ------------------------------------------------------------------------------
 // dx[s, c, y, x] = Σ_{o,a,b} dconv[s, o, y − a, x − b]·w[o, c, a, b]: A[(y, x), (o, a, b)] =
 // dcp[o, y + K−1−a, x + K−1−b] with dcp the conv gradient zero-padded by K − 1 on each side (no
-// bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, m-tile of 16 input
-// positions) items, every input channel.
+// bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, TC_BD_MTW m-tiles of 16
+// input positions) items, every input channel: each k-step's B fragments and offsets, loaded
+// once, feed TC_BD_MTW·B_NT mma.
 #define HP (HC + 2 * (TC_K - 1))
 #define WP (WC + 2 * (TC_K - 1))
+// dcp's channel stride: HP·WP rounded up to ≡ 16 (mod 32), so a k-step whose taps cross into the
+// next output channel reads it in the other half of the banks (the 24→32 3×3 layer's A loads: 1.33
+// wavefronts each at 196 words, 1 at 208).
+#define DCS (HP * WP + (48 - HP * WP % 32) % 32)
 #define B_KT ((TC_OUTS * KK + 7) / 8)
 #define B_NT ((TC_C + 7) / 8)
 #define B_MT ((TC_H * TC_W + 15) / 16)
+#define B_ITEMS ((B_MT + TC_BD_MTW - 1) / TC_BD_MTW)  // items a sample
 extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
@@ -237,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);     // [B_KT][B_NT][32]: B fragments
     int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's offsets in dcp
-    unsigned* dcp = smem + B_KT * B_NT * 64 + B_KT * 8;             // [TC_BD_SPB][TC_OUTS·HP·WP]
+    unsigned* dcp = smem + B_KT * B_NT * 64 + B_KT * 8;             // [TC_BD_SPB][TC_OUTS·DCS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[(o, a, b)][c] = w[o, c, a, b]: w's element e is o = e / TAPS, c = e % TAPS / KK, (a, b) = e % KK;
     // rows past TC_OUTS·KK and columns c ≥ TC_C are zeros (those columns are not written).
@@ -246,46 +252,65 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
                                 TC_OUTS * KK, TC_C);
     // k's offset in dcp (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B rows)
     auto k_offset = [](int k) {
-        return k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
+        return k < TC_OUTS * KK ? (k / KK) * DCS + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
     };
     for (int q = threadIdx.x; q < B_KT * 4; q += THREADS)
         koff[q] = make_int2(k_offset(q / 4 * 8 + q % 4), k_offset(q / 4 * 8 + q % 4 + 4));
     const int spb = samples_per_round(TC_BD_SPB, n);
-    for (int e = threadIdx.x; e < spb * TC_OUTS * HP * WP; e += THREADS) dcp[e] = 0u;  // the borders stay 0
+    for (int e = threadIdx.x; e < spb * TC_OUTS * DCS; e += THREADS) dcp[e] = 0u;  // the borders stay 0
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
         __syncthreads();
         for (int sl = 0; sl < count; ++sl)
-            scatter_dconv(dcp + sl * TC_OUTS * HP * WP, dout, arg, s0 + sl, HP * WP, WP, (TC_K - 1) * WP + TC_K - 1);
+            scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, (TC_K - 1) * WP + TC_K - 1);
         __syncthreads();
-        for (int item = warp; item < count * B_MT; item += TC_WARPS) {
-            const int sl = item / B_MT, p0 = (item % B_MT) * 16 + g, p1 = p0 + 8;
-            const bool v0 = p0 < TC_H * TC_W, v1 = p1 < TC_H * TC_W;
-            const unsigned* d = dcp + sl * TC_OUTS * HP * WP;
-            const unsigned* r0 = d + (v0 ? (p0 / TC_W) * WP + p0 % TC_W : 0);
-            const unsigned* r1 = d + (v1 ? (p1 / TC_W) * WP + p1 % TC_W : 0);
-            float acc[B_NT][4] = {};
-#pragma unroll 4
+        for (int item = warp; item < count * B_ITEMS; item += TC_WARPS) {
+            const int sl = item / B_ITEMS, mt0 = (item % B_ITEMS) * TC_BD_MTW;
+            const int tiles = min(TC_BD_MTW, B_MT - mt0);  // the sample's last item may have fewer
+            const unsigned* d = dcp + sl * TC_OUTS * DCS;
+            // rows g and g + 8 of m-tile mt0 + i: input position p = (mt0 + i)·16 + g + 8h at row
+            // offset r[i][h] in dcp (past the image: 0, not written)
+            int r[TC_BD_MTW][2];
+#pragma unroll
+            for (int i = 0; i < TC_BD_MTW; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = (mt0 + i) * 16 + g + 8 * h;
+                    r[i][h] = p < TC_H * TC_W ? (p / TC_W) * WP + p % TC_W : 0;
+                }
+            float acc[TC_BD_MTW][B_NT][4] = {};
+#pragma unroll 2
             for (int ks = 0; ks < B_KT; ++ks) {
                 const int2 k = koff[ks * 4 + t];
-                const unsigned a[4] = {r0[k.x], r1[k.x], r0[k.y], r1[k.y]};
+                uint2 bv[B_NT];
 #pragma unroll
-                for (int nt = 0; nt < B_NT; ++nt) {
-                    const uint2 bv = bfrag[(ks * B_NT + nt) * 32 + lane];
-                    const unsigned b[2] = {bv.x, bv.y};
-                    mma_tf32(acc[nt], a, b);
+                for (int nt = 0; nt < B_NT; ++nt) bv[nt] = bfrag[(ks * B_NT + nt) * 32 + lane];
+#pragma unroll
+                for (int i = 0; i < TC_BD_MTW; ++i) {
+                    if (i >= tiles) break;
+                    const unsigned a[4] = {d[r[i][0] + k.x], d[r[i][1] + k.x], d[r[i][0] + k.y], d[r[i][1] + k.y]};
+#pragma unroll
+                    for (int nt = 0; nt < B_NT; ++nt) {
+                        const unsigned b[2] = {bv[nt].x, bv[nt].y};
+                        mma_tf32(acc[i][nt], a, b);
+                    }
                 }
             }
             float* o = dx + (long long)(s0 + sl) * IMAGE;
 #pragma unroll
-            for (int nt = 0; nt < B_NT; ++nt)
+            for (int i = 0; i < TC_BD_MTW; ++i)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int c = nt * 8 + 2 * t + j;
-                    if (c >= TC_C) continue;
-                    if (v0) o[c * TC_H * TC_W + p0] = acc[nt][j];
-                    if (v1) o[c * TC_H * TC_W + p1] = acc[nt][2 + j];
-                }
+                for (int nt = 0; nt < B_NT; ++nt)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int c = nt * 8 + 2 * t + j;
+                        if (c >= TC_C) continue;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int p = (mt0 + i) * 16 + g + 8 * h;
+                            if (p < TC_H * TC_W) o[c * TC_H * TC_W + p] = acc[i][nt][2 * h + j];
+                        }
+                    }
         }
     }
 }

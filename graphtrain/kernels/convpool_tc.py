@@ -22,6 +22,10 @@ BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many bloc
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
+# convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
+# offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
+# mma, against 11 for 3 at one; its 9 m-tiles are 5 items a sample).
+BD_TILES = 2
 MIN_BLOCKS = 1  # the forward's and weight gradient's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
 
 
@@ -53,10 +57,9 @@ class ConvPoolShape:
 
     def backward_data_words(self, spb: int) -> int:
         """B fragments of the filters (k = (o, a, b), columns c), two dcp offsets a k-step's lane
-        pair, spb padded conv gradients."""
-        kk = self.outs * self.k * self.k
-        return (self.fragment_words(kk, self.c) + _c(kk, 8) * 8
-                + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2))
+        pair, spb padded conv gradients (a channel's plane rounded up to ≡ 16 words mod 32: DCS)."""
+        kk, plane = self.outs * self.k * self.k, (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2)
+        return self.fragment_words(kk, self.c) + _c(kk, 8) * 8 + spb * self.outs * (plane + (48 - plane % 32) % 32)
 
     def weight_grad_groups(self) -> int:
         """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
@@ -80,10 +83,10 @@ class ConvPoolShape:
         return min(fitting, key=lambda spb: (-busy(spb), spb))
 
     def backward_data_samples(self) -> int:
-        """Samples a backward-data block stages at once: about one m-tile of 16 input positions a
-        warp a sample, within half the shared memory limit; at least 1 (the 24→32 3×3 layer: 1,
-        its 9 m-tiles on 8 warps; two would halve its blocks an SM)."""
-        spb = max(1, round(WARPS / _c(self.h * self.w, 16)))
+        """Samples a backward-data block stages at once: about one item (BD_TILES m-tiles of 16
+        input positions) a warp a sample, within half the shared memory limit; at least 1 (the
+        24→32 3×3 layer: 1, its 5 items on 8 warps; two do not fit half the limit)."""
+        spb = max(1, round(WARPS / _c(_c(self.h * self.w, 16), BD_TILES)))
         while spb > 1 and 4 * self.backward_data_words(spb) > MAX_SHARED // 2:
             spb -= 1
         return spb
@@ -108,7 +111,7 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
+               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
