@@ -21,7 +21,6 @@ from graphtrain.kernels.convpool_tc import THREADS, ConvPoolShape, ConvPoolTc, s
 # buffer), the TF32 rounding's PTX, the kernels' qualifiers.
 REPLACED = {'extern __shared__ __align__(16) unsigned smem[];': 'unsigned* smem = (unsigned*)block_smem();',
             'asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));': 'r = tf32_rna(v);',
-            '__launch_bounds__(THREADS)': '',
             'extern "C" __global__ void': 'void'}
 # Where the forward's and backward data's text ends (the weight gradient's is not emulated).
 WEIGHT_GRAD = "// ---- weight and bias gradients"

@@ -11,6 +11,8 @@
 // TC_MIN_BLOCKS: the blocks an SM is to hold of the forward and the weight gradient (their registers
 // bound it, their staging does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers);
 // 3 caps a thread at 80 registers, spilling a few hundred bytes, for more warps to hide latency with.
+// TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's blocks an SM and m-tiles a warp's item (the launcher's
+// BD_MIN_BLOCKS, BD_TILES say why).
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
 #define WC (TC_W - TC_K + 1)
@@ -233,7 +235,7 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 #define B_NT ((TC_C + 7) / 8)
 #define B_MT ((TC_H * TC_W + 15) / 16)
 #define B_ITEMS ((B_MT + TC_BD_MTW - 1) / TC_BD_MTW)  // items a sample
-extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
+extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
     dout = model_at(dout, model_stride);

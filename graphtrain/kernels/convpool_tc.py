@@ -26,6 +26,10 @@ NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
 # mma, against 11 for 3 at one; its 9 m-tiles are 5 items a sample).
 BD_TILES = 2
+# convpool_tc_backward_data's __launch_bounds__ blocks an SM: BLOCKS_PER_SM, so that a launch of
+# max_blocks is one wave (the 24→32 3×3 layer: 64 registers, a few dozen bytes spilled, against 77
+# and three blocks an SM unbounded; 54 KiB of shared memory a block).
+BD_MIN_BLOCKS = BLOCKS_PER_SM
 MIN_BLOCKS = 1  # the forward's and weight gradient's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
 
 
@@ -41,10 +45,6 @@ class ConvPoolShape:
         self.hc, self.wc = h - k + 1, w - k + 1
         self.plane = (self.hc // 2) * (self.wc // 2)
         self.image, self.taps = c * h * w, c * k * k
-
-    def filter_words(self) -> int:
-        """The filters staged as rows of _c(taps, 8)·8 + 4 words (convpool_tc.cu's WST)."""
-        return self.outs * (_c(self.taps, 8) * 8 + 4)
 
     def fragment_words(self, k: int, cols: int) -> int:
         """A GEMM's B operand (k rows, cols columns) staged as the mma's lanes take it
@@ -111,7 +111,8 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
+               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_REDUCE_SLICES": REDUCE_SLICES,
+               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -126,10 +127,11 @@ class ConvPoolTc(KernelFile):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
-        self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: as many as before
+        self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
         self.bd_spb = s.backward_data_samples()
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
-                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_MIN_BLOCKS": MIN_BLOCKS})
+                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
+                                  "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
