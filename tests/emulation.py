@@ -5,8 +5,10 @@ take replaced, the shape's defines before the source, a launch harness after it.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,13 +22,22 @@ REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsign
             'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
                 'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
             'extern "C" __global__ void': 'void'}
+# tf32_mma.cuh's mma_tf32 (its one asm statement), replaced by tf32.h's emulation.
+MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
+
+
+def kernel_text(*names: str) -> str:
+    """The text of kernels/ files `names`, joined: a kernel file and the headers it needs that the
+    emulation does not provide itself (tf32_mma.cuh's and async_copy.cuh's are in cuda_on_cpu/)."""
+    return "".join((KERNELS_DIR / name).read_text(encoding="utf-8") for name in names)
 
 
 def compile_for_cpu(source: str, kernel: str, defines: dict, header: str, launch: str, folder: Path,
-                    replaced: dict[str, str] = REPLACED) -> str:
+                    replaced: Mapping[str, str] = REPLACED) -> str:
     """The program (its path) of `source` (kernel file `kernel`'s, with what it includes) after
     `#include header` and the defines, followed by the harness file `launch`, built in `folder`;
-    `replaced`: what the host compiler cannot take (REPLACED: a grid kernel's), each found in source."""
+    `replaced`: the texts the host compiler cannot take and what it takes instead (the grid kernels'
+    REPLACED by default), each of which the source must have."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("no g++ to compile the kernel for the CPU")

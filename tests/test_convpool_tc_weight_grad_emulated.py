@@ -12,11 +12,10 @@ import subprocess
 
 import numpy as np
 import pytest
-from emulation import compile_for_cpu
+from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference_cnn as R
-from graphtrain.kernels import KERNELS_DIR
 from graphtrain.kernels.convpool_tc import REDUCE_SLICES, ConvPoolShape, ConvPoolTc
 
 # What the host compiler cannot take: the block's shared memory (the launch's own buffer), the
@@ -56,7 +55,7 @@ class Program:
         self.per_chunk = 1 if c == 1 else 2  # ConvPoolTc's chunk
         defines = {**ConvPoolTc.defines, "TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                    "SMEM_BYTES": 4 * self.s.weight_grad_words()}
-        source = "".join((KERNELS_DIR / name).read_text() for name in ("model_axis.cuh", "convpool_tc.cu"))
+        source = kernel_text("model_axis.cuh", "convpool_tc.cu")
         self.folder = folder
         self.program = compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_tc_launch.inc",
                                        folder, REPLACED)

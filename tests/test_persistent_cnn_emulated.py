@@ -7,13 +7,12 @@ test_persistent_cnn_gpu.py does."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 import numpy as np
 import pytest
 from cnn_reference import float64_step
-from emulation import compile_for_cpu
+from emulation import MMA_ASM, compile_for_cpu
 from helpers import rel_err
 
 from graphtrain import reference_cnn
@@ -22,8 +21,6 @@ from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
-# The TF32 mma's inline PTX, replaced by tf32.h's emulation (emulation.REPLACED: the rest).
-MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
 # The float64 steps round what the kernel rounds (fc1's products' operands to TF32 where it takes one
 # pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
 # is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32

@@ -12,6 +12,8 @@
 // does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers); 3 caps a thread at 80
 // registers, spilling a few hundred bytes, for more warps to hide latency with. TC_WG_MIN_BLOCKS: the
 // same for the weight gradient (2: at most 128 registers, which its loop over chunks exceeds unbounded).
+// TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's blocks an SM and m-tiles a warp's item (the launcher's
+// BD_MIN_BLOCKS, BD_TILES say why).
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
 #define WC (TC_W - TC_K + 1)
@@ -62,13 +64,44 @@ __device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const
                 [&](int e, float v) { dst[(e / COLS) * stride + e % COLS] = tf32(v); });
     }
 }
-// The filters as TF32 rows of WST words: w[o, tap] at o·WST + tap, zeros at taps TAPS..WST−1.
-// WST ≡ 4 (mod 8), so the rows g = 0..7 of a B fragment's load start in 8 distinct bank quads.
-#define WST (((TAPS + 7) / 8) * 8 + 4)
-__device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restrict__ w) {
-    stage_rows_tf32<TAPS>(ws, WST, w, TC_OUTS);
-    for (int e = threadIdx.x; e < TC_OUTS * (WST - TAPS); e += THREADS)
-        ws[(e / (WST - TAPS)) * WST + TAPS + e % (WST - TAPS)] = 0u;
+// B operands laid out as the mma's lanes take them: word ((ks·NT + nt)·32 + lane)·2 + j holds
+// B[ks·8 + t + 4j][nt·8 + g] (g = lane / 4, t = lane % 4), so a lane's b0, b1 for one n-tile are
+// one 8-byte load, and a warp's 32 loads cover 256 consecutive bytes (no bank conflicts).
+__device__ __forceinline__ int fragment_word(int k, int col, int nt_count) {
+    return (((k >> 3) * nt_count + (col >> 3)) * 32 + (col & 7) * 4 + (k & 3)) * 2 + ((k >> 2) & 1);
+}
+// dst[fragment_word(B's (k, col) of src[e])] = TF32(src[e]) for e < count (kcol(e) gives the pair),
+// 16-byte loads where count is a multiple of 4 and src 16-byte aligned; then zeros at the words of
+// k ≥ k_count or col ≥ col_count (rows past the sum, columns never written).
+template <int KT, int NT, class Kcol>
+__device__ __forceinline__ void stage_fragments(unsigned* dst, const float* __restrict__ src, int count, Kcol kcol,
+                                                int k_count, int col_count) {
+    auto put = [&](int e, float v) {
+        const int2 kc = kcol(e);
+        dst[fragment_word(kc.x, kc.y, NT)] = tf32(v);
+    };
+    if (count % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        batched(count / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
+            put(4 * q, v.x);
+            put(4 * q + 1, v.y);
+            put(4 * q + 2, v.z);
+            put(4 * q + 3, v.w);
+        });
+    } else {
+        batched(count, [&](int e) { return src[e]; }, put);
+    }
+    for (int e = threadIdx.x; e < KT * NT * 64; e += THREADS) {
+        const int lane = (e >> 1) & 31, k = (e >> 6) / NT * 8 + (lane & 3) + 4 * (e & 1);
+        const int col = (e >> 6) % NT * 8 + (lane >> 2);
+        if (k >= k_count || col >= col_count) dst[e] = 0u;
+    }
+}
+// A block's samples a round: up to `capacity` (what its shared memory stages), as many as its share
+// of the n samples when the launch has fewer blocks than samples (each then stages the filters once
+// for several rounds).
+__device__ __forceinline__ int samples_per_round(int capacity, int n) {
+    return min(capacity, (n + (int)gridDim.x - 1) / (int)gridDim.x);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -79,7 +112,7 @@ __device__ __forceinline__ void stage_filters(unsigned* ws, const float* __restr
 // positions of one window for two output channels, and the pool, bias, ReLU and argmax (first
 // maximum in the order u·2 + v, as convpool.cu) happen in registers:
 //   out[s, o, wy, wx] = ReLU(max_{u,v} conv[s, o, 2wy + u, 2wx + v] + bias[o]).
-// The block stages every filter once (stage_filters), then TC_SPB samples at a time; a warp
+// The block stages every filter once (as B fragments), then up to TC_SPB samples at a time; a warp
 // takes (sample, group of 8 windows) items.
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
@@ -93,20 +126,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     out = model_at(out, model_stride);
     arg = model_at(arg, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
-    unsigned* ws = smem;                                        // [TC_OUTS][WST]: the filters
-    int* tapoff = reinterpret_cast<int*>(smem + TC_OUTS * WST);  // [F_KT·8]: c·H·W + a·W + b
-    unsigned* xs = smem + TC_OUTS * WST + F_KT * 8;             // [TC_SPB][IMAGE], TF32
+    const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
+    int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's offsets
+    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][IMAGE], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    stage_filters(ws, w);
-    // b0 = B[t][g] = w[o, k0], b1 = B[t + 4][g] = w[o, k0 + 4] for o = nt·8 + g, k0 = ks·8 + t;
-    // columns o ≥ TC_OUTS read filter TC_OUTS − 1 and are not written.
-    const unsigned* wrow[F_NT];
-#pragma unroll
-    for (int nt = 0; nt < F_NT; ++nt) wrow[nt] = ws + min(nt * 8 + g, TC_OUTS - 1) * WST + t;
-    for (int k = threadIdx.x; k < F_KT * 8; k += THREADS)
-        tapoff[k] = k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0;
-    for (int s0 = blockIdx.x * TC_SPB; s0 < n; s0 += gridDim.x * TC_SPB) {
-        const int count = min(TC_SPB, n - s0);
+    // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
+    stage_fragments<F_KT, F_NT>(smem, w, TC_OUTS * TAPS, [](int e) { return make_int2(e % TAPS, e / TAPS); }, TAPS,
+                                TC_OUTS);
+    // tap k's offset in an image: c·H·W + a·W + b (0 past TAPS, where the weights are zeros)
+    auto tap_offset = [](int k) { return k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0; };
+    for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
+        tapoff[q] = make_int2(tap_offset(q / 4 * 8 + q % 4), tap_offset(q / 4 * 8 + q % 4 + 4));
+    const int spb = samples_per_round(TC_SPB, n);
+    for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
+        const int count = min(spb, n - s0);
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
         stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s0 * IMAGE, count);
         __syncthreads();
@@ -117,19 +150,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
             float acc[2][F_NT][4] = {};
 #pragma unroll 3
             for (int ks = 0; ks < F_KT; ++ks) {
-                const int t0 = tapoff[ks * 8 + t], t1 = tapoff[ks * 8 + t + 4];
+                const int2 tk = tapoff[ks * 4 + t];
                 unsigned a[2][4];
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
                     const unsigned* r = img + u * TC_W;
-                    a[u][0] = r[t0];
-                    a[u][1] = r[t0 + 1];
-                    a[u][2] = r[t1];
-                    a[u][3] = r[t1 + 1];
+                    a[u][0] = r[tk.x];
+                    a[u][1] = r[tk.x + 1];
+                    a[u][2] = r[tk.y];
+                    a[u][3] = r[tk.y + 1];
                 }
 #pragma unroll
                 for (int nt = 0; nt < F_NT; ++nt) {
-                    const unsigned b[2] = {wrow[nt][ks * 8], wrow[nt][ks * 8 + 4]};
+                    const uint2 bv = bfrag[(ks * F_NT + nt) * 32 + lane];
+                    const unsigned b[2] = {bv.x, bv.y};
                     mma_tf32(acc[0][nt], a[0], b);
                     mma_tf32(acc[1][nt], a[1], b);
                 }
@@ -180,14 +214,20 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 // ---- backward data ------------------------------------------------------------------------------
 // dx[s, c, y, x] = Σ_{o,a,b} dconv[s, o, y − a, x − b]·w[o, c, a, b]: A[(y, x), (o, a, b)] =
 // dcp[o, y + K−1−a, x + K−1−b] with dcp the conv gradient zero-padded by K − 1 on each side (no
-// bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, m-tile of 16 input
-// positions) items, every input channel.
+// bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, TC_BD_MTW m-tiles of 16
+// input positions) items, every input channel: each k-step's B fragments and offsets, loaded
+// once, feed TC_BD_MTW·B_NT mma.
 #define HP (HC + 2 * (TC_K - 1))
 #define WP (WC + 2 * (TC_K - 1))
+// dcp's channel stride: HP·WP rounded up to ≡ 16 (mod 32), so a k-step whose taps cross into the
+// next output channel reads it in the other half of the banks (the 24→32 3×3 layer's A loads: 1.33
+// wavefronts each at 196 words, 1 at 208).
+#define DCS (HP * WP + (48 - HP * WP % 32) % 32)
 #define B_KT ((TC_OUTS * KK + 7) / 8)
 #define B_NT ((TC_C + 7) / 8)
 #define B_MT ((TC_H * TC_W + 15) / 16)
-extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
+#define B_ITEMS ((B_MT + TC_BD_MTW - 1) / TC_BD_MTW)  // items a sample
+extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
     dout = model_at(dout, model_stride);
@@ -195,57 +235,76 @@ extern "C" __global__ void __launch_bounds__(THREADS) convpool_tc_backward_data(
     w = model_at(w, model_stride);
     dx = model_at(dx, model_stride);
     extern __shared__ __align__(16) unsigned smem[];
-    unsigned* ws = smem;                                             // [TC_OUTS][WST]: the filters
-    int* koff = reinterpret_cast<int*>(smem + TC_OUTS * WST);        // [B_KT·8]: k's offset in dcp
-    int* kw = koff + B_KT * 8;                                       // [B_KT·8]: k's filter o·WST + a·K + b
-    unsigned* dcp = smem + TC_OUTS * WST + 2 * B_KT * 8;             // [TC_BD_SPB][TC_OUTS·HP·WP]
+    const uint2* bfrag = reinterpret_cast<const uint2*>(smem);     // [B_KT][B_NT][32]: B fragments
+    int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's offsets in dcp
+    unsigned* dcp = smem + B_KT * B_NT * 64 + B_KT * 8;             // [TC_BD_SPB][TC_OUTS·DCS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    stage_filters(ws, w);
-    // k past TC_OUTS·KK: B's rows are zeros (kw = −1), A's read at each row's dcp offset 0.
-    for (int k = threadIdx.x; k < B_KT * 8; k += THREADS) {
-        koff[k] = k < TC_OUTS * KK ? (k / KK) * HP * WP + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
-        kw[k] = k < TC_OUTS * KK ? (k / KK) * WST + k % KK : -1;
-    }
-    // b0 = B[k0][c] = w[o, c, a, b] at kw[k0] + c·KK for c = nt·8 + g (columns c ≥ TC_C read
-    // channel TC_C − 1 and are not written), k0 = ks·8 + t; b1 the same at k0 + 4.
-    int cko[B_NT];
-#pragma unroll
-    for (int nt = 0; nt < B_NT; ++nt) cko[nt] = min(nt * 8 + g, TC_C - 1) * KK;
-    for (int e = threadIdx.x; e < TC_BD_SPB * TC_OUTS * HP * WP; e += THREADS) dcp[e] = 0u;  // the borders stay 0
-    for (int s0 = blockIdx.x * TC_BD_SPB; s0 < n; s0 += gridDim.x * TC_BD_SPB) {
-        const int count = min(TC_BD_SPB, n - s0);
+    // B[(o, a, b)][c] = w[o, c, a, b]: w's element e is o = e / TAPS, c = e % TAPS / KK, (a, b) = e % KK;
+    // rows past TC_OUTS·KK and columns c ≥ TC_C are zeros (those columns are not written).
+    stage_fragments<B_KT, B_NT>(smem, w, TC_OUTS * TAPS,
+                                [](int e) { return make_int2(e / TAPS * KK + e % KK, e % TAPS / KK); },
+                                TC_OUTS * KK, TC_C);
+    // k's offset in dcp (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B rows)
+    auto k_offset = [](int k) {
+        return k < TC_OUTS * KK ? (k / KK) * DCS + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
+    };
+    for (int q = threadIdx.x; q < B_KT * 4; q += THREADS)
+        koff[q] = make_int2(k_offset(q / 4 * 8 + q % 4), k_offset(q / 4 * 8 + q % 4 + 4));
+    const int spb = samples_per_round(TC_BD_SPB, n);
+    for (int e = threadIdx.x; e < spb * TC_OUTS * DCS; e += THREADS) dcp[e] = 0u;  // the borders stay 0
+    for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
+        const int count = min(spb, n - s0);
         __syncthreads();
         for (int sl = 0; sl < count; ++sl)
-            scatter_dconv(dcp + sl * TC_OUTS * HP * WP, dout, arg, s0 + sl, HP * WP, WP, (TC_K - 1) * WP + TC_K - 1);
+            scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, (TC_K - 1) * WP + TC_K - 1);
         __syncthreads();
-        for (int item = warp; item < count * B_MT; item += TC_WARPS) {
-            const int sl = item / B_MT, p0 = (item % B_MT) * 16 + g, p1 = p0 + 8;
-            const bool v0 = p0 < TC_H * TC_W, v1 = p1 < TC_H * TC_W;
-            const unsigned* d = dcp + sl * TC_OUTS * HP * WP;
-            const unsigned* r0 = d + (v0 ? (p0 / TC_W) * WP + p0 % TC_W : 0);
-            const unsigned* r1 = d + (v1 ? (p1 / TC_W) * WP + p1 % TC_W : 0);
-            float acc[B_NT][4] = {};
-#pragma unroll 4
-            for (int ks = 0; ks < B_KT; ++ks) {
-                const int k0 = koff[ks * 8 + t], k1 = koff[ks * 8 + t + 4];
-                const int w0 = kw[ks * 8 + t], w1 = kw[ks * 8 + t + 4];
-                const unsigned a[4] = {r0[k0], r1[k0], r0[k1], r1[k1]};
+        for (int item = warp; item < count * B_ITEMS; item += TC_WARPS) {
+            const int sl = item / B_ITEMS, mt0 = (item % B_ITEMS) * TC_BD_MTW;
+            const int tiles = min(TC_BD_MTW, B_MT - mt0);  // the sample's last item may have fewer
+            const unsigned* d = dcp + sl * TC_OUTS * DCS;
+            // rows g and g + 8 of m-tile mt0 + i: input position p = (mt0 + i)·16 + g + 8h at row
+            // offset r[i][h] in dcp (past the image: 0, not written)
+            int r[TC_BD_MTW][2];
 #pragma unroll
-                for (int nt = 0; nt < B_NT; ++nt) {
-                    const unsigned b[2] = {w0 >= 0 ? ws[w0 + cko[nt]] : 0u, w1 >= 0 ? ws[w1 + cko[nt]] : 0u};
-                    mma_tf32(acc[nt], a, b);
+            for (int i = 0; i < TC_BD_MTW; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = (mt0 + i) * 16 + g + 8 * h;
+                    r[i][h] = p < TC_H * TC_W ? (p / TC_W) * WP + p % TC_W : 0;
+                }
+            float acc[TC_BD_MTW][B_NT][4] = {};
+#pragma unroll 2
+            for (int ks = 0; ks < B_KT; ++ks) {
+                const int2 k = koff[ks * 4 + t];
+                uint2 bv[B_NT];
+#pragma unroll
+                for (int nt = 0; nt < B_NT; ++nt) bv[nt] = bfrag[(ks * B_NT + nt) * 32 + lane];
+#pragma unroll
+                for (int i = 0; i < TC_BD_MTW; ++i) {
+                    if (i >= tiles) break;
+                    const unsigned a[4] = {d[r[i][0] + k.x], d[r[i][1] + k.x], d[r[i][0] + k.y], d[r[i][1] + k.y]};
+#pragma unroll
+                    for (int nt = 0; nt < B_NT; ++nt) {
+                        const unsigned b[2] = {bv[nt].x, bv[nt].y};
+                        mma_tf32(acc[i][nt], a, b);
+                    }
                 }
             }
             float* o = dx + (long long)(s0 + sl) * IMAGE;
 #pragma unroll
-            for (int nt = 0; nt < B_NT; ++nt)
+            for (int i = 0; i < TC_BD_MTW; ++i)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int c = nt * 8 + 2 * t + j;
-                    if (c >= TC_C) continue;
-                    if (v0) o[c * TC_H * TC_W + p0] = acc[nt][j];
-                    if (v1) o[c * TC_H * TC_W + p1] = acc[nt][2 + j];
-                }
+                for (int nt = 0; nt < B_NT; ++nt)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int c = nt * 8 + 2 * t + j;
+                        if (c >= TC_C) continue;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int p = (mt0 + i) * 16 + g + 8 * h;
+                            if (p < TC_H * TC_W) o[c * TC_H * TC_W + p] = acc[i][nt][2 * h + j];
+                        }
+                    }
         }
     }
 }

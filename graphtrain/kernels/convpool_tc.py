@@ -22,6 +22,14 @@ BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many bloc
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
+# convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
+# offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
+# mma, against 11 for 3 at one; its 9 m-tiles are 5 items a sample).
+BD_TILES = 2
+# convpool_tc_backward_data's __launch_bounds__ blocks an SM: BLOCKS_PER_SM, so that a launch of
+# max_blocks is one wave (the 24→32 3×3 layer: 64 registers, a few dozen bytes spilled, against 77
+# and three blocks an SM unbounded; 54 KiB of shared memory a block).
+BD_MIN_BLOCKS = BLOCKS_PER_SM
 MIN_BLOCKS = 1  # the forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
 # The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
@@ -41,17 +49,20 @@ class ConvPoolShape:
         self.plane = (self.hc // 2) * (self.wc // 2)
         self.image, self.taps = c * h * w, c * k * k
 
-    def filter_words(self) -> int:
-        """The filters staged as rows of _c(taps, 8)·8 + 4 words (convpool_tc.cu's WST)."""
-        return self.outs * (_c(self.taps, 8) * 8 + 4)
+    def fragment_words(self, k: int, cols: int) -> int:
+        """A GEMM's B operand (k rows, cols columns) staged as the mma's lanes take it
+        (convpool_tc.cu's fragment_word): 64 words a k-step of 8 and n-tile of 8."""
+        return _c(k, 8) * _c(cols, 8) * 64
 
     def forward_words(self, spb: int) -> int:
-        return self.filter_words() + _c(self.taps, 8) * 8 + spb * self.image
+        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images."""
+        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.image
 
     def backward_data_words(self, spb: int) -> int:
-        kt = _c(self.outs * self.k * self.k, 8)
-        return (self.filter_words() + 2 * kt * 8
-                + spb * self.outs * (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2))
+        """B fragments of the filters (k = (o, a, b), columns c), two dcp offsets a k-step's lane
+        pair, spb padded conv gradients (a channel's plane rounded up to ≡ 16 words mod 32: DCS)."""
+        kk, plane = self.outs * self.k * self.k, (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2)
+        return self.fragment_words(kk, self.c) + _c(kk, 8) * 8 + spb * self.outs * (plane + (48 - plane % 32) % 32)
 
     def weight_grad_groups(self) -> int:
         """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
@@ -69,13 +80,29 @@ class ConvPoolShape:
         return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + self.image + kt * 8
 
     def samples_per_block(self, words, items: int) -> int:
-        """Samples a forward or backward-data block stages at once: enough for each warp to take
-        about one of the kernel's `items` per sample, within half the shared memory limit (two
-        blocks an SM at least); at least 1."""
-        spb = max(1, round(WARPS / items))
-        while spb > 1 and 4 * words(spb) > MAX_SHARED // 2:
+        """Samples a forward block stages at once: the fewest whose items (`items` a sample) keep the
+        WARPS warps busiest (each round of items a warp, its last round's idle warps the waste; the
+        conv0 shape's 18 groups of windows: 4 samples, 72 items, 9 full rounds, against 18 items in
+        3 rounds, 6 of 24 warp-turns idle, at 1), within half the shared memory limit (two blocks an
+        SM at least), at most WARPS; at least 1."""
+        def busy(spb: int) -> float:
+            return spb * items / (_c(spb * items, WARPS) * WARPS)
+        fitting = [spb for spb in range(1, WARPS + 1) if spb == 1 or 4 * words(spb) <= MAX_SHARED // 2]
+        return min(fitting, key=lambda spb: (-busy(spb), spb))
+
+    def backward_data_samples(self) -> int:
+        """Samples a backward-data block stages at once: about one item (BD_TILES m-tiles of 16
+        input positions) a warp a sample, within half the shared memory limit; at least 1 (the
+        24→32 3×3 layer: 1, its 5 items on 8 warps; two do not fit half the limit)."""
+        spb = max(1, round(WARPS / _c(_c(self.h * self.w, 16), BD_TILES)))
+        while spb > 1 and 4 * self.backward_data_words(spb) > MAX_SHARED // 2:
             spb -= 1
         return spb
+
+
+def samples_per_round(capacity: int, n: int, grid: int) -> int:
+    """convpool_tc.cu's samples_per_round: what a block of the grid's stages a round, at most its capacity."""
+    return min(capacity, ceil_div(n, grid))
 
 
 def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, pool: int, first: bool) -> bool:
@@ -92,8 +119,8 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_REDUCE_SLICES": REDUCE_SLICES, "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS,
-               "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
+               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_REDUCE_SLICES": REDUCE_SLICES,
+               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -108,9 +135,11 @@ class ConvPoolTc(KernelFile):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
-        self.bd_spb = s.samples_per_block(s.backward_data_words, ceil_div(h * w, 16))  # items: 16 input positions
+        self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
+        self.bd_spb = s.backward_data_samples()
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
-                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_MIN_BLOCKS": MIN_BLOCKS})
+                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
+                                  "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
@@ -133,6 +162,13 @@ class ConvPoolTc(KernelFile):
             return REDUCE_SLICES
         return chunks
 
+    def _grid(self, n: int, spb: int, models: int) -> int:
+        """A model's blocks of the forward or backward data: spb samples each, the launch's blocks over
+        all models at most max_blocks; past that each block loops over rounds of samples
+        (samples_per_round), staging the filters once (64 models × 256 samples: 8 blocks a model, 32
+        samples each, rather than 256 blocks each staging every filter for one or two samples)."""
+        return max(1, min(ceil_div(n, spb), self.max_blocks // models))
+
     def _check(self, outs: int, h: int, wd: int) -> None:
         s = self.shape
         if (outs, h, wd) != (s.outs, s.h, s.w):
@@ -144,10 +180,10 @@ class ConvPoolTc(KernelFile):
         `shared_input`: every model reads the same x (the test images)."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = min(ceil_div(n, self.spb), self.max_blocks)
+        grid = self._grid(n, self.spb_alone, models)
         self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, w, b, out, arg, n,
                                   0 if shared_input else stride, stride,
-                                  shared_bytes=4 * self.shape.forward_words(self.spb))
+                                  shared_bytes=4 * self.shape.forward_words(samples_per_round(self.spb, n, grid)))
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
                     h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
@@ -166,6 +202,7 @@ class ConvPoolTc(KernelFile):
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = min(ceil_div(n, self.bd_spb), self.max_blocks)
+        grid = self._grid(n, self.bd_spb, models)
         self._convpool_tc_backward_data(stream, model_grid(grid, models), THREADS, dout, arg, w, dx, n, stride,
-                                        shared_bytes=4 * self.shape.backward_data_words(self.bd_spb))
+                                        shared_bytes=4 * self.shape.backward_data_words(
+                                            samples_per_round(self.bd_spb, n, grid)))

@@ -1,0 +1,136 @@
+"""convpool_tc.cu's forward and backward data run on the CPU: the source compiled by the host's C++
+compiler with the CUDA features it uses emulated (cuda_on_cpu/convpool.h: a thread per CUDA thread, a
+warp's TF32 mma.sync from its lanes' registers as PTX lays them out), on the launchers' geometry
+(grid, samples a round, shared bytes: a block's shared memory is exactly what the launcher asks for,
+filled with a pattern that shows a read of what was never written), against NumPy float64. What
+the emulation cannot show (the GPU's timing, its memory order) test_convpool_gpu.py does."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from emulation import compile_for_cpu, kernel_text
+from helpers import rel_err
+
+from graphtrain.kernels import ceil_div
+from graphtrain.kernels.convpool_tc import THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
+
+# The texts the host compiler cannot take: the block's dynamic shared memory (the launch's own
+# buffer), the TF32 rounding's PTX, the kernels' qualifiers.
+REPLACED = {'extern __shared__ __align__(16) unsigned smem[];': 'unsigned* smem = (unsigned*)block_smem();',
+            'asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));': 'r = tf32_rna_emulated(v);',
+            'extern "C" __global__ void': 'void'}
+# Where the forward's and backward data's text ends (the weight gradient's is not emulated).
+WEIGHT_GRAD = "// ---- weight and bias gradients"
+RELU_OFF = 255
+# TF32 operands (10 mantissa bits, each rounded to nearest: 2⁻¹¹ of itself) over sums of 25 to a
+# few hundred terms of both signs: ~1e-3 of the result's norm at most; a wrong index, fragment or
+# column errs by order 1.
+BOUND = 3e-3
+
+
+def build(source: str, shape: ConvPoolShape, spb: int, bd_spb: int, folder) -> str:
+    """The program of convpool_tc.cu's `source` (with its headers) for `shape`."""
+    assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
+    source = source[:source.index(WEIGHT_GRAD)]
+    defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
+               "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_SPB": bd_spb, "THREADS": THREADS}
+    return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
+
+
+def run(program: str, folder, n: int, models: int, grids: tuple[int, int], shared: tuple[int, int],
+        x, w, bias, dout, shared_input: bool):
+    """(out, arg, dx) of the emulated launches, each models × its per-model shape."""
+    np.array([n, models, grids[0], shared[0], grids[1], shared[1], int(shared_input)], np.int32).tofile(folder / "launch.bin")
+    for name, a in (("x", x), ("w", w), ("bias", bias), ("dout", dout)):
+        np.ascontiguousarray(a, np.float32).tofile(folder / f"{name}.bin")
+    proc = subprocess.run([program, str(folder)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = np.fromfile(folder / "out.bin", np.float32).reshape(dout.shape)
+    arg = np.fromfile(folder / "arg.bin", np.uint8).reshape(dout.shape)
+    dx = np.fromfile(folder / "dx.bin", np.float32).reshape(models, n, -1)  # NaNs where no backward data ran
+    return out, arg, dx
+
+
+def reference_forward(x, w, bias, k: int):
+    """conv (valid) + bias in float64, 2×2 max-pool windows (u·2 + v order), ReLU: (out, the windows' values)."""
+    n, c, h, wd = x.shape
+    hc, wc = h - k + 1, wd - k + 1
+    conv = np.zeros((n, w.shape[0], hc, wc))
+    for a in range(k):
+        for b in range(k):
+            conv += np.einsum("nchw,oc->nohw", x[:, :, a:a + hc, b:b + wc], w[:, :, a, b])
+    ho, wo = hc // 2, wc // 2
+    win = conv[:, :, :2 * ho, :2 * wo].reshape(n, -1, ho, 2, wo, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, -1, ho, wo, 4)
+    win = win + bias[None, :, None, None, None]
+    return np.maximum(win.max(-1), 0.0), win
+
+
+def reference_backward_data(dout, arg, w, h: int, wd: int):
+    """dx in float64: dout routed to each window's argmax (none where the ReLU was off), then the
+    full correlation with the filters."""
+    n, outs, ho, wo = dout.shape
+    k = w.shape[2]
+    dconv = np.zeros((n, outs, h - k + 1, wd - k + 1))
+    for q in range(4):
+        u, v = divmod(q, 2)
+        dconv[:, :, u:2 * ho:2, v:2 * wo:2] += np.where(arg == q, dout, 0.0)
+    dx = np.zeros((n, w.shape[1], h, wd))
+    for a in range(k):
+        for b in range(k):
+            dx[:, :, a:a + dconv.shape[2], b:b + dconv.shape[3]] += np.einsum("nohw,oc->nchw", dconv, w[:, :, a, b])
+    return dx
+
+
+# (c, h, k, outs), n, models, blocks a model (None: the launcher's for max_blocks = 1024), whether the
+# layer is a first one (no backward data), every model reading the same x: conv0's shape (one input
+# channel, a 5×5 filter, 18 groups of windows: 4 samples a round) and conv1's (24 channels, 3×3, 3
+# n-tiles of input channels), with few samples; blocks fewer than the samples (several rounds, the
+# last part-filled) and more models than one.
+CASES = {
+    "conv0-one-model": ((1, 28, 5, 24), 2, 1, None, True, False),
+    "conv0-rounds-models": ((1, 28, 5, 24), 6, 2, 1, True, True),
+    "conv1-one-model": ((24, 12, 3, 32), 2, 1, None, False, False),
+    "conv1-rounds-models": ((24, 12, 3, 32), 3, 2, 2, False, False),
+    # 7×7 conv, a last row and column in no window; column tiles part-filled
+    "odd-shape": ((5, 9, 3, 10), 7, 3, 3, False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
+    (c, h, k, outs), n, models, blocks, first, shared_input = CASES[case]
+    shape = ConvPoolShape(c, h, h, k, outs)
+    spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
+    bd_spb = shape.backward_data_samples()
+    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd_spb, tmp_path)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    ho, wo = shape.hc // 2, shape.wc // 2
+    dout = rng.standard_normal((models, n, outs, ho, wo)).astype(np.float32)
+    grid_f = blocks or min(ceil_div(n, max(1, round(8 / ceil_div(shape.plane, 8)))), 1024 // models)
+    grid_b = 0 if first else blocks or min(ceil_div(n, bd_spb), 1024 // models)
+    shared = (4 * shape.forward_words(samples_per_round(spb, n, grid_f)),
+              0 if first else 4 * shape.backward_data_words(samples_per_round(bd_spb, n, grid_b)))
+    out, arg, dx = run(program, tmp_path, n, models, (grid_f, grid_b), shared, x, w, bias, dout, shared_input)
+    for m in range(models):
+        ref, win = reference_forward(x[0 if shared_input else m].astype(np.float64), w[m].astype(np.float64), bias[m].astype(np.float64), k)
+        err = rel_err(out[m], ref)
+        assert err < BOUND, f"forward, model {m}: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
+        # the argmax the kernel chose: its window's maximum up to the TF32 products' error, or 255
+        # exactly where the ReLU is off
+        off = arg[m] == RELU_OFF
+        best = win.max(-1)
+        picked = np.take_along_axis(win, np.where(off, 0, arg[m]).astype(np.int64)[..., None], -1)[..., 0]
+        scale = np.abs(win).max()
+        assert np.all(np.abs(picked - best)[~off] <= 1e-2 * scale), f"forward, model {m}: an argmax off its window's maximum (seed {seed})"
+        assert np.all(best[off] <= 1e-2 * scale) and np.all(best[~off] >= -1e-2 * scale), f"model {m}: ReLU mask (seed {seed})"
+        if first:
+            continue
+        dref = reference_backward_data(dout[m].astype(np.float64), arg[m], w[m].astype(np.float64), h, h)
+        err = rel_err(dx[m].reshape(dref.shape), dref)
+        assert err < BOUND, f"backward data, model {m}: ‖dx − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
