@@ -67,35 +67,18 @@ __device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const
 // B operands laid out as the mma's lanes take them: word ((ks·NT + nt)·32 + lane)·2 + j holds
 // B[ks·8 + t + 4j][nt·8 + g] (g = lane / 4, t = lane % 4), so a lane's b0, b1 for one n-tile are
 // one 8-byte load, and a warp's 32 loads cover 256 consecutive bytes (no bank conflicts).
-__device__ __forceinline__ int fragment_word(int k, int col, int nt_count) {
-    return (((k >> 3) * nt_count + (col >> 3)) * 32 + (col & 7) * 4 + (k & 3)) * 2 + ((k >> 2) & 1);
-}
-// dst[fragment_word(B's (k, col) of src[e])] = TF32(src[e]) for e < count (kcol(e) gives the pair),
-// 16-byte loads where count is a multiple of 4 and src 16-byte aligned; then zeros at the words of
-// k ≥ k_count or col ≥ col_count (rows past the sum, columns never written).
-template <int KT, int NT, class Kcol>
-__device__ __forceinline__ void stage_fragments(unsigned* dst, const float* __restrict__ src, int count, Kcol kcol,
-                                                int k_count, int col_count) {
-    auto put = [&](int e, float v) {
-        const int2 kc = kcol(e);
-        dst[fragment_word(kc.x, kc.y, NT)] = tf32(v);
-    };
-    if (count % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
-        const float4* src4 = reinterpret_cast<const float4*>(src);
-        batched(count / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
-            put(4 * q, v.x);
-            put(4 * q + 1, v.y);
-            put(4 * q + 2, v.z);
-            put(4 * q + 3, v.w);
-        });
-    } else {
-        batched(count, [&](int e) { return src[e]; }, put);
-    }
-    for (int e = threadIdx.x; e < KT * NT * 64; e += THREADS) {
+// Every word of the KT × NT fragments, as above: B[k][col] = TF32(src[at(k, col)]) for
+// k < k_count and col < col_count, zeros elsewhere (rows past the sum, columns never written). The
+// threads take the words in order (stores to consecutive words: no bank conflicts; the loads of a
+// warp's 32 words fall in 4 columns × 8 rows of src, a few sectors, from L2 after the first block).
+template <int KT, int NT, class At>
+__device__ __forceinline__ void stage_fragments(unsigned* dst, const float* __restrict__ src, At at, int k_count,
+                                                int col_count) {
+    batched(KT * NT * 64, [&](int e) {
         const int lane = (e >> 1) & 31, k = (e >> 6) / NT * 8 + (lane & 3) + 4 * (e & 1);
         const int col = (e >> 6) % NT * 8 + (lane >> 2);
-        if (k >= k_count || col >= col_count) dst[e] = 0u;
-    }
+        return k < k_count && col < col_count ? src[at(k, col)] : 0.0f;
+    }, [&](int e, float v) { dst[e] = tf32(v); });
 }
 // A block's samples a round: up to `capacity` (what its shared memory stages), as many as its share
 // of the n samples when the launch has fewer blocks than samples (each then stages the filters once
@@ -131,8 +114,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][IMAGE], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
-    stage_fragments<F_KT, F_NT>(smem, w, TC_OUTS * TAPS, [](int e) { return make_int2(e % TAPS, e / TAPS); }, TAPS,
-                                TC_OUTS);
+    stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
     // tap k's offset in an image: c·H·W + a·W + b (0 past TAPS, where the weights are zeros)
     auto tap_offset = [](int k) { return k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0; };
     for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
@@ -239,10 +221,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool
     int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's offsets in dcp
     unsigned* dcp = smem + B_KT * B_NT * 64 + B_KT * 8;             // [TC_BD_SPB][TC_OUTS·DCS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    // B[(o, a, b)][c] = w[o, c, a, b]: w's element e is o = e / TAPS, c = e % TAPS / KK, (a, b) = e % KK;
-    // rows past TC_OUTS·KK and columns c ≥ TC_C are zeros (those columns are not written).
-    stage_fragments<B_KT, B_NT>(smem, w, TC_OUTS * TAPS,
-                                [](int e) { return make_int2(e / TAPS * KK + e % KK, e % TAPS / KK); },
+    // B[(o, a, b)][c] = w[o, c, a, b] (k = o·KK + a·K + b); rows past TC_OUTS·KK and columns c ≥ TC_C are
+    // zeros (those columns are not written).
+    stage_fragments<B_KT, B_NT>(smem, w, [](int k, int c) { return k / KK * TAPS + c * KK + k % KK; },
                                 TC_OUTS * KK, TC_C);
     // k's offset in dcp (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B rows)
     auto k_offset = [](int k) {
@@ -405,8 +386,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     }
     float acc[W_MT][W_NTW][4];
     const int chunks = (n + per_chunk - 1) / per_chunk;
-    const bool async = ASYNC_STAGE && ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
-                                        reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
+    // The copies ahead pay where a block has a next sample to copy while it multiplies (a block of
+    // one sample only adds the staging's pass through raw: measured slower, the one-model 1→24 layer).
+    const bool async = ASYNC_STAGE && (per_chunk > 1 || (int)gridDim.x < chunks) &&
+                       ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
+                         reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
     if (async && blockIdx.x < chunks) fetch_sample(raw, x, dout, arg, blockIdx.x * per_chunk);
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);

@@ -24,8 +24,9 @@ WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
-# mma, against 11 for 3 at one; its 9 m-tiles are 5 items a sample).
-BD_TILES = 2
+# mma at 2, against 11 for 3 at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py), 1 beats 2
+# at one model and at 64: 2 leaves its 9 m-tiles 5 items for 8 warps, and needs more registers.
+BD_TILES = 1
 # convpool_tc_backward_data's __launch_bounds__ blocks an SM: BLOCKS_PER_SM, so that a launch of
 # max_blocks is one wave (the 24→32 3×3 layer: 64 registers, a few dozen bytes spilled, against 77
 # and three blocks an SM unbounded; 54 KiB of shared memory a block).
