@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphtrain.kernels import I32, PTR, KernelFile, kernel
+from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 from graphtrain.kernels.optim import CONSTANTS, layout_defines
 from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region, probe_defines
 from graphtrain.libs import cuda
@@ -97,6 +97,13 @@ class CnnShape:
         return self.c1 * self.k1 ** 2 + self.c1 + self.c2 * self.c1 * self.k2 ** 2 + self.c2
 
     @property
+    def conv_fragments(self) -> int:
+        """The B fragments (k-step, n-tile) of phase 1's convolutions on the tensor cores (one pass):
+        conv 1's ⌈k1²/8⌉ k-steps, conv 2's k2²·⌈c1/8⌉, each over n-tiles of 8 output maps."""
+        groups = ceil_div(self.c1, 8)  # conv 1's n-tiles, conv 2's channel groups
+        return ceil_div(self.k1 ** 2, 8) * groups + self.k2 ** 2 * groups * ceil_div(self.c2, 8)
+
+    @property
     def num_params(self) -> int:
         return self.conv_params + self.hidden * self.flat + self.hidden + self.classes * self.hidden + self.classes
 
@@ -121,6 +128,7 @@ class CnnShape:
             Region("arg2", "unsigned char", self.flat, 16),
             Region("ta", "float", TILE * (self.kc + 4), 16),
             Region("tb", "float", TILE * (self.kc + 4), 16),
+            Region("wtc", "float", 64 * self.conv_fragments if self.passes == 1 else 0, 16),
             *probes,
         ])
 
