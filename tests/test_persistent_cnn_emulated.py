@@ -24,8 +24,8 @@ from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
 # The TF32 mma's inline PTX, replaced by tf32.h's emulation (emulation.REPLACED: the rest).
 MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
-# The float64 steps round what the kernel rounds (fc1's products' operands to TF32 where it takes one
-# pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
+# The float64 steps round what the kernel rounds (the convolutions' forward and fc1's products'
+# operands to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
 # is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32
 # weights, rounded by 2⁻²⁴ of |w| ≤ 0.5 each step against updates of about the rate (~1e-2 at the
 # schedule's peak, 4e-4 at its start): up to ~3e-5 of an update, far less in norm. Adam divides m by √v,
@@ -33,6 +33,13 @@ MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32
 # ~1e-7 of 0 or of its window's others: none expected among these few thousand). A wrong index,
 # fragment, mask, rounding or step errs by 1e-3 (a TF32 rounding missed) to order 1.
 BOUND = 1e-4
+# In one pass the convolutions' forward operands are TF32 too (the images, conv 1's output a1, both
+# layers' weights): where the kernel's fp32 a1 or a2 lies within fp32's error of a TF32 rounding
+# midpoint, it rounds the other way from float64's (by 2⁻¹⁰ of itself), and at a batch of 4 one such
+# operand moves an update by up to ~1e-4. Measured on the one-pass cases, seeds 0–2: ≤ 4e-7
+# (speedrun-geometry), 4.4e-5 (tf32-tiles), 7.9e-5 (speedrun-maps); without the convolutions' roundings
+# in float64 the same cases err by 7e-4 to 8e-2.
+ONE_PASS_BOUND = 2e-4
 
 
 def build(shape: CnnShape, folder) -> str:
@@ -136,7 +143,8 @@ def test_steps_match_float64(tmp_path, case, recipe, seed):
         at += start.size
         errors[name] = rel_err(got - start, want - start)
     assert at == out.size
-    assert max(errors.values()) < BOUND, f"seed {seed}: ‖Δout − Δref‖/‖Δref‖ by parameter {errors}"
+    bound = ONE_PASS_BOUND if shape.passes == 1 else BOUND
+    assert max(errors.values()) < bound, f"seed {seed}: ‖Δout − Δref‖/‖Δref‖ by parameter {errors}"
     metrics = np.fromfile(tmp_path / "metrics.bin", np.float64)
     assert abs(metrics[0] - loss_sum) < 1e-4 * loss_sum and abs(metrics[1] - correct) <= 1, \
         f"seed {seed}: metrics {metrics}, float64 {loss_sum, correct}"

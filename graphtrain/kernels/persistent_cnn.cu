@@ -26,7 +26,8 @@
 //
 // The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
 // in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
-// The convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
+// In one pass phase 1's convolutions do too (implicit GEMMs, conv_pool_relu_tc), in three they are
+// fp32 FMAs (conv_pool_relu); phase 5's convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
 // (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
 //
 // The optimizer is optim.cu's (its OptimizerConstants read from the device at the launch, its rate
@@ -81,9 +82,9 @@
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
 #define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
-// The layout table's last region before the probes' is phase 1's fragments (none in three passes).
-#if !defined(PROBES) && SMEM_WTC + (PASSES == 1 ? CONV_FRAGS * 64 * 4 : 0) != SMEM_BYTES
-#error "persistent_cnn.cu: the layout table's wtc is not phase 1's B fragments"
+// In one pass the layout table's work region holds phase 1's B fragments too.
+#if PASSES == 1 && SMEM_DP1 - SMEM_WORK < CONV_FRAGS * 64 * 4
+#error "persistent_cnn.cu: the layout table's work region cannot hold phase 1's B fragments"
 #endif
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
     || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
@@ -97,15 +98,16 @@ struct Smem {
     float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
     float* x;        // [PIX]            a sample's image
     float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
-    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5)
+    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5); in one pass,
+                     //   and at least [CONV_FRAGS][32][2]: wtc (phase 1, staged each step before it)
     float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
     float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
     float* tb;       // [TILE][STAGE_STRIDE]  its B tile
-    float* wtc;      // [CONV_FRAGS][32][2]   the conv weights rounded to TF32 as the B fragments of
-                     //                       phase 1's mma read them (one pass only; empty for three)
+    float* wtc;      // (work's memory)  the conv weights rounded to TF32 as the B fragments of phase 1's
+                     //   mma read them (one pass only): free in phase 1, zeroed by phase 5 before its use
 #ifdef PROBES
     long long* probe_counts;  // [PROBE_PHASES]  the probe build's phase counts
 #endif
@@ -125,7 +127,7 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, arg2, SMEM_ARG2);
     SMEM_REGION(s, base, ta, SMEM_TA);
     SMEM_REGION(s, base, tb, SMEM_TB);
-    SMEM_REGION(s, base, wtc, SMEM_WTC);
+    s.wtc = s.work;
 #ifdef PROBES
     SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
 #endif
