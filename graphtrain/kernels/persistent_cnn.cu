@@ -82,9 +82,9 @@
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
 #define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
-// In one pass the layout table's work region holds phase 1's B fragments too.
-#if PASSES == 1 && SMEM_DP1 - SMEM_WORK < CONV_FRAGS * 64 * 4
-#error "persistent_cnn.cu: the layout table's work region cannot hold phase 1's B fragments"
+// In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
+#if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
+#error "persistent_cnn.cu: the layout table's work and dp1 regions cannot hold phase 1's B fragments"
 #endif
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
     || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
@@ -98,16 +98,16 @@ struct Smem {
     float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
     float* x;        // [PIX]            a sample's image
     float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
-    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5); in one pass,
-                     //   and at least [CONV_FRAGS][32][2]: wtc (phase 1, staged each step before it)
+    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5); in one pass
+                     //   work and dp1 (next to it) are also wtc's (phase 1, staged each step before it)
     float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
     float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
     float* tb;       // [TILE][STAGE_STRIDE]  its B tile
-    float* wtc;      // (work's memory)  the conv weights rounded to TF32 as the B fragments of phase 1's
-                     //   mma read them (one pass only): free in phase 1, zeroed by phase 5 before its use
+    float* wtc;      // [CONV_FRAGS][32][2] from work on (one pass only): the conv weights rounded to TF32
+                     //   as phase 1's mma read them; phase 5 zeroes work and writes dp1 before it reads them
 #ifdef PROBES
     long long* probe_counts;  // [PROBE_PHASES]  the probe build's phase counts
 #endif

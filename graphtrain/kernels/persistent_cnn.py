@@ -121,9 +121,10 @@ class CnnShape:
             Region("grad", "float", self.conv_params, 16),
             Region("x", "float", self.image ** 2, 16),
             Region("a1", "float", self.a1, 16),
-            # conv 2's output gradient (phase 5); in one pass also phase 1's B fragments, 64 floats each
+            # conv 2's output gradient (phase 5); in one pass work and dp1 together also hold phase 1's
+            # B fragments, 64 floats each (both phase 5's, free in phase 1)
             Region("work", "float", max(self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2,
-                                        64 * self.conv_fragments if self.passes == 1 else 0), 16),
+                                        64 * self.conv_fragments - self.a1 if self.passes == 1 else 0), 16),
             Region("dp1", "float", self.a1, 16),
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
