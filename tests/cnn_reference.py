@@ -1,5 +1,6 @@
 """The cnn's steps in float64 as persistent_cnn.cu computes them: reference_cnn's, with the roundings
-of its one-pass TF32 products (test_persistent_cnn_emulated.py, test_persistent_cnn_gpu.py)."""
+of its one-pass TF32 products, the convolutions' forward and fc1's (test_persistent_cnn_emulated.py,
+test_persistent_cnn_gpu.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,29 @@ def tf32(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
 
 
+def forward(spec: CnnSpec, params, x, passes: int) -> dict:
+    """reference_cnn.forward's activations, with both convolutions' operands (the images and conv 1's
+    weights, a1 and conv 2's weights) rounded to TF32 where the kernel takes one pass; the bias added
+    to the sums and the pools as reference_cnn's."""
+    if passes != 1:
+        return reference_cnn.forward(spec, params, x)
+    a, convs, args = [x.reshape(len(x), spec.channels, spec.height, spec.width)], [], []
+    for i, layer in enumerate(spec.convs):
+        w, b = params[2 * i], params[2 * i + 1]
+        c = reference_cnn.conv_forward(tf32(a[-1]), tf32(w), layer.stride, layer.padding) + b[None, :, None, None]
+        p, arg = reference_cnn.maxpool_forward(c, layer.pool)
+        convs.append(c)
+        args.append(arg)
+        a.append(np.maximum(p, 0))
+    return {"a": a, "c": convs, "arg": args, "h": [a[-1].reshape(len(x), -1)]}
+
+
 def float64_step(spec: CnnSpec, params, x, labels, passes: int):
-    """One step's (gradients, mean loss, correct count) in float64: reference_cnn's, with fc1's three
-    products (h, dW1, da2) from TF32-rounded operands where the kernel takes one pass."""
+    """One step's (gradients, mean loss, correct count) in float64: reference_cnn's, with the
+    convolutions' forward products and fc1's three (h, dW1, da2) from TF32-rounded operands where
+    the kernel takes one pass (the convolutions' backward products in fp32 either way)."""
     rounded = tf32 if passes == 1 else (lambda v: v)
-    acts = reference_cnn.forward(spec, params, x)
+    acts = forward(spec, params, x, passes)
     a2, w1, b1, w2, b2 = acts["h"][0], *params[4:8]
     h = np.maximum(rounded(a2) @ rounded(w1).T + b1, 0)
     logits = h @ w2.T + b2

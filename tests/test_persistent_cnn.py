@@ -103,6 +103,28 @@ def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available
     assert PersistentCnn.cubin("sm_90", SPEEDRUN.defines) != plain
 
 
+def test_in_one_pass_work_and_dp1_hold_phase_1s_fragments_and_the_kernel_checks_it(nvrtc_available, cache,
+                                                                                   monkeypatch):
+    """At tf32 phase 1's B fragments (64 floats each: conv 1's 4 k-steps × 3 n-tiles, conv 2's 27 × 4)
+    span phase 5's work (32 maps of 14 × 14) and dp1 (24 of 12 × 12) regions, next to each other in the
+    table, which sizes work for both uses (the speedrun's as phase 5 alone needs it); a table whose two
+    regions fall a fragment short does not compile."""
+    from graphtrain.kernels.persistent import Layout
+    from graphtrain.libs.nvrtc import NvrtcError
+
+    fragments, work, dp1 = 64 * 4 * (4 * 3 + 27 * 4), 32 * 14 * 14, 24 * 12 * 12
+    layout = SPEEDRUN.layout
+    assert SPEEDRUN.conv_fragments == 4 * 3 + 27 * 4 and work + dp1 >= fragments // 4
+    assert layout.offsets["dp2"] - layout.offsets["work"] == 4 * (work + dp1) == SPEEDRUN.defines["SMEM_DP2"] - \
+        SPEEDRUN.defines["SMEM_WORK"]
+    assert dataclasses.replace(SPEEDRUN, passes=3).layout.bytes == layout.bytes
+    short = fragments // 4 - dp1 - 64
+    shrunk = Layout([dataclasses.replace(r, count=short) if r.name == "work" else r for r in layout.regions])
+    monkeypatch.setattr(CnnShape, "layout", property(lambda self: shrunk))
+    with pytest.raises(NvrtcError, match="work and dp1 regions cannot hold phase 1's B fragments"):
+        PersistentCnn.cubin("sm_90", SPEEDRUN.defines)
+
+
 @pytest.mark.parametrize("shape", [SPEEDRUN, dataclasses.replace(SPEEDRUN, passes=3)])
 def test_the_probe_build_compiles(nvrtc_available, cache, shape):
     """scripts/probes/persistent_cnn_phases.py's build: the kernel with -DPROBES (probes.cuh, block 0

@@ -21,8 +21,8 @@ from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
-# The float64 steps round what the kernel rounds (fc1's products' operands to TF32 where it takes one
-# pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
+# The float64 steps round what the kernel rounds (the convolutions' forward and fc1's products'
+# operands to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
 # is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32
 # weights, rounded by 2⁻²⁴ of |w| ≤ 0.5 each step against updates of about the rate (~1e-2 at the
 # schedule's peak, 4e-4 at its start): up to ~3e-5 of an update, far less in norm. Adam divides m by √v,
@@ -30,6 +30,13 @@ from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 # ~1e-7 of 0 or of its window's others: none expected among these few thousand). A wrong index,
 # fragment, mask, rounding or step errs by 1e-3 (a TF32 rounding missed) to order 1.
 BOUND = 1e-4
+# In one pass the convolutions' forward operands are TF32 too (the images, conv 1's output a1, both
+# layers' weights): where the kernel's fp32 a1 or a2 lies within fp32's error of a TF32 rounding
+# midpoint, it rounds the other way from float64's (by 2⁻¹⁰ of itself), and at a batch of 4 one such
+# operand moves an update by up to ~1e-4. Measured on the one-pass cases, seeds 0–2: ≤ 4e-7
+# (speedrun-geometry), 4.4e-5 (tf32-tiles), 7.9e-5 (speedrun-maps); without the convolutions' roundings
+# in float64 the same cases err by 7e-4 to 8e-2.
+ONE_PASS_BOUND = 2e-4
 
 
 def build(shape: CnnShape, folder) -> str:
@@ -58,7 +65,17 @@ CASES = {
     # 7 classes, batch 6 over 3 blocks; one launch of three steps (6, 6, a tail of 2) from step 40 of
     # the schedule, one pass (TF32).
     "speedrun-geometry": (CnnShape(28, 2, 5, 3, 3, 36, 7, 6, passes=1, blocks=3), 14, [(3, 40)], 6),
+    # one pass, phase 1's tensor-core tiles past one of each: 12 maps of 3×3 (2 k-steps of 9 taps and
+    # 7 zeros, 2 n-tiles, 5 groups of windows, the last of 4), then 10 maps from 2 channel groups (the
+    # second of 4 channels and 4 zeros; 2 n-tiles, 1 group of 4 windows); batch 8 over 4 blocks
+    "tf32-tiles": (CnnShape(14, 12, 3, 10, 3, 40, 10, 8, passes=1, blocks=4), 20, [(3, 0), (2, 3)], 19),
+    # one pass, the speedrun's conv layers (24 maps 5×5, 32 maps 3×3: conv 2's items half its n-tiles),
+    # a small head; batch 4 over 2 blocks, two steps
+    "speedrun-maps": (CnnShape(28, 24, 5, 32, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
 }
+# The cases of phase 1's tensor-core tiles take the speedrun's recipe only (the others' arithmetic
+# after phase 1 is the first cases').
+TILE_CASES = ("tf32-tiles", "speedrun-maps")
 
 
 # The recipes the device's constants select (test_persistent_cnn_gpu.py's): the speedrun's Adam with its
@@ -72,8 +89,8 @@ RECIPES = {
 }
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,recipe", [(case, recipe) for case in CASES for recipe in RECIPES
+                                         if case not in TILE_CASES or recipe == "adam-one-cycle"])
 def test_steps_match_float64(tmp_path, case, recipe, seed):
     shape, samples, launches, num_test = CASES[case]
     assert shape.refusal() is None
@@ -123,7 +140,8 @@ def test_steps_match_float64(tmp_path, case, recipe, seed):
         at += start.size
         errors[name] = rel_err(got - start, want - start)
     assert at == out.size
-    assert max(errors.values()) < BOUND, f"seed {seed}: ‖Δout − Δref‖/‖Δref‖ by parameter {errors}"
+    bound = ONE_PASS_BOUND if shape.passes == 1 else BOUND
+    assert max(errors.values()) < bound, f"seed {seed}: ‖Δout − Δref‖/‖Δref‖ by parameter {errors}"
     metrics = np.fromfile(tmp_path / "metrics.bin", np.float64)
     assert abs(metrics[0] - loss_sum) < 1e-4 * loss_sum and abs(metrics[1] - correct) <= 1, \
         f"seed {seed}: metrics {metrics}, float64 {loss_sum, correct}"

@@ -1,6 +1,7 @@
-"""The persistent rung's cnn kernel (persistent_cnn.cu) on a GPU: an epoch of a few steps (the tail batch
-among them) against float64 with the kernel's roundings and against the `graphs` rung, its evaluation,
-the same bits twice for a seed (and after a restart), the speedrun's accuracy on MNIST, and a refusal.
+"""The persistent rung's cnn kernel (persistent_cnn.cu) on a GPU: steps against float64 with the kernel's
+roundings (at fp32 an epoch of a few, the tail batch among them; at tf32 the first one or two) and an
+epoch against the `graphs` rung, its evaluation, the same bits twice for a seed (and after a restart),
+the speedrun's accuracy on MNIST, and a refusal.
 Its shapes and compilation are tested without a GPU in test_persistent_cnn.py, its logic on the CPU
 in test_persistent_cnn_emulated.py."""
 
@@ -22,22 +23,47 @@ from graphtrain.stages import get_stage
 pytestmark = pytest.mark.gpu
 
 SAMPLES, TEST, BATCH = 600, 500, 128  # steps of 128 × 4 and a tail of 88
-# Against float64 with the kernel's roundings (fc1's operands TF32 in one pass; three passes: near
-# fp32): fp32 sums in the GPU's order, expf, and the fp32 weights; the emulated kernel measured 1e-5
-# (three passes) and 4e-7 (one) on the CPU. A wrong index, mask or rounding errs by 1e-3 to order 1.
+# Against float64 with the kernel's roundings (the convolutions' forward and fc1's operands TF32 in one
+# pass; three passes: near fp32): fp32 sums in the GPU's order, expf, and the fp32 weights; the emulated
+# kernel measured 1e-5 (three passes) and up to 8e-5 (one: at a batch of 4, an fp32 a1 or a2 on the
+# other side of a TF32 rounding midpoint from float64's) on the CPU. A wrong index, mask or rounding errs by 1e-3 to order 1.
 ROUNDED_BOUND = 1e-4
 # Past a few steps the comparison is at the mercy of a ReLU: a unit of h within the fp32 sums' rounding
 # of 0 (|h| ~ 7e-6 at the second step of SGD at 0.05 on these digits) may fall on either side in the
 # kernel and in float64, and its one flipped mask moves every gradient below it by ~5e-3 (one of the
 # batch's 128 rows of one of 256 units) and fc2's not: the pattern the kernel compiled for the CPU shows
 # on these inputs (2.7e-3 to 4.5e-3 in the conv layers and fc1, 1e-5 in fc2), whose second step,
-# started from its own first step's weights, is again within 2e-5 of float64's. Adam
-# at the cosine schedule's peak from the first step magnifies the same kind of difference through the
-# smallest gradients (±lr whatever their size: 5e-4 in fc2's weights after two TF32 steps). So the
-# speedrun's recipe is compared over the whole epoch at both precisions (its one-cycle rate starts at
-# lr/25), and the other recipes the device's constants select over their first STEPS_CONDITIONED steps
-# at fp32 (measured 4e-5 and 1e-5), where no such flip has been met.
+# started from its own first step's weights, is again within 2e-5 of float64's. So the recipes the
+# device's constants select are compared over their first STEPS_CONDITIONED steps (fp32, measured 4e-5
+# and 1e-5), where no such flip has been met, and the speedrun's one-cycle Adam over the whole epoch at
+# fp32 alone (its rate starts at lr/25).
 STEPS_CONDITIONED = 2
+# At tf32 the speedrun's Adam is past float64's reach after its first step. One pass rounds a1 and a2 to
+# TF32, and an fp32 value within its sums' error of a rounding midpoint rounds the other way from
+# float64's: h differs by ~2e-5 of itself, the gradients by as much (~1.6e-8 in conv 2's weights, whose
+# median gradient is 7e-4). Adam's first step is lr·g/(|g| + eps), eps = 1e-8: ±lr wherever |g| ≫ 1e-8,
+# which hides most of that, but conv 2's one gradient of 3.4e-8 moves its update from 0.77 lr (float64)
+# to 0.83 lr (8e-4 of the layer's change). From those weights one a2 of the second step's 102,400 lies on
+# the other side of its ReLU (5.6e-4 to 3.2e-3 in the conv layers after two steps), and Adam's state
+# carries it: after the epoch 3.8e-3 in conv 1's weights (the GPU: 3.75e-3) and 1.3e-2 in fc1's. The
+# kernel compiled for the CPU, on this test's data, seed and recipe, measured all of it; no ReLU mask or
+# pool argmax differs from float64's in the first step. So tf32 is compared over the steps where that
+# cannot compound: Nesterov with warm-up over STEPS_CONDITIONED (updates linear in the gradients, so
+# the TF32 path's magnitudes; measured 1.4e-5) to ROUNDED_BOUND, and Adam's first step to
+# ADAM_FIRST_STEP_BOUND: measured 7.9e-4 (conv 2's weights, the gradient of eps's size; ≤ 5e-5
+# elsewhere), under the 2.6e-2 that one flipped sign in conv 2's weights makes (a gradient within its
+# error of 0: float64's smallest there is 3.4e-8). A wrong fragment, index or mask errs by order 1; a
+# TF32 rounding missed, by 7e-4 to 8e-2 (test_persistent_cnn_emulated.py's one-pass cases), which the
+# Nesterov steps' bound holds.
+ADAM_FIRST_STEP_BOUND = 1e-2
+# (precision, recipe): (the steps compared, None: the whole epoch; the bound on each parameter's change)
+COMPARED = {("tf32", "adam"): (1, ADAM_FIRST_STEP_BOUND), ("tf32", "nesterov-warmup"): (STEPS_CONDITIONED, ROUNDED_BOUND),
+            ("fp32", "adam"): (None, ROUNDED_BOUND), ("fp32", "adamw-cosine"): (STEPS_CONDITIONED, ROUNDED_BOUND),
+            ("fp32", "nesterov-warmup"): (STEPS_CONDITIONED, ROUNDED_BOUND)}
+# The tf32 epoch's distance from float64 with the kernel's roundings, per parameter relative to
+# float64's change, as the kernel compiled for the CPU measured it on this test's epoch (above: 3.8e-3 in
+# conv 1's weights, 1.3e-2 in fc1's), with a margin.
+TF32_EPOCH_OFF = 2e-2
 
 
 def small_data(seed: int = 0) -> Dataset:
@@ -89,31 +115,31 @@ def float64_steps(cfg, data: Dataset, plan: RunPlan, precision: str, steps: int)
     return start, ref, loss_sum, seen
 
 
-@pytest.mark.parametrize("precision,recipe", [("tf32", "adam"), ("fp32", "adam"), ("fp32", "adamw-cosine"),
-                                              ("fp32", "nesterov-warmup")])
+@pytest.mark.parametrize("precision,recipe", list(COMPARED))
 def test_steps_match_float64_with_the_kernels_roundings(precision, recipe):
-    """The speedrun's one-cycle Adam over an epoch of five steps (the last a tail of 88 rows), the other
-    recipes the device's constants select over their first STEPS_CONDITIONED: the weights' change per
-    parameter, the mean loss, and (for the epoch) the test accuracy of the weights."""
+    """COMPARED's steps of each recipe the device's constants select (the speedrun's one-cycle Adam over
+    an epoch of five steps, the last a tail of 88 rows, at fp32): the weights' change per parameter, the
+    mean loss, and the evaluation's test accuracy of the weights (float64's top two logits of a test
+    image at least 1.07e-4 apart in every case but the tf32 Nesterov steps', which has two within 1e-4:
+    the 2 / TEST allowed)."""
     data, cfg = small_data(), speedrun_config(precision, **RECIPES[recipe])
-    steps = None if recipe == "adam" else STEPS_CONDITIONED  # None: the whole epoch
+    steps, bound = COMPARED[precision, recipe]  # steps None: the whole epoch
     got, loss, accuracy, plan = train("persistent", cfg, data, steps=steps)
     start, ref, loss_sum, seen = float64_steps(cfg, data, plan, precision, steps or plan.batches[0])
     for i, (g, r, s) in enumerate(zip(got, ref, start)):
-        assert rel_err(g - s, r - s) < ROUNDED_BOUND, f"{precision}, {recipe}, parameter {i} {r.shape}, seed {cfg.seed}"
+        assert rel_err(g - s, r - s) < bound, f"{precision}, {recipe}, {steps or 'all'} steps, parameter {i} {r.shape}, seed {cfg.seed}"
     assert abs(loss - loss_sum / seen) < 1e-4 * loss, f"{precision}, {recipe}, seed {cfg.seed}"
-    if steps is None:
-        want = reference_cnn.accuracy(cnn_spec(cfg), ref, normalise(data.test_images).astype(np.float64),
-                                      data.test_labels)
-        assert abs(accuracy - want) <= 2 / TEST, f"{precision}, seed {cfg.seed}: {accuracy} against {want}"
+    want = reference_cnn.accuracy(cnn_spec(cfg), ref, normalise(data.test_images).astype(np.float64), data.test_labels)
+    assert abs(accuracy - want) <= 2 / TEST, f"{precision}, {recipe}, seed {cfg.seed}: {accuracy} against {want}"
 
 
 def test_an_epoch_is_as_near_the_graphs_rung_as_float64_is():
-    """`graphs` runs the conv layers' products in TF32 on the tensor cores where this kernel sums in
-    fp32, and Adam's m/√v magnifies the smallest gradients' roundings (test_cnn_gpu.py's fused-tf32
+    """`graphs` runs the conv layers' products in TF32 on the tensor cores (this kernel their forward
+    alone, its backward in fp32), and Adam's m/√v magnifies the smallest gradients' roundings (test_cnn_gpu.py's fused-tf32
     bound: 2e-2 of float64's change): per parameter, the two rungs are no further apart than `graphs`
-    is from float64 with this kernel's roundings, both relative to float64's change (this kernel is
-    within ROUNDED_BOUND of it, so the triangle's margin). Measured on an H100 and an H200: up to 4.5e-2 apart in conv 1's weights."""
+    is from float64 with this kernel's roundings, both relative to float64's change, and this kernel's
+    own distance from it (TF32_EPOCH_OFF, measured: the triangle's third side). Measured on an H100 and an
+    H200: up to 4.5e-2 apart in conv 1's weights."""
     data, cfg = small_data(), speedrun_config("tf32")
     got, loss, accuracy, plan = train("persistent", cfg, data)
     want, want_loss, want_accuracy, _ = train("graphs", cfg, data)
@@ -121,7 +147,7 @@ def test_an_epoch_is_as_near_the_graphs_rung_as_float64_is():
     for i, (g, w, r, s) in enumerate(zip(got, want, ref, start)):
         change = np.linalg.norm(r - s)  # float64's
         apart, graphs_off = np.linalg.norm(g - w) / change, np.linalg.norm(w - r) / change
-        assert apart < graphs_off + 10 * ROUNDED_BOUND, \
+        assert apart < graphs_off + TF32_EPOCH_OFF, \
             f"parameter {i} {w.shape}, seed {cfg.seed}: {apart:.2e} apart, graphs {graphs_off:.2e} from float64"
     assert abs(loss - want_loss) < 1e-3 * want_loss and abs(accuracy - want_accuracy) <= 10 / TEST
 

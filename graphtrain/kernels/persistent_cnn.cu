@@ -26,7 +26,8 @@
 //
 // The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
 // in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
-// The convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
+// In one pass phase 1's convolutions do too (implicit GEMMs, conv_pool_relu_tc), in three they are
+// fp32 FMAs (conv_pool_relu); phase 5's convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
 // (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
 //
 // The optimizer is optim.cu's (its OptimizerConstants read from the device at the launch, its rate
@@ -58,6 +59,17 @@
 #define P_W2 (P_B1 + HIDDEN)
 #define P_B2 (P_W2 + CLASSES * HIDDEN)
 #define NPARAMS (P_B2 + CLASSES)
+// Phase 1 in one pass (PASSES 1): each convolution an implicit GEMM on the tensor cores,
+// conv[(y, x)][o] = Σ_k A[(y, x)][k]·B[k][o], in k-steps of 8 and n-tiles of 8 output maps. Conv 1's
+// k = u·K1 + v (its taps row-major; zero weights past K1²). Conv 2's k-step ks = (u·K2 + v)·CG2 + cg
+// holds channels 8cg .. 8cg + 7 of tap (u, v) (zero weights past C1), so that a lane's k is always
+// the same channel offset: its A loads a fixed address apart from its channel's map, no table.
+#define KT1 ((K1 * K1 + 7) / 8)
+#define NT1 ((C1 + 7) / 8)
+#define CG2 ((C1 + 7) / 8)
+#define KT2 (K2 * K2 * CG2)
+#define NT2 ((C2 + 7) / 8)
+#define CONV_FRAGS (KT1 * NT1 + KT2 * NT2)  // B fragments (k-step, n-tile) of both, conv 1's first
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
 // operands staged at a time (both from the launcher, which lays out the staged tiles)
 #define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
@@ -70,6 +82,10 @@
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
 #define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
+// In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
+#if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
+#error "persistent_cnn.cu: the layout table's work and dp1 regions cannot hold phase 1's B fragments"
+#endif
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
     || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
 #error "persistent_cnn.cu: unsupported sizes"
@@ -82,13 +98,16 @@ struct Smem {
     float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
     float* x;        // [PIX]            a sample's image
     float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
-    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5)
+    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5); in one pass
+                     //   work and dp1 (next to it) are also wtc's (phase 1, staged each step before it)
     float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
     float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
     float* tb;       // [TILE][STAGE_STRIDE]  its B tile
+    float* wtc;      // [CONV_FRAGS][32][2] from work on (one pass only): the conv weights rounded to TF32
+                     //   as phase 1's mma read them; phase 5 zeroes work and writes dp1 before it reads them
 #ifdef PROBES
     long long* probe_counts;  // [PROBE_PHASES]  the probe build's phase counts
 #endif
@@ -108,6 +127,7 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, arg2, SMEM_ARG2);
     SMEM_REGION(s, base, ta, SMEM_TA);
     SMEM_REGION(s, base, tb, SMEM_TB);
+    s.wtc = s.work;
 #ifdef PROBES
     SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
 #endif
@@ -326,10 +346,140 @@ __device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, 
 // Output maps a thread of conv_pool_relu computes: as many as divide the layer's, up to `most`.
 #define MAPS_A_THREAD(cout, most) ((cout) % (most) == 0 ? (most) : (cout) % 2 == 0 ? 2 : 1)
 
+#if PASSES == 1
+// A value rounded to TF32 (tf32_rounded), as a float: an operand of phase 1's mma, staged rounded.
+__device__ __forceinline__ float tf32_value(float v) { return __uint_as_float(tf32_rounded(v)); }
+
+// The conv weights as phase 1's B fragments, rounded to TF32, from the staged parameters: fragment
+// f = ks·NT + nt of a layer, lane (g, t), holds B[t][g], B[t + 4][g] of its k-step ks and n-tile nt
+// (output map o = 8nt + g; zero past the layer's maps and taps) at wtc[(f·32 + lane)·2 ..]: a lane's
+// two values one 8-byte load, a warp's 256 contiguous bytes.
+__device__ void stage_conv_fragments(const Smem& s) {
+    for (int e = threadIdx.x; e < CONV_FRAGS * 64; e += THREADS) {
+        const int lane = (e >> 1) & 31, g = lane >> 2, kin = (lane & 3) + 4 * (e & 1);
+        int f = e >> 6;
+        float v = 0.0f;
+        if (f < KT1 * NT1) {
+            const int ks = f / NT1, o = (f - ks * NT1) * 8 + g, k = ks * 8 + kin;
+            if (o < C1 && k < K1 * K1) v = s.conv[P_CW1 + o * K1 * K1 + k];
+        } else {
+            f -= KT1 * NT1;
+            const int ks = f / NT2, o = (f - ks * NT2) * 8 + g, tap = ks / CG2, c = (ks - tap * CG2) * 8 + kin;
+            if (o < C2 && c < C1) v = s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap];
+        }
+        s.wtc[e] = tf32_value(v);
+    }
+}
+
+// conv_pool_relu's outputs (the same max, first maximum in the window's row-major order, after the
+// bias; the same ReLU) from TF32 operands on the tensor cores, fp32 sums. in: CIN maps of side SIDE,
+// rounded to TF32; frags: the layer's B fragments in wtc. A warp's item: 8 pool windows × NB n-tiles.
+// Its A tile u (0, 1) has row g = conv position (2wy + u, 2wx) of window g and row g + 8 = (2wy + u,
+// 2wx + 1), so a lane's sums d[u][nt][j], d[u][nt][2 + j] are the window's positions 2u, 2u + 1 of map
+// 8nt + 2t + j: pool, bias, ReLU and argmax in registers. Each output's sum: the k-steps in order,
+// each k-step's 8 products as the mma adds them. Windows past the map (the last group's) compute
+// window 0 and are not written. ROUND_OUT: `out` (shared memory) takes the outputs rounded to TF32
+// (conv 2's operands), the workspace the fp32 values.
+template <int CIN, int COUT, int SIDE, int K, int KT, int NT, int NB, bool CONV1, bool ROUND_OUT>
+__device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* frags, const float* b, float* out,
+                                                  unsigned char* arg, float* out_global, unsigned char* arg_global) {
+    static_assert(NT % NB == 0, "an item's n-tiles divide the layer's");
+    constexpr int CONV = SIDE - K + 1, POOLED = CONV / 2, AREA = POOLED * POOLED, GROUPS = (AREA + 7) / 8;
+    constexpr int CG = (CIN + 7) / 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // A lane's offsets into `in` of its k-values t and t + 4 at each k-step (conv 1: of each tap,
+    // zero-weight taps at 0) or channel group (conv 2: of each channel, past CIN the last one's)
+    constexpr int OFFSETS = CONV1 ? KT : CG;
+    int offset[OFFSETS][2];
+#pragma unroll
+    for (int i = 0; i < OFFSETS; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int k = 8 * i + t + 4 * h;
+            offset[i][h] = CONV1 ? (k < K * K ? (k / K) * SIDE + k % K : 0) : min(k, CIN - 1) * SIDE * SIDE;
+        }
+    for (int item = warp; item < GROUPS * (NT / NB); item += WARPS) {
+        const int group = item / (NT / NB), nt0 = (item - group * (NT / NB)) * NB, win = group * 8 + g;
+        const bool valid = win < AREA;
+        const int wy = valid ? win / POOLED : 0, wx = valid ? win - wy * POOLED : 0;
+        const float* window = in + 2 * wy * SIDE + 2 * wx;
+        float d[2][NB][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int n = 0; n < NB; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) d[u][n][i] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KT; ++ks) {
+            const float *at0, *at1;  // the lane's k-values t and t + 4 at the window's first position
+            if constexpr (CONV1) {
+                at0 = window + offset[ks][0];
+                at1 = window + offset[ks][1];
+            } else {  // tap (tap / K, tap % K) of channel group cg
+                const int tap = ks / CG, cg = ks - tap * CG, shift = (tap / K) * SIDE + tap % K;
+                at0 = window + offset[cg][0] + shift;
+                at1 = window + offset[cg][1] + shift;
+            }
+            unsigned a[2][4];  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4] of tile u
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                a[u][0] = __float_as_uint(at0[u * SIDE]);
+                a[u][1] = __float_as_uint(at0[u * SIDE + 1]);
+                a[u][2] = __float_as_uint(at1[u * SIDE]);
+                a[u][3] = __float_as_uint(at1[u * SIDE + 1]);
+            }
+#pragma unroll
+            for (int n = 0; n < NB; ++n) {
+                const float2 bf = *reinterpret_cast<const float2*>(frags + ((ks * NT + nt0 + n) * 32 + lane) * 2);
+                const unsigned bv[2] = {__float_as_uint(bf.x), __float_as_uint(bf.y)};
+                mma_tf32(d[0][n], a[0], bv);
+                mma_tf32(d[1][n], a[1], bv);
+            }
+        }
+        if (!valid) continue;
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int o = (nt0 + n) * 8 + 2 * t + j;
+                if (o >= COUT) continue;
+                const float z[4] = {d[0][n][j], d[0][n][2 + j], d[1][n][j], d[1][n][2 + j]};  // row-major
+                float best = 0.0f;
+                int best_at = 0;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const float zq = z[q] + b[o];
+                    if (q == 0 || zq > best) { best = zq; best_at = q; }
+                }
+                const int i = o * AREA + win;
+                const float a = fmaxf(best, 0.0f);
+                out[i] = ROUND_OUT ? tf32_value(a) : a;
+                arg[i] = arg_global[i] = (unsigned char)best_at;
+                __stcg(out_global + i, a);
+            }
+    }
+}
+// An item's n-tiles in conv 2: half the layer's where they halve (8 items a sample at the speedrun's
+// 32 maps and 5 × 5 windows: one a warp), else all.
+#define NB2 (NT2 % 2 == 0 ? NT2 / 2 : NT2)
+#endif
+
 // The sample's forward through both convolutions: a1 (smem and the workspace), a2 published, the
-// argmaxes kept.
+// argmaxes kept. One pass: on the tensor cores, the image and a1 staged rounded to TF32 (phase 5 loads
+// both anew, unrounded); three: fp32 FMAs.
 __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
     const float* image = images + (long long)sample * PIX;
+#if PASSES == 1
+    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = tf32_value(__ldg(image + i));
+    __syncthreads();
+    conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1,
+                                                                 ws.a1 + (long long)r * A1, ws.arg1 + (long long)r * A1);
+    __syncthreads();
+    conv_pool_relu_tc<C1, C2, P1, K2, KT2, NT2, NB2, false, false>(s.a1, s.wtc + KT1 * NT1 * 64, s.conv + P_CB2, s.dp2,
+                                                                   s.arg2, ws.a2 + (long long)r * FLAT,
+                                                                   ws.arg2 + (long long)r * A2);
+#else
     for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
     __syncthreads();
     conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1,
@@ -337,12 +487,18 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
     __syncthreads();
     conv_pool_relu<C1, C2, P1, K2, MAPS_A_THREAD(C2, 4)>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT,
                                                         ws.arg2 + (long long)r * A2);
+#endif
     __syncthreads();  // (the next sample overwrites x, a1)
 }
 
+// The conv parameters staged (and, in one pass, phase 1's B fragments of them).
 __device__ void load_conv(const Smem& s, const float* params) {
     for (int i = threadIdx.x; i < NCONV; i += THREADS) s.conv[i] = __ldcg(params + i);
     __syncthreads();
+#if PASSES == 1
+    stage_conv_fragments(s);
+    __syncthreads();
+#endif
 }
 
 // ---- phase 2: fc1 --------------------------------------------------------------------------------
@@ -706,8 +862,7 @@ cnn_evaluate(const float* images, const int* labels, int num_samples, const floa
     const Workspace ws = workspace_at(workspace);
     const int rank = blockIdx.x;
     double unused = 0.0, correct_sum = 0.0;
-    for (int i = threadIdx.x; i < NCONV; i += THREADS) s.conv[i] = __ldg(params + i);
-    __syncthreads();
+    load_conv(s, params);
     for (int first = 0; first < num_samples; first += BATCH) {
         const Step st{0, min(BATCH, num_samples - first), rank, nullptr, first};
         for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));

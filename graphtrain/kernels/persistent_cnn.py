@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphtrain.kernels import I32, PTR, KernelFile, kernel
+from graphtrain.kernels import I32, PTR, KernelFile, ceil_div, kernel
 from graphtrain.kernels.optim import CONSTANTS, layout_defines
 from graphtrain.kernels.persistent import MAX_CLASSES, MAX_SHARED_BYTES, Layout, Region, probe_defines
 from graphtrain.libs import cuda
@@ -97,6 +97,13 @@ class CnnShape:
         return self.c1 * self.k1 ** 2 + self.c1 + self.c2 * self.c1 * self.k2 ** 2 + self.c2
 
     @property
+    def conv_fragments(self) -> int:
+        """The B fragments (k-step, n-tile) of phase 1's convolutions on the tensor cores (one pass):
+        conv 1's ⌈k1²/8⌉ k-steps, conv 2's k2²·⌈c1/8⌉, each over n-tiles of 8 output maps."""
+        groups = ceil_div(self.c1, 8)  # conv 1's n-tiles, conv 2's channel groups
+        return ceil_div(self.k1 ** 2, 8) * groups + self.k2 ** 2 * groups * ceil_div(self.c2, 8)
+
+    @property
     def num_params(self) -> int:
         return self.conv_params + self.hidden * self.flat + self.hidden + self.classes * self.hidden + self.classes
 
@@ -114,7 +121,10 @@ class CnnShape:
             Region("grad", "float", self.conv_params, 16),
             Region("x", "float", self.image ** 2, 16),
             Region("a1", "float", self.a1, 16),
-            Region("work", "float", self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2, 16),
+            # conv 2's output gradient (phase 5); in one pass work and dp1 together also hold phase 1's
+            # B fragments, 64 floats each (both phase 5's, free in phase 1)
+            Region("work", "float", max(self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2,
+                                        64 * self.conv_fragments - self.a1 if self.passes == 1 else 0), 16),
             Region("dp1", "float", self.a1, 16),
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
