@@ -12,11 +12,10 @@ import subprocess
 import numpy as np
 import pytest
 from cnn_reference import float64_step
-from emulation import MMA_ASM, compile_for_cpu
+from emulation import MMA_ASM, compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference_cnn
-from graphtrain.kernels import KERNELS_DIR
 from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
@@ -40,10 +39,10 @@ ONE_PASS_BOUND = 2e-4
 
 
 def build(shape: CnnShape, folder) -> str:
-    optim = (KERNELS_DIR / "optim.cu").read_text()
+    optim = kernel_text("optim.cu")
     optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
-    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "grid_sync.cuh", "tf32_mma.cuh", "logits_loss.cuh")) + optim
-    source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source + (KERNELS_DIR / "persistent_cnn.cu").read_text())
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "tf32_mma.cuh", "logits_loss.cuh") + optim
+    source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source + kernel_text("persistent_cnn.cu"))
     assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
     return compile_for_cpu(source, "persistent_cnn.cu", {**shape.defines, "WS_BYTES": shape.workspace.bytes}, "tf32.h",
                            "cnn_launch.inc", folder)

@@ -13,13 +13,12 @@ import subprocess
 import numpy as np
 import pytest
 from bf16_reference import bf16_reference_steps
-from emulation import compile_for_cpu
+from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference
 from graphtrain.config import TrainConfig
 from graphtrain.data import Dataset
-from graphtrain.kernels import KERNELS_DIR
 from graphtrain.kernels.persistent import kernel_images, pixel_levels
 from graphtrain.kernels.persistent_wide import THREADS, WideShape
 
@@ -30,7 +29,7 @@ BOUND = 1e-3
 
 
 def build(shape: WideShape, folder) -> str:
-    source = "".join((KERNELS_DIR / name).read_text() for name in ("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu"))
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu")
     return compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines, "WS_BYTES": shape.workspace.bytes},
                            "prelude.h", "launch.inc", folder)
 

@@ -52,7 +52,7 @@ class ConvPoolShape:
 
     def fragment_words(self, k: int, cols: int) -> int:
         """A GEMM's B operand (k rows, cols columns) staged as the mma's lanes take it
-        (convpool_tc.cu's fragment_word): 64 words a k-step of 8 and n-tile of 8."""
+        (convpool_tc.cu's stage_fragments): 64 words a k-step of 8 and n-tile of 8."""
         return _c(k, 8) * _c(cols, 8) * 64
 
     def forward_words(self, spb: int) -> int:
