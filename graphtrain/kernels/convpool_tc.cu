@@ -347,15 +347,55 @@ __device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, cons
     }
     copies_commit();
 }
-// f(acc[mt][j][e], its index i = (mt·W_NTW + j)·4 + e) for each of a lane's sums
-template <class F>
-__device__ __forceinline__ void each_sum(float (&acc)[W_MT][W_NTW][4], F f) {
+// A shared-memory word by its 32-bit shared-space byte address (shared_address): an address kept
+// as one register, so a load at a varying offset costs one add.
+__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned shared_word(unsigned address) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
+    return v;
+}
+
+// A lane's sums as one array: sum i = (mt·W_NTW + j)·4 + e is D[mt·16 + g + 8(e / 2)][(group·W_NTW + j)·8 +
+// 2t + e % 2] of its warp's group.
+#define W_SUMS (W_MT * W_NTW * 4)
+// After a chunk the W_SLICES warps of a group add the slices' sums in slice order, each for its own
+// W_OWN of them (sum i is owned by slice i / W_OWN): the same additions as one warp adding them all.
+#define W_OWN (W_SUMS / W_SLICES)
+static_assert(W_SUMS % W_SLICES == 0, "convpool_tc_weight_grad: the slices must share the sums evenly");
+#define W_STEPS ((W_KT + W_SLICES - 1) / W_SLICES)  // k-steps a slice takes (ks = slice + i·W_SLICES)
+#define ONES_TILE (TAPS / 8)                        // the n-tile whose column TAPS % 8 is the bias's ones
+// One sample's products for warp (group, slice): k-steps ks ≡ slice (mod W_SLICES), unrolled, so every
+// shared load is a lane's base address plus a constant. a_base: dconv's row g, column slice·8 + t;
+// pos: the k-step pairs' byte offsets in the image (positions ks·8 + t and ks·8 + t + 4) from slice's
+// first; xcol[j]: the byte address in shared memory of the image at tap (group·W_NTW + j)·8 + g (so a
+// B load's address is one add); TILES: the group's n-tiles (the last
+// group may have fewer); ones: whether this lane's column of n-tile ONES_TILE is the bias's.
+template <int TILES>
+__device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4], const unsigned* a_base,
+                                                     const int2* pos, const unsigned (&xcol)[W_NTW], bool ones,
+                                                     int group, int slice) {
 #pragma unroll
-    for (int mt = 0; mt < W_MT; ++mt)
+    for (int i = 0; i < W_STEPS; ++i) {
+        if (W_KT % W_SLICES != 0 && slice + i * W_SLICES >= W_KT) break;
+        const int2 q = pos[i * W_SLICES * 4];
+        unsigned a[W_MT][4];
 #pragma unroll
-        for (int j = 0; j < W_NTW; ++j)
+        for (int mt = 0; mt < W_MT; ++mt) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+            const unsigned* r = a_base + mt * 16 * KPS + i * W_SLICES * 8;
+            a[mt][0] = r[0];
+            a[mt][1] = r[8 * KPS];
+            a[mt][2] = r[4];
+            a[mt][3] = r[8 * KPS + 4];
+        }
 #pragma unroll
-            for (int e = 0; e < 4; ++e) f(acc[mt][j][e], (mt * W_NTW + j) * 4 + e);
+        for (int j = 0; j < TILES; ++j) {
+            const bool one = ones && group * W_NTW + j == ONES_TILE;
+            const unsigned b[2] = {one ? ONE : shared_word(xcol[j] + q.x), one ? ONE : shared_word(xcol[j] + q.y)};
+#pragma unroll
+            for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
+        }
+    }
 }
 extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool_tc_weight_grad(
         const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
@@ -368,23 +408,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
     float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
     unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
-    unsigned* xs = raw + RAW_WORDS;                       // [IMAGE]
-    int* posoff = reinterpret_cast<int*>(xs + IMAGE);     // [W_KT·8]: y·W + x of conv position k
+    unsigned* xs = raw + RAW_WORDS;                       // [IMAGE], rounded up to even words (8-byte pairs next)
+    int2* pospair = reinterpret_cast<int2*>(xs + (IMAGE + 1) / 2 * 2);  // [W_KT·4]: 4(y·W + x) of positions ks·8 + t, + t + 4
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
     const bool active = slice < W_SLICES;
     for (int e = threadIdx.x; e < W_MT * 16 * KPS; e += THREADS) dcs[e] = 0u;
-    for (int k = threadIdx.x; k < W_KT * 8; k += THREADS) posoff[k] = k < HC * WC ? (k / WC) * TC_W + k % WC : 0;
+    auto pos_offset = [](int k) { return k < HC * WC ? 4 * ((k / WC) * TC_W + k % WC) : 0; };
+    for (int q = threadIdx.x; q < W_KT * 4; q += THREADS)
+        pospair[q] = make_int2(pos_offset(q / 4 * 8 + q % 4), pos_offset(q / 4 * 8 + q % 4 + 4));
     // This lane's B columns: tap n = nt·8 + g of each of its n-tiles, its offset in an image.
-    int toff[W_NTW];
-    bool ones[W_NTW];
+    unsigned xcol[W_NTW];
 #pragma unroll
     for (int j = 0; j < W_NTW; ++j) {
         const int tap = (group * W_NTW + j) * 8 + g;
-        ones[j] = tap == TAPS;
-        toff[j] = tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0;
+        xcol[j] = shared_address(xs + (tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0));
     }
+    const bool ones = ONES_TILE * 8 + g == TAPS;
+    const unsigned* a_base = dcs + g * KPS + slice * 8 + t;
+    const int2* pos = pospair + slice * 4 + t;
     float acc[W_MT][W_NTW][4];
+    float* sums = &acc[0][0][0];  // sum i (W_SUMS)
     const int chunks = (n + per_chunk - 1) / per_chunk;
     // The copies ahead pay where a block has a next sample to copy while it multiplies (a block of
     // one sample only adds the staging's pass through raw: measured slower, the one-model 1→24 layer).
@@ -394,7 +438,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     if (async && blockIdx.x < chunks) fetch_sample(raw, x, dout, arg, blockIdx.x * per_chunk);
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);
-        each_sum(acc, [](float& v, int) { v = 0.0f; });
+#pragma unroll
+        for (int i = 0; i < W_SUMS; ++i) sums[i] = 0.0f;
         for (int s = first; s < last; ++s) {
             if (async) copies_wait<0>();  // this sample's copies (this thread's; the barrier: everyone's)
             __syncthreads();  // the previous sample's dconv and image, or the slices' sums, no longer read
@@ -414,51 +459,52 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
                 if (next >= 0) fetch_sample(raw, x, dout, arg, next);
             }
             if (!active) continue;
-            for (int ks = slice; ks < W_KT; ks += W_SLICES) {
-                const int q0 = posoff[ks * 8 + t], q1 = posoff[ks * 8 + t + 4];
-                unsigned a[W_MT][4];
-#pragma unroll
-                for (int mt = 0; mt < W_MT; ++mt) {
-                    const unsigned* r = dcs + (mt * 16 + g) * KPS + ks * 8 + t;
-                    a[mt][0] = r[0];
-                    a[mt][1] = r[8 * KPS];
-                    a[mt][2] = r[4];
-                    a[mt][3] = r[8 * KPS + 4];
-                }
-#pragma unroll
-                for (int j = 0; j < W_NTW; ++j) {
-                    if ((group * W_NTW + j) >= W_NT) break;
-                    const unsigned b[2] = {ones[j] ? ONE : xs[q0 + toff[j]], ones[j] ? ONE : xs[q1 + toff[j]]};
-#pragma unroll
-                    for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
-                }
-            }
+            if (W_NT % W_NTW == 0 || group < W_GROUPS - 1)
+                weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);
+            else
+                weight_grad_products<(W_NT % W_NTW == 0 ? W_NTW : W_NT % W_NTW)>(acc, a_base, pos, xcol, ones, group, slice);
         }
-        if (W_SLICES > 1) {  // slice 0's warps add the other slices' sums, in slice order
-            float* red = reinterpret_cast<float*>(dcs);  // warp (group, slice)'s lane's sum i at red_of(slice)[i·32]
-            auto red_of = [&](int sl) { return red + (sl * W_GROUPS + group) * W_MT * W_NTW * 128 + lane; };
+        // This warp's own sums: with several slices, sum i of the group's slices added in slice order
+        // (each warp's sums parked where dconv's rows were), by slice i / W_OWN.
+        float own[W_OWN];
+        if (W_SLICES > 1) {
+            float* red = reinterpret_cast<float*>(dcs);  // warp (group, slice)'s lane's sum i: red_of(slice)[i·32]
+            auto red_of = [&](int sl) { return red + (sl * W_GROUPS + group) * W_SUMS * 32 + lane; };
             __syncthreads();
-            if (active && slice > 0) each_sum(acc, [&](float& v, int i) { red_of(slice)[i * 32] = v; });
+            if (active)
+#pragma unroll
+                for (int i = 0; i < W_SUMS; ++i) red_of(slice)[i * 32] = sums[i];
             __syncthreads();
-            if (slice == 0)
-                for (int sl = 1; sl < W_SLICES; ++sl) each_sum(acc, [&](float& v, int i) { v += red_of(sl)[i * 32]; });
+            if (active)
+#pragma unroll
+                for (int u = 0; u < W_OWN; ++u) {
+                    const int i = slice * W_OWN + u;
+                    float v = red_of(0)[i * 32];
+                    for (int sl = 1; sl < W_SLICES; ++sl) v += red_of(sl)[i * 32];
+                    own[u] = v;
+                }
+        } else {
+#pragma unroll
+            for (int u = 0; u < W_OWN; ++u) own[u] = sums[u];
         }
         // A block of several chunks: their sums added in order from 0 (the reduce's order), in tot;
-        // the last one's total back into acc. A block of one chunk writes its sum as it is.
+        // the last one's total kept. A block of one chunk writes its sum as it is.
         const bool more = chunk + (int)gridDim.x < chunks, after_first = chunk != (int)blockIdx.x;
-        if (slice == 0 && (more || after_first))
-            each_sum(acc, [&](float& v, int i) {
-                float& sum = tot[(group * W_MT * W_NTW * 4 + i) * 32 + lane];
-                sum = (after_first ? sum : 0.0f) + v;
-                if (!more) v = sum;
-            });
+        if (active && (more || after_first))
+#pragma unroll
+            for (int u = 0; u < W_OWN; ++u) {
+                float& sum = tot[(group * W_SUMS + slice * W_OWN + u) * 32 + lane];
+                sum = (after_first ? sum : 0.0f) + own[u];
+                if (!more) own[u] = sum;
+            }
+        if (more || !active) continue;
+#pragma unroll
+        for (int u = 0; u < W_OWN; ++u) {
+            const int i = slice * W_OWN + u, mt = i / (W_NTW * 4), j = i / 4 % W_NTW, e = i % 4;
+            const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
+            if (o < TC_OUTS && tap <= TAPS) partial[((long long)o * gridDim.x + blockIdx.x) * (TAPS + 1) + tap] = own[u];
+        }
     }
-    if (slice != 0 || blockIdx.x >= chunks) return;
-    each_sum(acc, [&](float& v, int i) {
-        const int mt = i / (W_NTW * 4), j = i / 4 % W_NTW, e = i % 4;
-        const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
-        if (o < TC_OUTS && tap <= TAPS) partial[((long long)o * gridDim.x + blockIdx.x) * (TAPS + 1) + tap] = v;
-    });
 }
 
 // dw[o, tap] = Σ_chunk partial[o, chunk, tap] (tap < TAPS), db[o] = the same at tap = TAPS, over the

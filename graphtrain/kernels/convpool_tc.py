@@ -72,13 +72,13 @@ class ConvPoolShape:
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
-        pieces: convpool_tc.cu's ASYNC_STAGE), the image, the conv positions' offsets."""
+        pieces: convpool_tc.cu's ASYNC_STAGE), the image (even words), the conv positions' offsets in pairs."""
         kt, mt, groups = _c(self.hc * self.wc, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + self.image + kt * 8
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(self.image, 2) + kt * 8
 
     def samples_per_block(self, words, items: int) -> int:
         """Samples a forward block stages at once: the fewest whose items (`items` a sample) keep the
