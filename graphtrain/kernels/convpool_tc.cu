@@ -292,8 +292,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool
 
 // ---- weight and bias gradients -----------------------------------------------------------------
 // dW[o, tap] = Σ_{s, (y, x)} dconv[s, o, y, x]·x[s, c, y + a, x + b] and db[o] = Σ dconv[s, o, ·]:
-// A[o, (y, x)] = dconv (dense in shared memory, rows past TC_OUTS and positions past HC·WC 0),
-// B[(y, x), tap] the im2col of x, with a column of ones at tap = TAPS for the bias. Chunk c is
+// only positions in a pool window have a gradient, so the sum runs over k = 4·win + u·2 + v, the
+// window's position (2wy + u, 2wx + v): A[o, k] = dconv there (in shared memory a window's four
+// words side by side, written as one 16-byte store: route_dconv; rows past TC_OUTS and k past
+// 4·PLANE 0), B[k, tap] the im2col of x, with a column of ones at tap = TAPS for the bias. Chunk c is
 // the samples [c·per_chunk, ...) summed one after another. Block b takes the chunks b, b + G,
 // b + 2G, ... (G = gridDim.x) and adds their sums in that order, from 0, into
 // partial[(o·G + b)·(TAPS + 1) + tap]; convpool_tc_reduce adds the G partials. With G = chunks
@@ -307,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool
 #define W_NTW 4
 #define W_GROUPS ((W_NT + W_NTW - 1) / W_NTW)
 #define W_SLICES (TC_WARPS / W_GROUPS)
-#define W_KT ((HC * WC + 7) / 8)
+#define W_KT ((4 * PLANE + 7) / 8)
 #define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so the A fragments' loads hit 32 banks
 #define ONE 0x3f800000u     // 1.0f, a TF32 value
 static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups than warps");
@@ -316,16 +318,29 @@ static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups
 #define DCS_WORDS (W_MT * 16 * KPS > RED_WORDS ? W_MT * 16 * KPS : RED_WORDS)
 // the running sums of a block's chunks: each lane of slice 0's warps its own W_MT·W_NTW·4 words
 #define TOT_WORDS (W_GROUPS * W_MT * W_NTW * 128)
-// Whether dconv's rows hold words the MMAs read that no scatter_dconv writes: positions past the
-// conv plane in the last k-step, or in no pool window (a last odd conv row or column).
-#define UNSCATTERED (HC * WC < W_KT * 8 || HC % 2 != 0 || WC % 2 != 0)
+// Whether dconv's rows hold words the MMAs read that route_dconv never writes: the last k-step's
+// past 4·PLANE (an odd number of windows).
+#define UNSCATTERED (4 * PLANE < W_KT * 8)
 // Those words back to 0 where the slices' sums were (e < RED_WORDS). Rows past TC_OUTS only feed
-// sums never written, and the scatter writes its own words for every sample: the two may run at once.
+// sums never written, and route_dconv writes its own words for every sample: the two may run at once.
 __device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
     for (int e = threadIdx.x; e < min(RED_WORDS, TC_OUTS * KPS); e += THREADS) {
-        const int pos = e % KPS;
-        if (pos < W_KT * 8 && (pos / WC >= 2 * HO || pos % WC >= 2 * WO)) dcs[e] = 0u;
+        const int k = e % KPS;
+        if (k >= 4 * PLANE && k < W_KT * 8) dcs[e] = 0u;
     }
+}
+// dconv's rows in window order: dst[o·KPS + 4·win + where] = TF32(dout[o, win]) at the window's
+// argmax `where` (none where the ReLU was off), the window's other three words 0: a 16-byte store
+// a window (KPS and dst keep it aligned), consecutive windows at consecutive addresses.
+__device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restrict__ dout,
+                                            const unsigned char* __restrict__ arg) {
+    struct Routed { float g; int where; };
+    batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[q], arg[q]}; }, [&](int q, Routed v) {
+        const unsigned gv = tf32(v.g);
+        const uint4 four = make_uint4(v.where == 0 ? gv : 0u, v.where == 1 ? gv : 0u, v.where == 2 ? gv : 0u,
+                                      v.where == 3 ? gv : 0u);
+        *reinterpret_cast<uint4*>(dst + (q / PLANE) * KPS + 4 * (q % PLANE)) = four;
+    });
 }
 // The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
 // pieces) while the block multiplies this one's: where a sample of each is whole 16-byte pieces
@@ -367,7 +382,7 @@ static_assert(W_SUMS % W_SLICES == 0, "convpool_tc_weight_grad: the slices must 
 #define ONES_TILE (TAPS / 8)                        // the n-tile whose column TAPS % 8 is the bias's ones
 // One sample's products for warp (group, slice): k-steps ks ≡ slice (mod W_SLICES), unrolled, so every
 // shared load is a lane's base address plus a constant. a_base: dconv's row g, column slice·8 + t;
-// pos: the k-step pairs' byte offsets in the image (positions ks·8 + t and ks·8 + t + 4) from slice's
+// pos: the k-step pairs' byte offsets in the image (of k = ks·8 + t and ks·8 + t + 4) from slice's
 // first; xcol[j]: the byte address in shared memory of the image at tap (group·W_NTW + j)·8 + g (so a
 // B load's address is one add); TILES: the group's n-tiles (the last
 // group may have fewer); ones: whether this lane's column of n-tile ONES_TILE is the bias's.
@@ -409,12 +424,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
     unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
     unsigned* xs = raw + RAW_WORDS;                       // [IMAGE], rounded up to even words (8-byte pairs next)
-    int2* pospair = reinterpret_cast<int2*>(xs + (IMAGE + 1) / 2 * 2);  // [W_KT·4]: 4(y·W + x) of positions ks·8 + t, + t + 4
+    int2* pospair = reinterpret_cast<int2*>(xs + (IMAGE + 1) / 2 * 2);  // [W_KT·4]: byte offsets of k = ks·8 + t, + t + 4
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
     const bool active = slice < W_SLICES;
     for (int e = threadIdx.x; e < W_MT * 16 * KPS; e += THREADS) dcs[e] = 0u;
-    auto pos_offset = [](int k) { return k < HC * WC ? 4 * ((k / WC) * TC_W + k % WC) : 0; };
+    auto pos_offset = [](int k) {  // k = 4·win + u·2 + v: conv position (2wy + u, 2wx + v)'s image offset, bytes
+        const int win = k / 4, u = k / 2 % 2, v = k % 2;
+        return k < 4 * PLANE ? 4 * ((2 * (win / WO) + u) * TC_W + 2 * (win % WO) + v) : 0;
+    };
     for (int q = threadIdx.x; q < W_KT * 4; q += THREADS)
         pospair[q] = make_int2(pos_offset(q / 4 * 8 + q % 4), pos_offset(q / 4 * 8 + q % 4 + 4));
     // This lane's B columns: tap n = nt·8 + g of each of its n-tiles, its offset in an image.
@@ -447,11 +465,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             if (async) {
                 const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
                 stage_rows_tf32<IMAGE>(xs, IMAGE, reinterpret_cast<const float*>(raw), 1);
-                scatter_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE), 0,
-                              KPS, WC, 0);
+                route_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE));
             } else {
                 stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
-                scatter_dconv(dcs, dout, arg, s, KPS, WC, 0);
+                route_dconv(dcs, dout + (long long)s * TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
             }
             __syncthreads();  // raw read: the block's next sample may land in it
             if (async) {

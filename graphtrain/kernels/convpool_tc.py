@@ -73,7 +73,7 @@ class ConvPoolShape:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
         pieces: convpool_tc.cu's ASYNC_STAGE), the image (even words), the conv positions' offsets in pairs."""
-        kt, mt, groups = _c(self.hc * self.wc, 8), _c(self.outs, 16), self.weight_grad_groups()
+        kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
