@@ -332,14 +332,15 @@ __device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
 // dconv's rows in window order: dst[o·KPS + 4·win + where] = TF32(dout[o, win]) at the window's
 // argmax `where` (none where the ReLU was off), the window's other three words 0: a 16-byte store
 // a window (KPS and dst keep it aligned), consecutive windows at consecutive addresses.
+__device__ __forceinline__ uint4 routed(float g, unsigned where) {
+    const unsigned gv = tf32(g);
+    return make_uint4(where == 0 ? gv : 0u, where == 1 ? gv : 0u, where == 2 ? gv : 0u, where == 3 ? gv : 0u);
+}
 __device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restrict__ dout,
                                             const unsigned char* __restrict__ arg) {
-    struct Routed { float g; int where; };
+    struct Routed { float g; unsigned where; };
     batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[q], arg[q]}; }, [&](int q, Routed v) {
-        const unsigned gv = tf32(v.g);
-        const uint4 four = make_uint4(v.where == 0 ? gv : 0u, v.where == 1 ? gv : 0u, v.where == 2 ? gv : 0u,
-                                      v.where == 3 ? gv : 0u);
-        *reinterpret_cast<uint4*>(dst + (q / PLANE) * KPS + 4 * (q % PLANE)) = four;
+        *reinterpret_cast<uint4*>(dst + (q / PLANE) * KPS + 4 * (q % PLANE)) = routed(v.g, v.where);
     });
 }
 // The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
@@ -353,13 +354,13 @@ __device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restri
 __device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, const float* dout,
                                              const unsigned char* arg, int s) {
     constexpr int X4 = IMAGE / 4, D4 = TC_OUTS * PLANE / 4, A16 = TC_OUTS * PLANE / 16;
-    const char* xb = reinterpret_cast<const char*>(x + (long long)s * IMAGE);
-    const char* db = reinterpret_cast<const char*>(dout + (long long)s * TC_OUTS * PLANE);
-    const char* ab = reinterpret_cast<const char*>(arg + (long long)s * TC_OUTS * PLANE);
-    for (int q = threadIdx.x; q < X4 + D4 + A16; q += THREADS) {
-        const char* src = q < X4 ? xb + 16 * q : q < X4 + D4 ? db + 16 * (q - X4) : ab + 16 * (q - X4 - D4);
-        copy16_async_or_zero(raw + 4 * q, src, 16);
-    }
+    auto copy = [&](int count, unsigned* dst, const void* src) {
+        for (int q = threadIdx.x; q < count; q += THREADS)
+            copy16_async_or_zero(dst + 4 * q, static_cast<const char*>(src) + 16 * q, 16);
+    };
+    copy(X4, raw, x + (long long)s * IMAGE);
+    copy(D4, raw + IMAGE, dout + (long long)s * TC_OUTS * PLANE);
+    copy(A16, raw + IMAGE + TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
     copies_commit();
 }
 // A shared-memory word by its 32-bit shared-space byte address (shared_address): an address kept
@@ -446,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     const unsigned* a_base = dcs + g * KPS + slice * 8 + t;
     const int2* pos = pospair + slice * 4 + t;
     float acc[W_MT][W_NTW][4];
-    float* sums = &acc[0][0][0];  // sum i (W_SUMS)
+    auto sums = [&](int i) -> float& { return acc[i / (W_NTW * 4)][i / 4 % W_NTW][i % 4]; };  // sum i (W_SUMS)
     const int chunks = (n + per_chunk - 1) / per_chunk;
     // The copies ahead pay where a block has a next sample to copy while it multiplies (a block of
     // one sample only adds the staging's pass through raw: measured slower, the one-model 1→24 layer).
@@ -457,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);
 #pragma unroll
-        for (int i = 0; i < W_SUMS; ++i) sums[i] = 0.0f;
+        for (int i = 0; i < W_SUMS; ++i) sums(i) = 0.0f;
         for (int s = first; s < last; ++s) {
             if (async) copies_wait<0>();  // this sample's copies (this thread's; the barrier: everyone's)
             __syncthreads();  // the previous sample's dconv and image, or the slices' sums, no longer read
@@ -481,16 +482,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             else
                 weight_grad_products<(W_NT % W_NTW == 0 ? W_NTW : W_NT % W_NTW)>(acc, a_base, pos, xcol, ones, group, slice);
         }
-        // This warp's own sums: with several slices, sum i of the group's slices added in slice order
-        // (each warp's sums parked where dconv's rows were), by slice i / W_OWN.
-        float own[W_OWN];
+        // This warp's own sums, kept in sums(u) for u < W_OWN (sum slice·W_OWN + u of the group's): with
+        // several slices, the slices' sums added in slice order (each warp's parked where dconv's rows were).
         if (W_SLICES > 1) {
             float* red = reinterpret_cast<float*>(dcs);  // warp (group, slice)'s lane's sum i: red_of(slice)[i·32]
             auto red_of = [&](int sl) { return red + (sl * W_GROUPS + group) * W_SUMS * 32 + lane; };
             __syncthreads();
             if (active)
 #pragma unroll
-                for (int i = 0; i < W_SUMS; ++i) red_of(slice)[i * 32] = sums[i];
+                for (int i = 0; i < W_SUMS; ++i) red_of(slice)[i * 32] = sums(i);
             __syncthreads();
             if (active)
 #pragma unroll
@@ -498,11 +498,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
                     const int i = slice * W_OWN + u;
                     float v = red_of(0)[i * 32];
                     for (int sl = 1; sl < W_SLICES; ++sl) v += red_of(sl)[i * 32];
-                    own[u] = v;
+                    sums(u) = v;
                 }
-        } else {
-#pragma unroll
-            for (int u = 0; u < W_OWN; ++u) own[u] = sums[u];
         }
         // A block of several chunks: their sums added in order from 0 (the reduce's order), in tot;
         // the last one's total kept. A block of one chunk writes its sum as it is.
@@ -511,16 +508,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
 #pragma unroll
             for (int u = 0; u < W_OWN; ++u) {
                 float& sum = tot[(group * W_SUMS + slice * W_OWN + u) * 32 + lane];
-                sum = (after_first ? sum : 0.0f) + own[u];
-                if (!more) own[u] = sum;
+                sum = (after_first ? sum : 0.0f) + sums(u);
+                if (!more) sums(u) = sum;
             }
-        if (more || !active) continue;
+    }
+    if (!active || blockIdx.x >= chunks) return;
 #pragma unroll
-        for (int u = 0; u < W_OWN; ++u) {
-            const int i = slice * W_OWN + u, mt = i / (W_NTW * 4), j = i / 4 % W_NTW, e = i % 4;
-            const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
-            if (o < TC_OUTS && tap <= TAPS) partial[((long long)o * gridDim.x + blockIdx.x) * (TAPS + 1) + tap] = own[u];
-        }
+    for (int u = 0; u < W_OWN; ++u) {
+        const int i = slice * W_OWN + u, mt = i / (W_NTW * 4), j = i / 4 % W_NTW, e = i % 4;
+        const int o = mt * 16 + g + (e >> 1) * 8, tap = (group * W_NTW + j) * 8 + 2 * t + (e & 1);
+        if (o < TC_OUTS && tap <= TAPS) partial[((long long)o * gridDim.x + blockIdx.x) * (TAPS + 1) + tap] = sums(u);
     }
 }
 
