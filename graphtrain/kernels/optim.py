@@ -62,7 +62,10 @@ class Optim(KernelFile):
         step; lr_out: where the rate used is written; constants: the CONSTANTS record. Each of
         them per model with `models` > 1."""
         stride = model_stride_arg(models, model_stride)
-        blocks = min(MAX_BLOCKS, ceil_div(n, 4 * THREADS))  # a thread takes four parameters at a time
+        # A thread takes four parameters at a time; the launch's blocks over all models at most
+        # 2·MAX_BLOCKS, each then looping over many quads: a thread's fixed cost (the constants, the
+        # rate, the bias corrections' pow in double) paid once for many parameters, not once for four.
+        blocks = min(MAX_BLOCKS, ceil_div(n, 4 * THREADS), max(1, 2 * MAX_BLOCKS // models))
         self._optimizer_step(stream, model_grid(blocks, models), THREADS, params, grads, slot1, slot2, n, state,
                              lr_out, constants, stride)
 
