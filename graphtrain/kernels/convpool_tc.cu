@@ -330,17 +330,16 @@ __device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
     }
 }
 // dconv's rows in window order: dst[o·KPS + 4·win + where] = TF32(dout[o, win]) at the window's
-// argmax `where` (none where the ReLU was off), the window's other three words 0: a 16-byte store
-// a window (KPS and dst keep it aligned), consecutive windows at consecutive addresses.
-__device__ __forceinline__ uint4 routed(float g, unsigned where) {
-    const unsigned gv = tf32(g);
-    return make_uint4(where == 0 ? gv : 0u, where == 1 ? gv : 0u, where == 2 ? gv : 0u, where == 3 ? gv : 0u);
-}
+// argmax `where` (none where the ReLU was off), the window's other three words 0: the four zeroed by
+// one 16-byte store (KPS and dst keep it aligned; consecutive windows at consecutive addresses), then
+// the value written over its word, in the same thread's order.
 __device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restrict__ dout,
                                             const unsigned char* __restrict__ arg) {
     struct Routed { float g; unsigned where; };
     batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[q], arg[q]}; }, [&](int q, Routed v) {
-        *reinterpret_cast<uint4*>(dst + (q / PLANE) * KPS + 4 * (q % PLANE)) = routed(v.g, v.where);
+        unsigned* window = dst + (q / PLANE) * KPS + 4 * (q % PLANE);
+        *reinterpret_cast<uint4*>(window) = make_uint4(0u, 0u, 0u, 0u);
+        if (v.where < 4) window[v.where] = tf32(v.g);
     });
 }
 // The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
