@@ -16,7 +16,8 @@ from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference_cnn as R
-from graphtrain.kernels.convpool_tc import REDUCE_SLICES, ConvPoolShape, ConvPoolTc
+from graphtrain.kernels.convpool_tc import (REDUCE_SLICES, WEIGHT_GRAD_SAMPLES, WEIGHT_GRAD_SAMPLES_ONE_CHANNEL,
+                                             ConvPoolShape, ConvPoolTc)
 
 # What the host compiler cannot take: the block's shared memory (the launch's own buffer; a shared-space
 # address is an offset into it), the kernels' qualifiers, the TF32 conversion's asm (convpool_tc.h's
@@ -35,11 +36,11 @@ REPLACED = {"extern __shared__ __align__(16) unsigned smem[];": "unsigned* smem 
 BOUND = 1e-5
 
 # (c, h, w, k, outs, n), small (the emulation takes ~1 ms an mma), each with chunks > REDUCE_SLICES
-# (slices of 2 chunks and of 1): one input channel (a chunk a sample, one group of n-tiles over 8
+# (slices of 2 chunks and of 1): one input channel (chunks of two samples, the last of one; one group of n-tiles over 8
 # slices of k-steps, slices without any); many taps (five groups of n-tiles, the last of one tile,
 # one slice, an idle warp, outputs past 16 in a second m-tile); a conv row and column in no pool
 # window, the slices' sums over more words than dconv's rows, some of them read (clear_unscattered).
-CASES = {"one channel 1x9x9 4x4 → 6": (1, 9, 9, 4, 6, 11),
+CASES = {"one channel 1x9x9 4x4 → 6": (1, 9, 9, 4, 6, 19),
          "many taps 15x6x6 3x3 → 20": (15, 6, 6, 3, 20, 17),
          "odd 3x7x9 3x3 → 12": (3, 7, 9, 3, 12, 19)}
 
@@ -56,7 +57,7 @@ class Program:
     def __init__(self, shape: tuple, folder):
         c, h, w, k, outs, _ = shape
         self.s = ConvPoolShape(c, h, w, k, outs)
-        self.per_chunk = 1 if c == 1 else 2  # ConvPoolTc's chunk
+        self.per_chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES  # ConvPoolTc's chunk
         defines = {**ConvPoolTc.defines, "TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                    "SMEM_BYTES": 4 * self.s.weight_grad_words()}
         source = kernel_text("model_axis.cuh", "convpool_tc.cu")

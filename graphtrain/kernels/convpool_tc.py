@@ -17,10 +17,12 @@ MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once
 BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
 # Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
 # in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 1, 4 and 8
-# for the 24→32 3×3 layer (16.25 µs against 17.33 at 1); with one input channel a sample is little
-# work and 1 beats 2 (the 1→24 5×5 layer: 9.55 µs against 10.61).
+# for the 24→32 3×3 layer (16.25 µs against 17.33 at 1); on an H200 (scripts/probes/cnn_step_profile.py)
+# 4 beats 2 there at 64 models (282 µs against 289) but not at one (17.4 against 14.4). With one input
+# channel a sample is little work and its slices' sums are added once a chunk: 2 beats 1 at 64 models
+# (the 1→24 5×5 layer: 285 µs against 318), 1 beats 2 at one model by 0.3 µs.
 WEIGHT_GRAD_SAMPLES = 2
-WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 1
+WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 2
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
