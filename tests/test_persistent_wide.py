@@ -64,14 +64,16 @@ def test_a_shape_it_cannot_train_is_refused_with_the_reason(shape, needles):
 
 
 def test_the_784_cube_fits_in_blocks_of_8_and_of_16_units():
-    """The jhu preset's MLP: 98 blocks of 8 units (112 KB of shared memory each: the fp32 masters of
-    W_1's rows and of the other layers' columns, 75 KB), or 49 of 16 (the masters 150 KB)."""
+    """The jhu preset's MLP: 98 blocks of 8 units (111 KB of shared memory each: the fp32 masters of
+    W_1's rows and of the other layers' columns, 77 KB, a unit's 784 inputs padded to 800, whole rows
+    of the 32 banks, for the swizzle), or 49 of 16 (the masters 154 KB)."""
     for units, blocks in ((8, 98), (16, 49)):
         shape = dataclasses.replace(JHU_784, units=units)
         assert shape.refusal() is None and shape.blocks == blocks
         masters = shape.layout.regions[1:3]
         assert [r.name for r in masters] == ["w1", "wc"]
-        assert sum(r.count for r in masters) * 4 == units * (784 + 2 * 784) * 4
+        assert shape.strides["W1_STRIDE"] == shape.strides["WC_STRIDE"] == 800
+        assert sum(r.count for r in masters) * 4 == units * (800 + 2 * 800) * 4
     # the global copies of W_2 and W_3 (two each, by step parity) dominate the workspace
     assert JHU_784.workspace.bytes > 4 * 784 * 784 * 2
 
@@ -129,7 +131,8 @@ def test_the_rung_takes_the_grid_kernel_where_the_cluster_kernel_refuses():
         assert isinstance(shape, WideShape) and kernel_name(shape) == "grid", hidden
         assert (shape.hidden, shape.batch, shape.pixel_levels) == (hidden, batch, 255)
     assert products_note(JHU_784) == ("bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid "
-                                      "of 98 blocks of 8 units")
+                                      f"of 98 blocks of 8 units; loads {persistent_wide.DEFAULT_PREFETCH} k-steps ahead")
+    assert products_note(dataclasses.replace(JHU_784, prefetch=1)).endswith("a grid of 98 blocks of 8 units")
     fp32 = MlpShape(784, (784,) * 3, 10, 128, 255)
     with pytest.raises(ModelUnsupported, match=r"784-784-784-784-10 MLP at batch 128: a block needs \d+ bytes of "
                                                r"shared memory .*, nor can its grid kernel: .* in bf16 only"):
@@ -190,7 +193,7 @@ def test_the_default_variant_is_the_rungs(monkeypatch):
     assert shape.build == "staged" and shape.stage_depth == 3
     assert products_note(shape).endswith("a grid of 98 blocks of 8 units; k-steps staged in rings of 3")
     monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", "registers")
-    assert shape.stage_depth == 0 and products_note(shape).endswith("of 8 units")
+    assert shape.stage_depth == 0 and products_note(shape).endswith(f"of 8 units; loads {shape.prefetch_depth} k-steps ahead")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

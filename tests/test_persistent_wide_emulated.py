@@ -141,3 +141,27 @@ def test_steps_match_float64_with_the_kernels_roundings(tmp_path, hidden, batch,
             assert rel_err(got_b - s.b, want.b - s.b) < BOUND, f"seed {seed}: layer {i + 1}'s bias"
     metrics = np.fromfile(tmp_path / "metrics.bin", np.float64)
     assert abs(metrics[0] - loss) < BOUND * loss and abs(metrics[1] - correct) <= 1, f"seed {seed}: {metrics}"
+
+
+@pytest.mark.parametrize("shape", [
+    WideShape(784, (784,) * 3, 10, 128, 255), WideShape(784, (784,) * 3, 10, 128, 255, units=16),
+    WideShape(400, (144,) * 3, 10, 24, 255, units=16), WideShape(200, (136,) * 2, 10, 24, units=8),
+])
+def test_the_master_weights_swizzle_spreads_the_products_over_the_banks(tmp_path, shape):
+    """master_swizzle, as the kernel compiled for the CPU computes it, at every unit tile and k-step of
+    the products: the B fragments' 16-byte loads and the updates' 4-byte loads and stores of the fp32
+    masters hit each bank once (at 784 inputs, rows of 800 floats; at 144 and 136 units the last k-step
+    in the half of a row of 32 that the swizzle moves it from), where unswizzled rows of whole rows of
+    the banks put a load phase's two units on one half and an update's four lanes t on one bank."""
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu")
+    program = compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines}, "prelude.h",
+                              "wide_banks.inc", tmp_path)
+    proc = subprocess.run([program], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    strides = {shape.strides["W1_STRIDE"], shape.strides["WC_STRIDE"]}
+    assert {int(stride) for _, stride, _, _ in rows} == strides and len(rows) == 4
+    for kind, stride, swizzled, plain in rows:
+        assert int(stride) % 32 == 0
+        assert int(swizzled) == 1, f"{kind} at a stride of {stride}: {swizzled} lanes on one bank"
+        assert int(plain) == (2 if kind == "fragments" else 4), f"{kind} unswizzled at {stride}: {plain}"

@@ -49,20 +49,22 @@
 // Two builds of the products' operand loads (STAGE_DEPTH, from the launcher's `variant`):
 //   registers (STAGE_DEPTH 0)  a warp loads each k-step's A and B fragments (from L2, or the masters
 //              from shared memory) straight into registers, PREFETCH k-steps ahead of the one it
-//              multiplies (a ring of PREFETCH k-steps' fragments in registers);
+//              multiplies (a ring of PREFETCH + 1 k-steps' fragments in registers, refilled in place);
 //   staged (STAGE_DEPTH ≥ 2)   each warp copies its k-steps (cp.async) into a ring of STAGE_DEPTH
 //              slabs of its own in shared memory, STAGE_DEPTH − 1 k-steps ahead of the one it
 //              multiplies: the whole batch's 16 inputs of the k-step (the rows of x or of h_l,
 //              zero past the step's rows) and, in a forward of l ≥ 2, the block's
 //              rows of the published W_l at those inputs; the fragments then come from the slab.
-// Why staged: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and in the registers build
-// it waits for an L2 round trip at each with PREFETCH 1 (one k-step ahead hides one), so a product
-// costs ~7 round trips whatever its bytes; PREFETCH p waits ~7 / p. L2's bandwidth is not what binds: on
-// an H100 the 784³ MLP took 26.66 ms an epoch in 98 blocks of 8 units and 30.27 in 49 blocks of 16
-// (results/persistent-wide-check-h100.md), which read half the bytes of L2 between them (every block
-// reads each exchanged matrix whole) and wait as many round trips. With STAGE_DEPTH k-steps in flight a product waits ~7 / (STAGE_DEPTH − 1)
-// round trips. The sums, their order and every value are the registers build's (the same fragments
-// from the same bf16 values): the two give the same weights bit for bit.
+// Why loads ahead: a warp takes ⌈49 / 8⌉ = 7 k-steps of a 784-input product, and with one k-step
+// in flight it waits for an L2 round trip at each, so a product costs ~7 round trips whatever its
+// bytes; PREFETCH p in flight wait ~7 / p (until L2's bandwidth binds). Until the ring was refilled in
+// place (each_kstep says how) every depth waited a round trip a k-step, which is why on an H100 the
+// 784³ MLP's products took as long 1, 2 and 3 k-steps ahead
+// (results/persistent-wide-phases-prefetch-jhu-mlp784x3-h100.md), and as long in 49 blocks of 16
+// units as in 98 of 8 (results/persistent-wide-check-h100.md), which read half the bytes of L2
+// between them (every block reads each exchanged matrix whole) and waited as many round trips.
+// The sums, their order and every value are the same in either build and at any depth (the same
+// fragments from the same bf16 values): the same weights bit for bit.
 //
 // Precision (the bf16 rung's): the hidden layers' products read bf16 operands (the images as bf16,
 // 8-bit pixels as k, exact; the weights rounded as they are loaded, or published as bf16; h_l and
@@ -93,8 +95,8 @@
 
 #if UNITS % 8 != 0 || NT < 1 || NT > 2 || HIDDEN_PAD != BLOCKS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
-    || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 4 != 0 \
-    || WC_STRIDE % 4 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
+    || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 32 != 0 \
+    || WC_STRIDE % 32 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
     || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1
 #error "persistent_wide.cu: unsupported sizes"
 #endif
@@ -104,8 +106,8 @@ typedef unsigned short bf16_bits;  // a bf16 value as its 16 bits
 // ---- shared memory (the layout table: kernels/persistent_wide.py, WideShape.layout) -------------
 struct Smem {
     double* totals;     // [2·WARPS]                   the warps' loss and correct counts, at the end
-    float* w1;          // [UNITS][W1_STRIDE]           W_1[U_c, :], zero past FEATURES and HIDDEN
-    float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i][u0 + j], l = 2..LAYERS, zero past HIDDEN
+    float* w1;          // [UNITS][W1_STRIDE]           W_1[U_c, :], zero past FEATURES and HIDDEN (swizzled: master_at)
+    float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i][u0 + j], l = 2..LAYERS, zero past HIDDEN (alike)
     float* wh;          // [CLASSES][UNITS]             W_h[:, U_c]
     float* gwh;         // [CLASSES][UNITS], [CLASSES]  the head's gradient: its columns, its bias
     float* b;           // [LAYERS][UNITS]              b_l[U_c]
@@ -240,9 +242,25 @@ struct ExchangedRows {
 typedef ExchangedRows<UNITS> HiddenRows;           // h_l, dh_l
 typedef ExchangedRows<16> InputRows;               // x
 
-// B fragments from fp32 master weights in shared memory, w[n][k] (unit-major, UNITS rows of `stride`),
-// rounded to bf16 as loaded: the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load (a
-// stride ≡ 16 mod 32 floats puts a load phase's two units on different banks).
+// The fp32 master weights (w1, wc) are unit-major, a unit's inputs a row of `stride` floats (a multiple
+// of 32: whole rows of the banks), input k of unit j at j·stride + (k ^ master_swizzle(j)). The swizzle
+// flips bit 4 of k (the half of the banks) by unit bits 0 ^ 2, and bit 1 (the pair within a 16-byte
+// quad) by unit bit 1, so that both ways the products touch them hit 32 banks:
+//   the B fragments' 16-byte loads (lanes g = 0, 1 of a load phase: units 2m, 2m + 1, the quads of 16
+//   inputs): the two units on different halves;
+//   the updates' 4-byte loads and stores (lane (g, t): unit 2t (or 2t + 1) at input kmap(g), whose bits
+//   0, 2, 3 run over g): bits 1 and 4 run over t, where unswizzled every t hits g's eight banks.
+__device__ __forceinline__ int master_swizzle(int j) { return (((j ^ (j >> 2)) & 1) << 4) | (j & 2); }
+__device__ __forceinline__ float* master_at(float* w, int stride, int j, int k) {
+    return w + j * stride + (k ^ master_swizzle(j));
+}
+__device__ __forceinline__ const float* master_at(const float* w, int stride, int j, int k) {
+    return w + j * stride + (k ^ master_swizzle(j));
+}
+
+// B fragments from fp32 master weights in shared memory (master_at's rows), rounded to bf16 as loaded:
+// the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load of the quad they are swizzled into
+// (bit 1 of the swizzle swaps its halves).
 // (Weights: load(b, k) the B fragments at the lane's inputs k = k0 + 4t; in the staged build stage(slab,
 // ks) the lane's copies of k-step ks, if any, and load_staged(b, slab, k) the fragments.)
 struct MasterWeights {
@@ -254,9 +272,11 @@ struct MasterWeights {
         const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float4 v = *reinterpret_cast<const float4*>(w + (8 * n + g) * stride + k);
-            b[n][0] = bf16x2(v.x, v.y);
-            b[n][1] = bf16x2(v.z, v.w);
+            const int j = 8 * n + g, swap = master_swizzle(j) & 2;
+            const float4 v = *reinterpret_cast<const float4*>(w + j * stride + (k ^ (master_swizzle(j) & 16)));
+            const unsigned lo = bf16x2(v.x, v.y), hi = bf16x2(v.z, v.w);
+            b[n][0] = swap ? hi : lo;
+            b[n][1] = swap ? lo : hi;
         }
     }
 };
@@ -299,22 +319,6 @@ struct NoWeights {
 
 template <bool FIRST, class A, class B> struct Either { typedef A type; };
 template <class A, class B> struct Either<false, A, B> { typedef B type; };
-
-template <int N>
-__device__ __forceinline__ void copy_fragments(unsigned (&to)[N][4], const unsigned (&from)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) to[i][q] = from[i][q];
-}
-
-__device__ __forceinline__ void copy_b(unsigned (&to)[NT][2], const unsigned (&from)[NT][2]) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        to[n][0] = from[n][0];
-        to[n][1] = from[n][1];
-    }
-}
 
 // ---- the products --------------------------------------------------------------------------------
 template <int M>
@@ -366,35 +370,34 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
         body(ks, a, b);
     }
 #else
-    // The warp's k-step i is ks = warp + i·WARPS; its fragments wait in slot i mod PREFETCH of the
-    // ring (a static index: the j loop is unrolled), loaded PREFETCH k-steps ahead: k-step i + PREFETCH's
-    // loads are issued before k-step i multiplies, so PREFETCH L2 round trips overlap. (A B fragment
-    // loaded ahead is of other inputs than the body's update writes: the same values.)
+    // The warp's k-step i is ks = warp + i·WARPS; its fragments wait in slot i mod (PREFETCH + 1) of a ring
+    // of PREFETCH + 1 slots (static indices: the j loop is unrolled by the ring's size), loaded PREFETCH
+    // k-steps ahead: k-step i + PREFETCH's loads go into the slot k-step i − 1 was multiplied from,
+    // before k-step i multiplies, so PREFETCH L2 round trips overlap and a k-step waits only at its
+    // own products. Why no copies: a ring of PREFETCH slots refilled by copying the next k-step's
+    // fragments into the slot just used makes every k-step wait for the load issued before it (the
+    // copy reads the load's registers), whatever PREFETCH. (A B fragment loaded ahead is of other
+    // inputs than the body's update writes: the same values.)
+    constexpr int RING = PREFETCH + 1;
     const int mine = warp < ksteps ? (ksteps - 1 - warp) / WARPS + 1 : 0;  // the warp's k-steps
-    unsigned a[PREFETCH][MT][4], b[PREFETCH][NT][2];
+    auto k_of = [&](int i) { return 16 * (warp + i * WARPS) + 4 * t; };  // the lane's inputs of k-step i
+    unsigned a[RING][MT][4], b[RING][NT][2];
 #pragma unroll
     for (int j = 0; j < PREFETCH; ++j)
         if (j < mine) {
-            rows.load(a[j], 16 * (warp + j * WARPS) + 4 * t);
-            weights.load(b[j], 16 * (warp + j * WARPS) + 4 * t);
+            rows.load(a[j], k_of(j));
+            weights.load(b[j], k_of(j));
         }
-    for (int i0 = 0; i0 < mine; i0 += PREFETCH) {
+    for (int i0 = 0; i0 < mine; i0 += RING) {
 #pragma unroll
-        for (int j = 0; j < PREFETCH; ++j) {
+        for (int j = 0; j < RING; ++j) {
             const int i = i0 + j;
             if (i < mine) {
-                const bool more = i + PREFETCH < mine;
-                const int k_next = 16 * (warp + (i + PREFETCH) * WARPS) + 4 * t;
-                unsigned next_a[MT][4], next_b[NT][2];
-                if (more) {
-                    rows.load(next_a, k_next);
-                    weights.load(next_b, k_next);
+                if (i + PREFETCH < mine) {
+                    rows.load(a[(j + PREFETCH) % RING], k_of(i + PREFETCH));
+                    weights.load(b[(j + PREFETCH) % RING], k_of(i + PREFETCH));
                 }
                 body(warp + i * WARPS, a[j], b[j]);
-                if (more) {
-                    copy_fragments(a[j], next_a);
-                    copy_b(b[j], next_b);
-                }
             }
         }
     }
@@ -457,11 +460,13 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const int j = 8 * n + 2 * t;
-            float* w0 = w + j * stride + i;
-            float* w1 = w0 + stride;
-            const float n00 = fmaf(-lr, grad[0][n][0], w0[0]), n10 = fmaf(-lr, grad[0][n][1], w1[0]);
-            const float n02 = fmaf(-lr, grad[0][n][2], w0[2]), n12 = fmaf(-lr, grad[0][n][3], w1[2]);
-            w0[0] = n00; w1[0] = n10; w0[2] = n02; w1[2] = n12;
+            float* w00 = master_at(w, stride, j, i);
+            float* w10 = master_at(w, stride, j + 1, i);
+            float* w02 = master_at(w, stride, j, i + 2);
+            float* w12 = master_at(w, stride, j + 1, i + 2);
+            const float n00 = fmaf(-lr, grad[0][n][0], *w00), n10 = fmaf(-lr, grad[0][n][1], *w10);
+            const float n02 = fmaf(-lr, grad[0][n][2], *w02), n12 = fmaf(-lr, grad[0][n][3], *w12);
+            *w00 = n00; *w10 = n10; *w02 = n02; *w12 = n12;
             if (published != nullptr) {
                 __stcg(reinterpret_cast<unsigned*>(published + i * HIDDEN_PAD + j), bf16x2(n00, n10));
                 __stcg(reinterpret_cast<unsigned*>(published + (i + 2) * HIDDEN_PAD + j), bf16x2(n02, n12));
@@ -710,7 +715,7 @@ __device__ void load_parameters(const Smem& s, const Workspace& ws, const unsign
     const float* const* b = reinterpret_cast<const float* const*>(params + LAYERS + 1);
     const int tid = threadIdx.x;
     for (int i = tid; i < UNITS * W1_STRIDE; i += THREADS) {
-        const int u = i / W1_STRIDE, f = i - u * W1_STRIDE;
+        const int u = i / W1_STRIDE, f = (i - u * W1_STRIDE) ^ master_swizzle(u);  // (the input stored at i)
         s.w1[i] = u0 + u < HIDDEN && f < FEATURES ? w[0][(long long)(u0 + u) * FEATURES + f] : 0.0f;
     }
     for (int l = 2; l <= LAYERS; ++l) {
@@ -719,7 +724,7 @@ __device__ void load_parameters(const Smem& s, const Workspace& ws, const unsign
         for (int i = tid; i < WC_STRIDE * UNITS; i += THREADS) {
             const int k = i / UNITS, j = i - k * UNITS;  // (j fastest: a row's units are adjacent in global memory)
             const float v = k < HIDDEN && u0 + j < HIDDEN ? w[l - 1][(long long)k * HIDDEN + u0 + j] : 0.0f;
-            wc[j * WC_STRIDE + k] = v;
+            *master_at(wc, WC_STRIDE, j, k) = v;
             if (k < HIDDEN_PAD) published[k * HIDDEN_PAD + j] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
         }
     }
@@ -740,13 +745,13 @@ __device__ void store_parameters(const Smem& s, const unsigned long long* params
     const int tid = threadIdx.x;
     for (int i = tid; i < UNITS * FEATURES; i += THREADS) {
         const int u = i / FEATURES, f = i - u * FEATURES;
-        if (u0 + u < HIDDEN) w[0][(long long)(u0 + u) * FEATURES + f] = s.w1[u * W1_STRIDE + f];
+        if (u0 + u < HIDDEN) w[0][(long long)(u0 + u) * FEATURES + f] = *master_at(s.w1, W1_STRIDE, u, f);
     }
     for (int l = 2; l <= LAYERS; ++l) {
         const float* wc = wc_of(s, l);
         for (int i = tid; i < HIDDEN * UNITS; i += THREADS) {
             const int k = i / UNITS, j = i - k * UNITS;
-            if (u0 + j < HIDDEN) w[l - 1][(long long)k * HIDDEN + u0 + j] = wc[j * WC_STRIDE + k];
+            if (u0 + j < HIDDEN) w[l - 1][(long long)k * HIDDEN + u0 + j] = *master_at(wc, WC_STRIDE, j, k);
         }
     }
     for (int i = tid; i < CLASSES * UNITS; i += THREADS) {

@@ -29,7 +29,10 @@ DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured
 # The registers build's k-steps of operand loads in flight beyond the one multiplying (a ring of
 # fragments in registers, PREFETCH in the kernel): each adds a k-step's fragments to a thread's
 # registers (32 at batch 128) and hides one more L2 round trip of a product's ~7. The same sums.
-DEFAULT_PREFETCH = 1
+# Three: the deepest whose build does not spill at 784 and 1024 units, batch 128 (250 registers a
+# thread; four spill: scripts/probes/persistent_wide_registers.py); the phase probe's --prefetch
+# columns time the depths against each other.
+DEFAULT_PREFETCH = 3
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
@@ -55,10 +58,11 @@ ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests
 MAX_IMAGE_VALUES = 2**31 - 1  # the kernel's image row offsets are 32-bit
 
 
-def conflict_free_stride(values: int) -> int:
-    """A row of `values` floats (a multiple of 16) padded to ≡ 16 (mod 32): a load phase's two rows of
-    16-byte loads (units g, g + 1; inputs 4t..4t + 3) then lie on different halves of the banks."""
-    return values if values % 32 == 16 else values + 16
+def swizzled_stride(values: int) -> int:
+    """A row of `values` floats of the master weights padded to whole rows of the 32 banks: the kernel's
+    swizzle (master_swizzle) moves an input between the halves of its row of 32, which must be in the
+    row (it spreads the products' loads and the updates' over the banks without padding them apart)."""
+    return ceil_div(values, 32) * 32
 
 
 @dataclass(frozen=True)
@@ -174,14 +178,14 @@ class WideShape:
 
     def strides_with(self, units: int) -> dict[str, int]:
         """Values per row of persistent_wide.cu's buffers:
-          W1_STRIDE, WC_STRIDE  the master weights' rows (a unit's inputs), conflict_free_stride;
+          W1_STRIDE, WC_STRIDE  the master weights' rows (a unit's inputs), swizzled_stride;
           HT_STRIDE    a unit's rows of a transposed bf16 operand: ≡ 8 (mod 16) bf16, so that the
                        eight units of a 4-byte load phase start on eight different 16-byte columns;
           PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units two rows of a
                        float2 store phase share banks, and the padding would cost 16 KB, which the
                        784³ MLP's blocks of 16 units do not have)."""
         padded_hidden = self.blocks_for(units) * units
-        return {"W1_STRIDE": conflict_free_stride(self.padded_features), "WC_STRIDE": conflict_free_stride(padded_hidden),
+        return {"W1_STRIDE": swizzled_stride(self.padded_features), "WC_STRIDE": swizzled_stride(padded_hidden),
                 "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units}
 
     @property
