@@ -104,11 +104,13 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
-    x = model_at(x, x_stride);
-    w = model_at(w, model_stride);
-    bias = model_at(bias, model_stride);
-    out = model_at(out, model_stride);
-    arg = model_at(arg, model_stride);
+    // moved on the pointers (model_axis.cuh's step_bytes): the loads and stores stay global ones
+    const long long model = model_offset(model_stride);
+    x = step_bytes(x, model_offset(x_stride));
+    w = step_bytes(w, model);
+    bias = step_bytes(bias, model);
+    out = step_bytes(out, model);
+    arg = step_bytes(arg, model);
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
     int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's byte offsets
@@ -232,10 +234,11 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
-    dout = model_at(dout, model_stride);
-    arg = model_at(arg, model_stride);
-    w = model_at(w, model_stride);
-    dx = model_at(dx, model_stride);
+    const long long model = model_offset(model_stride);  // on the pointers: global loads and stores
+    dout = step_bytes(dout, model);
+    arg = step_bytes(arg, model);
+    w = step_bytes(w, model);
+    dx = step_bytes(dx, model);
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);     // [B_KT][B_NT][32]: B fragments
     int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's byte offsets in dcp
