@@ -9,8 +9,9 @@
 // images); blockIdx.z is the model, the grids' x (and the loops over it) are a model's own.
 
 // TC_MIN_BLOCKS: the blocks an SM is to hold of the forward (its registers bound it, its staging
-// does not): 1 leaves ptxas its choice (two blocks at the speedrun's layers); 3 caps a thread at 80
-// registers, spilling a few hundred bytes, for more warps to hide latency with. TC_WG_MIN_BLOCKS: the
+// does not): 1 leaves ptxas its choice (more than 128 registers with every k-step unrolled: one block
+// at the 24→32 3×3 layer); 2 caps a thread at 128; 3 at 80, spilling a few hundred bytes, for more
+// warps to hide latency with. TC_WG_MIN_BLOCKS: the
 // same for the weight gradient (2: at most 128 registers, which its loop over chunks exceeds unbounded).
 // TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's blocks an SM and m-tiles a warp's item (the launcher's
 // BD_MIN_BLOCKS, BD_TILES say why).
@@ -103,20 +104,22 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
-    x = model_at(x, x_stride);
-    w = model_at(w, model_stride);
-    bias = model_at(bias, model_stride);
-    out = model_at(out, model_stride);
-    arg = model_at(arg, model_stride);
+    // moved on the pointers (model_axis.cuh's step_bytes): the loads and stores stay global ones
+    const long long model = model_offset(model_stride);
+    x = step_bytes(x, model_offset(x_stride));
+    w = step_bytes(w, model);
+    bias = step_bytes(bias, model);
+    out = step_bytes(out, model);
+    arg = step_bytes(arg, model);
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
-    int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's offsets
+    int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's byte offsets
     unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][IMAGE], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
     stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
-    // tap k's offset in an image: c·H·W + a·W + b (0 past TAPS, where the weights are zeros)
-    auto tap_offset = [](int k) { return k < TAPS ? ((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K : 0; };
+    // tap k's offset in an image, in bytes: 4·(c·H·W + a·W + b) (0 past TAPS, where the weights are zeros)
+    auto tap_offset = [](int k) { return k < TAPS ? 4 * (((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K) : 0; };
     for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
         tapoff[q] = make_int2(tap_offset(q / 4 * 8 + q % 4), tap_offset(q / 4 * 8 + q % 4 + 4));
     const int spb = samples_per_round(TC_SPB, n);
@@ -128,23 +131,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
         for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
             const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
             const bool valid = win < PLANE;  // a group's windows past the plane compute window 0, unwritten
-            const unsigned* img = xs + sl * IMAGE + (valid ? 2 * (win / WO) * TC_W + 2 * (win % WO) : 0);
+            const char* img = reinterpret_cast<const char*>(xs + sl * IMAGE + (valid ? 2 * (win / WO) * TC_W + 2 * (win % WO) : 0));
+            const int2* lane_tapoff = tapoff + t;  // k-step ks's at lane_tapoff[4·ks]: an immediate offset
+            const uint2* lane_b = bfrag + lane;    // (ks, nt)'s B fragment at lane_b[(ks·F_NT + nt)·32]
             float acc[2][F_NT][4] = {};
-#pragma unroll 3
+            // every k-step unrolled (a compile-time count): no loop counter, the offsets' and B fragments'
+            // loads at immediate offsets, and one add a tap pair's four A words (immediates 0, 1, W, W + 1)
+#pragma unroll
             for (int ks = 0; ks < F_KT; ++ks) {
-                const int2 tk = tapoff[ks * 4 + t];
+                const int2 tk = lane_tapoff[ks * 4];
+                const unsigned* r0 = reinterpret_cast<const unsigned*>(img + tk.x);
+                const unsigned* r1 = reinterpret_cast<const unsigned*>(img + tk.y);
                 unsigned a[2][4];
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
-                    const unsigned* r = img + u * TC_W;
-                    a[u][0] = r[tk.x];
-                    a[u][1] = r[tk.x + 1];
-                    a[u][2] = r[tk.y];
-                    a[u][3] = r[tk.y + 1];
+                    a[u][0] = r0[u * TC_W];
+                    a[u][1] = r0[u * TC_W + 1];
+                    a[u][2] = r1[u * TC_W];
+                    a[u][3] = r1[u * TC_W + 1];
                 }
 #pragma unroll
                 for (int nt = 0; nt < F_NT; ++nt) {
-                    const uint2 bv = bfrag[(ks * F_NT + nt) * 32 + lane];
+                    const uint2 bv = lane_b[(ks * F_NT + nt) * 32];
                     const unsigned b[2] = {bv.x, bv.y};
                     mma_tf32(acc[0][nt], a[0], b);
                     mma_tf32(acc[1][nt], a[1], b);
@@ -177,19 +185,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 // dout[s, o, wy, wx] where arg = u·2 + v (and the ReLU passed), 0 elsewhere; written into a
 // row-major plane of `stride` floats a channel, `row` a conv row, at `origin` (TF32). Every
 // window position is written; positions in no window are the caller's zeros.
+// A thread a window, a store its row pair (8 bytes where stride, row and origin are even): first the
+// window's row u = wy mod 2, then the other, so that the half-warps' stores interleave the planes' even
+// and odd conv rows over the banks (the 24→32 3×3 layer's padded planes: 200 wavefronts a sample's
+// scatter, against 392 for four 4-byte stores a window).
 __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __restrict__ dout,
                                               const unsigned char* __restrict__ arg, int s, int stride, int row,
                                               int origin) {
     struct Routed { float g; int where; };
     const long long at = (long long)s * TC_OUTS * PLANE;
+    const bool pairs = (stride | row | origin) % 2 == 0;  // every row pair 8-byte aligned
     batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[at + q], arg[at + q]}; }, [&](int q, Routed v) {
-        const int where = v.where, o = q / PLANE, win = q % PLANE;
-        const unsigned gv = where == RELU_OFF ? 0u : tf32(v.g);
-        unsigned* d = dst + o * stride + origin + 2 * (win / WO) * row + 2 * (win % WO);
-        d[0] = where == 0 ? gv : 0u;
-        d[1] = where == 1 ? gv : 0u;
-        d[row] = where == 2 ? gv : 0u;
-        d[row + 1] = where == 3 ? gv : 0u;
+        const unsigned o = (unsigned)q / PLANE, win = (unsigned)q % PLANE, wy = win / WO, u = wy % 2;
+        const unsigned gv = v.where == RELU_OFF ? 0u : tf32(v.g);
+        const int rel = v.where ^ (int)(2 * u);  // 0, 1: the first store's words; 2, 3: the second's
+        unsigned* d = dst + o * stride + origin + 2 * wy * row + 2 * (win % WO);
+        unsigned* first = d + u * row;
+        unsigned* second = d + row - u * row;
+        const unsigned w[4] = {rel == 0 ? gv : 0u, rel == 1 ? gv : 0u, rel == 2 ? gv : 0u, rel == 3 ? gv : 0u};
+        if (pairs) {
+            *reinterpret_cast<uint2*>(first) = make_uint2(w[0], w[1]);
+            *reinterpret_cast<uint2*>(second) = make_uint2(w[2], w[3]);
+        } else {
+            first[0] = w[0];
+            first[1] = w[1];
+            second[0] = w[2];
+            second[1] = w[3];
+        }
     });
 }
 
@@ -212,22 +234,24 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
-    dout = model_at(dout, model_stride);
-    arg = model_at(arg, model_stride);
-    w = model_at(w, model_stride);
-    dx = model_at(dx, model_stride);
+    const long long model = model_offset(model_stride);  // on the pointers: global loads and stores
+    dout = step_bytes(dout, model);
+    arg = step_bytes(arg, model);
+    w = step_bytes(w, model);
+    dx = step_bytes(dx, model);
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);     // [B_KT][B_NT][32]: B fragments
-    int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's offsets in dcp
+    int2* koff = reinterpret_cast<int2*>(smem + B_KT * B_NT * 64);  // [B_KT·4]: k = t, t + 4's byte offsets in dcp
     unsigned* dcp = smem + B_KT * B_NT * 64 + B_KT * 8;             // [TC_BD_SPB][TC_OUTS·DCS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[(o, a, b)][c] = w[o, c, a, b] (k = o·KK + a·K + b); rows past TC_OUTS·KK and columns c ≥ TC_C are
     // zeros (those columns are not written).
     stage_fragments<B_KT, B_NT>(smem, w, [](int k, int c) { return k / KK * TAPS + c * KK + k % KK; },
                                 TC_OUTS * KK, TC_C);
-    // k's offset in dcp (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B rows)
+    // k's offset in dcp, in bytes (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B
+    // rows): a row's base address plus it is an A word's address, one add a load
     auto k_offset = [](int k) {
-        return k < TC_OUTS * KK ? (k / KK) * DCS + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0;
+        return 4 * (k < TC_OUTS * KK ? (k / KK) * DCS + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0);
     };
     for (int q = threadIdx.x; q < B_KT * 4; q += THREADS)
         koff[q] = make_int2(k_offset(q / 4 * 8 + q % 4), k_offset(q / 4 * 8 + q % 4 + 4));
@@ -243,27 +267,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool
             const int sl = item / B_ITEMS, mt0 = (item % B_ITEMS) * TC_BD_MTW;
             const int tiles = min(TC_BD_MTW, B_MT - mt0);  // the sample's last item may have fewer
             const unsigned* d = dcp + sl * TC_OUTS * DCS;
-            // rows g and g + 8 of m-tile mt0 + i: input position p = (mt0 + i)·16 + g + 8h at row
-            // offset r[i][h] in dcp (past the image: 0, not written)
-            int r[TC_BD_MTW][2];
+            // rows g and g + 8 of m-tile mt0 + i: input position p = (mt0 + i)·16 + g + 8h, whose row of
+            // A starts at r[i][h] in dcp (past the image: dcp's word 0, not written)
+            const char* r[TC_BD_MTW][2];
 #pragma unroll
             for (int i = 0; i < TC_BD_MTW; ++i)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int p = (mt0 + i) * 16 + g + 8 * h;
-                    r[i][h] = p < TC_H * TC_W ? (p / TC_W) * WP + p % TC_W : 0;
+                    r[i][h] = reinterpret_cast<const char*>(d + (p < TC_H * TC_W ? (p / TC_W) * WP + p % TC_W : 0));
                 }
+            auto word = [](const char* at) { return *reinterpret_cast<const unsigned*>(at); };
+            const int2* lane_koff = koff + t;    // k-step ks's at lane_koff[4·ks]: an immediate offset
+            const uint2* lane_b = bfrag + lane;  // (ks, nt)'s B fragment at lane_b[(ks·B_NT + nt)·32]
             float acc[TC_BD_MTW][B_NT][4] = {};
-#pragma unroll 2
+            // every k-step unrolled (a compile-time count): no loop counter, and the offsets' and B
+            // fragments' loads take their k-step's place as immediates
+#pragma unroll
             for (int ks = 0; ks < B_KT; ++ks) {
-                const int2 k = koff[ks * 4 + t];
+                const int2 k = lane_koff[ks * 4];
                 uint2 bv[B_NT];
 #pragma unroll
-                for (int nt = 0; nt < B_NT; ++nt) bv[nt] = bfrag[(ks * B_NT + nt) * 32 + lane];
+                for (int nt = 0; nt < B_NT; ++nt) bv[nt] = lane_b[(ks * B_NT + nt) * 32];
 #pragma unroll
                 for (int i = 0; i < TC_BD_MTW; ++i) {
                     if (i >= tiles) break;
-                    const unsigned a[4] = {d[r[i][0] + k.x], d[r[i][1] + k.x], d[r[i][0] + k.y], d[r[i][1] + k.y]};
+                    const unsigned a[4] = {word(r[i][0] + k.x), word(r[i][1] + k.x), word(r[i][0] + k.y),
+                                           word(r[i][1] + k.y)};
 #pragma unroll
                     for (int nt = 0; nt < B_NT; ++nt) {
                         const unsigned b[2] = {bv[nt].x, bv[nt].y};

@@ -33,7 +33,10 @@ BD_TILES = 1
 # max_blocks is one wave (the 24→32 3×3 layer: 64 registers, a few dozen bytes spilled, against 77
 # and three blocks an SM unbounded; 54 KiB of shared memory a block).
 BD_MIN_BLOCKS = BLOCKS_PER_SM
-MIN_BLOCKS = 1  # the forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS)
+# The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
+# registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
+# without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
+MIN_BLOCKS = 2
 # The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
 WEIGHT_GRAD_MIN_BLOCKS = 2
