@@ -19,16 +19,12 @@ from graphtrain import reference_cnn as R
 from graphtrain.kernels.convpool_tc import (REDUCE_SLICES, WEIGHT_GRAD_SAMPLES, WEIGHT_GRAD_SAMPLES_ONE_CHANNEL,
                                              ConvPoolShape, ConvPoolTc)
 
-# What the host compiler cannot take: the block's shared memory (the launch's own buffer; a shared-space
-# address is an offset into it), the kernels' qualifiers, the TF32 conversion's asm (convpool_tc.h's
-# emulation).
+# What the host compiler cannot take: the block's shared memory (the launch's own buffer), the
+# kernels' qualifiers, the TF32 conversion's asm (convpool_tc.h's emulation).
 REPLACED = {"extern __shared__ __align__(16) unsigned smem[];": "unsigned* smem = (unsigned*)block_smem();",
             "__shared__ float part[TC_REDUCE_SLICES][32];":
                 "auto& part = *reinterpret_cast<float (*)[TC_REDUCE_SLICES][32]>(block_smem());",
             'asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));': "r = tf32_rna_emulated(v);",
-            "(unsigned)__cvta_generic_to_shared(p)": "(unsigned)((const unsigned char*)p - block_smem())",
-            'asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));':
-                "v = *(const unsigned*)(block_smem() + address);",
             'extern "C" __global__ void': "void"}
 # The kernels' sums are fp32 over at most a few thousand TF32 products each (the reference takes the
 # same TF32 operands), so they err by ~1e-7 of ‖dW‖; a wrong position, tap, fragment, a word of

@@ -392,15 +392,6 @@ __device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, cons
     copy(A16, raw + IMAGE + TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
     copies_commit();
 }
-// A shared-memory word by its 32-bit shared-space byte address (shared_address): an address kept
-// as one register, so a load at a varying offset costs one add.
-__device__ __forceinline__ unsigned shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ unsigned shared_word(unsigned address) {
-    unsigned v;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
-    return v;
-}
-
 // A lane's sums as one array: sum i = (mt·W_NTW + j)·4 + e is D[mt·16 + g + 8(e / 2)][(group·W_NTW + j)·8 +
 // 2t + e % 2] of its warp's group.
 #define W_SUMS (W_MT * W_NTW * 4)
@@ -410,15 +401,16 @@ __device__ __forceinline__ unsigned shared_word(unsigned address) {
 static_assert(W_SUMS % W_SLICES == 0, "convpool_tc_weight_grad: the slices must share the sums evenly");
 #define W_STEPS ((W_KT + W_SLICES - 1) / W_SLICES)  // k-steps a slice takes (ks = slice + i·W_SLICES)
 #define ONES_TILE (TAPS / 8)                        // the n-tile whose column TAPS % 8 is the bias's ones
+#define W_LAST_TILES (W_NT - (W_GROUPS - 1) * W_NTW)  // the last group's n-tiles (W_NTW or fewer)
 // One sample's products for warp (group, slice): k-steps ks ≡ slice (mod W_SLICES), unrolled, so every
 // shared load is a lane's base address plus a constant. a_base: dconv's row g, column slice·8 + t;
 // pos: the k-step pairs' byte offsets in the image (of k = ks·8 + t and ks·8 + t + 4) from slice's
-// first; xcol[j]: the byte address in shared memory of the image at tap (group·W_NTW + j)·8 + g (so a
-// B load's address is one add); TILES: the group's n-tiles (the last
+// first; xcol[j]: the image at tap (group·W_NTW + j)·8 + g, as bytes (so a B load's address is one add,
+// as the forward's A loads); TILES: the group's n-tiles (the last
 // group may have fewer); ones: whether this lane's column of n-tile ONES_TILE is the bias's.
 template <int TILES>
 __device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4], const unsigned* a_base,
-                                                     const int2* pos, const unsigned (&xcol)[W_NTW], bool ones,
+                                                     const int2* pos, const char* const (&xcol)[W_NTW], bool ones,
                                                      int group, int slice) {
 #pragma unroll
     for (int i = 0; i < W_STEPS; ++i) {
@@ -436,7 +428,8 @@ __device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             const bool one = ones && group * W_NTW + j == ONES_TILE;
-            const unsigned b[2] = {one ? ONE : shared_word(xcol[j] + q.x), one ? ONE : shared_word(xcol[j] + q.y)};
+            const unsigned b[2] = {one ? ONE : *reinterpret_cast<const unsigned*>(xcol[j] + q.x),
+                                   one ? ONE : *reinterpret_cast<const unsigned*>(xcol[j] + q.y)};
 #pragma unroll
             for (int mt = 0; mt < W_MT; ++mt) mma_tf32(acc[mt][j], a[mt], b);
         }
@@ -466,11 +459,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     for (int q = threadIdx.x; q < W_KT * 4; q += THREADS)
         pospair[q] = make_int2(pos_offset(q / 4 * 8 + q % 4), pos_offset(q / 4 * 8 + q % 4 + 4));
     // This lane's B columns: tap n = nt·8 + g of each of its n-tiles, its offset in an image.
-    unsigned xcol[W_NTW];
+    const char* xcol[W_NTW];
 #pragma unroll
     for (int j = 0; j < W_NTW; ++j) {
         const int tap = (group * W_NTW + j) * 8 + g;
-        xcol[j] = shared_address(xs + (tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0));
+        xcol[j] = reinterpret_cast<const char*>(xs + (tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0));
     }
     const bool ones = ONES_TILE * 8 + g == TAPS;
     const unsigned* a_base = dcs + g * KPS + slice * 8 + t;
@@ -506,10 +499,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
                 if (next >= 0) fetch_sample(raw, x, dout, arg, next);
             }
             if (!active) continue;
-            if (W_NT % W_NTW == 0 || group < W_GROUPS - 1)
-                weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);
-            else
-                weight_grad_products<(W_NT % W_NTW == 0 ? W_NTW : W_NT % W_NTW)>(acc, a_base, pos, xcol, ones, group, slice);
+            if (group < W_GROUPS - 1) weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);
+            else weight_grad_products<W_LAST_TILES>(acc, a_base, pos, xcol, ones, group, slice);
         }
         // This warp's own sums, kept in sums(u) for u < W_OWN (sum slice·W_OWN + u of the group's): with
         // several slices, the slices' sums added in slice order (each warp's parked where dconv's rows were).
