@@ -16,9 +16,14 @@ import pytest
 from graphtrain.kernels import KERNELS_DIR
 
 HARNESS = KERNELS_DIR.parents[1] / "tests" / "cuda_on_cpu"
-# The block's dynamic shared memory (the launch's own buffer), the grid barrier's acquire load (the
-# compiler's, and a yield: a thread per CUDA thread), the kernels' qualifiers.
+# The block's dynamic shared memory (the launch's own buffer), the grid barrier's release fence and
+# arrival (the compiler's fence and fetch-add) and its acquire load (the compiler's, and a yield: a
+# thread per CUDA thread), the kernels' qualifiers.
 REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsigned char* smem_raw = block_smem();',
+            'asm volatile("fence.acq_rel.gpu;\\n\\tatom.relaxed.gpu.global.add.u64 %0, [%1], 1;"\n'
+            '                     : "=l"(arrived) : "l"(counter) : "memory");':
+                'std::atomic_thread_fence(std::memory_order_acq_rel); '
+                'arrived = __atomic_fetch_add(counter, 1ull, __ATOMIC_RELAXED);',
             'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
                 'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
             'extern "C" __global__ void': 'void'}

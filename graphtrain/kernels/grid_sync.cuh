@@ -1,21 +1,23 @@
 // The grid barrier of the persistent rung's cooperative kernels (persistent_wide.cu, persistent_cnn.cu;
 // BLOCKS: the grid's blocks, each passing the same barriers). Every block's writes before it are
 // visible to every block after it. Thread 0 of each block adds one arrival to a counter that only
-// grows (zeroed before the launch), the release fence ordering the block's writes (made before the
-// block barrier) before it, and waits for the counter to reach the arrivals of this barrier's round: a
+// grows (zeroed before the launch) and waits for it to reach the arrivals of this barrier's round: a
 // whole multiple of BLOCKS. The counter is an integer, so the barrier adds no float in any order.
-// (The pattern of cooperative_groups' grid sync, which NVRTC compiles only with the CUDA headers.)
+// Memory order (PTX's model): the block barrier orders the block's writes before thread 0's
+// fence.acq_rel.gpu, which is cumulative, so they are visible at gpu scope before its arrival (a
+// relaxed atomic after the fence); the wait's ld.acquire.gpu that sees every arrival then orders every
+// other block's writes before the block barrier that releases this block's threads. No fence.sc (what
+// __threadfence is) on either side: the release fence and the acquiring load are all the order needs.
 __device__ __forceinline__ void grid_sync(unsigned long long* counter) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long arrived = atomicAdd(counter, 1ull);
+        unsigned long long arrived, now;
+        asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.u64 %0, [%1], 1;"
+                     : "=l"(arrived) : "l"(counter) : "memory");
         const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
-        unsigned long long now;
         do {
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
         } while (now < target);
-        __threadfence();
     }
     __syncthreads();
 }
