@@ -8,16 +8,27 @@
 // relaxed atomic after the fence); the wait's ld.acquire.gpu that sees every arrival then orders every
 // other block's writes before the block barrier that releases this block's threads. No fence.sc (what
 // __threadfence is) on either side: the release fence and the acquiring load are all the order needs.
-__device__ __forceinline__ void grid_sync(unsigned long long* counter) {
+// grid_arrive and grid_wait are its two halves, for a block with work of its own between them (work
+// that no other block reads before a later barrier): grid_wait(counter, grid_arrive(counter)) is
+// grid_sync(counter). The arrival's target is thread 0's alone.
+__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
     __syncthreads();
+    unsigned long long target = 0;
     if (threadIdx.x == 0) {
-        unsigned long long arrived, now;
+        unsigned long long arrived;
         asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.u64 %0, [%1], 1;"
                      : "=l"(arrived) : "l"(counter) : "memory");
-        const unsigned long long target = (arrived / BLOCKS + 1) * BLOCKS;
+        target = (arrived / BLOCKS + 1) * BLOCKS;
+    }
+    return target;
+}
+__device__ __forceinline__ void grid_wait(unsigned long long* counter, unsigned long long target) {
+    if (threadIdx.x == 0) {
+        unsigned long long now;
         do {
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
         } while (now < target);
     }
     __syncthreads();
 }
+__device__ __forceinline__ void grid_sync(unsigned long long* counter) { grid_wait(counter, grid_arrive(counter)); }

@@ -32,9 +32,10 @@
 // them. A buffer written in one phase and read in the next is rewritten a step later, with at least
 // one barrier between its readers and its next writer: one buffer per exchange suffices, and two for
 // the published weights (read in F_l, rewritten in B_l of the same step) and for x (read in F_1 and
-// W_1's update, and the next step's gathered in X, between the barriers after F_L and after S of this
-// step: the first comes after every block's W_1 update of the step before, which read that buffer,
-// and the second before the next step's F_1; step 0's x gathered before the first barrier).
+// W_1's update, and the next step's gathered in X, after every block's W_1 update of the step before,
+// which read that buffer, and before the barrier after S, which precedes the next step's F_1: with
+// L ≥ 2 while the barrier after F_L fills (its arrival made, its wait not begun), with L = 1 after
+// it; step 0's x gathered before the first barrier).
 // Why gather: x's rows are random rows of the whole training set (tens of MB, past what L2 keeps),
 // which F_1 and W_1's update each read whole from every block; gathered once, they read a buffer of
 // the batch's size from L2, as F_2 reads h_1.
@@ -793,10 +794,20 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         }
         head_partials(s, ws, st);
         PHASE_END(probes, HEAD_PARTIALS, 0);
-        grid_sync(ws.barrier);  // every block's partial logits
+        // every block's partial logits; with L ≥ 2 the next step's x (x_of: the other buffer) is gathered
+        // between this block's arrival and its wait: that buffer's last readers, the blocks' W_1
+        // updates of the step before, are behind the barrier after F_1 (with L = 1 only behind this one)
+        const unsigned long long partials = grid_arrive(ws.barrier);
+        if (LAYERS >= 2) {
+            if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);
+            PHASE_END(probes, GATHER, 0);
+        }
+        grid_wait(ws.barrier, partials);
         PROBE_END(probes, WAIT_FORWARD, LAYERS);
-        if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);  // (x_of: the other buffer)
-        PHASE_END(probes, GATHER, 0);
+        if (LAYERS == 1) {
+            if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);
+            PHASE_END(probes, GATHER, 0);
+        }
         softmax_rows(s, ws, st, labels, measure != 0, loss_sum, correct_sum);
         PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits

@@ -40,7 +40,7 @@ FORWARD_PRODUCTS   F_l: products (the slowest warp's)
 FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published
 HEAD_PARTIALS      F_L: the head's partial logits published
 WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
-GATHER             X: the next step's images gathered (the owned rows)
+GATHER             X: the next step's images gathered (the owned rows; L ≥ 2: inside the barrier after F_L)
 SOFTMAX            S: the owned rows' logits in, softmax, dlogits published
 WAIT_SOFTMAX       grid barrier after S: every row's dlogits
 HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
