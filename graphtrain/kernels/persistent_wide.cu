@@ -603,10 +603,6 @@ __device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int ROW_VALUES = BLOCKS * CLASSES;
     float* zin = s.part;
-    // the label of the warp's first row (two dependent loads: its sample, then its label) on its way
-    // while the partial logits come in, rather than after them
-    const int r_first = st.rank + BLOCKS * warp;
-    const int label_first = r_first < st.rows ? __ldg(labels + __ldg(st.order + r_first)) : 0;
     for (int i = threadIdx.x; i < R_OWN * ROW_VALUES; i += THREADS) {
         const int q = i / ROW_VALUES, r = st.rank + BLOCKS * q;
         if (r < st.rows) zin[i] = __ldcg(ws.partials + (long long)r * ROW_VALUES + (i - q * ROW_VALUES));
@@ -621,7 +617,7 @@ __device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws,
             for (int c = 0; c < BLOCKS; ++c) sum += zin[q * ROW_VALUES + c * CLASSES + lane];
             z = sum + s.bh[lane];
         }
-        const int label = q == warp ? label_first : __ldg(labels + __ldg(st.order + r));
+        const int label = __ldg(labels + __ldg(st.order + r));
         float m, total;
         const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
         if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
