@@ -1,9 +1,9 @@
 """cuBLASLt's strided batched products without a GPU (graphtrain.libs.cublaslt), against a
 cuBLASLt that records what it is given: the row-major product as the column-major one cuBLASLt
 computes (operands swapped, each layout its matrix read column-major, with its leading dimension,
-batch count and stride); one heuristic query per shape, for HEURISTIC_BATCH products, whatever
-batch and strides are planned; every plan run with that one algorithm, checked first; the
-refusals. tests/test_cublaslt_batched_gpu.py runs them."""
+batch count and stride); one choice per shape, from the heuristic's answers for HEURISTIC_BATCH
+and PACK_BATCH products, whatever batch and strides are planned; every plan run with that one
+algorithm, checked first; the refusals. tests/test_cublaslt_batched_gpu.py runs them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from graphtrain.libs import cublaslt
 from graphtrain.libs.cublas import GemmShapeError
-from graphtrain.libs.cublaslt import (HEURISTIC_BATCH, AlgoNotApplicableError, GemmShape, LtGemms, LtMatmul,
+from graphtrain.libs.cublaslt import (HEURISTIC_BATCH, PACK_BATCH, AlgoNotApplicableError, GemmShape, LtGemms, LtMatmul,
                                       NotPlannedError, Product)
 
 OP_N, OP_T = 0, 1
@@ -25,11 +25,13 @@ A, B, C = 0x10000, 0x20000, 0x30000  # device addresses, as the library would be
 class RecordingLt:
     """The cuBLASLt functions the products call, each taking what its declared types take: each
     object it creates a number with its arguments and attributes, each call recorded; AlgoCheck answers `check_status`, the heuristic
-    `algo_id` (or nothing where `found` is 0), the algorithm `splits` K splits."""
+    `algo_id` (or nothing where `found` is 0; where `ranked` is given, the ids it lists for the
+    layouts' batch count, best first), the algorithm `splits` K splits."""
 
     def __init__(self):
         self.objects, self.destroyed, self.calls = {}, [], []
         self.algo_id, self.found, self.splits, self.check_status, self.check_workspace = 41, 1, 1, 0, 0
+        self.ranked: dict[int, list[int]] | None = None
         for kind in ("MatmulDesc", "MatrixLayout", "MatmulPreference"):
             setattr(self, f"cublasLt{kind}Create", lambda ref, *args, kind=kind: self._create(ref, kind, args))
             setattr(self, f"cublasLt{kind}SetAttribute", self._set_attribute)
@@ -65,8 +67,13 @@ class RecordingLt:
 
     def cublasLtMatmulAlgoGetHeuristic(self, handle, desc, lb, la, lc, ld, pref, requested, results, found_ref):
         self.calls.append(("heuristic", [self.described(o) for o in (desc, lb, la, lc, ld, pref)]))
-        results[0].algo.data[0] = self.algo_id
-        found_ref._obj.value = self.found
+        ids = [self.algo_id] * self.found
+        if self.ranked is not None:
+            ids = self.ranked[dict(self.described(lb)[1])[cublaslt.LAYOUT_BATCH_COUNT]]
+        assert len(ids) <= requested
+        for i, algo_id in enumerate(ids):
+            results[i].algo.data[0] = algo_id
+        found_ref._obj.value = len(ids)
         return 0
 
     def cublasLtMatmulAlgoConfigGetAttribute(self, algo_ref, attr, buf_ref, size, written_ref):
@@ -145,21 +152,25 @@ def test_a_row_major_product_is_the_column_major_one_with_each_operands_batch(li
                                                                                 STREAM)
 
 
-def test_the_algorithm_is_chosen_once_per_shape_for_the_representative_batch(lib):
-    """One heuristic query per shape, whatever the batches and strides planned: HEURISTIC_BATCH
-    products, each operand its own matrix (stride: its rows × leading dimension), no split-K
-    reduction, the run's workspace; every plan of the shape checked and run with its answer."""
+def test_the_algorithm_is_chosen_once_per_shape_for_the_representative_batches(lib):
+    """One choice per shape, whatever the batches and strides planned: the heuristic asked for
+    HEURISTIC_BATCH and for PACK_BATCH products, each operand its own matrix (stride: its rows ×
+    leading dimension), no split-K reduction, the run's workspace; every plan of the shape checked
+    and run with the answer."""
     transa, transb, m, n, k, lda, ldb, ldc = PADDED["padded 10"]  # A 4×6 (lda 7), B 4×5 (ldb 7), C 6×5 (ldc 8)
     g = gemms(lib)
     plans = [g.plan(transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch)
              for sa, sb, sc, batch in [(0, 0, 0, 1), (100, 0, 200, 3), (100, 100, 200, 8)]]
     assert g.plan(transa, transb, m, n, k, lda, 0, ldb, 0, ldc, 0, 1) is plans[0]  # planned once
-    (_, described), = lib.named("heuristic")
-    desc, lb, la, lc, ld, pref = described
-    assert desc[0] == (77, cublaslt.R_32F)
-    assert [lb, la, lc, ld] == [layout(5, 4, 7, HEURISTIC_BATCH, 4 * 7), layout(6, 4, 7, HEURISTIC_BATCH, 4 * 7),
-                                layout(5, 6, 8, HEURISTIC_BATCH, 6 * 8), layout(5, 6, 8, HEURISTIC_BATCH, 6 * 8)]
-    assert pref[1] == ((cublaslt.PREF_MAX_WORKSPACE_BYTES, WORKSPACE_BYTES), (cublaslt.PREF_REDUCTION_SCHEME_MASK, 0))
+    asked = lib.named("heuristic")
+    assert len(asked) == 2
+    for (_, described), batch in zip(asked, (HEURISTIC_BATCH, PACK_BATCH)):
+        desc, lb, la, lc, ld, pref = described
+        assert desc[0] == (77, cublaslt.R_32F)
+        assert [lb, la, lc, ld] == [layout(5, 4, 7, batch, 4 * 7), layout(6, 4, 7, batch, 4 * 7),
+                                    layout(5, 6, 8, batch, 6 * 8), layout(5, 6, 8, batch, 6 * 8)]
+        assert pref[1] == ((cublaslt.PREF_MAX_WORKSPACE_BYTES, WORKSPACE_BYTES),
+                           (cublaslt.PREF_REDUCTION_SCHEME_MASK, 0))
     checks = lib.named("check")
     assert [algo for _, _, algo in checks] == [lib.algo_id] * 3
     assert [dict(b_layout[1])[cublaslt.LAYOUT_BATCH_COUNT] for _, (_, b_layout, *_), _ in checks] == [1, 3, 8]
@@ -169,6 +180,20 @@ def test_the_algorithm_is_chosen_once_per_shape_for_the_representative_batch(lib
     assert len(set(lib.destroyed)) == len(lib.destroyed) and set(lib.destroyed) < made
     g.close()
     assert sorted(lib.destroyed) == sorted(made)
+
+
+@pytest.mark.parametrize("ranked,chosen", [
+    ({HEURISTIC_BATCH: [7, 8, 9], PACK_BATCH: [5, 9, 8]}, 8),   # the first of the few's that the pack's has
+    ({HEURISTIC_BATCH: [7, 8], PACK_BATCH: [5, 6]}, 7),         # none shared: the few's first
+    ({HEURISTIC_BATCH: [7], PACK_BATCH: [7, 6]}, 7)])
+def test_the_algorithm_is_the_first_for_a_few_products_that_the_heuristic_gives_a_pack(lib, ranked, chosen):
+    lib.ranked = ranked
+    transa, transb, m, n, k, lda, ldb, ldc = CNN["forward"]
+    g = gemms(lib)
+    plans = [g.plan(transa, transb, m, n, k, lda, sa, ldb, 0, ldc, sc, batch)
+             for sa, sc, batch in [(0, 0, 1), (m * lda, m * ldc, 64)]]
+    assert [plan.algo.data[0] for plan in plans] == [chosen, chosen]
+    assert [algo for _, _, algo in lib.named("check")] == [chosen, chosen]
 
 
 def test_batch_one_alone_asks_the_heuristic_what_batch_k_asks(lib):

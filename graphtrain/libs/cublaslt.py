@@ -21,9 +21,10 @@ of them) do the same for `batch` products in one call: product i reads A at a + 
 b + i·stride_b and writes C at c + i·stride_c (a stride of 0: every product reads one matrix).
 cuBLAS's own heuristic picks a kernel per call, and for one product it picks another than for
 several (split-K-like, its bits differ), so one product alone would not be the same numbers as
-that product in a batch. Here the algorithm is chosen once per shape (`choose_algo`: the first
-without split-K for HEURISTIC_BATCH products, each operand its own matrix), whatever the batch
-count and the strides, and every batch count runs that one algorithm (checked by
+that product in a batch. Here the algorithm is chosen once per shape (`choose_algo`: among the
+heuristic's answers without split-K for HEURISTIC_BATCH products, each operand its own matrix, the
+first that it also proposes for PACK_BATCH products), whatever the batch count and the strides,
+and every batch count runs that one algorithm (checked by
 cublasLtMatmulAlgoCheck; refused where it does not apply): each product of a batch of K is then
 computed by the same kernel, tile by tile in the same order, as that product alone.
 """
@@ -57,12 +58,15 @@ OP_N, OP_T = 0, 1
 EPILOGUES = {"none": 1, "relu": 2, "bias": 4, "relu_bias": 6}
 BIAS_EPILOGUES = {"bias", "relu_bias"}
 HEURISTIC_RESULTS = 8
-# The batch count the strided batched products' algorithm is chosen for. Any fixed count would do:
-# what matters is that the choice never depends on the batch a product runs with. The speedrun cnn's
-# three hidden-layer products on an H200 (scripts/probes/cnn_step_profile.py): chosen for 64, a
-# 64-model step's take 133 µs against 211 chosen for 4, but one model's 30 µs against 19; 4 keeps the
-# run of one model (the speedrun) the faster.
+# The batch counts the strided batched products' algorithm is chosen for: any fixed counts would do,
+# what matters is that the choice never depends on the batch a product runs with. The heuristic's
+# first for 4 products suits one model (the speedrun) but not a pack of 64; its first for 64 the
+# reverse (the speedrun cnn's three hidden-layer products on an H200, scripts/probes/cnn_step_profile.py:
+# 64 models' 133 µs against 211, one model's 30 µs against 19). An algorithm the heuristic proposes
+# for both counts suits both: its answers for 4 products in order, the first that is among its
+# answers for 64 (scripts/probes/lt_algo_choice.py times each candidate at 1 and 64 products).
 HEURISTIC_BATCH = 4
+PACK_BATCH = 64
 
 _int, _ptr, _size, _u64, _i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
 
@@ -204,6 +208,11 @@ class _Plan:
     def _first_algo(self, what: object) -> Algo:
         """The heuristic's first algorithm for the descriptor and layouts within the workspace,
         among those without a split-K reduction (mask 0)."""
+        return self._ranked_algos(what)[0]
+
+    def _ranked_algos(self, what: object) -> list[Algo]:
+        """The heuristic's algorithms (at most HEURISTIC_RESULTS, best first) for the descriptor and
+        layouts within the workspace, among those without a split-K reduction (mask 0)."""
         lt, check = self.lt, library.check
         pref = self._create("cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy")
         self._set("cublasLtMatmulPreferenceSetAttribute", pref,
@@ -216,7 +225,7 @@ class _Plan:
               f"cublasLtMatmulAlgoGetHeuristic({what})")
         if found.value == 0:  # the call succeeds with no result when nothing supports the product
             raise RuntimeError(f"cuBLASLt has no algorithm for {what}")
-        return Algo.from_buffer_copy(results[0].algo)
+        return [Algo.from_buffer_copy(results[i].algo) for i in range(found.value)]
 
     def _ready(self, algo: Algo) -> None:
         self.algo = algo
@@ -329,17 +338,26 @@ class StridedLtMatmul(_Plan):
                                          f"workspace for {what}; the run has {lt.workspace_bytes}")
 
 
-def choose_algo(lt: Lt, shape: GemmShape) -> Algo:
-    """The algorithm every strided batched product of `shape` runs, whatever its batch count and
-    strides: the heuristic's first without split-K for HEURISTIC_BATCH products, each operand its
-    own matrix (strides: the extents). It depends on the shape, the workspace's size, cuBLASLt's
-    version and the GPU, and on nothing a run's packing changes."""
+def _ranked_for(lt: Lt, shape: GemmShape, batch: int) -> list[Algo]:
+    """The heuristic's algorithms without split-K for `batch` products of `shape`, each operand its
+    own matrix (strides: the extents), best first."""
     probe = _Plan(lt)
     try:
-        probe._describe_strided(shape, HEURISTIC_BATCH, shape.extents())
-        algo = probe._first_algo(f"{HEURISTIC_BATCH} products of {shape}")
+        probe._describe_strided(shape, batch, shape.extents())
+        return probe._ranked_algos(f"{batch} products of {shape}")
     finally:
         probe.close()
+
+
+def choose_algo(lt: Lt, shape: GemmShape) -> Algo:
+    """The algorithm every strided batched product of `shape` runs, whatever its batch count and
+    strides: of the heuristic's answers for HEURISTIC_BATCH products, the first that it also gives
+    for PACK_BATCH products (the first for HEURISTIC_BATCH where they share none). It depends on the
+    shape, the workspace's size, cuBLASLt's version and the GPU, and on nothing a run's packing
+    changes."""
+    ranked = _ranked_for(lt, shape, HEURISTIC_BATCH)
+    for_pack = {bytes(algo) for algo in _ranked_for(lt, shape, PACK_BATCH)}
+    algo = next((algo for algo in ranked if bytes(algo) in for_pack), ranked[0])
     # Mask 0 admits only algorithms without a reduction, so one split; checked, as the bits rest on it.
     splits, written = ctypes.c_uint32(), ctypes.c_size_t()
     library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), ALGO_CONFIG_SPLITK_NUM,
