@@ -32,14 +32,15 @@ RELU_OFF = 255
 BOUND = 3e-3
 
 
-def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder) -> str:
+def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False) -> str:
     """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
-    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM)."""
+    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM),
+    loading its next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
                "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
-               "THREADS": THREADS}
+               "TC_BD_PREFETCH": int(prefetch), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -161,7 +162,8 @@ GEOMETRY_CASES = {"conv1": ((24, 12, 3, 32), 5, 2, (8, 5)), "odd-shape": ((5, 9,
 @pytest.mark.parametrize("case", list(GEOMETRY_CASES))
 def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, seed):
     """dx bit for bit the same whichever warps a block has (and so whichever warp takes an item,
-    how many samples a round): each output's k-steps summed in the same order from 0."""
+    how many samples a round), with the next sample loaded ahead or not: each output's k-steps
+    summed in the same order from 0."""
     (c, h, k, outs), n, blocks, fixed = GEOMETRY_CASES[case]
     shape = ConvPoolShape(c, h, h, k, outs)
     spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
@@ -176,15 +178,19 @@ def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, 
             mp.setattr(convpool_tc, "BD_WARPS", warps)
             geometries.append(shape.backward_data_geometry(SM_SHARED["sm_90"]))
     assert len({g[:2] for g in geometries}) == len(geometries), f"{geometries}: the same block twice"
+    assert geometries[0][1] == 1, "the prefetch needs one sample a round"
+    geometries.append(geometries[0])
     results = []
     for i, bd in enumerate(geometries):
         folder = tmp_path / str(i)
         folder.mkdir()
-        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, folder)
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, folder,
+                        prefetch=i == len(geometries) - 1)
         shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)),
                   4 * shape.backward_data_words(samples_per_round(bd[1], n, blocks)))
         results.append(run(program, folder, n, 1, (blocks, blocks), shared, x, w, bias, dout, True))
-    for bd, (out, arg, dx) in zip(geometries[1:], results[1:]):
+    for i, (bd, (out, arg, dx)) in enumerate(zip(geometries[1:], results[1:]), 1):
+        bd = (*bd, "prefetch") if i == len(geometries) - 1 else bd
         assert np.array_equal(out.view(np.uint32), results[0][0].view(np.uint32)) and np.array_equal(arg, results[0][1])
         differ = np.count_nonzero(dx.view(np.uint32) != results[0][2].view(np.uint32))
         assert differ == 0, f"{differ} of dx's words differ between blocks {geometries[0]} and {bd} (seed {seed})"

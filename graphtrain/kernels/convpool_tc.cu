@@ -186,34 +186,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 // dout[s, o, wy, wx] where arg = u·2 + v (and the ReLU passed), 0 elsewhere; written into a
 // row-major plane of `stride` floats a channel, `row` a conv row, at `origin` (TF32). Every
 // window position is written; positions in no window are the caller's zeros.
-// A thread a window (the backward data's BD_THREADS), a store its row pair (8 bytes where stride, row and origin are even): first the
-// window's row u = wy mod 2, then the other, so that the half-warps' stores interleave the planes' even
-// and odd conv rows over the banks (the 24→32 3×3 layer's padded planes: 200 wavefronts a sample's
-// scatter, against 392 for four 4-byte stores a window).
+// A thread a window (the backward data's BD_THREADS), a store its row pair (8 bytes where stride, row
+// and origin are even): first the window's row u = wy mod 2, then the other, so that the half-warps'
+// stores interleave the planes' even and odd conv rows over the banks (the 24→32 3×3 layer's padded
+// planes: 200 wavefronts a sample's scatter, against 392 for four 4-byte stores a window).
+struct Routed { float g; int where; };  // a window's pooled gradient and argmax
+__device__ __forceinline__ Routed routed(const float* __restrict__ dout, const unsigned char* __restrict__ arg, int s,
+                                         int q) {
+    const long long at = (long long)s * TC_OUTS * PLANE + q;
+    return Routed{dout[at], arg[at]};
+}
+// Window q's (q = o·PLANE + win) four words, as above.
+__device__ __forceinline__ void scatter_window(unsigned* dst, int q, Routed v, int stride, int row, int origin) {
+    const bool pairs = (stride | row | origin) % 2 == 0;  // every row pair 8-byte aligned
+    const unsigned o = (unsigned)q / PLANE, win = (unsigned)q % PLANE, wy = win / WO, u = wy % 2;
+    const unsigned gv = v.where == RELU_OFF ? 0u : tf32(v.g);
+    const int rel = v.where ^ (int)(2 * u);  // 0, 1: the first store's words; 2, 3: the second's
+    unsigned* d = dst + o * stride + origin + 2 * wy * row + 2 * (win % WO);
+    unsigned* first = d + u * row;
+    unsigned* second = d + row - u * row;
+    const unsigned w[4] = {rel == 0 ? gv : 0u, rel == 1 ? gv : 0u, rel == 2 ? gv : 0u, rel == 3 ? gv : 0u};
+    if (pairs) {
+        *reinterpret_cast<uint2*>(first) = make_uint2(w[0], w[1]);
+        *reinterpret_cast<uint2*>(second) = make_uint2(w[2], w[3]);
+    } else {
+        first[0] = w[0];
+        first[1] = w[1];
+        second[0] = w[2];
+        second[1] = w[3];
+    }
+}
 __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __restrict__ dout,
                                               const unsigned char* __restrict__ arg, int s, int stride, int row,
                                               int origin) {
-    struct Routed { float g; int where; };
-    const long long at = (long long)s * TC_OUTS * PLANE;
-    const bool pairs = (stride | row | origin) % 2 == 0;  // every row pair 8-byte aligned
-    batched<BD_THREADS>(TC_OUTS * PLANE, [&](int q) { return Routed{dout[at + q], arg[at + q]}; }, [&](int q, Routed v) {
-        const unsigned o = (unsigned)q / PLANE, win = (unsigned)q % PLANE, wy = win / WO, u = wy % 2;
-        const unsigned gv = v.where == RELU_OFF ? 0u : tf32(v.g);
-        const int rel = v.where ^ (int)(2 * u);  // 0, 1: the first store's words; 2, 3: the second's
-        unsigned* d = dst + o * stride + origin + 2 * wy * row + 2 * (win % WO);
-        unsigned* first = d + u * row;
-        unsigned* second = d + row - u * row;
-        const unsigned w[4] = {rel == 0 ? gv : 0u, rel == 1 ? gv : 0u, rel == 2 ? gv : 0u, rel == 3 ? gv : 0u};
-        if (pairs) {
-            *reinterpret_cast<uint2*>(first) = make_uint2(w[0], w[1]);
-            *reinterpret_cast<uint2*>(second) = make_uint2(w[2], w[3]);
-        } else {
-            first[0] = w[0];
-            first[1] = w[1];
-            second[0] = w[2];
-            second[1] = w[3];
-        }
-    });
+    batched<BD_THREADS>(TC_OUTS * PLANE, [&](int q) { return routed(dout, arg, s, q); },
+                        [&](int q, Routed v) { scatter_window(dst, q, v, stride, row, origin); });
 }
 
 // ---- backward data ------------------------------------------------------------------------------
@@ -234,6 +241,12 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 #define B_NT ((TC_C + 7) / 8)
 #define B_MT ((TC_H * TC_W + 15) / 16)
 #define B_ITEMS ((B_MT + TC_BD_MTW - 1) / TC_BD_MTW)  // items a sample
+// TC_BD_PREFETCH (one sample a round, at most TC_BATCH windows a thread: BD_PRE): a round's block
+// loads the next sample's pooled gradient and argmaxes into registers before its items, and scatters
+// them after the next barrier: the global loads' latency behind the products (the 24→32 3×3 layer:
+// 800 windows, at most 3 a thread of 288: 6 registers held through the k-steps), not between the barriers.
+#define BD_PRE ((TC_OUTS * PLANE + BD_THREADS - 1) / BD_THREADS)
+#define BD_PREFETCHING (TC_BD_PREFETCH && TC_BD_SPB == 1 && BD_PRE <= TC_BATCH)
 extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
@@ -260,12 +273,32 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
         koff[q] = make_int2(k_offset(q / 4 * 8 + q % 4), k_offset(q / 4 * 8 + q % 4 + 4));
     const int spb = samples_per_round(TC_BD_SPB, n);
     for (int e = threadIdx.x; e < spb * TC_OUTS * DCS; e += BD_THREADS) dcp[e] = 0u;  // the borders stay 0
+    constexpr int origin = (TC_K - 1) * WP + TC_K - 1;  // dconv's (0, 0) in dcp
+    // BD_PREFETCHING: this thread's windows q = threadIdx.x + u·BD_THREADS of the round's sample
+    Routed next[BD_PRE];  // (not read, and not kept, where not BD_PREFETCHING)
+    auto fetch_next = [&](int s) {
+#pragma unroll
+        for (int u = 0; u < BD_PRE; ++u) {
+            const int q = threadIdx.x + u * BD_THREADS;
+            if (q < TC_OUTS * PLANE) next[u] = routed(dout, arg, s, q);
+        }
+    };
+    if (BD_PREFETCHING && (int)blockIdx.x < n) fetch_next(blockIdx.x);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
         __syncthreads();
-        for (int sl = 0; sl < count; ++sl)
-            scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, (TC_K - 1) * WP + TC_K - 1);
+        if (BD_PREFETCHING) {
+#pragma unroll
+            for (int u = 0; u < BD_PRE; ++u) {
+                const int q = threadIdx.x + u * BD_THREADS;
+                if (q < TC_OUTS * PLANE) scatter_window(dcp, q, next[u], DCS, WP, origin);
+            }
+        } else {
+            for (int sl = 0; sl < count; ++sl)
+                scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, origin);
+        }
         __syncthreads();
+        if (BD_PREFETCHING && s0 + (int)gridDim.x < n) fetch_next(s0 + gridDim.x);
         for (int item = warp; item < count * B_ITEMS; item += TC_BD_WARPS) {
             const int sl = item / B_ITEMS, mt0 = (item % B_ITEMS) * TC_BD_MTW;
             const int tiles = min(TC_BD_MTW, B_MT - mt0);  // the sample's last item may have fewer

@@ -48,6 +48,10 @@ SM_THREADS = 2048
 SM_SHARED = {"sm_80": 164 * 1024, "sm_87": 164 * 1024, "sm_90": 228 * 1024}
 SM_SHARED_LEAST = 100 * 1024
 BD_WARPS_RANGE = range(4, 17)  # the warps a backward-data block may have when chosen per layer
+# convpool_tc_backward_data's next sample's pooled gradient and argmaxes loaded into registers while
+# a block multiplies this one's (TC_BD_PREFETCH; where it stages one sample a round, at most BATCH
+# windows a thread): 6 registers more through the k-steps at the 24→32 3×3 layer (no spills at 56).
+BD_PREFETCH = False
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
@@ -171,7 +175,7 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_REDUCE_SLICES": REDUCE_SLICES,
+               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
@@ -194,6 +198,7 @@ class ConvPoolTc(KernelFile):
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
+                                  "TC_BD_PREFETCH": int(BD_PREFETCH),
                                   "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
