@@ -15,7 +15,8 @@ from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain.kernels import ceil_div
-from graphtrain.kernels.convpool_tc import THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
+from graphtrain.kernels import convpool_tc
+from graphtrain.kernels.convpool_tc import SM_SHARED, THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
 
 # The texts the host compiler cannot take: the block's dynamic shared memory (the launch's own
 # buffer), the TF32 rounding's PTX, the kernels' qualifiers.
@@ -31,12 +32,15 @@ RELU_OFF = 255
 BOUND = 3e-3
 
 
-def build(source: str, shape: ConvPoolShape, spb: int, bd_spb: int, folder) -> str:
-    """The program of convpool_tc.cu's `source` (with its headers) for `shape`."""
+def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False) -> str:
+    """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
+    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM),
+    loading its next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
-               "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_SPB": bd_spb, "THREADS": THREADS}
+               "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
+               "TC_BD_PREFETCH": int(prefetch), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -104,8 +108,9 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
     (c, h, k, outs), n, models, blocks, first, shared_input = CASES[case]
     shape = ConvPoolShape(c, h, h, k, outs)
     spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
-    bd_spb = shape.backward_data_samples()
-    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd_spb, tmp_path)
+    bd = shape.backward_data_geometry(SM_SHARED["sm_90"])
+    bd_spb = bd[1]
+    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, tmp_path)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
     w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
@@ -134,3 +139,58 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
         dref = reference_backward_data(dout[m].astype(np.float64), arg[m], w[m].astype(np.float64), h, h)
         err = rel_err(dx[m].reshape(dref.shape), dref)
         assert err < BOUND, f"backward data, model {m}: ‖dx − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
+
+
+def test_backward_data_geometry_keeps_every_warp_busy():
+    """The 24→32 3×3 layer's 9 m-tiles a sample: 9 warps a block, each an item a round, 4 blocks an SM
+    at 56 registers (36 busy warps, against 8 warps' 4 blocks × 9/16), 3 at 64; BD_WARPS fixes the warps."""
+    shape = ConvPoolShape(24, 12, 12, 3, 32)
+    assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (9, 1, 4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(convpool_tc, "BD_REGISTERS", 64)
+        assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (9, 1, 3)  # 64 Ki / (288 × 64)
+        mp.setattr(convpool_tc, "BD_WARPS", 8)
+        assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (8, 1, 4)  # 64 Ki / (256 × 64)
+
+
+# (c, h, k, outs), n, blocks a model, the fixed warps to compare the layer's own choice with: conv1's
+# shape (its 9 warps against 8 and 5: two turns, the last one of one warp or of four), a 7×7 conv's
+# 6 m-tiles (its 6 warps against 8, 4 and 12: samples a round of 1 or 2).
+GEOMETRY_CASES = {"conv1": ((24, 12, 3, 32), 5, 2, (8, 5)), "odd-shape": ((5, 9, 3, 10), 5, 2, (8, 4, 12))}
+
+
+@pytest.mark.parametrize("case", list(GEOMETRY_CASES))
+def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, seed):
+    """dx bit for bit the same whichever warps a block has (and so whichever warp takes an item,
+    how many samples a round), with the next sample loaded ahead or not: each output's k-steps
+    summed in the same order from 0."""
+    (c, h, k, outs), n, blocks, fixed = GEOMETRY_CASES[case]
+    shape = ConvPoolShape(c, h, h, k, outs)
+    spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((1, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((1, outs))).astype(np.float32)
+    dout = rng.standard_normal((1, n, outs, shape.hc // 2, shape.wc // 2)).astype(np.float32)
+    geometries = [shape.backward_data_geometry(SM_SHARED["sm_90"])]
+    with pytest.MonkeyPatch.context() as mp:
+        for warps in fixed:
+            mp.setattr(convpool_tc, "BD_WARPS", warps)
+            geometries.append(shape.backward_data_geometry(SM_SHARED["sm_90"]))
+    assert len({g[:2] for g in geometries}) == len(geometries), f"{geometries}: the same block twice"
+    assert geometries[0][1] == 1, "the prefetch needs one sample a round"
+    geometries.append(geometries[0])
+    results = []
+    for i, bd in enumerate(geometries):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, folder,
+                        prefetch=i == len(geometries) - 1)
+        shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)),
+                  4 * shape.backward_data_words(samples_per_round(bd[1], n, blocks)))
+        results.append(run(program, folder, n, 1, (blocks, blocks), shared, x, w, bias, dout, True))
+    for i, (bd, (out, arg, dx)) in enumerate(zip(geometries[1:], results[1:]), 1):
+        bd = (*bd, "prefetch") if i == len(geometries) - 1 else bd
+        assert np.array_equal(out.view(np.uint32), results[0][0].view(np.uint32)) and np.array_equal(arg, results[0][1])
+        differ = np.count_nonzero(dx.view(np.uint32) != results[0][2].view(np.uint32))
+        assert differ == 0, f"{differ} of dx's words differ between blocks {geometries[0]} and {bd} (seed {seed})"

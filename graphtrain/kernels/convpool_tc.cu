@@ -13,8 +13,8 @@
 // at the 24→32 3×3 layer); 2 caps a thread at 128; 3 at 80, spilling a few hundred bytes, for more
 // warps to hide latency with. TC_WG_MIN_BLOCKS: the
 // same for the weight gradient (2: at most 128 registers, which its loop over chunks exceeds unbounded).
-// TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's blocks an SM and m-tiles a warp's item (the launcher's
-// BD_MIN_BLOCKS, BD_TILES say why).
+// TC_BD_WARPS, TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's warps a block, blocks an SM and m-tiles
+// a warp's item (the launcher's backward_data_geometry, BD_REGISTERS, BD_TILES say why).
 #define RELU_OFF 255
 #define HC (TC_H - TC_K + 1)  // conv output
 #define WC (TC_W - TC_K + 1)
@@ -25,6 +25,7 @@
 #define KK (TC_K * TC_K)
 #define TAPS (TC_C * KK)
 #define THREADS (TC_WARPS * 32)
+#define BD_THREADS (TC_BD_WARPS * 32)  // the backward data's block
 
 __device__ __forceinline__ unsigned tf32(float v) {
     unsigned r;
@@ -32,19 +33,19 @@ __device__ __forceinline__ unsigned tf32(float v) {
     return r;
 }
 
-// store(e, load(e)) for e < count over the block's threads, each thread's TC_BATCH loads issued
+// store(e, load(e)) for e < count over the block's BLOCK threads, each thread's TC_BATCH loads issued
 // before its stores: a staging loop waits on global memory's latency once a batch, not once an
 // element (a strided loop's trip count is unknown, so the compiler does not batch it itself).
-template <class Load, class Store>
+template <int BLOCK = THREADS, class Load, class Store>
 __device__ __forceinline__ void batched(int count, Load load, Store store) {
-    for (int base = threadIdx.x; base < count; base += THREADS * TC_BATCH) {
+    for (int base = threadIdx.x; base < count; base += BLOCK * TC_BATCH) {
         decltype(load(0)) v[TC_BATCH];
 #pragma unroll
         for (int u = 0; u < TC_BATCH; ++u)
-            if (base + u * THREADS < count) v[u] = load(base + u * THREADS);
+            if (base + u * BLOCK < count) v[u] = load(base + u * BLOCK);
 #pragma unroll
         for (int u = 0; u < TC_BATCH; ++u)
-            if (base + u * THREADS < count) store(base + u * THREADS, v[u]);
+            if (base + u * BLOCK < count) store(base + u * BLOCK, v[u]);
     }
 }
 // dst[r·stride + c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
@@ -70,12 +71,12 @@ __device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const
 // one 8-byte load, and a warp's 32 loads cover 256 consecutive bytes (no bank conflicts).
 // Every word of the KT × NT fragments, as above: B[k][col] = TF32(src[at(k, col)]) for
 // k < k_count and col < col_count, zeros elsewhere (rows past the sum, columns never written). The
-// threads take the words in order (stores to consecutive words: no bank conflicts; the loads of a
+// block's BLOCK threads take the words in order (stores to consecutive words: no bank conflicts; the loads of a
 // warp's 32 words fall in 4 columns × 8 rows of src, a few sectors, from L2 after the first block).
-template <int KT, int NT, class At>
+template <int KT, int NT, int BLOCK = THREADS, class At>
 __device__ __forceinline__ void stage_fragments(unsigned* dst, const float* __restrict__ src, At at, int k_count,
                                                 int col_count) {
-    batched(KT * NT * 64, [&](int e) {
+    batched<BLOCK>(KT * NT * 64, [&](int e) {
         const int lane = (e >> 1) & 31, k = (e >> 6) / NT * 8 + (lane & 3) + 4 * (e & 1);
         const int col = (e >> 6) % NT * 8 + (lane >> 2);
         return k < k_count && col < col_count ? src[at(k, col)] : 0.0f;
@@ -185,34 +186,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 // dout[s, o, wy, wx] where arg = u·2 + v (and the ReLU passed), 0 elsewhere; written into a
 // row-major plane of `stride` floats a channel, `row` a conv row, at `origin` (TF32). Every
 // window position is written; positions in no window are the caller's zeros.
-// A thread a window, a store its row pair (8 bytes where stride, row and origin are even): first the
-// window's row u = wy mod 2, then the other, so that the half-warps' stores interleave the planes' even
-// and odd conv rows over the banks (the 24→32 3×3 layer's padded planes: 200 wavefronts a sample's
-// scatter, against 392 for four 4-byte stores a window).
+// A thread a window (the backward data's BD_THREADS), a store its row pair (8 bytes where stride, row
+// and origin are even): first the window's row u = wy mod 2, then the other, so that the half-warps'
+// stores interleave the planes' even and odd conv rows over the banks (the 24→32 3×3 layer's padded
+// planes: 200 wavefronts a sample's scatter, against 392 for four 4-byte stores a window).
+struct Routed { float g; int where; };  // a window's pooled gradient and argmax
+__device__ __forceinline__ Routed routed(const float* __restrict__ dout, const unsigned char* __restrict__ arg, int s,
+                                         int q) {
+    const long long at = (long long)s * TC_OUTS * PLANE + q;
+    return Routed{dout[at], arg[at]};
+}
+// Window q's (q = o·PLANE + win) four words, as above.
+__device__ __forceinline__ void scatter_window(unsigned* dst, int q, Routed v, int stride, int row, int origin) {
+    const bool pairs = (stride | row | origin) % 2 == 0;  // every row pair 8-byte aligned
+    const unsigned o = (unsigned)q / PLANE, win = (unsigned)q % PLANE, wy = win / WO, u = wy % 2;
+    const unsigned gv = v.where == RELU_OFF ? 0u : tf32(v.g);
+    const int rel = v.where ^ (int)(2 * u);  // 0, 1: the first store's words; 2, 3: the second's
+    unsigned* d = dst + o * stride + origin + 2 * wy * row + 2 * (win % WO);
+    unsigned* first = d + u * row;
+    unsigned* second = d + row - u * row;
+    const unsigned w[4] = {rel == 0 ? gv : 0u, rel == 1 ? gv : 0u, rel == 2 ? gv : 0u, rel == 3 ? gv : 0u};
+    if (pairs) {
+        *reinterpret_cast<uint2*>(first) = make_uint2(w[0], w[1]);
+        *reinterpret_cast<uint2*>(second) = make_uint2(w[2], w[3]);
+    } else {
+        first[0] = w[0];
+        first[1] = w[1];
+        second[0] = w[2];
+        second[1] = w[3];
+    }
+}
 __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __restrict__ dout,
                                               const unsigned char* __restrict__ arg, int s, int stride, int row,
                                               int origin) {
-    struct Routed { float g; int where; };
-    const long long at = (long long)s * TC_OUTS * PLANE;
-    const bool pairs = (stride | row | origin) % 2 == 0;  // every row pair 8-byte aligned
-    batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[at + q], arg[at + q]}; }, [&](int q, Routed v) {
-        const unsigned o = (unsigned)q / PLANE, win = (unsigned)q % PLANE, wy = win / WO, u = wy % 2;
-        const unsigned gv = v.where == RELU_OFF ? 0u : tf32(v.g);
-        const int rel = v.where ^ (int)(2 * u);  // 0, 1: the first store's words; 2, 3: the second's
-        unsigned* d = dst + o * stride + origin + 2 * wy * row + 2 * (win % WO);
-        unsigned* first = d + u * row;
-        unsigned* second = d + row - u * row;
-        const unsigned w[4] = {rel == 0 ? gv : 0u, rel == 1 ? gv : 0u, rel == 2 ? gv : 0u, rel == 3 ? gv : 0u};
-        if (pairs) {
-            *reinterpret_cast<uint2*>(first) = make_uint2(w[0], w[1]);
-            *reinterpret_cast<uint2*>(second) = make_uint2(w[2], w[3]);
-        } else {
-            first[0] = w[0];
-            first[1] = w[1];
-            second[0] = w[2];
-            second[1] = w[3];
-        }
-    });
+    batched<BD_THREADS>(TC_OUTS * PLANE, [&](int q) { return routed(dout, arg, s, q); },
+                        [&](int q, Routed v) { scatter_window(dst, q, v, stride, row, origin); });
 }
 
 // ---- backward data ------------------------------------------------------------------------------
@@ -220,7 +228,9 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 // dcp[o, y + K−1−a, x + K−1−b] with dcp the conv gradient zero-padded by K − 1 on each side (no
 // bounds tests), B[(o, a, b), c] = w[o, c, a, b]. A warp takes (sample, TC_BD_MTW m-tiles of 16
 // input positions) items, every input channel: each k-step's B fragments and offsets, loaded
-// once, feed TC_BD_MTW·B_NT mma.
+// once, feed TC_BD_MTW·B_NT mma. Blocks of TC_BD_WARPS warps (BD_THREADS threads), the launcher's
+// choice for the layer (as many as a sample's items for the 24→32 3×3 layer: none idles in a round).
+// Which warp takes an item does not change its sums: each output's k-steps in order, from 0.
 #define HP (HC + 2 * (TC_K - 1))
 #define WP (WC + 2 * (TC_K - 1))
 // dcp's channel stride: HP·WP rounded up to ≡ 16 (mod 32), so a k-step whose taps cross into the
@@ -231,7 +241,13 @@ __device__ __forceinline__ void scatter_dconv(unsigned* dst, const float* __rest
 #define B_NT ((TC_C + 7) / 8)
 #define B_MT ((TC_H * TC_W + 15) / 16)
 #define B_ITEMS ((B_MT + TC_BD_MTW - 1) / TC_BD_MTW)  // items a sample
-extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
+// TC_BD_PREFETCH (one sample a round, at most TC_BATCH windows a thread: BD_PRE): a round's block
+// loads the next sample's pooled gradient and argmaxes into registers before its items, and scatters
+// them after the next barrier: the global loads' latency behind the products (the 24→32 3×3 layer:
+// 800 windows, at most 3 a thread of 288: 6 registers held through the k-steps), not between the barriers.
+#define BD_PRE ((TC_OUTS * PLANE + BD_THREADS - 1) / BD_THREADS)
+#define BD_PREFETCHING (TC_BD_PREFETCH && TC_BD_SPB == 1 && BD_PRE <= TC_BATCH)
+extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convpool_tc_backward_data(
         const float* __restrict__ dout, const unsigned char* __restrict__ arg, const float* __restrict__ w,
         float* __restrict__ dx, int n, long long model_stride) {
     const long long model = model_offset(model_stride);  // on the pointers: global loads and stores
@@ -246,24 +262,44 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_BD_MIN_BLOCKS) convpool
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[(o, a, b)][c] = w[o, c, a, b] (k = o·KK + a·K + b); rows past TC_OUTS·KK and columns c ≥ TC_C are
     // zeros (those columns are not written).
-    stage_fragments<B_KT, B_NT>(smem, w, [](int k, int c) { return k / KK * TAPS + c * KK + k % KK; },
+    stage_fragments<B_KT, B_NT, BD_THREADS>(smem, w, [](int k, int c) { return k / KK * TAPS + c * KK + k % KK; },
                                 TC_OUTS * KK, TC_C);
     // k's offset in dcp, in bytes (k past TC_OUTS·KK: 0, A's read at each row's dcp offset 0 against zero B
     // rows): a row's base address plus it is an A word's address, one add a load
     auto k_offset = [](int k) {
         return 4 * (k < TC_OUTS * KK ? (k / KK) * DCS + (TC_K - 1 - (k / TC_K) % TC_K) * WP + TC_K - 1 - k % TC_K : 0);
     };
-    for (int q = threadIdx.x; q < B_KT * 4; q += THREADS)
+    for (int q = threadIdx.x; q < B_KT * 4; q += BD_THREADS)
         koff[q] = make_int2(k_offset(q / 4 * 8 + q % 4), k_offset(q / 4 * 8 + q % 4 + 4));
     const int spb = samples_per_round(TC_BD_SPB, n);
-    for (int e = threadIdx.x; e < spb * TC_OUTS * DCS; e += THREADS) dcp[e] = 0u;  // the borders stay 0
+    for (int e = threadIdx.x; e < spb * TC_OUTS * DCS; e += BD_THREADS) dcp[e] = 0u;  // the borders stay 0
+    constexpr int origin = (TC_K - 1) * WP + TC_K - 1;  // dconv's (0, 0) in dcp
+    // BD_PREFETCHING: this thread's windows q = threadIdx.x + u·BD_THREADS of the round's sample
+    Routed next[BD_PRE];  // (not read, and not kept, where not BD_PREFETCHING)
+    auto fetch_next = [&](int s) {
+#pragma unroll
+        for (int u = 0; u < BD_PRE; ++u) {
+            const int q = threadIdx.x + u * BD_THREADS;
+            if (q < TC_OUTS * PLANE) next[u] = routed(dout, arg, s, q);
+        }
+    };
+    if (BD_PREFETCHING && (int)blockIdx.x < n) fetch_next(blockIdx.x);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
         __syncthreads();
-        for (int sl = 0; sl < count; ++sl)
-            scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, (TC_K - 1) * WP + TC_K - 1);
+        if (BD_PREFETCHING) {
+#pragma unroll
+            for (int u = 0; u < BD_PRE; ++u) {
+                const int q = threadIdx.x + u * BD_THREADS;
+                if (q < TC_OUTS * PLANE) scatter_window(dcp, q, next[u], DCS, WP, origin);
+            }
+        } else {
+            for (int sl = 0; sl < count; ++sl)
+                scatter_dconv(dcp + sl * TC_OUTS * DCS, dout, arg, s0 + sl, DCS, WP, origin);
+        }
         __syncthreads();
-        for (int item = warp; item < count * B_ITEMS; item += TC_WARPS) {
+        if (BD_PREFETCHING && s0 + (int)gridDim.x < n) fetch_next(s0 + gridDim.x);
+        for (int item = warp; item < count * B_ITEMS; item += TC_BD_WARPS) {
             const int sl = item / B_ITEMS, mt0 = (item % B_ITEMS) * TC_BD_MTW;
             const int tiles = min(TC_BD_MTW, B_MT - mt0);  // the sample's last item may have fewer
             const unsigned* d = dcp + sl * TC_OUTS * DCS;

@@ -14,7 +14,7 @@ THREADS = 32 * WARPS
 REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
 BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
-BLOCKS_PER_SM = 4  # the forward and backward-data grids: at most this many blocks an SM, looping over samples
+BLOCKS_PER_SM = 4  # the forward grid: at most this many blocks an SM, looping over samples (the backward data's: BD_REGISTERS)
 # Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
 # in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 1, 4 and 8
 # for the 24→32 3×3 layer (16.25 µs against 17.33 at 1); on an H200 (scripts/probes/cnn_step_profile.py)
@@ -29,10 +29,29 @@ NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # mma at 2, against 11 for 3 at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py), 1 beats 2
 # at one model and at 64: 2 leaves its 9 m-tiles 5 items for 8 warps, and needs more registers.
 BD_TILES = 1
-# convpool_tc_backward_data's __launch_bounds__ blocks an SM: BLOCKS_PER_SM, so that a launch of
-# max_blocks is one wave (the 24→32 3×3 layer: 64 registers, a few dozen bytes spilled, against 77
-# and three blocks an SM unbounded; 54 KiB of shared memory a block).
-BD_MIN_BLOCKS = BLOCKS_PER_SM
+# convpool_tc_backward_data's warps a block (TC_BD_WARPS): None chooses them per layer
+# (ConvPoolShape.backward_data_geometry), a number fixes them (8, the other kernels' WARPS: one warp
+# of 8 takes the 24→32 3×3 layer's 9th m-tile while 7 wait at the next barrier).
+BD_WARPS: int | None = None
+# A backward-data thread's registers: its __launch_bounds__ blocks an SM (TC_BD_MIN_BLOCKS) are the
+# blocks of its threads at this many in an SM's 64 Ki, within the SM's threads and shared memory;
+# ptxas may then take up to 64 Ki / (blocks × threads). The 24→32 3×3 layer (sm_90, NVRTC 13.0, no
+# spills at any of these; 54 KiB of shared memory a block, 4 blocks in an SM's 228 KiB): 56 gives 4
+# blocks of 9 warps at 56 registers (36 warps, every one with an item a round); 64 gives 3 blocks
+# of 9 at 72 (27 warps, the k-steps' loads issued further ahead); at 8 warps either gives the
+# 8-warp block's 4 blocks at 64 registers (77 and three blocks an SM unbounded).
+BD_REGISTERS = 56
+SM_REGISTERS = 64 * 1024
+SM_THREADS = 2048
+# An SM's shared memory by architecture (the blocks' share; each block also takes 1 KiB the system
+# reserves); an architecture not listed: the smallest of those (sm_86, sm_89, sm_120's 100 KiB).
+SM_SHARED = {"sm_80": 164 * 1024, "sm_87": 164 * 1024, "sm_90": 228 * 1024}
+SM_SHARED_LEAST = 100 * 1024
+BD_WARPS_RANGE = range(4, 17)  # the warps a backward-data block may have when chosen per layer
+# convpool_tc_backward_data's next sample's pooled gradient and argmaxes loaded into registers while
+# a block multiplies this one's (TC_BD_PREFETCH; where it stages one sample a round, at most BATCH
+# windows a thread): 6 registers more through the k-steps at the 24→32 3×3 layer (no spills at 56).
+BD_PREFETCH = False
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
@@ -96,14 +115,45 @@ class ConvPoolShape:
         fitting = [spb for spb in range(1, WARPS + 1) if spb == 1 or 4 * words(spb) <= MAX_SHARED // 2]
         return min(fitting, key=lambda spb: (-busy(spb), spb))
 
-    def backward_data_samples(self) -> int:
-        """Samples a backward-data block stages at once: about one item (BD_TILES m-tiles of 16
-        input positions) a warp a sample, within half the shared memory limit; at least 1 (the
-        24→32 3×3 layer: 1, its 5 items on 8 warps; two do not fit half the limit)."""
-        spb = max(1, round(WARPS / _c(_c(self.h * self.w, 16), BD_TILES)))
+    def backward_data_samples(self, warps: int) -> int:
+        """Samples a backward-data block of `warps` warps stages at once: about one item (BD_TILES
+        m-tiles of 16 input positions) a warp, within half the shared memory limit; at least 1 (the
+        24→32 3×3 layer: 1; two do not fit half the limit)."""
+        spb = max(1, round(warps / self.backward_data_items()))
         while spb > 1 and 4 * self.backward_data_words(spb) > MAX_SHARED // 2:
             spb -= 1
         return spb
+
+    def backward_data_items(self) -> int:
+        """A sample's backward-data items: its input positions' m-tiles of 16, BD_TILES an item."""
+        return _c(_c(self.h * self.w, 16), BD_TILES)
+
+    def backward_data_geometry(self, sm_shared: int) -> tuple[int, int, int]:
+        """The backward data's (warps a block, samples a round, blocks an SM), on an SM of
+        sm_shared bytes: with BD_WARPS None the warps in BD_WARPS_RANGE that keep the most warps of
+        an SM busy in a round of items, ties to the fewest. Busy warps = blocks an SM × warps ×
+        busy, busy = a round's items / (its turns × warps), blocks an SM from BD_REGISTERS and
+        the shared memory. A round's items all take as long (each every k-step, in order) and a block
+        waits for its last at the barrier before the next scatter, so a warp without an item in a
+        turn idles through it. The 24→32 3×3 layer (9 items a sample, one sample a round, 56
+        registers): 8 warps, 4 blocks, 2 turns, 9/16 busy: 18 busy warps; 9 warps, 4 blocks, 1
+        turn: 36; 10: 3 blocks, 27; 16: 2 blocks, 18. Two samples a round (18 items) do not fit half
+        the shared memory limit (nor two blocks of them an SM's: 2 × 26.6 KB of conv gradients + 27.6
+        KB of B fragments), so 8 warps cannot take whole turns of items."""
+        items = self.backward_data_items()
+
+        def geometry(warps: int) -> tuple[int, int, int]:
+            spb, threads = self.backward_data_samples(warps), 32 * warps
+            blocks = min(SM_REGISTERS // (threads * BD_REGISTERS), SM_THREADS // threads,
+                         sm_shared // (4 * self.backward_data_words(spb) + 1024))
+            return warps, spb, max(1, blocks)
+
+        def busy_warps(g: tuple[int, int, int]) -> float:
+            warps, spb, blocks = g
+            return blocks * spb * items / _c(spb * items, warps)
+
+        choices = [geometry(BD_WARPS)] if BD_WARPS else [geometry(w) for w in BD_WARPS_RANGE]
+        return max(choices, key=lambda g: (busy_warps(g), -g[0]))
 
 
 def samples_per_round(capacity: int, n: int, grid: int) -> int:
@@ -125,7 +175,7 @@ class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
-               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_REDUCE_SLICES": REDUCE_SLICES,
+               "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
@@ -142,14 +192,18 @@ class ConvPoolTc(KernelFile):
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
         self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
-        self.bd_spb = s.backward_data_samples()
+        # the backward data's block: bd_warps warps, bd_spb samples a round, bd_blocks blocks an SM
+        self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
+            SM_SHARED.get(device.arch, SM_SHARED_LEAST))
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
-                                  "TC_BD_MIN_BLOCKS": BD_MIN_BLOCKS, "TC_MIN_BLOCKS": MIN_BLOCKS})
+                                  "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
+                                  "TC_BD_PREFETCH": int(BD_PREFETCH),
+                                  "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
-        self.max_blocks = BLOCKS_PER_SM * device.sm_count
+        self.max_blocks = BLOCKS_PER_SM * device.sm_count  # the forward's one wave
         self.weight_grad_slots = WEIGHT_GRAD_MIN_BLOCKS * device.sm_count  # the weight gradient's blocks at once
 
     def chunks(self, n: int) -> int:
@@ -168,12 +222,12 @@ class ConvPoolTc(KernelFile):
             return REDUCE_SLICES
         return chunks
 
-    def _grid(self, n: int, spb: int, models: int) -> int:
+    def _grid(self, n: int, spb: int, models: int, max_blocks: int) -> int:
         """A model's blocks of the forward or backward data: spb samples each, the launch's blocks over
-        all models at most max_blocks; past that each block loops over rounds of samples
-        (samples_per_round), staging the filters once (64 models × 256 samples: 8 blocks a model, 32
+        all models at most max_blocks (an SM's blocks times the SMs: one wave); past that each block
+        loops over rounds of samples (samples_per_round), staging the filters once (64 models × 256 samples: 8 blocks a model, 32
         samples each, rather than 256 blocks each staging every filter for one or two samples)."""
-        return max(1, min(ceil_div(n, spb), self.max_blocks // models))
+        return max(1, min(ceil_div(n, spb), max_blocks // models))
 
     def _check(self, outs: int, h: int, wd: int) -> None:
         s = self.shape
@@ -186,7 +240,7 @@ class ConvPoolTc(KernelFile):
         `shared_input`: every model reads the same x (the test images)."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = self._grid(n, self.spb_alone, models)
+        grid = self._grid(n, self.spb_alone, models, self.max_blocks)
         self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, w, b, out, arg, n,
                                   0 if shared_input else stride, stride,
                                   shared_bytes=4 * self.shape.forward_words(samples_per_round(self.spb, n, grid)))
@@ -208,7 +262,8 @@ class ConvPoolTc(KernelFile):
         """dx (n×c×h×wd): the gradient of the layer's input from its pooled gradient."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
-        grid = self._grid(n, self.bd_spb, models)
-        self._convpool_tc_backward_data(stream, model_grid(grid, models), THREADS, dout, arg, w, dx, n, stride,
+        # its one wave: bd_blocks an SM, max_blocks' share of them (a smaller max_blocks, fewer)
+        grid = self._grid(n, self.bd_spb, models, max(1, self.max_blocks * self.bd_blocks // BLOCKS_PER_SM))
+        self._convpool_tc_backward_data(stream, model_grid(grid, models), 32 * self.bd_warps, dout, arg, w, dx, n, stride,
                                         shared_bytes=4 * self.shape.backward_data_words(
                                             samples_per_round(self.bd_spb, n, grid)))
