@@ -15,6 +15,7 @@ from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain.kernels import ceil_div
+from graphtrain.kernels import convpool_tc
 from graphtrain.kernels.convpool_tc import THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
 
 # The texts the host compiler cannot take: the block's dynamic shared memory (the launch's own
@@ -36,7 +37,7 @@ def build(source: str, shape: ConvPoolShape, spb: int, bd_spb: int, folder) -> s
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
-               "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_SPB": bd_spb, "THREADS": THREADS}
+               "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_SPB": bd_spb, "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -134,3 +135,29 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
         dref = reference_backward_data(dout[m].astype(np.float64), arg[m], w[m].astype(np.float64), h, h)
         err = rel_err(dx[m].reshape(dref.shape), dref)
         assert err < BOUND, f"backward data, model {m}: ‖dx − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
+
+
+@pytest.mark.parametrize("case", ["conv0-rounds-models", "conv1-rounds-models"])
+def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, monkeypatch):
+    """The forward's staged image with the layer's padded strides (FORWARD_STRIDES) against row-major
+    strides: only addresses move, so out and arg must be the same bits."""
+    (c, h, k, outs), n, models, blocks, _, shared_input = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    results = []
+    for padded in (True, False):
+        monkeypatch.setattr(convpool_tc, "PADDED_ROWS", padded)
+        shape = ConvPoolShape(c, h, h, k, outs)
+        assert ((shape.row_stride, shape.channel_stride) != (h, h * h)) == padded, "no padded strides to test"
+        spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
+        folder = tmp_path / str(padded)
+        folder.mkdir()
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, 1, folder)
+        dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
+        shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
+        results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
+    (out_p, arg_p), (out_r, arg_r) = results
+    assert np.array_equal(out_p.view(np.uint32), out_r.view(np.uint32)), f"out differs (seed {seed})"
+    assert np.array_equal(arg_p, arg_r), f"arg differs (seed {seed})"
