@@ -2,7 +2,8 @@
 32-bit loads read: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4] for the two m-tiles u) for the
 speedrun's two layers, computed on the CPU for a few layouts of the staged image:
 
-  rowmajor   the kernel's: image[c][y][x] at (c·H + y)·W + x;
+  rowmajor   image[c][y][x] at (c·H + y)·W + x;
+  padded     at c·CS + y·RS + x: the kernel's, with the launcher's strides (convpool_tc.FORWARD_STRIDES);
   colsplit   each row's even columns, then its odd ones: (c, y, x) at c·CS + y·RS + (x mod 2)·PX + x div 2
              (the v = 1 column then needs its own tap offset: b + v changes parity);
   regions    three column regions a row: region r index i holds column 2i + r (r = 0, 1, 2; the even
@@ -18,6 +19,8 @@ Usage: python3 scripts/probes/convpool_tc_banks.py [--search] [--words 6500]"""
 import argparse
 
 import numpy as np
+
+from graphtrain.kernels.convpool_tc import ConvPoolShape
 
 LAYERS = {"conv0 1→24 5×5 28×28": (1, 28, 5), "conv1 24→32 3×3 12×12": (24, 12, 3)}
 
@@ -105,6 +108,11 @@ def main():
         old = wavefronts(rowmajor(reads, h, h))
         print(f"{name}: {loads} A loads a sample")
         print(f"  rowmajor            image {c_in * h * h:5d} words  {old.sum():5d} wavefronts ({old.mean():.2f} a load)")
+        s = ConvPoolShape(c_in, h, h, k, 1)
+        c, y, xb, v = reads.transpose(1, 0, 2)
+        pad = wavefronts(c * s.channel_stride + y * s.row_stride + xb + v)
+        print(f"  padded    launcher  image {c_in * s.channel_stride:5d} words  {pad.sum():5d} wavefronts ({pad.mean():.2f})"
+              f"  RS {s.row_stride} CS {s.channel_stride}")
         for kind in ("colsplit", "regions"):
             px, rs, cs = least(kind, c_in, h, h)
             layout = colsplit if kind == "colsplit" else regions
