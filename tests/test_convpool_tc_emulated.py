@@ -39,7 +39,7 @@ def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int],
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
-               "TC_OUTS": shape.outs, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
+               "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
                "TC_BD_PREFETCH": int(prefetch), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
@@ -194,3 +194,30 @@ def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, 
         assert np.array_equal(out.view(np.uint32), results[0][0].view(np.uint32)) and np.array_equal(arg, results[0][1])
         differ = np.count_nonzero(dx.view(np.uint32) != results[0][2].view(np.uint32))
         assert differ == 0, f"{differ} of dx's words differ between blocks {geometries[0]} and {bd} (seed {seed})"
+
+
+@pytest.mark.parametrize("case", ["conv0-rounds-models", "conv1-rounds-models"])
+def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, monkeypatch):
+    """The forward's staged image with the layer's padded strides (FORWARD_STRIDES) against row-major
+    strides: only addresses move, so out and arg must be the same bits."""
+    (c, h, k, outs), n, models, blocks, _, shared_input = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    results = []
+    for padded in (True, False):
+        monkeypatch.setattr(convpool_tc, "PADDED_ROWS", padded)
+        shape = ConvPoolShape(c, h, h, k, outs)
+        assert ((shape.row_stride, shape.channel_stride) != (h, h * h)) == padded, "no padded strides to test"
+        spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
+        folder = tmp_path / str(padded)
+        folder.mkdir()
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
+                        shape.backward_data_geometry(SM_SHARED["sm_90"]), folder)
+        dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
+        shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
+        results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
+    (out_p, arg_p), (out_r, arg_r) = results
+    assert np.array_equal(out_p.view(np.uint32), out_r.view(np.uint32)), f"out differs (seed {seed})"
+    assert np.array_equal(arg_p, arg_r), f"arg differs (seed {seed})"

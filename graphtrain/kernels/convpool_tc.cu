@@ -22,6 +22,11 @@
 #define WO (WC / 2)
 #define PLANE (HO * WO)
 #define IMAGE (TC_C * TC_H * TC_W)
+// The forward's staged image: image[c][y][x] at word c·TC_CS + y·TC_RS + x (TC_RS ≥ TC_W, TC_CS ≥
+// TC_H·TC_RS: padded rows and channels, the launcher's ConvPoolShape.forward_strides). A's loads read
+// 8 windows 2 words apart at 4 taps' offsets; strides other than W and H·W move the taps' rows and
+// channels to other banks (scripts/probes/convpool_tc_banks.py counts each load's wavefronts).
+#define XS_WORDS (TC_C * TC_CS)
 #define KK (TC_K * TC_K)
 #define TAPS (TC_C * KK)
 #define THREADS (TC_WARPS * 32)
@@ -48,14 +53,14 @@ __device__ __forceinline__ void batched(int count, Load load, Store store) {
             if (base + u * BLOCK < count) store(base + u * BLOCK, v[u]);
     }
 }
-// dst[r·stride + c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
+// row(r)[c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
 // multiple of 4 and src 16-byte aligned (the four then share a row), else one float a load.
-template <int COLS>
-__device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const float* __restrict__ src, int rows) {
+template <int COLS, class Row>
+__device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict__ src, int rows) {
     if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
         const float4* src4 = reinterpret_cast<const float4*>(src);
         batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
-            unsigned* d = dst + (4 * q / COLS) * stride + 4 * q % COLS;
+            unsigned* d = row(4 * q / COLS) + 4 * q % COLS;
             d[0] = tf32(v.x);
             d[1] = tf32(v.y);
             d[2] = tf32(v.z);
@@ -63,7 +68,7 @@ __device__ __forceinline__ void stage_rows_tf32(unsigned* dst, int stride, const
         });
     } else {
         batched(rows * COLS, [&](int e) { return src[e]; },
-                [&](int e, float v) { dst[(e / COLS) * stride + e % COLS] = tf32(v); });
+                [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });
     }
 }
 // B operands laid out as the mma's lanes take them: word ((ks·NT + nt)·32 + lane)·2 + j holds
@@ -115,29 +120,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
     int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's byte offsets
-    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][IMAGE], TF32
+    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][XS_WORDS], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
     stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
-    // tap k's offset in an image, in bytes: 4·(c·H·W + a·W + b) (0 past TAPS, where the weights are zeros)
-    auto tap_offset = [](int k) { return k < TAPS ? 4 * (((k / KK) * TC_H + (k / TC_K) % TC_K) * TC_W + k % TC_K) : 0; };
+    // tap k's offset in a staged image, in bytes: 4·(c·TC_CS + a·TC_RS + b) (0 past TAPS, where the weights are zeros)
+    auto tap_offset = [](int k) { return k < TAPS ? 4 * ((k / KK) * TC_CS + (k / TC_K) % TC_K * TC_RS + k % TC_K) : 0; };
     for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
         tapoff[q] = make_int2(tap_offset(q / 4 * 8 + q % 4), tap_offset(q / 4 * 8 + q % 4 + 4));
     const int spb = samples_per_round(TC_SPB, n);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
-        stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s0 * IMAGE, count);
+        // a sample's rows of TC_W: row r = (sample, c, y) at word sample·XS_WORDS + c·TC_CS + y·TC_RS
+        stage_rows_tf32<TC_W>([&](int r) { return xs + r / (TC_C * TC_H) * XS_WORDS + r / TC_H % TC_C * TC_CS + r % TC_H * TC_RS; },
+                              x + (long long)s0 * IMAGE, count * TC_C * TC_H);
         __syncthreads();
         for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
             const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
             const bool valid = win < PLANE;  // a group's windows past the plane compute window 0, unwritten
-            const char* img = reinterpret_cast<const char*>(xs + sl * IMAGE + (valid ? 2 * (win / WO) * TC_W + 2 * (win % WO) : 0));
+            const char* img = reinterpret_cast<const char*>(xs + sl * XS_WORDS + (valid ? 2 * (win / WO) * TC_RS + 2 * (win % WO) : 0));
             const int2* lane_tapoff = tapoff + t;  // k-step ks's at lane_tapoff[4·ks]: an immediate offset
             const uint2* lane_b = bfrag + lane;    // (ks, nt)'s B fragment at lane_b[(ks·F_NT + nt)·32]
             float acc[2][F_NT][4] = {};
             // every k-step unrolled (a compile-time count): no loop counter, the offsets' and B fragments'
-            // loads at immediate offsets, and one add a tap pair's four A words (immediates 0, 1, W, W + 1)
+            // loads at immediate offsets, and one add a tap pair's four A words (immediates 0, 1, TC_RS, TC_RS + 1)
 #pragma unroll
             for (int ks = 0; ks < F_KT; ++ks) {
                 const int2 tk = lane_tapoff[ks * 4];
@@ -146,10 +153,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
                 unsigned a[2][4];
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
-                    a[u][0] = r0[u * TC_W];
-                    a[u][1] = r0[u * TC_W + 1];
-                    a[u][2] = r1[u * TC_W];
-                    a[u][3] = r1[u * TC_W + 1];
+                    a[u][0] = r0[u * TC_RS];
+                    a[u][1] = r0[u * TC_RS + 1];
+                    a[u][2] = r1[u * TC_RS];
+                    a[u][3] = r1[u * TC_RS + 1];
                 }
 #pragma unroll
                 for (int nt = 0; nt < F_NT; ++nt) {
@@ -523,10 +530,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             if (RED_WORDS > 0 && UNSCATTERED && s == first && chunk != blockIdx.x) clear_unscattered(dcs);
             if (async) {
                 const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
-                stage_rows_tf32<IMAGE>(xs, IMAGE, reinterpret_cast<const float*>(raw), 1);
+                stage_rows_tf32<IMAGE>([&](int) { return xs; }, reinterpret_cast<const float*>(raw), 1);
                 route_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE));
             } else {
-                stage_rows_tf32<IMAGE>(xs, IMAGE, x + (long long)s * IMAGE, 1);
+                stage_rows_tf32<IMAGE>([&](int) { return xs; }, x + (long long)s * IMAGE, 1);
                 route_dconv(dcs, dout + (long long)s * TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
             }
             __syncthreads();  // raw read: the block's next sample may land in it

@@ -51,7 +51,9 @@ BD_WARPS_RANGE = range(4, 17)  # the warps a backward-data block may have when c
 # convpool_tc_backward_data's next sample's pooled gradient and argmaxes loaded into registers while
 # a block multiplies this one's (TC_BD_PREFETCH; where it stages one sample a round, at most BATCH
 # windows a thread): 6 registers more through the k-steps at the 24→32 3×3 layer (no spills at 56).
-BD_PREFETCH = False
+# On an H200 (scripts/probes/cnn_step_profile.py --models 64) the 24→32 3×3 layer's backward data took
+# 361 µs with it against 370 without (386 with 8 warps a block).
+BD_PREFETCH = True
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
@@ -59,6 +61,15 @@ MIN_BLOCKS = 2
 # The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
 WEIGHT_GRAD_MIN_BLOCKS = 2
+# The forward's staged image strides (words) for a layer's (c, h, w, k): image[c][y][x] at c·CS + y·RS + x
+# (convpool_tc.cu's TC_RS, TC_CS), where a padding was found to spread A's loads over the banks:
+# scripts/probes/convpool_tc_banks.py, a sample's A-load wavefronts row-major against these: 1→24 5×5
+# 984 against 672 (rows of 51 words: the staging's 16-byte stores become four 4-byte ones, 4-way
+# conflicted, ~75 wavefronts more a sample); 24→32 3×3 1584 against 1512 (strides kept multiples of 4,
+# so the staging keeps its 16-byte stores: RS 13, CS 171 would read 1464 but stage 4-way conflicted,
+# ~320 more). Other shapes (and PADDED_ROWS False) row-major: RS = w, CS = h·w.
+PADDED_ROWS = True
+FORWARD_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 148)}
 
 
 def _c(n: int, d: int) -> int:
@@ -73,6 +84,14 @@ class ConvPoolShape:
         self.hc, self.wc = h - k + 1, w - k + 1
         self.plane = (self.hc // 2) * (self.wc // 2)
         self.image, self.taps = c * h * w, c * k * k
+        self.row_stride, self.channel_stride = self.forward_strides()
+
+    def forward_strides(self) -> tuple[int, int]:
+        """The forward's staged image's row and channel strides in words (TC_RS, TC_CS)."""
+        rs, cs = FORWARD_STRIDES.get((self.c, self.h, self.w, self.k), (self.w, self.h * self.w)) if PADDED_ROWS \
+            else (self.w, self.h * self.w)
+        assert rs >= self.w and cs >= self.h * rs, (rs, cs)
+        return rs, cs
 
     def fragment_words(self, k: int, cols: int) -> int:
         """A GEMM's B operand (k rows, cols columns) staged as the mma's lanes take it
@@ -80,8 +99,9 @@ class ConvPoolShape:
         return _c(k, 8) * _c(cols, 8) * 64
 
     def forward_words(self, spb: int) -> int:
-        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images."""
-        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.image
+        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images of
+        c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
+        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.c * self.channel_stride
 
     def backward_data_words(self, spb: int) -> int:
         """B fragments of the filters (k = (o, a, b), columns c), two dcp offsets a k-step's lane
@@ -174,7 +194,7 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
-    defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_WARPS": WARPS, "TC_SPB": 2,
+    defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
@@ -196,6 +216,7 @@ class ConvPoolTc(KernelFile):
         self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
             SM_SHARED.get(device.arch, SM_SHARED_LEAST))
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
+                                  "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
                                   "TC_BD_PREFETCH": int(BD_PREFETCH),
