@@ -36,7 +36,8 @@ from graphtrain.plan import RunPlan
 # Recorded from the revision before the chain's parts; since then one change on purpose: the
 # optimizer's launch takes the model axis's stride (kernels/optim.cu), 0 for one model.
 EXPECTED = Path(__file__).parent / "data" / "chain_calls.json"
-FAKE_DEVICE = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0")
+FAKE_DEVICE = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0",
+                              228 * 1024, 64 * 1024, 2048)
 
 # name -> (rung, config overrides, data-parallel rank of 2 or None)
 CASES = {

@@ -16,7 +16,7 @@ from helpers import rel_err
 
 from graphtrain.kernels import ceil_div
 from graphtrain.kernels import convpool_tc
-from graphtrain.kernels.convpool_tc import SM_SHARED, THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
+from graphtrain.kernels.convpool_tc import THREADS, ConvPoolShape, ConvPoolTc, samples_per_round
 
 # The texts the host compiler cannot take: the block's dynamic shared memory (the launch's own
 # buffer), the TF32 rounding's PTX, the kernels' qualifiers.
@@ -30,6 +30,9 @@ RELU_OFF = 255
 # few hundred terms of both signs: ~1e-3 of the result's norm at most; a wrong index, fragment or
 # column errs by order 1.
 BOUND = 3e-3
+
+# an H100's SM (sm_90): shared memory for blocks, registers, threads
+H100_SM = (228 * 1024, 64 * 1024, 2048)
 
 
 def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False) -> str:
@@ -108,7 +111,7 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
     (c, h, k, outs), n, models, blocks, first, shared_input = CASES[case]
     shape = ConvPoolShape(c, h, h, k, outs)
     spb = shape.samples_per_block(shape.forward_words, ceil_div(shape.plane, 8))
-    bd = shape.backward_data_geometry(SM_SHARED["sm_90"])
+    bd = shape.backward_data_geometry(*H100_SM)
     bd_spb = bd[1]
     program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, tmp_path)
     rng = np.random.default_rng(seed)
@@ -145,12 +148,12 @@ def test_backward_data_geometry_keeps_every_warp_busy():
     """The 24→32 3×3 layer's 9 m-tiles a sample: 9 warps a block, each an item a round, 4 blocks an SM
     at 56 registers (36 busy warps, against 8 warps' 4 blocks × 9/16), 3 at 64; BD_WARPS fixes the warps."""
     shape = ConvPoolShape(24, 12, 12, 3, 32)
-    assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (9, 1, 4)
+    assert shape.backward_data_geometry(*H100_SM) == (9, 1, 4)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(convpool_tc, "BD_REGISTERS", 64)
-        assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (9, 1, 3)  # 64 Ki / (288 × 64)
+        assert shape.backward_data_geometry(*H100_SM) == (9, 1, 3)  # 64 Ki / (288 × 64)
         mp.setattr(convpool_tc, "BD_WARPS", 8)
-        assert shape.backward_data_geometry(SM_SHARED["sm_90"]) == (8, 1, 4)  # 64 Ki / (256 × 64)
+        assert shape.backward_data_geometry(*H100_SM) == (8, 1, 4)  # 64 Ki / (256 × 64)
 
 
 # (c, h, k, outs), n, blocks a model, the fixed warps to compare the layer's own choice with: conv1's
@@ -172,11 +175,11 @@ def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, 
     w = (rng.standard_normal((1, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     bias = (0.1 * rng.standard_normal((1, outs))).astype(np.float32)
     dout = rng.standard_normal((1, n, outs, shape.hc // 2, shape.wc // 2)).astype(np.float32)
-    geometries = [shape.backward_data_geometry(SM_SHARED["sm_90"])]
+    geometries = [shape.backward_data_geometry(*H100_SM)]
     with pytest.MonkeyPatch.context() as mp:
         for warps in fixed:
             mp.setattr(convpool_tc, "BD_WARPS", warps)
-            geometries.append(shape.backward_data_geometry(SM_SHARED["sm_90"]))
+            geometries.append(shape.backward_data_geometry(*H100_SM))
     assert len({g[:2] for g in geometries}) == len(geometries), f"{geometries}: the same block twice"
     assert geometries[0][1] == 1, "the prefetch needs one sample a round"
     geometries.append(geometries[0])
@@ -196,10 +199,11 @@ def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, 
         assert differ == 0, f"{differ} of dx's words differ between blocks {geometries[0]} and {bd} (seed {seed})"
 
 
-@pytest.mark.parametrize("case", ["conv0-rounds-models", "conv1-rounds-models"])
+@pytest.mark.parametrize("case", ["conv0-rounds-models", "conv1-rounds-models", "odd-shape"])
 def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, monkeypatch):
-    """The forward's staged image with the layer's padded strides (FORWARD_STRIDES) against row-major
-    strides: only addresses move, so out and arg must be the same bits."""
+    """The forward's staged image with the layer's chosen strides (forward_strides; the odd shape's
+    searched at setup) against row-major strides: only addresses move, so out and arg must be the
+    same bits."""
     (c, h, k, outs), n, models, blocks, _, shared_input = CASES[case]
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
@@ -214,10 +218,28 @@ def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, mon
         folder = tmp_path / str(padded)
         folder.mkdir()
         program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
-                        shape.backward_data_geometry(SM_SHARED["sm_90"]), folder)
+                        shape.backward_data_geometry(*H100_SM), folder)
         dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
         shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
         results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
     (out_p, arg_p), (out_r, arg_r) = results
     assert np.array_equal(out_p.view(np.uint32), out_r.view(np.uint32)), f"out differs (seed {seed})"
     assert np.array_equal(arg_p, arg_r), f"arg differs (seed {seed})"
+
+
+def test_known_strides_are_what_the_search_chooses():
+    """KNOWN_STRIDES only saves the search at setup: each entry must be the search's own choice."""
+    for key, strides in convpool_tc.KNOWN_STRIDES.items():
+        assert convpool_tc.forward_strides(*key) == strides, key
+
+
+def test_the_wavefront_model_counts_bank_conflicts():
+    wavefronts = convpool_tc.wavefronts
+    assert wavefronts(np.arange(32)[None]).tolist() == [1]                      # a word a bank
+    assert wavefronts(np.zeros((1, 32), np.int64)).tolist() == [1]              # one word, shared
+    assert wavefronts((32 * np.arange(32))[None]).tolist() == [32]              # one bank
+    assert wavefronts((np.arange(32) * 2)[None]).tolist() == [2]                # two words a bank
+    # staging a 1×28×28 image row-major: 196 16-byte stores, 8 lanes (32 words) a wavefront
+    assert convpool_tc.staging_wavefronts(1, 28, 28, 28, 784) == 25
+    # rows of 51 words: four 4-byte stores a thread, more wavefronts than the aligned rows
+    assert convpool_tc.staging_wavefronts(1, 28, 28, 51, 1428) > convpool_tc.staging_wavefronts(1, 28, 28, 28, 784)

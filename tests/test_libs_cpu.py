@@ -602,7 +602,8 @@ def test_gpu_environment_has_the_keys_the_reports_read():
     from graphtrain import environment
 
     device = cuda.DeviceInfo(ordinal=0, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), arch="sm_90",
-                             sm_count=132, total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0")
+                             sm_count=132, total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0",
+                               sm_shared_bytes=228 * 1024, sm_registers=64 * 1024, sm_threads=2048)
     found = environment.gpu(device)
     assert set(found) == {"gpu", "compute_capability", "driver", "driver_cuda", "runtime", "cuda_bindings"}
     assert (found["gpu"], found["compute_capability"], found["driver_cuda"]) == ("NVIDIA H100 80GB HBM3", "9.0", "13.0")

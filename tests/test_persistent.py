@@ -141,7 +141,8 @@ def test_the_rung_and_a_pack_refuse_and_describe_a_kernel_alike():
 
     def gpu(cc):
         return cuda.DeviceInfo(ordinal=0, name="GPU", compute_capability=cc, arch=f"sm_{cc[0]}{cc[1]}", sm_count=132,
-                               total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0")
+                               total_memory=80 << 30, driver_cuda_version="13.0", runtime_version="13.0",
+                               sm_shared_bytes=228 * 1024, sm_registers=64 * 1024, sm_threads=2048)
 
     require_clusters(gpu((9, 0)))
     with pytest.raises(ModelUnsupported, match="compute capability 9.0.*has 8.0"):

@@ -160,7 +160,8 @@ def test_work_beside_runs_in_order_keeps_what_it_raises_and_is_waited_for_before
         raise RuntimeError("only a head start")
 
     monkeypatch.setattr(cuda, "runtime_api", lambda: FakeRuntime)  # no GPU here: the device is only set
-    device = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0")
+    device = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0",
+                              228 * 1024, 64 * 1024, 2048)
     cuda.start_beside([first, fails, lambda: done.append("never")], device, name="test-beside")
     thread = cuda._started[-1]
     try:

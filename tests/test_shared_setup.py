@@ -14,7 +14,8 @@ from graphtrain import kernels
 from graphtrain import reference_cnn as R
 from graphtrain.libs import cuda
 
-FAKE_DEVICE = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0")
+FAKE_DEVICE = cuda.DeviceInfo(0, "test GPU", (9, 0), "sm_90", 132, 80 << 30, "13.0", "13.0",
+                              228 * 1024, 64 * 1024, 2048)
 
 
 # ---- kernel files: one module per class, device and defines ------------------------------------

@@ -10,7 +10,7 @@
 
 // TC_MIN_BLOCKS: the blocks an SM is to hold of the forward (its registers bound it, its staging
 // does not): 1 leaves ptxas its choice (more than 128 registers with every k-step unrolled: one block
-// at the 24→32 3×3 layer); 2 caps a thread at 128; 3 at 80, spilling a few hundred bytes, for more
+// at the 24→32 3×3 layer); 2 caps a thread at 128; 3 at 80, spilling 72 to 168 bytes, for more
 // warps to hide latency with. TC_WG_MIN_BLOCKS: the
 // same for the weight gradient (2: at most 128 registers, which its loop over chunks exceeds unbounded).
 // TC_BD_WARPS, TC_BD_MIN_BLOCKS, TC_BD_MTW: the backward data's warps a block, blocks an SM and m-tiles

@@ -7,6 +7,10 @@ model axis: every buffer per model, model_stride bytes apart, but a forward's in
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from graphtrain.kernels import I32, I64, PTR, KernelFile, ceil_div, kernel, model_grid, model_stride_arg
 
 WARPS = 8
@@ -41,12 +45,6 @@ BD_WARPS: int | None = None
 # of 9 at 72 (27 warps, the k-steps' loads issued further ahead); at 8 warps either gives the
 # 8-warp block's 4 blocks at 64 registers (77 and three blocks an SM unbounded).
 BD_REGISTERS = 56
-SM_REGISTERS = 64 * 1024
-SM_THREADS = 2048
-# An SM's shared memory by architecture (the blocks' share; each block also takes 1 KiB the system
-# reserves); an architecture not listed: the smallest of those (sm_86, sm_89, sm_120's 100 KiB).
-SM_SHARED = {"sm_80": 164 * 1024, "sm_87": 164 * 1024, "sm_90": 228 * 1024}
-SM_SHARED_LEAST = 100 * 1024
 BD_WARPS_RANGE = range(4, 17)  # the warps a backward-data block may have when chosen per layer
 # convpool_tc_backward_data's next sample's pooled gradient and argmaxes loaded into registers while
 # a block multiplies this one's (TC_BD_PREFETCH; where it stages one sample a round, at most BATCH
@@ -61,15 +59,90 @@ MIN_BLOCKS = 2
 # The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
 WEIGHT_GRAD_MIN_BLOCKS = 2
-# The forward's staged image strides (words) for a layer's (c, h, w, k): image[c][y][x] at c·CS + y·RS + x
-# (convpool_tc.cu's TC_RS, TC_CS), where a padding was found to spread A's loads over the banks:
-# scripts/probes/convpool_tc_banks.py, a sample's A-load wavefronts row-major against these: 1→24 5×5
-# 984 against 672 (rows of 51 words: the staging's 16-byte stores become four 4-byte ones, 4-way
-# conflicted, ~75 wavefronts more a sample); 24→32 3×3 1584 against 1512 (strides kept multiples of 4,
-# so the staging keeps its 16-byte stores: RS 13, CS 171 would read 1464 but stage 4-way conflicted,
-# ~320 more). Other shapes (and PADDED_ROWS False) row-major: RS = w, CS = h·w.
+# The forward's staged image: image[c][y][x] at word c·CS + y·RS + x (convpool_tc.cu's TC_RS, TC_CS),
+# the strides chosen per layer by forward_strides(): the fewest shared-memory wavefronts a sample
+# (its A loads and its staging stores, modelled below) within STRIDE_SLACK_WORDS more words than
+# row-major. The speedrun's layers, row-major against chosen: 1→24 5×5 (RS 51) 984 + 25 against
+# 672 + 52 (the A loads spread over the banks; rows of 51 words turn the staging's 16-byte stores
+# into four 4-byte ones); 24→32 3×3 (RS 12, CS 148) 1584 + 108 against 1512 + 120 (RS 13, CS 171
+# would load in 1464 but stage 4-way conflicted in 240). PADDED_ROWS False: row-major (the A/B).
 PADDED_ROWS = True
-FORWARD_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 148)}
+STRIDE_SLACK_WORDS = 1024  # 4 KiB a staged sample: the padding may cost samples a round, not more
+# forward_strides' choice for the speedrun's layers, kept so a run does not search at setup;
+# tests/test_convpool_tc_emulated.py checks each entry against the search.
+KNOWN_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 148)}
+
+
+def wavefronts(words: np.ndarray) -> np.ndarray:
+    """Shared-memory wavefronts of each row of `words` (one warp-wide 32-bit access, a word a
+    lane): the most distinct words any of the 32 banks serves (lanes reading one word share it)."""
+    s = np.sort(words, axis=-1)
+    distinct = np.ones_like(s, bool)
+    distinct[..., 1:] = s[..., 1:] != s[..., :-1]
+    flat = s.reshape(-1, 32)
+    rows = np.repeat(np.arange(flat.shape[0]), 32)
+    counts = np.bincount(rows * 32 + flat.ravel() % 32, weights=distinct.ravel(), minlength=flat.shape[0] * 32)
+    return counts.reshape(*words.shape[:-1], 32).max(-1).astype(np.int64)
+
+
+def forward_a_reads(c: int, h: int, w: int, k: int) -> np.ndarray:
+    """(c, y, x) of the image word each lane of each of a sample's forward A loads reads: an
+    array (loads, 3, 32). Lane (g, t) of k-step ks, tap pair p and m-tile u reads window
+    group·8 + g's conv position (2wy + u, 2wx + v) at tap ks·8 + t + 4p = (c, a, b): word
+    (c, 2wy + a + u, 2wx + b + v); windows past the plane read window 0, taps past the sum tap 0."""
+    wo, plane, taps = (w - k + 1) // 2, ((h - k + 1) // 2) * ((w - k + 1) // 2), c * k * k
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    out = []
+    for group in range(_c(plane, 8)):
+        win = np.where(group * 8 + g < plane, group * 8 + g, 0)
+        wy, wx = win // wo, win % wo
+        for ks in range(_c(taps, 8)):
+            for pair in range(2):
+                tap = np.where(ks * 8 + t + 4 * pair < taps, ks * 8 + t + 4 * pair, 0)
+                ch, a, b = tap // (k * k), tap // k % k, tap % k
+                for u in range(2):
+                    for v in range(2):
+                        out.append((ch, 2 * wy + a + u, 2 * wx + b + v))
+    return np.array(out)
+
+
+def staging_wavefronts(c: int, h: int, w: int, rs: int, cs: int) -> int:
+    """A sample's staging stores' wavefronts (convpool_tc.cu's stage_rows_tf32 over its c·h rows of
+    w words): with w a multiple of 4, thread q stores words 4q..4q+3 of the rows in order, one
+    16-byte store where RS and CS keep them 16-byte aligned (served a quarter warp at a time), else
+    four 4-byte ones; other widths one 4-byte store an element."""
+    per = 4 if w % 4 == 0 else 1
+    e = per * np.arange(c * h * w // per)
+    r = e // w
+    first = (r // h) * cs + (r % h) * rs + e % w
+
+    def lanes(n: int) -> np.ndarray:  # rows of n lanes; a last row's idle lanes store nothing: as lane 0
+        rows = np.concatenate([first, np.full(-len(first) % n, -1)]).reshape(-1, n)
+        return np.where(rows < 0, rows[:, :1], rows)
+
+    if per == 4 and rs % 4 == 0 and cs % 4 == 0:  # 8 lanes × 4 words a wavefront at best
+        return int(wavefronts((lanes(8)[:, :, None] + np.arange(4)).reshape(-1, 32)).sum())
+    return int(sum(wavefronts(lanes(32) + j).sum() for j in range(per)))
+
+
+@functools.lru_cache(maxsize=None)
+def forward_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
+    """(RS, CS) of the forward's staged image: of RS in w..w+31 and CS in h·RS..h·RS+31 (a single
+    channel: h·RS) within STRIDE_SLACK_WORDS words more than row-major, the fewest A-load plus
+    staging wavefronts a sample, ties to the fewest words, then to the smallest RS. A load's banks
+    depend on (RS, CS) mod 32 only: those cover every pattern."""
+    reads = forward_a_reads(c, h, w, k)
+    ch, y, x = reads[:, 0], reads[:, 1], reads[:, 2]
+    best = None
+    for rs in range(w, w + 32):
+        for cs in [h * rs] if c == 1 else range(h * rs, h * rs + 32):
+            if c * cs > c * h * w + STRIDE_SLACK_WORDS:
+                break
+            cost = int(wavefronts(ch * cs + y * rs + x).sum()) + staging_wavefronts(c, h, w, rs, cs)
+            if best is None or (cost, c * cs) < best[0]:
+                best = ((cost, c * cs), rs, cs)
+    return best[1], best[2]
 
 
 def _c(n: int, d: int) -> int:
@@ -88,8 +161,10 @@ class ConvPoolShape:
 
     def forward_strides(self) -> tuple[int, int]:
         """The forward's staged image's row and channel strides in words (TC_RS, TC_CS)."""
-        rs, cs = FORWARD_STRIDES.get((self.c, self.h, self.w, self.k), (self.w, self.h * self.w)) if PADDED_ROWS \
-            else (self.w, self.h * self.w)
+        if not PADDED_ROWS:
+            return self.w, self.h * self.w
+        key = (self.c, self.h, self.w, self.k)
+        rs, cs = KNOWN_STRIDES[key] if key in KNOWN_STRIDES else forward_strides(*key)
         assert rs >= self.w and cs >= self.h * rs, (rs, cs)
         return rs, cs
 
@@ -148,23 +223,24 @@ class ConvPoolShape:
         """A sample's backward-data items: its input positions' m-tiles of 16, BD_TILES an item."""
         return _c(_c(self.h * self.w, 16), BD_TILES)
 
-    def backward_data_geometry(self, sm_shared: int) -> tuple[int, int, int]:
-        """The backward data's (warps a block, samples a round, blocks an SM), on an SM of
-        sm_shared bytes: with BD_WARPS None the warps in BD_WARPS_RANGE that keep the most warps of
-        an SM busy in a round of items, ties to the fewest. Busy warps = blocks an SM × warps ×
-        busy, busy = a round's items / (its turns × warps), blocks an SM from BD_REGISTERS and
-        the shared memory. A round's items all take as long (each every k-step, in order) and a block
-        waits for its last at the barrier before the next scatter, so a warp without an item in a
-        turn idles through it. The 24→32 3×3 layer (9 items a sample, one sample a round, 56
-        registers): 8 warps, 4 blocks, 2 turns, 9/16 busy: 18 busy warps; 9 warps, 4 blocks, 1
-        turn: 36; 10: 3 blocks, 27; 16: 2 blocks, 18. Two samples a round (18 items) do not fit half
-        the shared memory limit (nor two blocks of them an SM's: 2 × 26.6 KB of conv gradients + 27.6
-        KB of B fragments), so 8 warps cannot take whole turns of items."""
+    def backward_data_geometry(self, sm_shared: int, sm_registers: int, sm_threads: int) -> tuple[int, int, int]:
+        """The backward data's (warps a block, samples a round, blocks an SM), on an SM of sm_shared
+        bytes of shared memory, sm_registers registers and sm_threads threads (the device's): with
+        BD_WARPS None the warps in BD_WARPS_RANGE that keep the most warps of an SM busy in a round
+        of items, ties to the fewest. Busy warps = blocks an SM × warps × busy, busy = a round's
+        items / (its turns × warps), blocks an SM from BD_REGISTERS and the shared memory. A round's
+        items all take as long (each every k-step, in order) and a block waits for its last at the
+        barrier before the next scatter, so a warp without an item in a turn idles through it. The
+        24→32 3×3 layer on an H100 (9 items a sample, one sample a round, 56 registers): 8 warps, 4
+        blocks, 2 turns, 9/16 busy: 18 busy warps; 9 warps, 4 blocks, 1 turn: 36; 10: 3 blocks, 27;
+        16: 2 blocks, 18. Two samples a round (18 items) do not fit half the shared memory limit (nor
+        two blocks of them an SM's: 2 × 26.6 KB of conv gradients + 27.6 KB of B fragments), so 8
+        warps cannot take whole turns of items."""
         items = self.backward_data_items()
 
         def geometry(warps: int) -> tuple[int, int, int]:
             spb, threads = self.backward_data_samples(warps), 32 * warps
-            blocks = min(SM_REGISTERS // (threads * BD_REGISTERS), SM_THREADS // threads,
+            blocks = min(sm_registers // (threads * BD_REGISTERS), sm_threads // threads,
                          sm_shared // (4 * self.backward_data_words(spb) + 1024))
             return warps, spb, max(1, blocks)
 
@@ -214,7 +290,7 @@ class ConvPoolTc(KernelFile):
         self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
         # the backward data's block: bd_warps warps, bd_spb samples a round, bd_blocks blocks an SM
         self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
-            SM_SHARED.get(device.arch, SM_SHARED_LEAST))
+            device.sm_shared_bytes, device.sm_registers, device.sm_threads)
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,

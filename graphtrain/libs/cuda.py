@@ -122,6 +122,9 @@ class DeviceInfo:
     total_memory: int
     driver_cuda_version: str
     runtime_version: str
+    sm_shared_bytes: int  # shared memory an SM holds for its blocks (each block also takes 1 KiB the system reserves)
+    sm_registers: int     # 32-bit registers an SM holds
+    sm_threads: int       # threads an SM holds
 
 
 _devices: dict[int, DeviceInfo] = {}
@@ -275,7 +278,10 @@ def _open_device(ordinal: int) -> DeviceInfo:
                           compute_capability=(major, minor), arch=f"sm_{major}{minor}",
                           sm_count=attribute("cudaDevAttrMultiProcessorCount"),
                           total_memory=int(check(driver.cuDeviceTotalMem(device), "cuDeviceTotalMem")),
-                          driver_cuda_version=cuda_version(driver_cuda), runtime_version=cuda_version(runtime_cuda))
+                          driver_cuda_version=cuda_version(driver_cuda), runtime_version=cuda_version(runtime_cuda),
+                          sm_shared_bytes=attribute("cudaDevAttrMaxSharedMemoryPerMultiprocessor"),
+                          sm_registers=attribute("cudaDevAttrMaxRegistersPerMultiprocessor"),
+                          sm_threads=attribute("cudaDevAttrMaxThreadsPerMultiProcessor"))
         _devices[ordinal] = info
         return info
 
@@ -651,3 +657,24 @@ class Graph:
             check(runtime_api().cudaGraphExecDestroy(exec_), "cudaGraphExecDestroy")
         if graph is not None:
             check(runtime_api().cudaGraphDestroy(graph), "cudaGraphDestroy")
+
+
+def replay_us(enqueue: Callable[[], None], stream: Stream, reps: int = 50) -> float:
+    """GPU microseconds of one `enqueue()` on `stream`: `reps` of them captured into one graph, the
+    graph replayed once (caches warm, lazily loaded kernels loaded), then once between two events.
+    What a replayed step pays for that work, without the gaps of issuing it from the host."""
+    start, end = Event(), Event()
+    with Graph.capture(stream) as graph:
+        for _ in range(reps):
+            enqueue()
+    try:
+        graph.launch(stream)
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        return 1e3 * start.elapsed_ms(end) / reps
+    finally:
+        graph.close()
+        start.close()
+        end.close()

@@ -45,19 +45,6 @@ s.synchronize()
 start, end = cuda.Event(), cuda.Event()
 
 
-def graph_ms(record, reps: int) -> float:
-    with cuda.Graph.capture(s) as g:
-        for _ in range(reps):
-            record()
-    g.launch(s)
-    start.record(s)
-    g.launch(s)
-    end.record(s)
-    end.synchronize()
-    g.close()
-    return start.elapsed_ms(end) / reps
-
-
 REPS = 50
 env = {**environment.host(), **environment.gpu(model.device), "nvrtc": nvrtc.version()}
 print(report.script_header(f"the speedrun cnn's step ({args.precision}, {args.models} model(s) a launch): GPU time by launch",
@@ -68,11 +55,11 @@ print("```")
 print(f"{'launch':32} {'µs':>8}")
 total = 0.0
 for name, op in model.step_ops(s):
-    us = 1e3 * graph_ms(op, REPS)
+    us = cuda.replay_us(op, s, REPS)
     total += us
     print(f"{name:32} {us:8.2f}")
 print(f"{'sum':32} {total:8.2f}")
-print(f"{'one step graph, replayed':32} {1e3 * graph_ms(lambda: model.record_step(s), 20):8.2f}")
+print(f"{'one step graph, replayed':32} {cuda.replay_us(lambda: model.record_step(s), s, 20):8.2f}")
 if args.models > 1:
     print(f"({args.models} models a launch)\n```")
     sys.exit(0)

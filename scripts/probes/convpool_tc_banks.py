@@ -3,7 +3,7 @@
 speedrun's two layers, computed on the CPU for a few layouts of the staged image:
 
   rowmajor   image[c][y][x] at (c·H + y)·W + x;
-  padded     at c·CS + y·RS + x: the kernel's, with the launcher's strides (convpool_tc.FORWARD_STRIDES);
+  padded     at c·CS + y·RS + x: the kernel's, with the launcher's strides (convpool_tc.forward_strides);
   colsplit   each row's even columns, then its odd ones: (c, y, x) at c·CS + y·RS + (x mod 2)·PX + x div 2
              (the v = 1 column then needs its own tap offset: b + v changes parity);
   regions    three column regions a row: region r index i holds column 2i + r (r = 0, 1, 2; the even
@@ -20,7 +20,7 @@ import argparse
 
 import numpy as np
 
-from graphtrain.kernels.convpool_tc import ConvPoolShape
+from graphtrain.kernels.convpool_tc import ConvPoolShape, wavefronts
 
 LAYERS = {"conv0 1→24 5×5 28×28": (1, 28, 5), "conv1 24→32 3×3 12×12": (24, 12, 3)}
 
@@ -45,17 +45,6 @@ def lane_reads(c_in: int, h: int, k: int):
                     for v in range(2):
                         out.append((c, 2 * wy + a + u, 2 * wx + b, np.full(32, v)))
     return np.array(out)  # (loads, 4, 32): c, y, x − v's base column (2wx + b), v
-
-
-def wavefronts(words: np.ndarray) -> np.ndarray:
-    """Each load's wavefronts: the most distinct words one bank serves."""
-    loads = words.shape[0]
-    s = np.sort(words, axis=1)
-    distinct = np.ones_like(s, bool)
-    distinct[:, 1:] = s[:, 1:] != s[:, :-1]
-    rows = np.repeat(np.arange(loads), 32).reshape(loads, 32)
-    counts = np.bincount((rows * 32 + s % 32)[distinct], minlength=loads * 32).reshape(loads, 32)
-    return counts.max(1)
 
 
 def rowmajor(reads, h, w):

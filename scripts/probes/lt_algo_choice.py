@@ -38,7 +38,6 @@ model = CnnDevice(cuda.open_device(), config.cnn_spec(speedrun), case.recipe, no
                   device_loop=True, models=args.models)
 s = model.stream
 print(f"{len(planned)} products planned", flush=True)
-start, end = cuda.Event(), cuda.Event()
 
 
 def candidates(lt, shape):
@@ -76,19 +75,6 @@ def config_of(lt, algo):
     return "id {} tile {} stages {} cluster {}".format(*out)
 
 
-def time_us(matmul, a, b, c, reps=50):
-    with cuda.Graph.capture(s) as g:
-        for _ in range(reps):
-            matmul(a, b, c, 1.0, 0.0, int(s.handle))
-    g.launch(s)
-    start.record(s)
-    g.launch(s)
-    end.record(s)
-    end.synchronize()
-    g.close()
-    return 1e3 * start.elapsed_ms(end) / reps
-
-
 seen = set()
 for gemms, key in planned:
     transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = key
@@ -113,7 +99,7 @@ for gemms, key in planned:
             except cublaslt.AlgoNotApplicableError:
                 row.append(float("nan"))
                 continue
-            row.append(time_us(mm, *bufs))
+            row.append(cuda.replay_us(lambda: mm(*bufs, 1.0, 0.0, int(s.handle)), s))
             mm.close()
         mark = " *" if akey == chosen else ""
         print(f"{config_of(lt, algo) + mark:42} {' '.join(ranks):28} {row[0]:8.2f} {row[1]:9.2f}")
