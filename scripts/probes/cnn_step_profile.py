@@ -60,6 +60,8 @@ for name, op in model.step_ops(s):
     print(f"{name:32} {us:8.2f}")
 print(f"{'sum':32} {total:8.2f}")
 print(f"{'one step graph, replayed':32} {cuda.replay_us(lambda: model.record_step(s), s, 20):8.2f}")
+print(f"{'the evaluation, replayed':32} {cuda.replay_us(lambda: model.record_eval(s), s, 3):8.2f}"
+      f"  ({model.num_test} test images in passes of {model.eval_rows})")
 if args.models > 1:
     print(f"({args.models} models a launch)\n```")
     sys.exit(0)
