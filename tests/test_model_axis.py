@@ -19,7 +19,8 @@ from graphtrain.libs import nvrtc
 from test_libs_cpu import ELF_MAGIC, read_params, recording_driver  # noqa: F401 (a fixture)
 
 S = 3 << 20  # bytes from one model's buffers to the next's
-DEVICE = types.SimpleNamespace(sm_count=132, arch="sm_90", ordinal=0)
+DEVICE = types.SimpleNamespace(sm_count=132, arch="sm_90", ordinal=0, sm_shared_bytes=228 * 1024, sm_registers=64 * 1024,
+                                 sm_threads=2048)
 # The speedrun cnn's conv layers: (c, h, w, outs, k).
 CONV1, CONV2 = (1, 28, 28, 24, 5), (24, 12, 12, 32, 3)
 
