@@ -31,6 +31,7 @@ def passes(cp, c, h, w, outs, k, first, n_eval=10_000) -> dict:
     for name in ("x", "w", "b", "dout"):
         d[name].upload(rng.standard_normal(d[name].shape).astype(np.float32) * 0.2, s)
     p = {key: buf.ptr for key, buf in d.items()}
+
     def us(enqueue) -> float:
         return cuda.replay_us(enqueue, s, REPS)
 

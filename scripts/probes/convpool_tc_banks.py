@@ -20,31 +20,18 @@ import argparse
 
 import numpy as np
 
+from graphtrain.kernels import convpool_tc
 from graphtrain.kernels.convpool_tc import ConvPoolShape, wavefronts
 
 LAYERS = {"conv0 1→24 5×5 28×28": (1, 28, 5), "conv1 24→32 3×3 12×12": (24, 12, 3)}
 
 
 def lane_reads(c_in: int, h: int, k: int):
-    """(c, y, x, v) read by each lane of every A load of one sample, as arrays (loads, 32)."""
-    wo = ho = (h - k + 1) // 2
-    plane, taps = ho * wo, c_in * k * k
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    out = []
-    for group in range((plane + 7) // 8):
-        win = group * 8 + g
-        valid = win < plane
-        wy, wx = np.where(valid, win // wo, 0), np.where(valid, win % wo, 0)
-        for ks in range((taps + 7) // 8):
-            for pair in range(2):
-                tap = ks * 8 + t + 4 * pair
-                tap = np.where(tap < taps, tap, 0)  # offset 0: tap (0, 0, 0)
-                c, a, b = tap // (k * k), tap // k % k, tap % k
-                for u in range(2):
-                    for v in range(2):
-                        out.append((c, 2 * wy + a + u, 2 * wx + b, np.full(32, v)))
-    return np.array(out)  # (loads, 4, 32): c, y, x − v's base column (2wx + b), v
+    """(c, y, x − v, v) read by each lane of every A load of one sample, as arrays (loads, 4, 32):
+    the launcher's forward_a_reads, whose loads run v = 0, 1 innermost, with the column split."""
+    reads = convpool_tc.forward_a_reads(c_in, h, h, k)
+    v = np.broadcast_to((np.arange(len(reads)) % 2)[:, None], (len(reads), 32))
+    return np.stack([reads[:, 0], reads[:, 1], reads[:, 2] - v, v], axis=1)
 
 
 def rowmajor(reads, h, w):
