@@ -103,10 +103,12 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // maximum in the order u·2 + v, as convpool.cu) happen in registers:
 //   out[s, o, wy, wx] = ReLU(max_{u,v} conv[s, o, 2wy + u, 2wx + v] + bias[o]).
 // The block stages every filter once (as B fragments), then up to TC_SPB samples at a time; a warp
-// takes (sample, group of 8 windows) items.
+// takes items of 8 consecutive windows of the round's samples, one after another (a group may
+// span two samples: its lanes' images differ, not its k-steps), so a plane that is no multiple of 8
+// wastes only its round's last group (the 24→32 3×3 layer's 25 windows: 4 groups a sample were 32
+// windows' work, 5 samples a round take 16 groups, 128 for 125).
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
-#define F_GROUPS ((PLANE + 7) / 8)
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
@@ -136,10 +138,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
         stage_rows_tf32<TC_W>([&](int r) { return xs + r / (TC_C * TC_H) * XS_WORDS + r / TC_H % TC_C * TC_CS + r % TC_H * TC_RS; },
                               x + (long long)s0 * IMAGE, count * TC_C * TC_H);
         __syncthreads();
-        for (int item = warp; item < count * F_GROUPS; item += TC_WARPS) {
-            const int sl = item / F_GROUPS, win = (item % F_GROUPS) * 8 + g;
-            const bool valid = win < PLANE;  // a group's windows past the plane compute window 0, unwritten
-            const char* img = reinterpret_cast<const char*>(xs + sl * XS_WORDS + (valid ? 2 * (win / WO) * TC_RS + 2 * (win % WO) : 0));
+        const int windows = count * PLANE;
+        for (int item = warp; item * 8 < windows; item += TC_WARPS) {
+            const int at = item * 8 + g;
+            const bool valid = at < windows;  // the last group's lanes past the round compute window 0, unwritten
+            const int sl = valid ? at / PLANE : 0, win = valid ? at % PLANE : 0;
+            const char* img = reinterpret_cast<const char*>(xs + sl * XS_WORDS + 2 * (win / WO) * TC_RS + 2 * (win % WO));
             const int2* lane_tapoff = tapoff + t;  // k-step ks's at lane_tapoff[4·ks]: an immediate offset
             const uint2* lane_b = bfrag + lane;    // (ks, nt)'s B fragment at lane_b[(ks·F_NT + nt)·32]
             float acc[2][F_NT][4] = {};
@@ -379,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
 // k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order after each chunk.
 #define W_MT ((TC_OUTS + 15) / 16)
 #define W_NT ((TAPS + 1 + 7) / 8)
-#define W_NTW 4
+#define W_NTW TC_WG_NTW  // the launcher's ConvPoolShape.weight_grad_tiles
 #define W_GROUPS ((W_NT + W_NTW - 1) / W_NTW)
 #define W_SLICES (TC_WARPS / W_GROUPS)
 #define W_KT ((4 * PLANE + 7) / 8)

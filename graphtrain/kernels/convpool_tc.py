@@ -30,9 +30,11 @@ WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 2
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
-# mma at 2, against 11 for 3 at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py), 1 beats 2
-# at one model and at 64: 2 leaves its 9 m-tiles 5 items for 8 warps, and needs more registers.
-BD_TILES = 1
+# mma at 2, against 11 for 3 at 1; the kernel is bound by its shared-memory loads, 92% of the L1's
+# wavefronts at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py --models 64), with the warps
+# a block chosen per layer (5 at 2: a sample's 5 items, the last of one m-tile): 288 µs at 2 against 354
+# at 1, the same at 56, 64 and 72 registers.
+BD_TILES = 2
 # convpool_tc_backward_data's warps a block (TC_BD_WARPS): None chooses them per layer
 # (ConvPoolShape.backward_data_geometry), a number fixes them (8, the other kernels' WARPS: one warp
 # of 8 takes the 24→32 3×3 layer's 9th m-tile while 7 wait at the next barrier).
@@ -52,6 +54,11 @@ BD_WARPS_RANGE = range(4, 17)  # the warps a backward-data block may have when c
 # On an H200 (scripts/probes/cnn_step_profile.py --models 64) the 24→32 3×3 layer's backward data took
 # 361 µs with it against 370 without (386 with 8 warps a block).
 BD_PREFETCH = True
+# The forward's samples a block stages a round (TC_SPB): None chooses them per layer
+# (ConvPoolShape.samples_per_block), a number fixes them for every layer (where they fit). Measured on
+# an H200 (scripts/probes/cnn_step_profile.py --models 64), the 24→32 3×3 layer's 25 windows a sample:
+# 2 samples a round (7 groups of 8 windows, one turn of 8 warps) 246 µs, 5 (16 groups, two turns) 263.
+FORWARD_SAMPLES: int | None = None
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
@@ -60,17 +67,19 @@ MIN_BLOCKS = 2
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
 WEIGHT_GRAD_MIN_BLOCKS = 2
 # The forward's staged image: image[c][y][x] at word c·CS + y·RS + x (convpool_tc.cu's TC_RS, TC_CS),
-# the strides chosen per layer by forward_strides(): the fewest shared-memory wavefronts a sample
+# the strides chosen per layer by forward_strides(): the fewest shared-memory wavefronts a round
 # (its A loads and its staging stores, modelled below) within STRIDE_SLACK_WORDS more words than
-# row-major. The speedrun's layers, row-major against chosen: 1→24 5×5 (RS 51) 984 + 25 against
-# 672 + 52 (the A loads spread over the banks; rows of 51 words turn the staging's 16-byte stores
-# into four 4-byte ones); 24→32 3×3 (RS 12, CS 148) 1584 + 108 against 1512 + 120 (RS 13, CS 171
-# would load in 1464 but stage 4-way conflicted in 240). PADDED_ROWS False: row-major (the A/B).
+# row-major. The speedrun's layers, row-major against chosen: 1→24 5×5, a sample (RS 51) 984 + 25
+# against 672 + 52 (the A loads spread over the banks; rows of 51 words turn the staging's 16-byte
+# stores into four 4-byte ones); 24→32 3×3, two samples (RS 12, CS 164) 2952 + 216 against
+# 2808 + 240 (RS 13, CS 171 would load in 2784 but stage 4-way conflicted in 480). Measured on an
+# H200 (cnn_step_profile.py --models 64), the 3×3 layer's forward at CS 164: 263 µs against 272 at
+# CS 148 (five samples a round). PADDED_ROWS False: row-major (the A/B).
 PADDED_ROWS = True
 STRIDE_SLACK_WORDS = 1024  # 4 KiB a staged sample: the padding may cost samples a round, not more
 # forward_strides' choice for the speedrun's layers, kept so a run does not search at setup;
 # tests/test_convpool_tc_emulated.py checks each entry against the search.
-KNOWN_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 148)}
+KNOWN_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 164)}
 
 
 def wavefronts(words: np.ndarray) -> np.ndarray:
@@ -85,22 +94,34 @@ def wavefronts(words: np.ndarray) -> np.ndarray:
     return counts.reshape(*words.shape[:-1], 32).max(-1).astype(np.int64)
 
 
-def forward_a_reads(c: int, h: int, w: int, k: int) -> np.ndarray:
-    """(c, y, x) of the image word each lane of each of a sample's forward A loads reads: an
-    array (loads, 3, 32). Lane (g, t) of k-step ks, tap pair p and m-tile u reads window
-    group·8 + g's conv position (2wy + u, 2wx + v) at tap ks·8 + t + 4p = (c, a, b): word
-    (c, 2wy + a + u, 2wx + b + v); windows past the plane read window 0, taps past the sum tap 0."""
+def forward_round_samples(c: int, h: int, w: int, k: int) -> int:
+    """The samples of a forward round as the wavefront model takes them: the most whose groups of 8
+    windows fit one turn of the WARPS warps, else 1 (ConvPoolShape.samples_per_block's choice where
+    a sample's groups fit a turn; where they do not, the groups of later samples repeat the first's
+    pattern only when the plane is a multiple of 8, as the speedrun's 1→24 5×5 layer's 144 is)."""
+    plane = ((h - k + 1) // 2) * ((w - k + 1) // 2)
+    return max(1, WARPS * 8 // plane)
+
+
+def forward_a_reads(c: int, h: int, w: int, k: int, samples: int) -> np.ndarray:
+    """(c', y, x) of the image word each lane of each forward A load reads in a round of `samples`
+    samples (c' = sample·c + c: the samples' images follow one another as their channels do): an
+    array (loads, 3, 32). Lane (g, t) of group j's k-step ks, tap pair p and m-tile u reads window
+    f = 8j + g of the round's windows in order (sample f / plane, window f mod plane; past the
+    round: sample 0's window 0, as the kernel) at conv position (2wy + u, 2wx + v) and tap
+    ks·8 + t + 4p = (c, a, b): word (c, 2wy + a + u, 2wx + b + v); taps past the sum read tap 0."""
     wo, plane, taps = (w - k + 1) // 2, ((h - k + 1) // 2) * ((w - k + 1) // 2), c * k * k
     lane = np.arange(32)
     g, t = lane // 4, lane % 4
     out = []
-    for group in range(_c(plane, 8)):
-        win = np.where(group * 8 + g < plane, group * 8 + g, 0)
+    for group in range(_c(samples * plane, 8)):
+        at = group * 8 + g
+        sample, win = divmod(np.where(at < samples * plane, at, 0), plane)
         wy, wx = win // wo, win % wo
         for ks in range(_c(taps, 8)):
             for pair in range(2):
                 tap = np.where(ks * 8 + t + 4 * pair < taps, ks * 8 + t + 4 * pair, 0)
-                ch, a, b = tap // (k * k), tap // k % k, tap % k
+                ch, a, b = sample * c + tap // (k * k), tap // k % k, tap % k
                 for u in range(2):
                     for v in range(2):
                         out.append((ch, 2 * wy + a + u, 2 * wx + b + v))
@@ -130,16 +151,17 @@ def staging_wavefronts(c: int, h: int, w: int, rs: int, cs: int) -> int:
 def forward_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
     """(RS, CS) of the forward's staged image: of RS in w..w+31 and CS in h·RS..h·RS+31 (a single
     channel: h·RS) within STRIDE_SLACK_WORDS words more than row-major, the fewest A-load plus
-    staging wavefronts a sample, ties to the fewest words, then to the smallest RS. A load's banks
+    staging wavefronts a round (forward_round_samples), ties to the fewest words, then to the smallest RS. A load's banks
     depend on (RS, CS) mod 32 only: those cover every pattern."""
-    reads = forward_a_reads(c, h, w, k)
+    samples = forward_round_samples(c, h, w, k)
+    reads = forward_a_reads(c, h, w, k, samples)
     ch, y, x = reads[:, 0], reads[:, 1], reads[:, 2]
     best = None
     for rs in range(w, w + 32):
         for cs in [h * rs] if c == 1 else range(h * rs, h * rs + 32):
             if c * cs > c * h * w + STRIDE_SLACK_WORDS:
                 break
-            cost = int(wavefronts(ch * cs + y * rs + x).sum()) + staging_wavefronts(c, h, w, rs, cs)
+            cost = int(wavefronts(ch * cs + y * rs + x).sum()) + samples * staging_wavefronts(c, h, w, rs, cs)
             if best is None or (cost, c * cs) < best[0]:
                 best = ((cost, c * cs), rs, cs)
     return best[1], best[2]
@@ -184,30 +206,42 @@ class ConvPoolShape:
         kk, plane = self.outs * self.k * self.k, (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2)
         return self.fragment_words(kk, self.c) + _c(kk, 8) * 8 + spb * self.outs * (plane + (48 - plane % 32) % 32)
 
+    def weight_grad_tiles(self) -> int:
+        """convpool_tc_weight_grad's n-tiles a warp (TC_WG_NTW): NTW, or all of them where fewer."""
+        return min(NTW, _c(self.taps + 1, 8))
+
     def weight_grad_groups(self) -> int:
-        """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
-        return _c(_c(self.taps + 1, 8), NTW)
+        """convpool_tc_weight_grad's n-tile groups (of weight_grad_tiles tiles of 8 taps, the bias one more tap)."""
+        return _c(_c(self.taps + 1, 8), self.weight_grad_tiles())
 
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
         pieces: convpool_tc.cu's ASYNC_STAGE), the image (even words), the conv positions' offsets in pairs."""
-        kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
+        kt, mt, groups, ntw = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups(), self.weight_grad_tiles()
         slices = WARPS // groups
-        red = slices * groups * mt * NTW * 128 if slices > 1 else 0
+        red = slices * groups * mt * ntw * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(self.image, 2) + kt * 8
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * ntw * 128 + raw + 2 * _c(self.image, 2) + kt * 8
 
-    def samples_per_block(self, words, items: int) -> int:
-        """Samples a forward block stages at once: the fewest whose items (`items` a sample) keep the
-        WARPS warps busiest (each round of items a warp, its last round's idle warps the waste; the
-        conv0 shape's 18 groups of windows: 4 samples, 72 items, 9 full rounds, against 18 items in
-        3 rounds, 6 of 24 warp-turns idle, at 1), within half the shared memory limit (two blocks an
-        SM at least), at most WARPS; at least 1."""
+    def samples_per_block(self, words, sm_shared: int) -> int:
+        """Samples a forward block stages a round (FORWARD_SAMPLES where set), within MAX_SHARED and
+        an SM's sm_shared bytes for MIN_BLOCKS blocks (each 1 KiB more). A round's windows run in
+        groups of 8, a warp's item (convpool_tc.cu). Where a sample's groups fit one turn of the
+        WARPS warps: the most samples whose groups still do (conv1's 25 windows: 2 samples, 7
+        groups); else the fewest of the busiest (busy: the windows over a round's turns × WARPS × 8;
+        conv0's 144 windows: 4 samples, 72 groups in 9 full turns); at least 1."""
+        limit = min(MAX_SHARED, sm_shared // MIN_BLOCKS - 1024)
+        fitting = [spb for spb in range(1, 2 * WARPS + 1) if spb == 1 or 4 * words(spb) <= limit]
+        if FORWARD_SAMPLES:
+            return min(FORWARD_SAMPLES, fitting[-1])
+        groups = [_c(spb * self.plane, 8) for spb in fitting]
+        if groups[0] <= WARPS:
+            return max(spb for spb, n in zip(fitting, groups) if n <= WARPS)
+
         def busy(spb: int) -> float:
-            return spb * items / (_c(spb * items, WARPS) * WARPS)
-        fitting = [spb for spb in range(1, WARPS + 1) if spb == 1 or 4 * words(spb) <= MAX_SHARED // 2]
+            return spb * self.plane / (_c(_c(spb * self.plane, 8), WARPS) * WARPS * 8)
         return min(fitting, key=lambda spb: (-busy(spb), spb))
 
     def backward_data_samples(self, warps: int) -> int:
@@ -272,7 +306,7 @@ class ConvPoolTc(KernelFile):
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
-               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS}
+               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -286,7 +320,7 @@ class ConvPoolTc(KernelFile):
         if not fits(c, h, w, outs, k, 1, 0, pool, first=False) and not fits(c, h, w, outs, k, 1, 0, pool, True):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
-        self.spb = s.samples_per_block(s.forward_words, ceil_div(s.plane, 8))  # items: groups of 8 windows
+        self.spb = s.samples_per_block(s.forward_words, device.sm_shared_bytes)
         self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
         # the backward data's block: bd_warps warps, bd_spb samples a round, bd_blocks blocks an SM
         self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
@@ -295,7 +329,7 @@ class ConvPoolTc(KernelFile):
                                   "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
-                                  "TC_BD_PREFETCH": int(BD_PREFETCH),
+                                  "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": s.weight_grad_tiles(),
                                   "TC_MIN_BLOCKS": MIN_BLOCKS})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps

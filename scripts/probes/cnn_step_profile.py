@@ -3,7 +3,9 @@ of its own and timed with CUDA events (GPU time, no host in it), then the whole 
 as one graph, and the whole run (device loop) as the speedrun times it. With --models K, the step
 of K models on one model axis (a sweep's pack, graphtrain.stages.cnn_pack's mode "axis"): each
 launch trains all K; the per-launch and whole-step times only.
-Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K] [--min-blocks B]"""
+With --once, each launch of one step runs once, eagerly, after a warm-up step, and nothing is timed:
+the run a kernel profiler attaches to (scripts/probes/cnn_step_ncu.sh).
+Usage: python3 scripts/probes/cnn_step_profile.py [--precision tf32|fp32] [--body N] [--models K] [--min-blocks B] [--once]"""
 
 import argparse
 import shlex
@@ -24,6 +26,7 @@ parser.add_argument("--nchw", action="store_true", help="cuDNN's convolutions on
 parser.add_argument("--models", type=int, default=1, help="models on one model axis (the fused conv kernels)")
 parser.add_argument("--min-blocks", type=int, default=0,
                     help="convpool_tc.cu's TC_MIN_BLOCKS (blocks an SM its forward and weight gradient are built for; 0: the default)")
+parser.add_argument("--once", action="store_true", help="run one step's launches once each, untimed (for ncu)")
 args = parser.parse_args()
 if args.min_blocks:
     from graphtrain.kernels import convpool_tc
@@ -43,6 +46,11 @@ model.reset(s)
 model.record_step(s)
 s.synchronize()
 start, end = cuda.Event(), cuda.Event()
+if args.once:
+    for _, op in model.step_ops(s):
+        op()
+    s.synchronize()
+    sys.exit(0)
 
 
 REPS = 50

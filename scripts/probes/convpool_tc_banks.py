@@ -1,6 +1,7 @@
 """Shared-memory wavefronts of convpool_tc.cu's forward A loads (the image's words a k-step's eight
 32-bit loads read: a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4] for the two m-tiles u) for the
-speedrun's two layers, computed on the CPU for a few layouts of the staged image:
+speedrun's two layers, a forward round's (the samples a block stages at once), computed on the CPU
+for a few layouts of the staged image (words: a sample's):
 
   rowmajor   image[c][y][x] at (c·H + y)·W + x;
   padded     at c·CS + y·RS + x: the kernel's, with the launcher's strides (convpool_tc.forward_strides);
@@ -27,9 +28,10 @@ LAYERS = {"conv0 1→24 5×5 28×28": (1, 28, 5), "conv1 24→32 3×3 12×12": (
 
 
 def lane_reads(c_in: int, h: int, k: int):
-    """(c, y, x − v, v) read by each lane of every A load of one sample, as arrays (loads, 4, 32):
+    """(c, y, x − v, v) read by each lane of every A load of one forward round (the samples
+    convpool_tc.forward_round_samples models; c counts on across them), as arrays (loads, 4, 32):
     the launcher's forward_a_reads, whose loads run v = 0, 1 innermost, with the column split."""
-    reads = convpool_tc.forward_a_reads(c_in, h, h, k)
+    reads = convpool_tc.forward_a_reads(c_in, h, h, k, convpool_tc.forward_round_samples(c_in, h, h, k))
     v = np.broadcast_to((np.arange(len(reads)) % 2)[:, None], (len(reads), 32))
     return np.stack([reads[:, 0], reads[:, 1], reads[:, 2] - v, v], axis=1)
 
@@ -82,7 +84,8 @@ def main():
         reads = lane_reads(c_in, h, k)
         loads = reads.shape[0]
         old = wavefronts(rowmajor(reads, h, h))
-        print(f"{name}: {loads} A loads a sample")
+        samples = convpool_tc.forward_round_samples(c_in, h, h, k)
+        print(f"{name}: {loads} A loads a round of {samples} sample(s)")
         print(f"  rowmajor            image {c_in * h * h:5d} words  {old.sum():5d} wavefronts ({old.mean():.2f} a load)")
         s = ConvPoolShape(c_in, h, h, k, 1)
         c, y, xb, v = reads.transpose(1, 0, 2)
