@@ -35,15 +35,16 @@ BOUND = 3e-3
 H100_SM = (228 * 1024, 64 * 1024, 2048)
 
 
-def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False) -> str:
+def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False,
+          tiles: int = convpool_tc.BD_TILES) -> str:
     """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
-    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM),
-    loading its next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
+    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM) with
+    `tiles` m-tiles an item, loading its next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
                "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
-               "TC_BD_PREFETCH": int(prefetch), "THREADS": THREADS}
+               "TC_BD_PREFETCH": int(prefetch), "TC_BD_MTW": tiles, "TC_WG_NTW": shape.weight_grad_tiles(), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -111,9 +112,10 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
     (c, h, k, outs), n, models, blocks, first, shared_input = CASES[case]
     shape = ConvPoolShape(c, h, h, k, outs)
     spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
-    bd = shape.backward_data_geometry(*H100_SM)
+    tiles = convpool_tc.BD_TILES_PACKED if models > 1 else convpool_tc.BD_TILES  # as ConvPoolTc's for `models`
+    bd = shape.backward_data_geometry(*H100_SM, tiles)
     bd_spb = bd[1]
-    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, tmp_path)
+    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, tmp_path, tiles=tiles)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
     w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
@@ -145,32 +147,30 @@ def test_forward_and_backward_data_match_float64(tmp_path, case, seed):
 
 
 def test_backward_data_geometry_keeps_every_warp_busy():
-    """The 24→32 3×3 layer's 9 m-tiles a sample: at two a warp's item (BD_TILES), 5 warps a block, 4
-    blocks an SM; at one, 9 warps, each an item a round, 4 blocks an SM at 56 registers (36 busy warps,
-    against 8 warps' 4 blocks × 9/16), 3 at 64; BD_WARPS fixes the warps."""
+    """The 24→32 3×3 layer's 9 m-tiles a sample: at two an item, 5 warps a block, 4 blocks an SM; at
+    one, 9 warps, each an item a round, 4 blocks an SM at 56 registers (36 busy warps, against 8
+    warps' 4 blocks × 9/16), 3 at 64; BD_WARPS fixes the warps."""
     shape = ConvPoolShape(24, 12, 12, 3, 32)
+    assert shape.backward_data_geometry(*H100_SM, 2) == (5, 1, 4)
+    assert shape.backward_data_geometry(*H100_SM, 1) == (9, 1, 4)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(convpool_tc, "BD_TILES", 2)
-        assert shape.backward_data_geometry(*H100_SM) == (5, 1, 4)
-        mp.setattr(convpool_tc, "BD_TILES", 1)
-        assert shape.backward_data_geometry(*H100_SM) == (9, 1, 4)
         mp.setattr(convpool_tc, "BD_REGISTERS", 64)
-        assert shape.backward_data_geometry(*H100_SM) == (9, 1, 3)  # 64 Ki / (288 × 64)
+        assert shape.backward_data_geometry(*H100_SM, 1) == (9, 1, 3)  # 64 Ki / (288 × 64)
         mp.setattr(convpool_tc, "BD_WARPS", 8)
-        assert shape.backward_data_geometry(*H100_SM) == (8, 1, 4)  # 64 Ki / (256 × 64)
+        assert shape.backward_data_geometry(*H100_SM, 1) == (8, 1, 4)  # 64 Ki / (256 × 64)
 
 
-# (c, h, k, outs), n, blocks a model, the fixed warps to compare the layer's own choice with: conv1's
-# shape (its 5 warps, a sample's 5 items of two m-tiles, against 8 and 3: one turn with idle warps,
-# or two), a 7×7 conv's 3 items (its 6 warps, two samples a round, against 8, 2 and 12: 3, 1 and 4).
+# (c, h, k, outs), n, blocks a model, the fixed warps to compare the layer's own choices with (at one
+# and at two m-tiles an item): conv1's shape (its 9 or 5 warps, against 8 and 3: turns with idle
+# warps, or more turns), a 7×7 conv's 6 m-tiles (against 8, 2 and 12 warps: 1 to 4 samples a round).
 GEOMETRY_CASES = {"conv1": ((24, 12, 3, 32), 5, 2, (8, 3)), "odd-shape": ((5, 9, 3, 10), 5, 2, (8, 2, 12))}
 
 
 @pytest.mark.parametrize("case", list(GEOMETRY_CASES))
 def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, seed):
-    """dx bit for bit the same whichever warps a block has (and so whichever warp takes an item,
-    how many samples a round), with the next sample loaded ahead or not: each output's k-steps
-    summed in the same order from 0."""
+    """dx bit for bit the same whichever m-tiles an item (a one-model launcher's and a packed one's),
+    warps a block (and so whichever warp takes an item, how many samples a round), with the next
+    sample loaded ahead or not: each output's k-steps summed in the same order from 0."""
     (c, h, k, outs), n, blocks, fixed = GEOMETRY_CASES[case]
     shape = ConvPoolShape(c, h, h, k, outs)
     spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
@@ -179,29 +179,30 @@ def test_backward_data_bits_do_not_depend_on_the_block_geometry(tmp_path, case, 
     w = (rng.standard_normal((1, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     bias = (0.1 * rng.standard_normal((1, outs))).astype(np.float32)
     dout = rng.standard_normal((1, n, outs, shape.hc // 2, shape.wc // 2)).astype(np.float32)
-    geometries = [shape.backward_data_geometry(*H100_SM)]
-    with pytest.MonkeyPatch.context() as mp:
-        for warps in fixed:
-            mp.setattr(convpool_tc, "BD_WARPS", warps)
-            geometries.append(shape.backward_data_geometry(*H100_SM))
-    assert len({g[:2] for g in geometries}) == len(geometries), f"{geometries}: the same block twice"
-    prefetching = [g for g in geometries if g[1] == 1]
+    geometries = []  # (m-tiles an item, (warps, samples a round, blocks an SM), prefetch)
+    for tiles in (convpool_tc.BD_TILES, convpool_tc.BD_TILES_PACKED):
+        geometries.append((tiles, shape.backward_data_geometry(*H100_SM, tiles), False))
+        with pytest.MonkeyPatch.context() as mp:
+            for warps in fixed:
+                mp.setattr(convpool_tc, "BD_WARPS", warps)
+                geometries.append((tiles, shape.backward_data_geometry(*H100_SM, tiles), False))
+    assert len({(t, g[:2]) for t, g, _ in geometries}) == len(geometries), f"{geometries}: the same block twice"
+    prefetching = [(t, g) for t, g, _ in geometries if g[1] == 1]
     assert prefetching, f"{geometries}: none of one sample a round, which the prefetch needs"
-    geometries.append(prefetching[0])
+    geometries.append((*prefetching[0], True))
     results = []
-    for i, bd in enumerate(geometries):
+    for i, (tiles, bd, prefetch) in enumerate(geometries):
         folder = tmp_path / str(i)
         folder.mkdir()
-        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, folder,
-                        prefetch=i == len(geometries) - 1)
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, folder, prefetch=prefetch,
+                        tiles=tiles)
         shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)),
                   4 * shape.backward_data_words(samples_per_round(bd[1], n, blocks)))
         results.append(run(program, folder, n, 1, (blocks, blocks), shared, x, w, bias, dout, True))
-    for i, (bd, (out, arg, dx)) in enumerate(zip(geometries[1:], results[1:]), 1):
-        bd = (*bd, "prefetch") if i == len(geometries) - 1 else bd
+    for geometry, (out, arg, dx) in zip(geometries[1:], results[1:]):
         assert np.array_equal(out.view(np.uint32), results[0][0].view(np.uint32)) and np.array_equal(arg, results[0][1])
         differ = np.count_nonzero(dx.view(np.uint32) != results[0][2].view(np.uint32))
-        assert differ == 0, f"{differ} of dx's words differ between blocks {geometries[0]} and {bd} (seed {seed})"
+        assert differ == 0, f"{differ} of dx's words differ between {geometries[0]} and {geometry} (seed {seed})"
 
 
 @pytest.mark.parametrize("case", ["conv0-rounds-models", "conv1-rounds-models", "odd-shape"])
@@ -223,7 +224,7 @@ def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, mon
         folder = tmp_path / str(padded)
         folder.mkdir()
         program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
-                        shape.backward_data_geometry(*H100_SM), folder)
+                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder)
         dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
         shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
         results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])

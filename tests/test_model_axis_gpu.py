@@ -95,17 +95,34 @@ SPAN = 215_360  # the speedrun cnn's parameters, each 64-float aligned in one sp
 CONVS = {"conv1": (1, 28, 28, 24, 5), "conv2": (24, 12, 12, 32, 3)}
 
 
-def conv_launcher(device, kind, c, h, w, outs, k):
+def conv_launcher(device, kind, c, h, w, outs, k, models=1):
     from graphtrain.kernels.convpool import ConvPool
     from graphtrain.kernels.convpool_tc import ConvPoolTc
 
-    return ConvPoolTc(device, c, h, w, k, 2, outs) if kind == "tf32" else ConvPool(device, c, k, 2, outs)
+    return ConvPoolTc(device, c, h, w, k, 2, outs, models=models) if kind == "tf32" else ConvPool(device, c, k, 2, outs)
+
+
+class PackedAndAlone:
+    """A layer's launcher built for K models (the packed launch) and one built for one (each model
+    alone), as a pack's and a single run's are (convpool_tc's backward data takes more m-tiles an
+    item packed): `of(models)` is the one a launch of `models` models uses."""
+
+    def __init__(self, make):
+        self.packed, self.alone = make(K), make(1)
+
+    def of(self, models):
+        return self.packed if models > 1 else self.alone
+
+    def close(self):
+        self.packed.close()
+        self.alone.close()
 
 
 def conv_case(device, rng, kind, layer, passes):
     c, h, w, outs, k = CONVS[layer]
     ho, wo = (h - k + 1) // 2, (w - k + 1) // 2
-    cp = conv_launcher(device, kind, c, h, w, outs, k)
+    launchers = PackedAndAlone(lambda models: conv_launcher(device, kind, c, h, w, outs, k, models))
+    cp = launchers.alone
     shared = {"x": randn(rng, N, c, h, w)} if passes == "forward, shared input" else {}
 
     def model():
@@ -121,6 +138,7 @@ def conv_case(device, rng, kind, layer, passes):
         return m | {"dx": nan(N, c, h, w)}, ("dx",)
 
     def launch(s, p, **axis):
+        cp = launchers.of(axis["models"])
         if passes.startswith("forward"):
             cp.forward(s, p("x"), p("w"), p("b"), p("out"), p("arg"), N, outs, h, w,
                        shared_input=passes == "forward, shared input", **axis)
@@ -129,7 +147,7 @@ def conv_case(device, rng, kind, layer, passes):
         else:
             cp.backward_data(s, p("dout"), p("arg"), p("w"), p("dx"), N, outs, h, w, **axis)
 
-    return cp, shared, model, launch
+    return launchers, shared, model, launch
 
 
 def kernel_case(device, rng, name):

@@ -30,11 +30,14 @@ WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 2
 NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
 # convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
-# mma at 2, against 11 for 3 at 1; the kernel is bound by its shared-memory loads, 92% of the L1's
-# wavefronts at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py --models 64), with the warps
-# a block chosen per layer (5 at 2: a sample's 5 items, the last of one m-tile): 288 µs at 2 against 354
-# at 1, the same at 56, 64 and 72 registers.
-BD_TILES = 2
+# mma at 2, against 11 for 3 at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py), with the
+# warps a block chosen per layer (9 at 1; 5 at 2: a sample's 5 items, the last of one m-tile): at 64
+# models, bound by the shared-memory loads (92% of the L1's wavefronts at 1), 288 µs at 2 against 354
+# at 1, the same at 56, 64 and 72 registers; at one model 12.2 µs at 2 against 10.6 at 1. dx's bits do
+# not depend on it (each output's k-steps in order), so a launcher for one model takes BD_TILES and
+# one for several BD_TILES_PACKED, and the packed models still match their runs alone.
+BD_TILES = 1
+BD_TILES_PACKED = 2
 # convpool_tc_backward_data's warps a block (TC_BD_WARPS): None chooses them per layer
 # (ConvPoolShape.backward_data_geometry), a number fixes them (8, the other kernels' WARPS: one warp
 # of 8 takes the 24→32 3×3 layer's 9th m-tile while 7 wait at the next barrier).
@@ -244,20 +247,21 @@ class ConvPoolShape:
             return spb * self.plane / (_c(_c(spb * self.plane, 8), WARPS) * WARPS * 8)
         return min(fitting, key=lambda spb: (-busy(spb), spb))
 
-    def backward_data_samples(self, warps: int) -> int:
-        """Samples a backward-data block of `warps` warps stages at once: about one item (BD_TILES
+    def backward_data_samples(self, warps: int, tiles: int) -> int:
+        """Samples a backward-data block of `warps` warps stages at once: about one item (`tiles`
         m-tiles of 16 input positions) a warp, within half the shared memory limit; at least 1 (the
         24→32 3×3 layer: 1; two do not fit half the limit)."""
-        spb = max(1, round(warps / self.backward_data_items()))
+        spb = max(1, round(warps / self.backward_data_items(tiles)))
         while spb > 1 and 4 * self.backward_data_words(spb) > MAX_SHARED // 2:
             spb -= 1
         return spb
 
-    def backward_data_items(self) -> int:
-        """A sample's backward-data items: its input positions' m-tiles of 16, BD_TILES an item."""
-        return _c(_c(self.h * self.w, 16), BD_TILES)
+    def backward_data_items(self, tiles: int) -> int:
+        """A sample's backward-data items: its input positions' m-tiles of 16, `tiles` an item (TC_BD_MTW)."""
+        return _c(_c(self.h * self.w, 16), tiles)
 
-    def backward_data_geometry(self, sm_shared: int, sm_registers: int, sm_threads: int) -> tuple[int, int, int]:
+    def backward_data_geometry(self, sm_shared: int, sm_registers: int, sm_threads: int,
+                               tiles: int) -> tuple[int, int, int]:
         """The backward data's (warps a block, samples a round, blocks an SM), on an SM of sm_shared
         bytes of shared memory, sm_registers registers and sm_threads threads (the device's): with
         BD_WARPS None the warps in BD_WARPS_RANGE that keep the most warps of an SM busy in a round
@@ -270,10 +274,10 @@ class ConvPoolShape:
         16: 2 blocks, 18. Two samples a round (18 items) do not fit half the shared memory limit (nor
         two blocks of them an SM's: 2 × 26.6 KB of conv gradients + 27.6 KB of B fragments), so 8
         warps cannot take whole turns of items."""
-        items = self.backward_data_items()
+        items = self.backward_data_items(tiles)
 
         def geometry(warps: int) -> tuple[int, int, int]:
-            spb, threads = self.backward_data_samples(warps), 32 * warps
+            spb, threads = self.backward_data_samples(warps, tiles), 32 * warps
             blocks = min(sm_registers // (threads * BD_REGISTERS), sm_threads // threads,
                          sm_shared // (4 * self.backward_data_words(spb) + 1024))
             return warps, spb, max(1, blocks)
@@ -316,18 +320,20 @@ class ConvPoolTc(KernelFile):
     _convpool_tc_reduce = kernel("convpool_tc_reduce", PTR, PTR, PTR, I32, I64)
     note = "TF32 tensor cores, fp32 sums (convpool_tc.cu's fused conv+bias+pool+ReLU implicit GEMMs)"
 
-    def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int):
+    def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int, models: int = 1):
         if not fits(c, h, w, outs, k, 1, 0, pool, first=False) and not fits(c, h, w, outs, k, 1, 0, pool, True):
             raise ValueError(f"a {c}×{h}×{w} input, {outs} {k}×{k} filters and pool {pool} do not fit convpool_tc.cu")
         self.shape = s = ConvPoolShape(c, h, w, k, outs)
         self.spb = s.samples_per_block(s.forward_words, device.sm_shared_bytes)
         self.spb_alone = max(1, round(WARPS / ceil_div(s.plane, 8)))  # a one-model launch's blocks: about a sample's groups a warp
-        # the backward data's block: bd_warps warps, bd_spb samples a round, bd_blocks blocks an SM
+        # the backward data's block: bd_tiles m-tiles an item, bd_warps warps, bd_spb samples a round,
+        # bd_blocks blocks an SM (launches of `models` models)
+        self.bd_tiles = BD_TILES_PACKED if models > 1 else BD_TILES
         self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
-            device.sm_shared_bytes, device.sm_registers, device.sm_threads)
+            device.sm_shared_bytes, device.sm_registers, device.sm_threads, self.bd_tiles)
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
-                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": BD_TILES,
+                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": self.bd_tiles,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
                                   "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": s.weight_grad_tiles(),
                                   "TC_MIN_BLOCKS": MIN_BLOCKS})

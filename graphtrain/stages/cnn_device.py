@@ -222,7 +222,7 @@ class CnnDevice:
         layer = s.layer
         if self.recipe.precision == "tf32" and convpool_tc.fits(s.c, s.h, s.w, s.outs, layer.kernel, layer.stride,
                                                                  layer.padding, s.pool, s.first):
-            return ConvPoolTc(device, s.c, s.h, s.w, layer.kernel, s.pool, s.outs)
+            return ConvPoolTc(device, s.c, s.h, s.w, layer.kernel, s.pool, s.outs, models=self.models)
         return ConvPool(device, s.c, layer.kernel, s.pool, s.outs)
 
     def _reserve(self, arena: Arena, spec: CnnSpec, shapes: list[ConvShape]) -> None:

@@ -1,7 +1,8 @@
 """convpool_tc.cu's passes on a model axis, for compute-sanitizer: the speedrun's two conv layers,
 MODELS models of N samples each (the forward's and backward data's blocks looping over rounds of
-samples, the weight gradient on TC_REDUCE_SLICES blocks a model, each adding several chunks and
-copying its next sample ahead), on seeded random inputs; prints each output's checksum.
+samples, the backward data at a pack's m-tiles an item, the weight gradient on TC_REDUCE_SLICES
+blocks a model, each adding several chunks and copying its next sample ahead), on seeded random
+inputs; prints each output's checksum.
 Usage: python3 scripts/checks/convpool_axis.py [MODELS] [N]"""
 
 import sys
@@ -19,7 +20,7 @@ stream = cuda.Stream()
 rng = np.random.default_rng(0)
 f32 = np.float32
 for c, h, k, outs in ((1, 28, 5, 24), (24, 12, 3, 32)):
-    cp = ConvPoolTc(device, c, h, h, k, 2, outs)
+    cp = ConvPoolTc(device, c, h, h, k, 2, outs, models=models)
     if cp.weight_grad_blocks(n, models) == cp.chunks(n):
         raise SystemExit(f"{models} models of {n} samples: the weight gradient would not loop over chunks")
     ho = (h - k + 1) // 2
