@@ -106,7 +106,7 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // takes items of 8 consecutive windows of the round's samples, one after another (a group may
 // span two samples: its lanes' images differ, not its k-steps), so a plane that is no multiple of 8
 // wastes only its round's last group (the 24→32 3×3 layer's 25 windows: 4 groups a sample were 32
-// windows' work, 5 samples a round take 16 groups, 128 for 125).
+// windows' work; two samples a round take 7 groups, 56 for 50).
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(

@@ -27,7 +27,10 @@ BLOCKS_PER_SM = 4  # the forward grid: at most this many blocks an SM, looping o
 # (the 1→24 5×5 layer: 285 µs against 318), 1 beats 2 at one model by 0.3 µs.
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 2
-NTW = 4  # convpool_tc_weight_grad: n-tiles (8 taps each) per warp
+# convpool_tc_weight_grad: n-tiles (8 taps each) a warp (TC_WG_NTW, at most a layer's own). On an H200
+# (scripts/probes/cnn_step_profile.py --models 64), the 24→32 3×3 layer at 7 (4 groups of two slices,
+# every warp busy, against 7 groups of one, a warp idle, at 4): 625 µs against 292.
+NTW = 4
 # convpool_tc_backward_data: m-tiles (16 input positions) a warp's item, each k-step's B fragments and
 # offsets loaded once for all of them (the 24→32 3×3 layer: 15 shared-memory wavefronts a k-step for 6
 # mma at 2, against 11 for 3 at 1). Measured on an H200 (scripts/probes/cnn_step_profile.py), with the
@@ -60,11 +63,13 @@ BD_PREFETCH = True
 # The forward's samples a block stages a round (TC_SPB): None chooses them per layer
 # (ConvPoolShape.samples_per_block), a number fixes them for every layer (where they fit). Measured on
 # an H200 (scripts/probes/cnn_step_profile.py --models 64), the 24→32 3×3 layer's 25 windows a sample:
-# 2 samples a round (7 groups of 8 windows, one turn of 8 warps) 246 µs, 5 (16 groups, two turns) 263.
+# 2 samples a round (7 groups of 8 windows, one turn of 8 warps) 246 µs, 1: 292, 3: 265, 5 (16 groups,
+# two turns) 263; the 1→24 5×5 layer's 144: 4 samples 202 µs, 1: 253, 3: 210.
 FORWARD_SAMPLES: int | None = None
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
-# without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes.
+# without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes (on an H200 at 64 models: the 1→24
+# 5×5 layer 263 µs against 202 at 2, the 24→32 3×3 327 against 263, five samples a round).
 MIN_BLOCKS = 2
 # The weight gradient's __launch_bounds__ blocks an SM (TC_WG_MIN_BLOCKS): 256 threads of at most 128
 # registers, two blocks in an SM's 64 Ki registers (the speedrun's layers' shared memory allows two).
@@ -154,8 +159,8 @@ def staging_wavefronts(c: int, h: int, w: int, rs: int, cs: int) -> int:
 def forward_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
     """(RS, CS) of the forward's staged image: of RS in w..w+31 and CS in h·RS..h·RS+31 (a single
     channel: h·RS) within STRIDE_SLACK_WORDS words more than row-major, the fewest A-load plus
-    staging wavefronts a round (forward_round_samples), ties to the fewest words, then to the smallest RS. A load's banks
-    depend on (RS, CS) mod 32 only: those cover every pattern."""
+    staging wavefronts a round (forward_round_samples), ties to the fewest words, then to the
+    smallest RS. A load's banks depend on (RS, CS) mod 32 only: those cover every pattern."""
     samples = forward_round_samples(c, h, w, k)
     reads = forward_a_reads(c, h, w, k, samples)
     ch, y, x = reads[:, 0], reads[:, 1], reads[:, 2]
