@@ -36,15 +36,17 @@ H100_SM = (228 * 1024, 64 * 1024, 2048)
 
 
 def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False,
-          tiles: int = convpool_tc.BD_TILES) -> str:
+          tiles: int = convpool_tc.BD_TILES, tail_k4: bool = False) -> str:
     """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
-    spb samples a round, the backward data bd = (warps a block, samples a round, blocks an SM) with
-    `tiles` m-tiles an item, loading its next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
+    spb samples a round (its last k-step as m16n8k4 mma where `tail_k4`: TC_TAIL_K4), the backward
+    data bd = (warps a block, samples a round, blocks an SM) with `tiles` m-tiles an item, loading its
+    next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
                "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
-               "TC_BD_PREFETCH": int(prefetch), "TC_BD_MTW": tiles, "TC_WG_NTW": shape.weight_grad_tiles(), "THREADS": THREADS}
+               "TC_BD_PREFETCH": int(prefetch), "TC_BD_MTW": tiles, "TC_TAIL_K4": int(tail_k4),
+               "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -231,6 +233,51 @@ def test_forward_padded_strides_same_bits_as_row_major(tmp_path, case, seed, mon
     (out_p, arg_p), (out_r, arg_r) = results
     assert np.array_equal(out_p.view(np.uint32), out_r.view(np.uint32)), f"out differs (seed {seed})"
     assert np.array_equal(arg_p, arg_r), f"arg differs (seed {seed})"
+
+
+# Layers whose last k-step holds at most 4 taps: conv0's 25 (one) and a 7×7 conv of 3 channels' 27 (three).
+TAIL_CASES = {"conv0-rounds-models": CASES["conv0-rounds-models"],
+              "three-channels-7x7": ((3, 9, 3, 10), 7, 3, 3, False, True)}
+
+
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, seed):
+    """FORWARD_TAIL_K4: the last k-step as m16n8k4 mma: out against float64, and in the emulation (an
+    mma's sums in double) the same bits as the full k-step, whose other 4 taps are zero weights: the
+    k4 fragments take the same A and B words."""
+    (c, h, k, outs), n, models, blocks, _, shared_input = TAIL_CASES[case]
+    shape = ConvPoolShape(c, h, h, k, outs)
+    assert 0 < shape.taps % 8 <= 4, "no k-step of at most 4 taps to test"
+    spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
+    shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
+    results = []
+    for tail_k4 in (True, False):
+        folder = tmp_path / str(tail_k4)
+        folder.mkdir()
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
+                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder, tail_k4=tail_k4)
+        results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
+    (out, arg), (out_full, arg_full) = results
+    for m in range(models):
+        ref, _ = reference_forward(x[0 if shared_input else m].astype(np.float64), w[m].astype(np.float64),
+                                   bias[m].astype(np.float64), k)
+        err = rel_err(out[m], ref)
+        assert err < BOUND, f"forward with the k4 tail, model {m}: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
+    assert np.array_equal(out.view(np.uint32), out_full.view(np.uint32)), f"out differs (seed {seed})"
+    assert np.array_equal(arg, arg_full), f"arg differs (seed {seed})"
+
+
+def test_the_forward_tail_k4_compiles_for_hopper(nvrtc_available, cache):
+    """The m16n8k4 mma's PTX assembles (ptxas, through NVRTC) for the 1→24 5×5 layer with the tail on."""
+    shape = ConvPoolShape(1, 28, 28, 5, 24)
+    defines = {**ConvPoolTc.defines, "TC_C": 1, "TC_H": 28, "TC_W": 28, "TC_K": 5, "TC_OUTS": 24,
+               "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": 4, "TC_TAIL_K4": 1}
+    assert ConvPoolTc.cubin("sm_90", defines).startswith(b"\x7fELF")
 
 
 def test_known_strides_are_what_the_search_chooses():

@@ -109,6 +109,10 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // windows' work; two samples a round take 7 groups, 56 for 50).
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
+// TC_TAIL_K4 (the launcher's FORWARD_TAIL_K4): where the last k-step holds at most 4 taps, it runs as
+// m16n8k4 mma (taps ks·8 + t only): half its A loads and products (the 1→24 5×5 layer's 25 taps: 28
+// of 32 k's, not 32). Its B words t + 4 are zero weights either way.
+#define F_TAIL_K4 (TC_TAIL_K4 && TAPS % 8 != 0 && TAPS % 8 <= 4)
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
@@ -153,6 +157,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
             for (int ks = 0; ks < F_KT; ++ks) {
                 const int2 tk = lane_tapoff[ks * 4];
                 const unsigned* r0 = reinterpret_cast<const unsigned*>(img + tk.x);
+                if (F_TAIL_K4 && ks == F_KT - 1) {  // a = A[g][t], A[g+8][t]; b = B[t][g]
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        const unsigned a[2] = {r0[u * TC_RS], r0[u * TC_RS + 1]};
+#pragma unroll
+                        for (int nt = 0; nt < F_NT; ++nt) mma_tf32_k4(acc[u][nt], a, lane_b[(ks * F_NT + nt) * 32].x);
+                    }
+                    break;
+                }
                 const unsigned* r1 = reinterpret_cast<const unsigned*>(img + tk.y);
                 unsigned a[2][4];
 #pragma unroll
@@ -383,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
 // k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order after each chunk.
 #define W_MT ((TC_OUTS + 15) / 16)
 #define W_NT ((TAPS + 1 + 7) / 8)
-#define W_NTW TC_WG_NTW  // the launcher's ConvPoolShape.weight_grad_tiles
+#define W_NTW TC_WG_NTW  // the launcher's NTW
 #define W_GROUPS ((W_NT + W_NTW - 1) / W_NTW)
 #define W_SLICES (TC_WARPS / W_GROUPS)
 #define W_KT ((4 * PLANE + 7) / 8)

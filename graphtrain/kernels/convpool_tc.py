@@ -27,7 +27,7 @@ BLOCKS_PER_SM = 4  # the forward grid: at most this many blocks an SM, looping o
 # (the 1→24 5×5 layer: 285 µs against 318), 1 beats 2 at one model by 0.3 µs.
 WEIGHT_GRAD_SAMPLES = 2
 WEIGHT_GRAD_SAMPLES_ONE_CHANNEL = 2
-# convpool_tc_weight_grad: n-tiles (8 taps each) a warp (TC_WG_NTW, at most a layer's own). On an H200
+# convpool_tc_weight_grad: n-tiles (8 taps each) a warp (TC_WG_NTW; a last group may have fewer). On an H200
 # (scripts/probes/cnn_step_profile.py --models 64), the 24→32 3×3 layer at 7 (4 groups of two slices,
 # every warp busy, against 7 groups of one, a warp idle, at 4): 625 µs against 292.
 NTW = 4
@@ -66,6 +66,10 @@ BD_PREFETCH = True
 # 2 samples a round (7 groups of 8 windows, one turn of 8 warps) 246 µs, 1: 292, 3: 265, 5 (16 groups,
 # two turns) 263; the 1→24 5×5 layer's 144: 4 samples 202 µs, 1: 253, 3: 210.
 FORWARD_SAMPLES: int | None = None
+# The forward's last k-step as m16n8k4 mma where it holds at most 4 taps (TC_TAIL_K4; the 1→24 5×5
+# layer's 25 taps: its 4th k-step has one). Off until measured: it does an eighth less of that
+# layer's A loads and products; the sums are the same terms (the k-step's other 4 are zero weights).
+FORWARD_TAIL_K4 = False
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes (on an H200 at 64 models: the 1→24
@@ -214,24 +218,20 @@ class ConvPoolShape:
         kk, plane = self.outs * self.k * self.k, (self.hc + 2 * self.k - 2) * (self.wc + 2 * self.k - 2)
         return self.fragment_words(kk, self.c) + _c(kk, 8) * 8 + spb * self.outs * (plane + (48 - plane % 32) % 32)
 
-    def weight_grad_tiles(self) -> int:
-        """convpool_tc_weight_grad's n-tiles a warp (TC_WG_NTW): NTW, or all of them where fewer."""
-        return min(NTW, _c(self.taps + 1, 8))
-
     def weight_grad_groups(self) -> int:
-        """convpool_tc_weight_grad's n-tile groups (of weight_grad_tiles tiles of 8 taps, the bias one more tap)."""
-        return _c(_c(self.taps + 1, 8), self.weight_grad_tiles())
+        """convpool_tc_weight_grad's n-tile groups (of NTW tiles of 8 taps, the bias one more tap)."""
+        return _c(_c(self.taps + 1, 8), NTW)
 
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
         pieces: convpool_tc.cu's ASYNC_STAGE), the image (even words), the conv positions' offsets in pairs."""
-        kt, mt, groups, ntw = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups(), self.weight_grad_tiles()
+        kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
-        red = slices * groups * mt * ntw * 128 if slices > 1 else 0
+        red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * ntw * 128 + raw + 2 * _c(self.image, 2) + kt * 8
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(self.image, 2) + kt * 8
 
     def samples_per_block(self, words, sm_shared: int) -> int:
         """Samples a forward block stages a round (FORWARD_SAMPLES where set), within MAX_SHARED and
@@ -315,7 +315,8 @@ class ConvPoolTc(KernelFile):
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
-               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW}
+               "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW,
+               "TC_TAIL_K4": 0}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -340,8 +341,8 @@ class ConvPoolTc(KernelFile):
                                   "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": self.bd_tiles,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
-                                  "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": s.weight_grad_tiles(),
-                                  "TC_MIN_BLOCKS": MIN_BLOCKS})
+                                  "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
+                                  "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4)})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES

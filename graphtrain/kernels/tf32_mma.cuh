@@ -10,6 +10,12 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// D += A·B for one m16n8k4 tile (half an m16n8k8's k): a = A[g][t], A[g+8][t]; b = B[t][g]; d as above.
+__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], const unsigned (&a)[2], unsigned b) {
+    asm volatile("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b));
+}
 // v = hi + lo exactly: hi is v with its low 13 mantissa bits cleared (a TF32 value), lo the
 // rest. The mma reads only a TF32 operand's top 19 bits, so lo loses ~2⁻¹⁰ of itself, ~2⁻²⁰ of
 // v. (Two integer/float instructions; cvt.rna.tf32 takes about five.)

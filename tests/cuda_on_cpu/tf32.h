@@ -1,5 +1,6 @@
 // What persistent_cnn.cu uses beyond prelude.h, emulated on the CPU (tests/test_persistent_cnn_emulated.py):
-// the TF32 mma.sync m16n8k8 computed from its 32 lanes' registers as PTX lays out its fragments
+// the TF32 mma.sync m16n8k8 (and the m16n8k4 convpool_tc.cu's forward may take) computed from its
+// 32 lanes' registers as PTX lays out its fragments
 // (tf32_mma.cuh), each operand read as the hardware reads it (its top 19 bits), the sums in double;
 // and the few math functions optim.cu's schedule and update take.
 #include "prelude.h"
@@ -24,6 +25,25 @@ inline void mma_tf32_emulated(float (&d)[4], const unsigned (&a)[4], const unsig
     for (int i = 0; i < 4; ++i) {
         double s = 0.0;
         for (int k = 0; k < 8; ++k) s += A(rows[i], k) * B(k, cols[i]);
+        out[i] = d[i] + (float)s;
+    }
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+// D += A·B, m16n8k4 (half the k of the above): a = A[g][t], A[g+8][t]; b = B[t][g]; d as above.
+inline void mma_tf32_k4_emulated(float (&d)[4], const unsigned (&a)[2], unsigned b) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.u[l][0] = a[0]; w.u[l][1] = a[1]; w.u[l][2] = b;
+    w.bar.arrive_and_wait();
+    auto tf32 = [](unsigned bits) { return (double)__uint_as_float(bits & 0xffffe000u); };
+    auto A = [&](int r, int k) { return tf32(w.u[(r % 8) * 4 + k][r >= 8 ? 1 : 0]); };
+    auto B = [&](int k, int n) { return tf32(w.u[n * 4 + k][2]); };
+    const int g = l >> 2, t = l & 3;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        double s = 0.0;
+        for (int k = 0; k < 4; ++k) s += A(rows[i], k) * B(k, cols[i]);
         out[i] = d[i] + (float)s;
     }
     w.bar.arrive_and_wait();
