@@ -21,6 +21,19 @@ for run in "memcheck adam" "racecheck adam no-loop" "synccheck adam no-loop" "me
     echo "FAILED  $name (see $name.log)"; status=1
   fi
 done
+# convpool_tc on a model axis (the packed launcher: rounds of samples, two m-tiles an item, the weight
+# gradient's slices of chunks), once as built and once with the forward's m16n8k4 tail (FORWARD_TAIL_K4).
+for tail in False True; do
+  for tool in memcheck racecheck synccheck; do
+    name="$tool-axis-tail-k4-$tail"
+    if compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 python3 scripts/probes/variant.py \
+        graphtrain.kernels.convpool_tc.FORWARD_TAIL_K4=$tail -- scripts/checks/convpool_axis.py 34 32 > "$out/$name.log" 2>&1; then
+      echo "ok      $name"
+    else
+      echo "FAILED  $name (see $name.log)"; status=1
+    fi
+  done
+done
 # The persistent rung's grid kernel (kernels/persistent_cnn.cu): an epoch of 200 images at batch 128
 # (a step and a tail of 72) and the evaluation of 100 (one pass of part of a batch): every phase and barrier
 # of a step; racecheck for its shared memory (the staged tiles, the samples' maps, the conv gradient
