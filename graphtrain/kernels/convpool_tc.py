@@ -244,9 +244,8 @@ class ConvPoolShape:
         fitting = [spb for spb in range(1, 2 * WARPS + 1) if spb == 1 or 4 * words(spb) <= limit]
         if FORWARD_SAMPLES:
             return min(FORWARD_SAMPLES, fitting[-1])
-        groups = [_c(spb * self.plane, 8) for spb in fitting]
-        if groups[0] <= WARPS:
-            return max(spb for spb, n in zip(fitting, groups) if n <= WARPS)
+        if _c(self.plane, 8) <= WARPS:  # a sample's groups fit one turn
+            return min(forward_round_samples(self.c, self.h, self.w, self.k), fitting[-1])
 
         def busy(spb: int) -> float:
             return spb * self.plane / (_c(_c(spb * self.plane, 8), WARPS) * WARPS * 8)

@@ -30,22 +30,9 @@ inline void mma_tf32_emulated(float (&d)[4], const unsigned (&a)[4], const unsig
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
-// D += A·B, m16n8k4 (half the k of the above): a = A[g][t], A[g+8][t]; b = B[t][g]; d as above.
+// D += A·B, m16n8k4: a = A[g][t], A[g+8][t]; b = B[t][g]: the m16n8k8's fragments with k = t + 4's
+// words 0, so the above with those words zero.
 inline void mma_tf32_k4_emulated(float (&d)[4], const unsigned (&a)[2], unsigned b) {
-    WarpCtx& w = *warp_ctx; const int l = lane_id();
-    w.u[l][0] = a[0]; w.u[l][1] = a[1]; w.u[l][2] = b;
-    w.bar.arrive_and_wait();
-    auto tf32 = [](unsigned bits) { return (double)__uint_as_float(bits & 0xffffe000u); };
-    auto A = [&](int r, int k) { return tf32(w.u[(r % 8) * 4 + k][r >= 8 ? 1 : 0]); };
-    auto B = [&](int k, int n) { return tf32(w.u[n * 4 + k][2]); };
-    const int g = l >> 2, t = l & 3;
-    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-    float out[4];
-    for (int i = 0; i < 4; ++i) {
-        double s = 0.0;
-        for (int k = 0; k < 4; ++k) s += A(rows[i], k) * B(k, cols[i]);
-        out[i] = d[i] + (float)s;
-    }
-    w.bar.arrive_and_wait();
-    for (int i = 0; i < 4; ++i) d[i] = out[i];
+    const unsigned a8[4] = {a[0], a[1], 0u, 0u}, b8[2] = {b, 0u};
+    mma_tf32_emulated(d, a8, b8);
 }
