@@ -36,17 +36,18 @@ H100_SM = (228 * 1024, 64 * 1024, 2048)
 
 
 def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False,
-          tiles: int = convpool_tc.BD_TILES, tail_k4: bool = False) -> str:
+          tiles: int = convpool_tc.BD_TILES, tail_k4: bool = False, b_regs: bool | None = None) -> str:
     """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
     spb samples a round (its last k-step as m16n8k4 mma where `tail_k4`: TC_TAIL_K4), the backward
     data bd = (warps a block, samples a round, blocks an SM) with `tiles` m-tiles an item, loading its
-    next sample into registers ahead where `prefetch` (TC_BD_PREFETCH)."""
+    next sample into registers ahead where `prefetch` (TC_BD_PREFETCH); the forward's B fragments in
+    registers where `b_regs` (TC_B_REGS; None: as the launcher chooses for the shape)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
                "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
                "TC_BD_PREFETCH": int(prefetch), "TC_BD_MTW": tiles, "TC_TAIL_K4": int(tail_k4),
-               "THREADS": THREADS}
+               "TC_B_REGS": int(shape.forward_b_registers() if b_regs is None else b_regs), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -270,6 +271,36 @@ def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, see
         assert err < BOUND, f"forward with the k4 tail, model {m}: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
     assert np.array_equal(out.view(np.uint32), out_full.view(np.uint32)), f"out differs (seed {seed})"
     assert np.array_equal(arg, arg_full), f"arg differs (seed {seed})"
+
+
+@pytest.mark.parametrize("tail_k4", [False, True], ids=["k8", "k4-tail"])
+def test_forward_b_fragments_in_registers_give_the_same_bits(tmp_path, tail_k4, seed):
+    """TC_B_REGS: a lane's B fragments held in registers, loaded once a block, take the same words
+    into the same mma as its loads from shared memory at each k-step: the same out and arg bits."""
+    (c, h, k, outs), n, models, blocks, _, shared_input = CASES["conv0-rounds-models"]
+    shape = ConvPoolShape(c, h, h, k, outs)
+    assert shape.forward_b_registers(), "the launcher no longer holds this layer's B fragments in registers"
+    spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
+    shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
+    results = []
+    for b_regs in (True, False):
+        folder = tmp_path / str(b_regs)
+        folder.mkdir()
+        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
+                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder, tail_k4=tail_k4,
+                        b_regs=b_regs)
+        results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
+    (out, arg), (out_shared, arg_shared) = results
+    ref, _ = reference_forward(x[0].astype(np.float64), w[0].astype(np.float64), bias[0].astype(np.float64), k)
+    err = rel_err(out[0], ref)
+    assert err < BOUND, f"forward, B in registers, model 0: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
+    assert np.array_equal(out.view(np.uint32), out_shared.view(np.uint32)), f"out differs (seed {seed})"
+    assert np.array_equal(arg, arg_shared), f"arg differs (seed {seed})"
 
 
 def test_the_forward_tail_k4_compiles_for_hopper(nvrtc_available, cache):

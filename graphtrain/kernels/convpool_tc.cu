@@ -113,6 +113,9 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // m16n8k4 mma (taps ks·8 + t only): half its A loads and products (the 1→24 5×5 layer's 25 taps: 28
 // of 32 k's, not 32). Its B words t + 4 are zero weights either way.
 #define F_TAIL_K4 (TC_TAIL_K4 && TAPS % 8 != 0 && TAPS % 8 <= 4)
+// TC_B_REGS (the launcher's FORWARD_B_REGISTERS): a lane holds every B fragment of its own in
+// registers (2·F_KT·F_NT words: 24 for the 1→24 5×5 layer), loaded once a block, so that a k-step
+// loads only its A words from shared memory (its B loads were 6 of its 14 wavefronts there).
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
@@ -134,6 +137,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     auto tap_offset = [](int k) { return k < TAPS ? 4 * ((k / KK) * TC_CS + (k / TC_K) % TC_K * TC_RS + k % TC_K) : 0; };
     for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
         tapoff[q] = make_int2(tap_offset(q / 4 * 8 + q % 4), tap_offset(q / 4 * 8 + q % 4 + 4));
+#if TC_B_REGS
+    __syncthreads();  // the fragments staged
+    uint2 b_regs[F_KT][F_NT];
+#pragma unroll
+    for (int ks = 0; ks < F_KT; ++ks)
+#pragma unroll
+        for (int nt = 0; nt < F_NT; ++nt) b_regs[ks][nt] = bfrag[(ks * F_NT + nt) * 32 + lane];
+#define F_B(ks, nt) b_regs[ks][nt]
+#else
+#define F_B(ks, nt) lane_b[((ks) * F_NT + (nt)) * 32]
+#endif
     const int spb = samples_per_round(TC_SPB, n);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
@@ -149,7 +163,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
             const int sl = valid ? at / PLANE : 0, win = valid ? at % PLANE : 0;
             const char* img = reinterpret_cast<const char*>(xs + sl * XS_WORDS + 2 * (win / WO) * TC_RS + 2 * (win % WO));
             const int2* lane_tapoff = tapoff + t;  // k-step ks's at lane_tapoff[4·ks]: an immediate offset
+#if !TC_B_REGS
             const uint2* lane_b = bfrag + lane;    // (ks, nt)'s B fragment at lane_b[(ks·F_NT + nt)·32]
+#endif
             float acc[2][F_NT][4] = {};
             // every k-step unrolled (a compile-time count): no loop counter, the offsets' and B fragments'
             // loads at immediate offsets, and one add a tap pair's four A words (immediates 0, 1, TC_RS, TC_RS + 1)
@@ -162,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
                     for (int u = 0; u < 2; ++u) {
                         const unsigned a[2] = {r0[u * TC_RS], r0[u * TC_RS + 1]};
 #pragma unroll
-                        for (int nt = 0; nt < F_NT; ++nt) mma_tf32_k4(acc[u][nt], a, lane_b[(ks * F_NT + nt) * 32].x);
+                        for (int nt = 0; nt < F_NT; ++nt) mma_tf32_k4(acc[u][nt], a, F_B(ks, nt).x);
                     }
                     break;
                 }
@@ -177,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
                 }
 #pragma unroll
                 for (int nt = 0; nt < F_NT; ++nt) {
-                    const uint2 bv = lane_b[(ks * F_NT + nt) * 32];
+                    const uint2 bv = F_B(ks, nt);
                     const unsigned b[2] = {bv.x, bv.y};
                     mma_tf32(acc[0][nt], a[0], b);
                     mma_tf32(acc[1][nt], a[1], b);
@@ -204,6 +220,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
                 }
         }
     }
+#undef F_B
 }
 
 // The pooled gradient put back at each window's argmax: dconv[o, 2wy + u, 2wx + v] =

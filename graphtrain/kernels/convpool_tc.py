@@ -70,6 +70,10 @@ FORWARD_SAMPLES: int | None = None
 # layer's 25 taps: its 4th k-step has one). Off until measured: it does an eighth less of that
 # layer's A loads and products; the sums are the same terms (the k-step's other 4 are zero weights).
 FORWARD_TAIL_K4 = False
+# The most registers a forward lane gives to holding its B fragments (2 a k-step and n-tile: TC_B_REGS
+# where they fit, ConvPoolShape.forward_b_registers), so that its k-steps load only A from shared memory;
+# 0 keeps every layer's in shared memory.
+FORWARD_B_REGISTERS = 32
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes (on an H200 at 64 models: the 1→24
@@ -212,6 +216,12 @@ class ConvPoolShape:
         c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
         return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.c * self.channel_stride
 
+    def forward_b_registers(self) -> bool:
+        """Whether a forward lane holds its B fragments in registers (TC_B_REGS): 2 words a k-step
+        and n-tile, at most FORWARD_B_REGISTERS (the 1→24 5×5 layer's 4 × 3: 24; the 24→32 3×3's
+        27 × 4: 216, which stay in shared memory)."""
+        return 2 * _c(self.taps, 8) * _c(self.outs, 8) <= FORWARD_B_REGISTERS
+
     def backward_data_words(self, spb: int) -> int:
         """B fragments of the filters (k = (o, a, b), columns c), two dcp offsets a k-step's lane
         pair, spb padded conv gradients (a channel's plane rounded up to ≡ 16 words mod 32: DCS)."""
@@ -315,7 +325,7 @@ class ConvPoolTc(KernelFile):
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW,
-               "TC_TAIL_K4": 0}
+               "TC_TAIL_K4": 0, "TC_B_REGS": 0}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
@@ -341,7 +351,8 @@ class ConvPoolTc(KernelFile):
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": self.bd_tiles,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
                                   "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
-                                  "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4)})
+                                  "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4),
+                                  "TC_B_REGS": int(s.forward_b_registers())})
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
