@@ -106,13 +106,14 @@ def test_one_table_gives_the_launch_sizes_and_the_kernel_offsets(nvrtc_available
 def test_in_one_pass_work_and_dp1_hold_phase_1s_fragments_and_the_kernel_checks_it(nvrtc_available, cache,
                                                                                    monkeypatch):
     """At tf32 phase 1's B fragments (64 floats each: conv 1's 4 k-steps × 3 n-tiles, conv 2's 27 × 4)
-    span phase 5's work (32 maps of 14 × 14) and dp1 (24 of 12 × 12) regions, next to each other in the
+    span phase 5's work (32 maps of 14 × 14, each 200 words apart) and dp1 (24 of 12 × 12) regions, next to each other in the
     table, which sizes work for both uses (the speedrun's as phase 5 alone needs it); a table whose two
     regions fall a fragment short does not compile."""
     from graphtrain.kernels.persistent import Layout
     from graphtrain.libs.nvrtc import NvrtcError
 
-    fragments, work, dp1 = 64 * 4 * (4 * 3 + 27 * 4), 32 * 14 * 14, 24 * 12 * 12
+    fragments, work, dp1 = 64 * 4 * (4 * 3 + 27 * 4), 32 * 200, 24 * 12 * 12
+    assert SPEEDRUN.work_map_stride == 200 and 200 % 32 == 8
     layout = SPEEDRUN.layout
     assert SPEEDRUN.conv_fragments == 4 * 3 + 27 * 4 and work + dp1 >= fragments // 4
     assert layout.offsets["dp2"] - layout.offsets["work"] == 4 * (work + dp1) == SPEEDRUN.defines["SMEM_DP2"] - \

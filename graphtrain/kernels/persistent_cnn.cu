@@ -21,14 +21,15 @@
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
-//   6 each conv parameter's gradient, the blocks' sums added in block order by its owner
-//     (i ≡ rank mod BLOCKS), and its update; the next step's phase 1 reads the conv weights anew
+//   6 each conv parameter's gradient, the blocks' sums added in a fixed order by its owner (a block a
+//     contiguous range of them), and its update; the next step's phase 1 reads the conv weights anew
 //
 // The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
 // in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
-// In one pass phase 1's convolutions do too (implicit GEMMs, conv_pool_relu_tc), in three they are
-// fp32 FMAs (conv_pool_relu); phase 5's convolutions and the head are fp32 FMAs. Every sum runs in a fixed order with no float atomics
-// (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
+// In one pass phase 1's convolutions do too (implicit GEMMs, conv_pool_relu_tc), and phase 5's conv 2
+// input gradient (pool1_gradient_tc); in three they are fp32 FMAs (conv_pool_relu, pool1_gradient).
+// The conv weight gradients and the head are fp32 FMAs. Every sum runs in a fixed order with no float
+// atomics (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
 //
 // The optimizer is optim.cu's (its OptimizerConstants read from the device at the launch, its rate
 // from schedule_lr at step first_step + s): a restart writes another recipe there.
@@ -42,6 +43,7 @@
 #define H2 (P1 - K2 + 1)           // conv 2's
 #define P2 (H2 / 2)                // after pool 2
 #define WP (H2 + 2 * (K2 - 1))     // conv 2's output gradient with a zero border of K2 − 1 (phase 5)
+#define WPS (WP * WP + (40 - WP * WP % 32) % 32)  // its maps' stride, ≡ 8 (mod 32): see pool1_gradient_tc
 #define PIX (IMG * IMG)
 #define A1 (C1 * P1 * P1)          // a sample's pooled conv-1 map
 #define A2 (C2 * P2 * P2)          // a sample's pooled conv-2 map: FLAT
@@ -70,6 +72,13 @@
 #define KT2 (K2 * K2 * CG2)
 #define NT2 ((C2 + 7) / 8)
 #define CONV_FRAGS (KT1 * NT1 + KT2 * NT2)  // B fragments (k-step, n-tile) of both, conv 1's first
+// Phase 5's conv 2 input gradient in one pass, dp1[(y, x)][c] = Σ_k A[(y, x)][k]·B[k][c] on the tensor
+// cores: k-step ks = (u·K2 + v)·OG2 + og holds output maps 8og .. 8og + 7 of tap (u, v) (zero weights
+// past C2), n-tiles of 8 input channels, m-tiles of 16 positions of pool 1's output.
+#define OG2 ((C2 + 7) / 8)
+#define BKT2 (K2 * K2 * OG2)
+#define BNT2 ((C1 + 7) / 8)
+#define BMT2 ((P1 * P1 + 15) / 16)
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
 // operands staged at a time (both from the launcher, which lays out the staged tiles)
 #define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
@@ -86,6 +95,12 @@
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
 #error "persistent_cnn.cu: the layout table's work and dp1 regions cannot hold phase 1's B fragments"
 #endif
+#if TILE * STAGE_STRIDE < THREADS
+#error "persistent_cnn.cu: phase 6 adds its parts' sums in ta, which must hold a value a thread"
+#endif
+#if SMEM_DP1 - SMEM_WORK < C2 * WPS * 4
+#error "persistent_cnn.cu: the layout table's work region is smaller than conv 2's bordered output gradient"
+#endif
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
     || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
 #error "persistent_cnn.cu: unsupported sizes"
@@ -98,7 +113,7 @@ struct Smem {
     float* grad;     // [NCONV]          the block's conv gradient sums over its samples, this step
     float* x;        // [PIX]            a sample's image
     float* a1;       // [A1]             its pooled conv-1 map (after the ReLU)
-    float* work;     // [C2·WP·WP]       conv 2's output gradient, zero-bordered (phase 5); in one pass
+    float* work;     // [C2][WPS]         conv 2's output gradient, zero-bordered (phase 5); in one pass
                      //   work and dp1 (next to it) are also wtc's (phase 1, staged each step before it)
     float* dp1;      // [A1]             the gradient at pool 1's outputs, masked by its ReLU (phase 5)
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
@@ -644,7 +659,7 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s) {
 #pragma unroll
             for (int j = 0; j < T; ++j) g[i][j] = 0.0f;
         for (int o = 0; o < C2; ++o) {
-            const float* at = s.work + (o * WP + y0) * WP + x0;  // the patch: bordered rows y0.., columns x0..
+            const float* at = s.work + o * WPS + y0 * WP + x0;  // the patch: bordered rows y0.., columns x0..
             const float* taps = w2 + (o * C1 + c) * K2 * K2;
             float patch[PATCH][PATCH], tap[K2][K2];
 #pragma unroll
@@ -674,6 +689,69 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s) {
     }
 }
 
+#if PASSES == 1
+// pool1_gradient's dp1 on the tensor cores (TF32 operands: work as the scatter rounded it, the
+// weights rounded as loaded; fp32 sums), A[(y, x)][(u, v, o)] = work[o][K2−1+y−u][K2−1+x−v] and
+// B[(u, v, o)][c] = w2[o][c][u][v] (zero past C2), read from the staged parameters (the speedrun's
+// lanes (g, t), at c = 8nt + g, o = 8og + t: words (t·C1 + g)·K2² apart, on 32 banks): a warp an
+// m-tile of 16 positions (row g: position m0 + g, row g + 8: m0 + g + 8; past P1² the last one's,
+// not written) × every n-tile. A lane's A words at a k-step: maps o = 8og + t and + t + 4 at its two
+// positions, shifted by the tap: 4 loads at an offset known at compile time from 4 base addresses.
+// Lanes (g, t) read map 8og + t at position m0 + g: with the maps WPS ≡ 8 (mod 32) words apart, the
+// 4 maps' 8 positions fall on distinct banks where the 8 positions lie in one row of WP. Each
+// output's sum: the k-steps in order, each k-step's 8 products as the mma adds them.
+__device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int mt = warp; mt < BMT2; mt += WARPS) {
+        const int m[2] = {min(mt * 16 + g, P1 * P1 - 1), min(mt * 16 + g + 8, P1 * P1 - 1)};
+        const float* row[2][2];  // [position][h]: map 8·0 + t + 4h at the position, tap (K2 − 1, K2 − 1)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                row[i][h] = s.work + min(t + 4 * h, C2 - 1) * WPS + (m[i] / P1) * WP + m[i] % P1;
+        float d[BNT2][4];
+#pragma unroll
+        for (int nt = 0; nt < BNT2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < BKT2; ++ks) {
+            const int tap = ks / OG2, og = ks - tap * OG2, u = tap / K2, v = tap - u * K2;
+            // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
+            const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
+            unsigned a[4];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int maps = 8 * og + t + 4 * h < C2 ? 8 * og * WPS : (C2 - 1 - min(t + 4 * h, C2 - 1)) * WPS;
+                a[2 * h] = __float_as_uint(row[0][h][maps + shift]);
+                a[2 * h + 1] = __float_as_uint(row[1][h][maps + shift]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < BNT2; ++nt) {
+                unsigned b[2];  // B[t][g], B[t+4][g]
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int o = 8 * og + t + 4 * h, c = 8 * nt + g;
+                    b[h] = o < C2 && c < C1 ? tf32_rounded(s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap]) : 0u;
+                }
+                mma_tf32(d[nt], a, b);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BNT2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int p = mt * 16 + g + (i >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (i & 1);
+                if (p < P1 * P1 && c < C1) {
+                    const int k = c * P1 * P1 + p;
+                    s.dp1[k] = s.a1[k] > 0.0f ? d[nt][i] : 0.0f;
+                }
+            }
+    }
+}
+#endif
+
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
 __device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
@@ -683,7 +761,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.a1[i] = __ldcg(ws.a1 + (long long)r * A1 + i);
         s.arg1[i] = ws.arg1[(long long)r * A1 + i];
     }
-    for (int i = threadIdx.x; i < C2 * WP * WP; i += THREADS) s.work[i] = 0.0f;
+    for (int i = threadIdx.x; i < C2 * WPS; i += THREADS) s.work[i] = 0.0f;
     __syncthreads();
     // dp2 = da2 ⊙ [a2 > 0], scattered to conv 2's output gradient
     for (int i = threadIdx.x; i < A2; i += THREADS) {
@@ -693,7 +771,12 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.dp2[i] = g;
         s.arg2[i] = (unsigned char)q;
         const int o = i / (P2 * P2), p = i - o * P2 * P2, pi = p / P2, pj = p - pi * P2;
-        s.work[(o * WP + K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
+        // (in one pass rounded to TF32: an operand of pool1_gradient_tc's mma)
+#if PASSES == 1
+        s.work[o * WPS + (K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = tf32_value(g);
+#else
+        s.work[o * WPS + (K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
+#endif
     }
     __syncthreads();
     // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
@@ -725,7 +808,11 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         for (int p = 0; p < P2 * P2; ++p) sum += s.dp2[o * P2 * P2 + p];
         s.grad[P_CB2 + o] += sum;
     }
+#if PASSES == 1
+    pool1_gradient_tc(s);
+#else
     pool1_gradient(s);
+#endif
     __syncthreads();
     // conv 1's weight gradients: a thread the K1 taps of one row u of map o's filter, adding for each
     // pooled output p of map o in order its gradient times the image's row at its window's argmax
@@ -753,19 +840,34 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
 }
 
 // ---- phase 6: the conv parameters' gradients summed over the blocks, and their update -------------------
-// Parameter i ≡ rank (mod BLOCKS) by eight lanes, lane e adding the blocks c ≡ e (mod 8) in order,
-// then the eight sums by a butterfly: a fixed order.
-__device__ void conv_update(const Workspace& ws, const Step& st, float* params, float* s1, float* s2, const Update& up) {
-    const int sub = threadIdx.x & 7;
-    constexpr int PER_PASS = THREADS / 8;
-    for (int q0 = 0; st.rank + BLOCKS * q0 < NCONV; q0 += PER_PASS) {
-        const int i = st.rank + BLOCKS * (q0 + (threadIdx.x >> 3));
+// Block b owns the PER_BLOCK parameters from b·PER_BLOCK on: thread (part, j) adds the blocks' sums
+// of parameter j of a chunk of 64 over its part of the blocks, [part·SPAN, part·SPAN + SPAN), in
+// order (a warp's loads 32 consecutive words of one block's sums: coalesced), then part 0 adds the
+// parts' totals in part order and updates it: a fixed order.
+#define SUM_PARTS (THREADS / 64)
+__device__ void conv_update(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
+                            const Update& up) {
+    constexpr int PER_BLOCK = (NCONV + BLOCKS - 1) / BLOCKS, SPAN = (BLOCKS + SUM_PARTS - 1) / SUM_PARTS;
+    const int j = threadIdx.x & 63, part = threadIdx.x >> 6;
+    const int first = part * SPAN, last = min(BLOCKS, first + SPAN);
+    for (int j0 = 0; j0 < PER_BLOCK; j0 += 64) {
+        const int i = st.rank * PER_BLOCK + j0 + j;
+        const bool owned = j0 + j < PER_BLOCK && i < NCONV;
         float sum = 0.0f;
-        if (i < NCONV)
-            for (int c = sub; c < BLOCKS; c += 8) sum += __ldcg(ws.conv_part + (long long)c * NCONV + i);
+        if (owned) {
+            const float* at = ws.conv_part + i;
+#pragma unroll 8
+            for (int c = first; c < last; ++c) sum += __ldcg(at + (long long)c * NCONV);
+        }
+        s.ta[threadIdx.x] = sum;  // (ta: phase 4's staging, free here)
+        __syncthreads();
+        if (part == 0 && owned) {
+            float total = sum;
 #pragma unroll
-        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (i < NCONV && sub == 0) __stcg(params + i, up.apply(__ldcg(params + i), sum, s1 + i, s2 + i));
+            for (int q = 1; q < SUM_PARTS; ++q) total += s.ta[q * 64 + j];
+            __stcg(params + i, up.apply(__ldcg(params + i), total, s1 + i, s2 + i));
+        }
+        __syncthreads();  // (the next chunk's sums overwrite ta)
     }
 }
 
@@ -835,7 +937,7 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
         PHASE_END(probes, CONVS_BACKWARD);
         BARRIER(probes, WAIT_CONVS_BACKWARD);  // every block's conv gradient sums
-        conv_update(ws, st, params, slot1, slot2, up);
+        conv_update(s, ws, st, params, slot1, slot2, up);
         PHASE_END(probes, CONV_UPDATE);
         BARRIER(probes, WAIT_CONV_UPDATE);  // the conv parameters updated
     }

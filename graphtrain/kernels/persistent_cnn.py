@@ -104,6 +104,14 @@ class CnnShape:
         return ceil_div(self.k1 ** 2, 8) * groups + self.k2 ** 2 * groups * ceil_div(self.c2, 8)
 
     @property
+    def work_map_stride(self) -> int:
+        """Phase 5's zero-bordered conv 2 output gradient: a map's words (persistent_cnn.cu's WPS),
+        (conv2_side + 2·(k2 − 1))² rounded up to ≡ 8 (mod 32), so that its mma's A loads of 4 maps
+        at 8 positions fall on 32 banks."""
+        plane = (self.conv2_side + 2 * (self.k2 - 1)) ** 2
+        return plane + (40 - plane % 32) % 32
+
+    @property
     def num_params(self) -> int:
         return self.conv_params + self.hidden * self.flat + self.hidden + self.classes * self.hidden + self.classes
 
@@ -123,7 +131,7 @@ class CnnShape:
             Region("a1", "float", self.a1, 16),
             # conv 2's output gradient (phase 5); in one pass work and dp1 together also hold phase 1's
             # B fragments, 64 floats each (both phase 5's, free in phase 1)
-            Region("work", "float", max(self.c2 * (self.conv2_side + 2 * (self.k2 - 1)) ** 2,
+            Region("work", "float", max(self.c2 * self.work_map_stride,
                                         64 * self.conv_fragments - self.a1 if self.passes == 1 else 0), 16),
             Region("dp1", "float", self.a1, 16),
             Region("dp2", "float", self.flat, 16),
