@@ -144,16 +144,25 @@ def test_the_probe_build_compiles(nvrtc_available, cache, shape):
 def test_every_phase_is_probed_in_the_kernel_in_step_order():
     """Each of PHASES ends once in the kernel's step, in the table's order (a slot the kernel never
     counts would print as nothing; a probe the table lacks would not compile), a phase before the
-    wait of the grid barrier after it."""
+    wait of the grid barrier after it; phase 5's first three parts inside sample_backward, in order."""
     source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
     step = source[source.index("cnn_epoch("):source.index("cnn_evaluate(")]
-    places = []
+    backward = source[source.index("void sample_backward("):source.index("cnn_epoch(")]
+    parts = ("BACKWARD_MAPS", "CONV2_GRADS", "POOL1_GRADIENT")
+    places, part_places = [], []
     for name, _ in PHASES:
+        if name in parts:
+            at = [backward.find(f"{macro}(probes, {name}") for macro in ("PHASE_END", "PROBE_END")]
+            assert sum(backward.count(f"{m}(probes, {name}") for m in ("PHASE_END", "PROBE_END")) == 1, name
+            part_places.append(max(at))
+            continue
         macro = "BARRIER" if name.startswith("WAIT_") else "PHASE_END"
         assert step.count(f"{macro}(probes, {name})") == 1, name
         places.append(step.index(f"{macro}(probes, {name})"))
-    assert places == sorted(places)
-    assert [name.startswith("WAIT_") for name, _ in PHASES] == [False, True] * 6
+    assert places == sorted(places) and part_places == sorted(part_places)
+    names = [name for name, _ in PHASES]
+    assert names[names.index("CONVS_BACKWARD") - 3:names.index("CONVS_BACKWARD")] == list(parts)
+    assert [name.startswith("WAIT_") for name in names if name not in parts] == [False, True] * 6
     assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"
 
 

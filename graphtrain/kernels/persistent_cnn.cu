@@ -75,6 +75,7 @@
 // Phase 5's conv 2 input gradient in one pass, dp1[(y, x)][c] = Σ_k A[(y, x)][k]·B[k][c] on the tensor
 // cores: k-step ks = (u·K2 + v)·OG2 + og holds output maps 8og .. 8og + 7 of tap (u, v) (zero weights
 // past C2), n-tiles of 8 input channels, m-tiles of 16 positions of pool 1's output.
+// TC_INPUT_GRADIENT (the launcher's, in one pass only): on the tensor cores, else pool1_gradient's FMAs.
 #define OG2 ((C2 + 7) / 8)
 #define BKT2 (K2 * K2 * OG2)
 #define BNT2 ((C1 + 7) / 8)
@@ -689,7 +690,7 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s) {
     }
 }
 
-#if PASSES == 1
+#if TC_INPUT_GRADIENT
 // pool1_gradient's dp1 on the tensor cores (TF32 operands: work as the scatter rounded it, the
 // weights rounded as loaded; fp32 sums), A[(y, x)][(u, v, o)] = work[o][K2−1+y−u][K2−1+x−v] and
 // B[(u, v, o)][c] = w2[o][c][u][v] (zero past C2), read from the staged parameters (the speedrun's
@@ -715,9 +716,13 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
         for (int nt = 0; nt < BNT2; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f;
+        // the k-steps in order, a tap's OG2 unrolled (not all BKT2: the kernel's code is one body,
+        // and the instruction cache holds its phases' loops)
+#pragma unroll 1
+        for (int tap = 0; tap < K2 * K2; ++tap)
 #pragma unroll
-        for (int ks = 0; ks < BKT2; ++ks) {
-            const int tap = ks / OG2, og = ks - tap * OG2, u = tap / K2, v = tap - u * K2;
+        for (int og = 0; og < OG2; ++og) {
+            const int u = tap / K2, v = tap - u * K2;
             // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
             const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
             unsigned a[4];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
@@ -754,7 +759,12 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
 
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
-__device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
+// A probe build's phase ends at a block barrier (the slowest warp's time; see the epoch below).
+#define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
+// Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
+// weight gradients, its input gradient, conv 1's weight gradients (PHASE_END: the kernel's macro).
+__device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample,
+                                Probes& probes) {
     const float* image = images + (long long)sample * PIX;
     for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
     for (int i = threadIdx.x; i < A1; i += THREADS) {
@@ -772,13 +782,14 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         s.arg2[i] = (unsigned char)q;
         const int o = i / (P2 * P2), p = i - o * P2 * P2, pi = p / P2, pj = p - pi * P2;
         // (in one pass rounded to TF32: an operand of pool1_gradient_tc's mma)
-#if PASSES == 1
+#if TC_INPUT_GRADIENT
         s.work[o * WPS + (K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = tf32_value(g);
 #else
         s.work[o * WPS + (K2 - 1 + 2 * pi + (q >> 1)) * WP + K2 - 1 + 2 * pj + (q & 1)] = g;
 #endif
     }
     __syncthreads();
+    PROBE_END(probes, BACKWARD_MAPS, 0);
     // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
     // (c, o), o the fastest across a warp (its maps' loads on distinct banks), adding for each pooled
     // output p of map o in order its gradient times the K2 × K2 patch of a1[c] at its window's argmax
@@ -808,12 +819,14 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         for (int p = 0; p < P2 * P2; ++p) sum += s.dp2[o * P2 * P2 + p];
         s.grad[P_CB2 + o] += sum;
     }
-#if PASSES == 1
+    PHASE_END(probes, CONV2_GRADS);
+#if TC_INPUT_GRADIENT
     pool1_gradient_tc(s);
 #else
     pool1_gradient(s);
 #endif
     __syncthreads();
+    PROBE_END(probes, POOL1_GRADIENT, 0);
     // conv 1's weight gradients: a thread the K1 taps of one row u of map o's filter, adding for each
     // pooled output p of map o in order its gradient times the image's row at its window's argmax
     for (int task = threadIdx.x; task < C1 * K1; task += THREADS) {
@@ -875,8 +888,8 @@ __device__ void conv_update(const Smem& s, const Workspace& ws, const Step& st, 
 // The probe build (probes.cuh, -DPROBES; PROBE_RANK blockIdx.x): thread 0 of block 0 adds each phase's
 // SM cycles and each grid barrier's wait (PHASES in kernels/persistent_cnn.py) over the launch's steps
 // in shared memory, and writes them where the metrics would go at its end. A phase ends at a block
-// barrier there (its slowest warp's time), so the wait that follows is the grid barrier's alone.
-#define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
+// barrier there (its slowest warp's time: PHASE_END, above sample_backward), so the wait that follows
+// is the grid barrier's alone.
 #define BARRIER(p, name) do { grid_sync(ws.barrier); PROBE_END(p, name, 0); } while (0)
 
 // The metrics, added in block order by block 0 (after a barrier): out[0] += Σ loss, out[1] += Σ correct.
@@ -933,7 +946,7 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up);
         PHASE_END(probes, LINEAR_BACKWARD);
         BARRIER(probes, WAIT_LINEAR_BACKWARD);  // da2; the linear layers updated
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r));
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r), probes);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
         PHASE_END(probes, CONVS_BACKWARD);
         BARRIER(probes, WAIT_CONVS_BACKWARD);  // every block's conv gradient sums

@@ -22,6 +22,9 @@ TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 pi
 KC = 64  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 13 trips to L2
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
+# Phase 5's conv 2 input gradient on the tensor cores in one pass (TC_INPUT_GRADIENT; False: fp32 FMAs,
+# for an A/B with scripts/probes/variant.py)
+TC_INPUT_GRADIENT = True
 WARPS = THREADS // 32
 # The probe build's phases (probes.cuh; scripts/probes/persistent_cnn_phases.py) in step order, the
 # cycles from the probe before to its own: (name in the kernel, meaning).
@@ -34,7 +37,10 @@ HEAD                  3: logits, softmax, dz and dh, a warp a row
 WAIT_HEAD             grid barrier after 3: dz, dh
 LINEAR_BACKWARD       4: dW1's tiles and W1's update, da2's tiles, W2, b2 and b1's gradients and updates
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
-CONVS_BACKWARD        5: the block's samples' convolutions backward, its conv gradient sums published
+BACKWARD_MAPS         5a: the block's samples' maps and argmaxes loaded, dp2 scattered into conv 2's output gradient
+CONV2_GRADS           5b: their conv 2 weight and bias gradients
+POOL1_GRADIENT        5c: their conv 2 input gradients dp1
+CONVS_BACKWARD        5d: their conv 1 weight and bias gradients, the block's conv gradient sums published
 WAIT_CONVS_BACKWARD   grid barrier after 5: every block's sums
 CONV_UPDATE           6: the conv gradients summed over the blocks, the conv parameters' update
 WAIT_CONV_UPDATE      grid barrier after 6: the conv parameters updated
@@ -170,7 +176,7 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, "TILE": TILE, "KC": self.kc, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
