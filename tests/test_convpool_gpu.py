@@ -16,10 +16,12 @@ CASES = [
     ("odd 3x11x13", 37, 3, 11, 13, 20, 3, False),
 ]
 # kind: (tolerance of ‖out − ref‖ / ‖ref‖, largest fraction of windows whose argmax may differ
-# from float64's: near-ties that the rounding of the products orders the other way); "tf32 k4 tail":
-# convpool_tc's forward with its last k-step as m16n8k4 mma (FORWARD_TAIL_K4; the speedrun's first
-# layer's 25 taps and the odd layer's 27 end in a k-step of 1 and 3)
-KINDS = {"fp32": (1e-5, 1e-3), "tf32": (3e-3, 2e-2), "tf32 k4 tail": (3e-3, 2e-2)}
+# from float64's: near-ties that the rounding of the products orders the other way); "tf32" as built
+# (the forward's last k-step as m16n8k4 mma where it holds at most 4 taps: FORWARD_TAIL_K4, and the
+# speedrun's first layer's B fragments in registers); "tf32 k8 shared": the forward's every k-step as
+# m16n8k8, its B fragments from shared memory (the speedrun's first layer's 25 taps and the odd
+# layer's 27 end in a k-step of 1 and 3)
+KINDS = {"fp32": (1e-5, 1e-3), "tf32": (3e-3, 2e-2), "tf32 k8 shared": (3e-3, 2e-2)}
 
 
 @pytest.fixture
@@ -37,14 +39,15 @@ def build(device, kind, c, h, w, outs, k, monkeypatch=None):
 
     if kind == "fp32":
         return ConvPool(device, c, k, 2, outs)
-    if kind == "tf32 k4 tail":
-        monkeypatch.setattr(convpool_tc, "FORWARD_TAIL_K4", True)
+    if kind == "tf32 k8 shared":
+        monkeypatch.setattr(convpool_tc, "FORWARD_TAIL_K4", False)
+        monkeypatch.setattr(convpool_tc, "FORWARD_B_REGISTERS", 0)
     return convpool_tc.ConvPoolTc(device, c, h, w, k, 2, outs)
 
 
-# every case at every kind, but the k4 tail only where a layer's last k-step has at most 4 taps
+# every case at every kind, "tf32 k8 shared" only where the build differs (a last k-step of at most 4 taps)
 CASE_KINDS = [pytest.param(case, kind, id=f"{case[0]}-{kind}") for case in CASES for kind in KINDS
-              if kind != "tf32 k4 tail" or 0 < case[2] * case[6] ** 2 % 8 <= 4]
+              if kind != "tf32 k8 shared" or 0 < case[2] * case[6] ** 2 % 8 <= 4]
 
 
 @pytest.mark.parametrize("case,kind", CASE_KINDS)

@@ -67,9 +67,11 @@ BD_PREFETCH = True
 # two turns) 263; the 1→24 5×5 layer's 144: 4 samples 202 µs, 1: 253, 3: 210.
 FORWARD_SAMPLES: int | None = None
 # The forward's last k-step as m16n8k4 mma where it holds at most 4 taps (TC_TAIL_K4; the 1→24 5×5
-# layer's 25 taps: its 4th k-step has one). Off until measured: it does an eighth less of that
-# layer's A loads and products; the sums are the same terms (the k-step's other 4 are zero weights).
-FORWARD_TAIL_K4 = False
+# layer's 25 taps: its 4th k-step has one): an eighth less of that layer's A loads and products; the
+# sums are the same terms (the k-step's other 4 are zero weights). On an H200 at 64 models
+# (scripts/probes/cnn_step_profile.py) that layer took 192 µs with it against 197 without, with its B
+# fragments in registers (201 with neither).
+FORWARD_TAIL_K4 = True
 # The most registers a forward lane gives to holding its B fragments (2 a k-step and n-tile: TC_B_REGS
 # where they fit, ConvPoolShape.forward_b_registers), so that its k-steps load only A from shared memory;
 # 0 keeps every layer's in shared memory.

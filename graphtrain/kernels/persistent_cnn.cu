@@ -759,6 +759,28 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
 
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
+// dst[i] = load(i) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
+// before their stores (in a strided loop, whose trip count the compiler does not know, it waits on each
+// load in turn: an L2 round trip an element).
+template <int COUNT, typename T, typename Load>
+__device__ __forceinline__ void stage_batched(T* dst, Load load) {
+    constexpr int TRIPS = (COUNT + THREADS - 1) / THREADS, AHEAD = 8;
+#pragma unroll
+    for (int j0 = 0; j0 < TRIPS; j0 += AHEAD) {
+        T v[AHEAD];
+#pragma unroll
+        for (int j = 0; j < AHEAD; ++j) {
+            const int i = threadIdx.x + (j0 + j) * THREADS;
+            if (j0 + j < TRIPS && i < COUNT) v[j] = load(i);
+        }
+#pragma unroll
+        for (int j = 0; j < AHEAD; ++j) {
+            const int i = threadIdx.x + (j0 + j) * THREADS;
+            if (j0 + j < TRIPS && i < COUNT) dst[i] = v[j];
+        }
+    }
+}
+
 // A probe build's phase ends at a block barrier (the slowest warp's time; see the epoch below).
 #define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
 // Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
@@ -766,18 +788,36 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
 __device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample,
                                 Probes& probes) {
     const float* image = images + (long long)sample * PIX;
-    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
-    for (int i = threadIdx.x; i < A1; i += THREADS) {
-        s.a1[i] = __ldcg(ws.a1 + (long long)r * A1 + i);
-        s.arg1[i] = ws.arg1[(long long)r * A1 + i];
+    // the pooled gradient's loads first (into registers: scattered after work is zeroed), then the maps'
+    constexpr int DP2_TRIPS = (A2 + THREADS - 1) / THREADS;
+    float a2v[DP2_TRIPS], da2v[DP2_TRIPS];
+    unsigned char arg2v[DP2_TRIPS];
+#pragma unroll
+    for (int j = 0; j < DP2_TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        if (i < A2) {
+            a2v[j] = __ldcg(ws.a2 + (long long)r * FLAT + i);
+            da2v[j] = __ldcg(ws.da2 + (long long)r * FLAT + i);
+            arg2v[j] = ws.arg2[(long long)r * A2 + i];
+        }
+    }
+    stage_batched<PIX>(s.x, [&](int i) { return __ldg(image + i); });
+    stage_batched<A1>(s.a1, [&](int i) { return __ldcg(ws.a1 + (long long)r * A1 + i); });
+    if constexpr (A1 % 4 == 0) {  // (the argmaxes a word at a time: r·A1 and the regions 4-byte aligned)
+        const unsigned* arg1 = reinterpret_cast<const unsigned*>(ws.arg1 + (long long)r * A1);
+        stage_batched<A1 / 4>(reinterpret_cast<unsigned*>(s.arg1), [&](int i) { return arg1[i]; });
+    } else {
+        stage_batched<A1>(s.arg1, [&](int i) { return ws.arg1[(long long)r * A1 + i]; });
     }
     for (int i = threadIdx.x; i < C2 * WPS; i += THREADS) s.work[i] = 0.0f;
     __syncthreads();
     // dp2 = da2 ⊙ [a2 > 0], scattered to conv 2's output gradient
-    for (int i = threadIdx.x; i < A2; i += THREADS) {
-        const float a2 = __ldcg(ws.a2 + (long long)r * FLAT + i);
-        const float g = a2 > 0.0f ? __ldcg(ws.da2 + (long long)r * FLAT + i) : 0.0f;
-        const int q = ws.arg2[(long long)r * A2 + i];
+#pragma unroll
+    for (int j = 0; j < DP2_TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        if (i >= A2) continue;
+        const float g = a2v[j] > 0.0f ? da2v[j] : 0.0f;
+        const int q = arg2v[j];
         s.dp2[i] = g;
         s.arg2[i] = (unsigned char)q;
         const int o = i / (P2 * P2), p = i - o * P2 * P2, pi = p / P2, pj = p - pi * P2;

@@ -22,7 +22,7 @@ for run in "memcheck adam" "racecheck adam no-loop" "synccheck adam no-loop" "me
   fi
 done
 # convpool_tc on a model axis (the packed launcher: rounds of samples, two m-tiles an item, the weight
-# gradient's slices of chunks), once as built and once with the forward's m16n8k4 tail (FORWARD_TAIL_K4).
+# gradient's slices of chunks), once as built and once without the forward's m16n8k4 tail (FORWARD_TAIL_K4).
 for tail in False True; do
   for tool in memcheck racecheck synccheck; do
     name="$tool-axis-tail-k4-$tail"
