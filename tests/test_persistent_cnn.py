@@ -144,11 +144,11 @@ def test_the_probe_build_compiles(nvrtc_available, cache, shape):
 def test_every_phase_is_probed_in_the_kernel_in_step_order():
     """Each of PHASES ends once in the kernel's step, in the table's order (a slot the kernel never
     counts would print as nothing; a probe the table lacks would not compile), a phase before the
-    wait of the grid barrier after it; phase 5's first three parts inside sample_backward, in order."""
+    wait of the grid barrier after it; phase 5's first four parts inside sample_backward, in order."""
     source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
     step = source[source.index("cnn_epoch("):source.index("cnn_evaluate(")]
     backward = source[source.index("void sample_backward("):source.index("cnn_epoch(")]
-    parts = ("BACKWARD_MAPS", "CONV2_GRADS", "POOL1_GRADIENT")
+    parts = ("BACKWARD_MAPS", "CONV2_GRADS", "POOL1_GRADIENT", "CONV1_GRADS")
     places, part_places = [], []
     for name, _ in PHASES:
         if name in parts:
@@ -161,7 +161,7 @@ def test_every_phase_is_probed_in_the_kernel_in_step_order():
         places.append(step.index(f"{macro}(probes, {name})"))
     assert places == sorted(places) and part_places == sorted(part_places)
     names = [name for name, _ in PHASES]
-    assert names[names.index("CONVS_BACKWARD") - 3:names.index("CONVS_BACKWARD")] == list(parts)
+    assert names[names.index("CONVS_BACKWARD") - 4:names.index("CONVS_BACKWARD")] == list(parts)
     assert [name.startswith("WAIT_") for name in names if name not in parts] == [False, True] * 6
     assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"
 

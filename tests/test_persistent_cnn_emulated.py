@@ -73,10 +73,13 @@ CASES = {
     # one pass, the speedrun's conv layers (24 maps 5×5, 32 maps 3×3: conv 2's items half its n-tiles),
     # a small head; batch 4 over 2 blocks, two steps
     "speedrun-maps": (CnnShape(28, 24, 5, 32, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
+    # one pass, conv 1's 44 maps × 3 rows of taps past half the block's threads: phase 5's conv 1
+    # weight gradients in one part, not two halves
+    "wide-conv1": (CnnShape(14, 44, 3, 6, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
 }
 # The cases of phase 1's tensor-core tiles take the speedrun's recipe only (the others' arithmetic
 # after phase 1 is the first cases').
-TILE_CASES = ("tf32-tiles", "speedrun-maps")
+TILE_CASES = ("tf32-tiles", "speedrun-maps", "wide-conv1")
 
 
 # The recipes the device's constants select (test_persistent_cnn_gpu.py's): the speedrun's Adam with its

@@ -833,17 +833,21 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
     // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
     // (c, o), o the fastest across a warp (its maps' loads on distinct banks), adding for each pooled
     // output p of map o in order its gradient times the K2 × K2 patch of a1[c] at its window's argmax
+    // (c = 0's threads add map o's bias gradient too, the outputs in the same order; the loop a few
+    // outputs unrolled, so that their loads are issued ahead of the FMAs)
     for (int task = threadIdx.x; task < C1 * C2; task += THREADS) {
         const int c = task / C2, o = task - c * C2;
-        float sum[K2][K2];
+        float sum[K2][K2], bias = 0.0f;
 #pragma unroll
         for (int u = 0; u < K2; ++u)
 #pragma unroll
             for (int v = 0; v < K2; ++v) sum[u][v] = 0.0f;
+#pragma unroll 5
         for (int p = 0; p < P2 * P2; ++p) {
             const int pi = p / P2, pj = p - pi * P2, q = s.arg2[o * P2 * P2 + p];
             const float g = s.dp2[o * P2 * P2 + p];
             const float* at = s.a1 + (c * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
+            bias += g;
 #pragma unroll
             for (int u = 0; u < K2; ++u)
 #pragma unroll
@@ -853,11 +857,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         for (int u = 0; u < K2; ++u)
 #pragma unroll
             for (int v = 0; v < K2; ++v) s.grad[P_CW2 + ((o * C1 + c) * K2 + u) * K2 + v] += sum[u][v];
-    }
-    for (int o = threadIdx.x; o < C2; o += THREADS) {
-        float sum = 0.0f;
-        for (int p = 0; p < P2 * P2; ++p) sum += s.dp2[o * P2 * P2 + p];
-        s.grad[P_CB2 + o] += sum;
+        if (c == 0) s.grad[P_CB2 + o] += bias;
     }
     PHASE_END(probes, CONV2_GRADS);
 #if TC_INPUT_GRADIENT
@@ -867,29 +867,48 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
 #endif
     __syncthreads();
     PROBE_END(probes, POOL1_GRADIENT, 0);
-    // conv 1's weight gradients: a thread the K1 taps of one row u of map o's filter, adding for each
-    // pooled output p of map o in order its gradient times the image's row at its window's argmax
-    for (int task = threadIdx.x; task < C1 * K1; task += THREADS) {
-        const int o = task / K1, u = task - o * K1;
-        float sum[K1];
+    // conv 1's weight gradients: thread (part, o, u) the K1 taps of row u of map o's filter (and with
+    // u = 0 map o's bias), adding for each pooled output p of map o in its part of them, in order, its
+    // gradient times the image's row at its window's argmax; where the block's threads hold two tasks
+    // a task, the pooled outputs in two halves, the second's sums added to the first's through ta
+    constexpr int TASKS1 = C1 * K1, PARTS1 = 2 * TASKS1 <= THREADS ? 2 : 1, SPAN1 = (P1 * P1 + PARTS1 - 1) / PARTS1;
+    static_assert(PARTS1 == 1 || TASKS1 * (K1 + 1) <= TILE * STAGE_STRIDE, "ta holds the second half's sums");
+    for (int task0 = 0; task0 < TASKS1 * PARTS1; task0 += THREADS) {  // (uniform: one pass where PARTS1 is 2)
+        const int task = task0 + threadIdx.x, part = task / TASKS1, ot = task - part * TASKS1;
+        const int o = ot / K1, u = ot - o * K1;
+        const bool mine = task < TASKS1 * PARTS1;
+        float sum[K1 + 1];  // the taps, then the bias
 #pragma unroll
-        for (int v = 0; v < K1; ++v) sum[v] = 0.0f;
-        for (int p = 0; p < P1 * P1; ++p) {
-            const int pi = p / P1, pj = p - pi * P1, q = s.arg1[o * P1 * P1 + p];
-            const float g = s.dp1[o * P1 * P1 + p];
-            const float* at = s.x + (2 * pi + (q >> 1) + u) * IMG + 2 * pj + (q & 1);
+        for (int v = 0; v <= K1; ++v) sum[v] = 0.0f;
+        if (mine) {
+            const int p_end = min(P1 * P1, (part + 1) * SPAN1);
+#pragma unroll 4
+            for (int p = part * SPAN1; p < p_end; ++p) {
+                const int pi = p / P1, pj = p - pi * P1, q = s.arg1[o * P1 * P1 + p];
+                const float g = s.dp1[o * P1 * P1 + p];
+                const float* at = s.x + (2 * pi + (q >> 1) + u) * IMG + 2 * pj + (q & 1);
 #pragma unroll
-            for (int v = 0; v < K1; ++v) sum[v] = fmaf(g, at[v], sum[v]);
+                for (int v = 0; v < K1; ++v) sum[v] = fmaf(g, at[v], sum[v]);
+                sum[K1] += g;
+            }
         }
+        if constexpr (PARTS1 == 2) {
+            if (mine && part == 1)
 #pragma unroll
-        for (int v = 0; v < K1; ++v) s.grad[P_CW1 + (o * K1 + u) * K1 + v] += sum[v];
+                for (int v = 0; v <= K1; ++v) s.ta[ot * (K1 + 1) + v] = sum[v];
+            __syncthreads();
+            if (mine && part == 0)
+#pragma unroll
+                for (int v = 0; v <= K1; ++v) sum[v] += s.ta[ot * (K1 + 1) + v];
+        }
+        if (mine && part == 0) {
+#pragma unroll
+            for (int v = 0; v < K1; ++v) s.grad[P_CW1 + (o * K1 + u) * K1 + v] += sum[v];
+            if (u == 0) s.grad[P_CB1 + o] += sum[K1];
+        }
     }
-    for (int o = threadIdx.x; o < C1; o += THREADS) {
-        float sum = 0.0f;
-        for (int p = 0; p < P1 * P1; ++p) sum += s.dp1[o * P1 * P1 + p];
-        s.grad[P_CB1 + o] += sum;
-    }
-    __syncthreads();  // (the next sample overwrites the maps)
+    __syncthreads();  // (the next sample overwrites the maps and ta)
+    PHASE_END(probes, CONV1_GRADS);
 }
 
 // ---- phase 6: the conv parameters' gradients summed over the blocks, and their update -------------------

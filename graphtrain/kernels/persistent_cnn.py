@@ -40,7 +40,8 @@ WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
 BACKWARD_MAPS         5a: the block's samples' maps and argmaxes loaded, dp2 scattered into conv 2's output gradient
 CONV2_GRADS           5b: their conv 2 weight and bias gradients
 POOL1_GRADIENT        5c: their conv 2 input gradients dp1
-CONVS_BACKWARD        5d: their conv 1 weight and bias gradients, the block's conv gradient sums published
+CONV1_GRADS           5d: their conv 1 weight and bias gradients
+CONVS_BACKWARD        5e: the block's conv gradient sums published
 WAIT_CONVS_BACKWARD   grid barrier after 5: every block's sums
 CONV_UPDATE           6: the conv gradients summed over the blocks, the conv parameters' update
 WAIT_CONV_UPDATE      grid barrier after 6: the conv parameters updated
