@@ -241,14 +241,11 @@ TAIL_CASES = {"conv0-rounds-models": CASES["conv0-rounds-models"],
               "three-channels-7x7": ((3, 9, 3, 10), 7, 3, 3, False, True)}
 
 
-@pytest.mark.parametrize("case", list(TAIL_CASES))
-def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, seed):
-    """FORWARD_TAIL_K4: the last k-step as m16n8k4 mma: out against float64, and in the emulation (an
-    mma's sums in double) the same bits as the full k-step, whose other 4 taps are zero weights: the
-    k4 fragments take the same A and B words."""
-    (c, h, k, outs), n, models, blocks, _, shared_input = TAIL_CASES[case]
+def forward_builds(tmp_path, case, seed, builds):
+    """The emulated forward of `case` (a CASES entry) on seeded inputs, once for each of `builds`
+    (build()'s keyword arguments): the inputs (x, w, bias) and each build's (out, arg)."""
+    (c, h, k, outs), n, models, blocks, _, shared_input = case
     shape = ConvPoolShape(c, h, h, k, outs)
-    assert 0 < shape.taps % 8 <= 4, "no k-step of at most 4 taps to test"
     spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
@@ -257,13 +254,24 @@ def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, see
     dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
     shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
     results = []
-    for tail_k4 in (True, False):
-        folder = tmp_path / str(tail_k4)
+    for i, options in enumerate(builds):
+        folder = tmp_path / f"build-{i}"
         folder.mkdir()
         program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
-                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder, tail_k4=tail_k4)
+                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder, **options)
         results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
-    (out, arg), (out_full, arg_full) = results
+    return (x, w, bias), results
+
+
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, seed):
+    """FORWARD_TAIL_K4: the last k-step as m16n8k4 mma: out against float64, and in the emulation (an
+    mma's sums in double) the same bits as the full k-step, whose other 4 taps are zero weights: the
+    k4 fragments take the same A and B words."""
+    (c, h, k, outs), _, models, _, _, shared_input = TAIL_CASES[case]
+    assert 0 < ConvPoolShape(c, h, h, k, outs).taps % 8 <= 4, "no k-step of at most 4 taps to test"
+    (x, w, bias), [(out, arg), (out_full, arg_full)] = forward_builds(
+        tmp_path, TAIL_CASES[case], seed, [{"tail_k4": True}, {"tail_k4": False}])
     for m in range(models):
         ref, _ = reference_forward(x[0 if shared_input else m].astype(np.float64), w[m].astype(np.float64),
                                    bias[m].astype(np.float64), k)
@@ -277,25 +285,12 @@ def test_forward_tail_k4_matches_float64_and_the_full_k_step(tmp_path, case, see
 def test_forward_b_fragments_in_registers_give_the_same_bits(tmp_path, tail_k4, seed):
     """TC_B_REGS: a lane's B fragments held in registers, loaded once a block, take the same words
     into the same mma as its loads from shared memory at each k-step: the same out and arg bits."""
-    (c, h, k, outs), n, models, blocks, _, shared_input = CASES["conv0-rounds-models"]
-    shape = ConvPoolShape(c, h, h, k, outs)
-    assert shape.forward_b_registers(), "the launcher no longer holds this layer's B fragments in registers"
-    spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1 if shared_input else models, n, c, h, h)).astype(np.float32)
-    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
-    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
-    dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
-    shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
-    results = []
-    for b_regs in (True, False):
-        folder = tmp_path / str(b_regs)
-        folder.mkdir()
-        program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb,
-                        shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES), folder, tail_k4=tail_k4,
-                        b_regs=b_regs)
-        results.append(run(program, folder, n, models, (blocks, 0), shared, x, w, bias, dout, shared_input)[:2])
-    (out, arg), (out_shared, arg_shared) = results
+    case = CASES["conv0-rounds-models"]
+    (c, h, k, outs) = case[0]
+    assert ConvPoolShape(c, h, h, k, outs).forward_b_registers(), \
+        "the launcher no longer holds this layer's B fragments in registers"
+    (x, w, bias), [(out, arg), (out_shared, arg_shared)] = forward_builds(
+        tmp_path, case, seed, [{"tail_k4": tail_k4, "b_regs": True}, {"tail_k4": tail_k4, "b_regs": False}])
     ref, _ = reference_forward(x[0].astype(np.float64), w[0].astype(np.float64), bias[0].astype(np.float64), k)
     err = rel_err(out[0], ref)
     assert err < BOUND, f"forward, B in registers, model 0: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"

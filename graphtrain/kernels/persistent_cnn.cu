@@ -77,7 +77,6 @@
 // past C2), n-tiles of 8 input channels, m-tiles of 16 positions of pool 1's output.
 // TC_INPUT_GRADIENT (the launcher's, in one pass only): on the tensor cores, else pool1_gradient's FMAs.
 #define OG2 ((C2 + 7) / 8)
-#define BKT2 (K2 * K2 * OG2)
 #define BNT2 ((C1 + 7) / 8)
 #define BMT2 ((P1 * P1 + 15) / 16)
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
@@ -716,7 +715,7 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
         for (int nt = 0; nt < BNT2; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f;
-        // the k-steps in order, a tap's OG2 unrolled (not all BKT2: the kernel's code is one body,
+        // the k-steps in order, a tap's OG2 unrolled (not all K2²·OG2: the kernel's code is one body,
         // and the instruction cache holds its phases' loops)
 #pragma unroll 1
         for (int tap = 0; tap < K2 * K2; ++tap)
