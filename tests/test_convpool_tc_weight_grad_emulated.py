@@ -16,6 +16,7 @@ from emulation import compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference_cnn as R
+from graphtrain.kernels import convpool_tc
 from graphtrain.kernels.convpool_tc import (REDUCE_SLICES, WEIGHT_GRAD_SAMPLES, WEIGHT_GRAD_SAMPLES_ONE_CHANNEL,
                                              ConvPoolShape, ConvPoolTc)
 
@@ -37,6 +38,7 @@ BOUND = 1e-5
 # one slice, an idle warp, outputs past 16 in a second m-tile); a conv row and column in no pool
 # window, the slices' sums over more words than dconv's rows, some of them read (clear_unscattered).
 CASES = {"one channel 1x9x9 4x4 → 6": (1, 9, 9, 4, 6, 19),
+         "speedrun 1x28x28 5x5 → 24": (1, 28, 28, 5, 24, 19),
          "many taps 15x6x6 3x3 → 20": (15, 6, 6, 3, 20, 17),
          "odd 3x7x9 3x3 → 12": (3, 7, 9, 3, 12, 19)}
 
@@ -55,6 +57,7 @@ class Program:
         self.s = ConvPoolShape(c, h, w, k, outs)
         self.per_chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES  # ConvPoolTc's chunk
         defines = {**ConvPoolTc.defines, "TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
+                   "TC_WG_RS": self.s.wg_row_stride, "TC_WG_CS": self.s.wg_channel_stride,
                    "SMEM_BYTES": 4 * self.s.weight_grad_words()}
         source = kernel_text("model_axis.cuh", "convpool_tc.cu")
         self.folder = folder
@@ -122,3 +125,39 @@ def test_weight_gradient_matches_float64_and_its_grids_agree_bit_for_bit(tmp_pat
         assert rel_err(db, ref_db) < BOUND, f"{msg}, model {m}"
     assert by_chunk[0][0].tobytes() == by_slice[0][0].tobytes(), f"{msg}: dw, alone by chunks vs packed by slices"
     assert by_chunk[0][1].tobytes() == by_slice[0][1].tobytes(), f"{msg}: db, alone by chunks vs packed by slices"
+
+
+@pytest.mark.parametrize("case", ["speedrun 1x28x28 5x5 → 24", "many taps 15x6x6 3x3 → 20", "odd 3x7x9 3x3 → 12"])
+def test_the_weight_gradients_padded_image_gives_the_row_major_bits(tmp_path, case, seed, monkeypatch):
+    """The staged image's padded strides (weight_grad_strides: rows, and channels where there are
+    several) move its words only: dw and db have the row-major layout's bits."""
+    n = CASES[case][-1]
+    (tmp_path / "padded").mkdir(), (tmp_path / "row-major").mkdir()
+    padded = Program(CASES[case], tmp_path / "padded")
+    monkeypatch.setattr(convpool_tc, "WEIGHT_GRAD_PADDED_ROWS", False)
+    row_major = Program(CASES[case], tmp_path / "row-major")
+    (c, h, w, *_), s = CASES[case], padded.s
+    assert (row_major.s.wg_row_stride, row_major.s.wg_channel_stride) == (w, h * w)
+    assert (s.wg_row_stride, s.wg_channel_stride) != (w, h * w), f"{case}: the search keeps row-major"
+    bufs = inputs(np.random.default_rng(seed), s, n)
+    blocks = -(-n // padded.per_chunk)
+    (dw, db), = padded.run([bufs], n, blocks)
+    (dw_rm, db_rm), = row_major.run([bufs], n, blocks)
+    msg = f"{case}, seed {seed}"
+    assert rel_err(dw, reference(s, bufs)[0].ravel()) < BOUND, msg
+    assert dw.tobytes() == dw_rm.tobytes() and db.tobytes() == db_rm.tobytes(), msg
+
+
+def test_known_weight_gradient_strides_are_what_the_search_chooses():
+    """KNOWN_WEIGHT_GRAD_STRIDES only saves the search at setup: each entry is the search's own choice."""
+    for key, strides in convpool_tc.KNOWN_WEIGHT_GRAD_STRIDES.items():
+        assert convpool_tc.weight_grad_strides(*key) == strides, key
+
+
+def test_the_weight_gradients_b_loads_model_sees_the_row_conflicts():
+    """At rows of 28 words the 1→24 5×5 layer's B loads are 2-way conflicted on some taps; the chosen
+    strides load every one in one wavefront."""
+    wavefronts = convpool_tc.wavefronts
+    row_major = wavefronts(convpool_tc.weight_grad_b_reads(1, 28, 28, 5, 28, 784))
+    padded = wavefronts(convpool_tc.weight_grad_b_reads(1, 28, 28, 5, 40, 1120))
+    assert row_major.max() == 2 and padded.max() == 1 and len(padded) == 4 * 72 * 2

@@ -411,6 +411,8 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
 // the reduce then adds the slices' sums in slice order: dw has the same bits either way.
 // Warp (group, slice) holds W_NTW n-tiles of group `group` for every m-tile and takes the
 // k-steps ≡ slice (mod W_SLICES); the slices' sums are added in order after each chunk.
+// The staged image: x[s, c, y, x] at word c·TC_WG_CS + y·TC_WG_RS + x (the launcher's
+// ConvPoolShape.weight_grad_strides: padded rows put a B load's taps and positions on distinct banks).
 #define W_MT ((TC_OUTS + 15) / 16)
 #define W_NT ((TAPS + 1 + 7) / 8)
 #define W_NTW TC_WG_NTW  // the launcher's NTW
@@ -419,6 +421,7 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
 #define W_KT ((4 * PLANE + 7) / 8)
 #define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so the A fragments' loads hit 32 banks
 #define ONE 0x3f800000u     // 1.0f, a TF32 value
+#define WG_XS_WORDS ((TC_C * TC_WG_CS + 1) / 2 * 2)  // the staged image, even words (8-byte pairs next)
 static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups than warps");
 // dconv's rows, and after each chunk the slices' sums where they were
 #define RED_WORDS (W_SLICES > 1 ? W_SLICES * W_GROUPS * W_MT * W_NTW * 128 : 0)
@@ -523,15 +526,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     unsigned* dcs = smem;                                 // [W_MT·16][KPS], DCS_WORDS
     float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
     unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
-    unsigned* xs = raw + RAW_WORDS;                       // [IMAGE], rounded up to even words (8-byte pairs next)
-    int2* pospair = reinterpret_cast<int2*>(xs + (IMAGE + 1) / 2 * 2);  // [W_KT·4]: byte offsets of k = ks·8 + t, + t + 4
+    unsigned* xs = raw + RAW_WORDS;                       // [WG_XS_WORDS]: the image at its strides
+    int2* pospair = reinterpret_cast<int2*>(xs + WG_XS_WORDS);  // [W_KT·4]: byte offsets of k = ks·8 + t, + t + 4
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
     const bool active = slice < W_SLICES;
     for (int e = threadIdx.x; e < W_MT * 16 * KPS; e += THREADS) dcs[e] = 0u;
     auto pos_offset = [](int k) {  // k = 4·win + u·2 + v: conv position (2wy + u, 2wx + v)'s image offset, bytes
         const int win = k / 4, u = k / 2 % 2, v = k % 2;
-        return k < 4 * PLANE ? 4 * ((2 * (win / WO) + u) * TC_W + 2 * (win % WO) + v) : 0;
+        return k < 4 * PLANE ? 4 * ((2 * (win / WO) + u) * TC_WG_RS + 2 * (win % WO) + v) : 0;
     };
     for (int q = threadIdx.x; q < W_KT * 4; q += THREADS)
         pospair[q] = make_int2(pos_offset(q / 4 * 8 + q % 4), pos_offset(q / 4 * 8 + q % 4 + 4));
@@ -540,7 +543,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
 #pragma unroll
     for (int j = 0; j < W_NTW; ++j) {
         const int tap = (group * W_NTW + j) * 8 + g;
-        xcol[j] = reinterpret_cast<const char*>(xs + (tap < TAPS ? ((tap / KK) * TC_H + (tap / TC_K) % TC_K) * TC_W + tap % TC_K : 0));
+        xcol[j] = reinterpret_cast<const char*>(xs + (tap < TAPS ? (tap / KK) * TC_WG_CS + (tap / TC_K) % TC_K * TC_WG_RS + tap % TC_K : 0));
     }
     const bool ones = ONES_TILE * 8 + g == TAPS;
     const unsigned* a_base = dcs + g * KPS + slice * 8 + t;
@@ -562,12 +565,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             if (async) copies_wait<0>();  // this sample's copies (this thread's; the barrier: everyone's)
             __syncthreads();  // the previous sample's dconv and image, or the slices' sums, no longer read
             if (RED_WORDS > 0 && UNSCATTERED && s == first && chunk != blockIdx.x) clear_unscattered(dcs);
+            // the image's rows r = (c, y) of TC_W at their strides
+            auto row = [&](int r) { return xs + r / TC_H * TC_WG_CS + r % TC_H * TC_WG_RS; };
             if (async) {
                 const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
-                stage_rows_tf32<IMAGE>([&](int) { return xs; }, reinterpret_cast<const float*>(raw), 1);
+                stage_rows_tf32<TC_W>(row, reinterpret_cast<const float*>(raw), TC_C * TC_H);
                 route_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE));
             } else {
-                stage_rows_tf32<IMAGE>([&](int) { return xs; }, x + (long long)s * IMAGE, 1);
+                stage_rows_tf32<TC_W>(row, x + (long long)s * IMAGE, TC_C * TC_H);
                 route_dconv(dcs, dout + (long long)s * TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
             }
             __syncthreads();  // raw read: the block's next sample may land in it

@@ -98,6 +98,14 @@ STRIDE_SLACK_WORDS = 1024  # 4 KiB a staged sample: the padding may cost samples
 # forward_strides' choice for the speedrun's layers, kept so a run does not search at setup;
 # tests/test_convpool_tc_emulated.py checks each entry against the search.
 KNOWN_STRIDES = {(1, 28, 28, 5): (51, 28 * 51), (24, 12, 12, 3): (12, 164)}
+# The weight gradient's staged image (convpool_tc.cu's TC_WG_RS, TC_WG_CS), chosen per layer by
+# weight_grad_strides(): the fewest wavefronts of its B loads (a tap of the lane's column at a conv
+# position of its k) and staging stores a sample. The 1→24 5×5 layer row-major: 1008 B-load wavefronts
+# a sample (rows of 28 words put the taps' rows a, a + 1 on each other's banks), at RS 40: 576, one a
+# load (38 loads as few, but its rows' 16-byte staging stores are not aligned); the 24→32 3×3 layer's
+# 728 are one a load row-major already. WEIGHT_GRAD_PADDED_ROWS False: row-major.
+WEIGHT_GRAD_PADDED_ROWS = True
+KNOWN_WEIGHT_GRAD_STRIDES = {(1, 28, 28, 5): (40, 28 * 40), (24, 12, 12, 3): (12, 144)}
 
 
 def wavefronts(words: np.ndarray) -> np.ndarray:
@@ -185,6 +193,41 @@ def forward_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
+def weight_grad_b_reads(c: int, h: int, w: int, k: int, rs: int, cs: int) -> np.ndarray:
+    """The word each lane of each weight-gradient B load reads in a sample's image staged at row
+    stride rs and channel stride cs: an array (loads, 32). Lane (g, t) of n-tile j's k-step ks, pair p
+    reads tap j·8 + g = (c, a, b) (past the taps: tap 0's word) at conv position k = ks·8 + t + 4p =
+    4·win + u·2 + v, (2wy + u, 2wx + v) (past the windows: word 0): word c·cs + (2wy + u + a)·rs +
+    2wx + v + b (convpool_tc.cu's xcol plus pospair)."""
+    wo, plane, taps = (w - k + 1) // 2, ((h - k + 1) // 2) * ((w - k + 1) // 2), c * k * k
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    tiles, steps = _c(taps + 1, 8), _c(4 * plane, 8)
+    tap = np.arange(tiles)[:, None, None, None] * 8 + g                        # (tiles, 1, 1, 32)
+    tap = np.where(tap < taps, tap, 0)
+    col = tap // (k * k) * cs + tap // k % k * rs + tap % k
+    pos = np.arange(steps)[None, :, None, None] * 8 + t + 4 * np.arange(2)[None, None, :, None]
+    win, u, v = pos // 4, pos // 2 % 2, pos % 2
+    row = np.where(pos < 4 * plane, (2 * (win // wo) + u) * rs + 2 * (win % wo) + v, 0)
+    return (col + row).reshape(-1, 32)
+
+
+@functools.lru_cache(maxsize=None)
+def weight_grad_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
+    """(RS, CS) of the weight gradient's staged image: of RS in w..w+31 and CS in h·RS..h·RS+31 (a
+    single channel: h·RS) within STRIDE_SLACK_WORDS words more than row-major, the fewest B-load plus
+    staging wavefronts a sample, ties to the fewest words, then to the smallest RS."""
+    best = None
+    for rs in range(w, w + 32):
+        for cs in [h * rs] if c == 1 else range(h * rs, h * rs + 32):
+            if c * cs > c * h * w + STRIDE_SLACK_WORDS:
+                break
+            cost = int(wavefronts(weight_grad_b_reads(c, h, w, k, rs, cs)).sum()) + staging_wavefronts(c, h, w, rs, cs)
+            if best is None or (cost, c * cs) < best[0]:
+                best = ((cost, c * cs), rs, cs)
+    return best[1], best[2]
+
+
 def _c(n: int, d: int) -> int:
     return ceil_div(n, d)
 
@@ -198,6 +241,7 @@ class ConvPoolShape:
         self.plane = (self.hc // 2) * (self.wc // 2)
         self.image, self.taps = c * h * w, c * k * k
         self.row_stride, self.channel_stride = self.forward_strides()
+        self.wg_row_stride, self.wg_channel_stride = self.weight_grad_strides()
 
     def forward_strides(self) -> tuple[int, int]:
         """The forward's staged image's row and channel strides in words (TC_RS, TC_CS)."""
@@ -205,6 +249,15 @@ class ConvPoolShape:
             return self.w, self.h * self.w
         key = (self.c, self.h, self.w, self.k)
         rs, cs = KNOWN_STRIDES[key] if key in KNOWN_STRIDES else forward_strides(*key)
+        assert rs >= self.w and cs >= self.h * rs, (rs, cs)
+        return rs, cs
+
+    def weight_grad_strides(self) -> tuple[int, int]:
+        """The weight gradient's staged image's row and channel strides in words (TC_WG_RS, TC_WG_CS)."""
+        if not WEIGHT_GRAD_PADDED_ROWS:
+            return self.w, self.h * self.w
+        key = (self.c, self.h, self.w, self.k)
+        rs, cs = KNOWN_WEIGHT_GRAD_STRIDES[key] if key in KNOWN_WEIGHT_GRAD_STRIDES else weight_grad_strides(*key)
         assert rs >= self.w and cs >= self.h * rs, (rs, cs)
         return rs, cs
 
@@ -237,13 +290,15 @@ class ConvPoolShape:
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
-        pieces: convpool_tc.cu's ASYNC_STAGE), the image (even words), the conv positions' offsets in pairs."""
+        pieces: convpool_tc.cu's ASYNC_STAGE), the image at its strides (even words), the conv positions'
+        offsets in pairs."""
         kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(self.image, 2) + kt * 8
+        staged = self.c * self.wg_channel_stride
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(staged, 2) + kt * 8
 
     def samples_per_block(self, words, sm_shared: int) -> int:
         """Samples a forward block stages a round (FORWARD_SAMPLES where set), within MAX_SHARED and
@@ -324,7 +379,7 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
-    defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
+    defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WG_RS": 12, "TC_WG_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW,
                "TC_TAIL_K4": 0, "TC_B_REGS": 0}
@@ -350,6 +405,7 @@ class ConvPoolTc(KernelFile):
             device.sm_shared_bytes, device.sm_registers, device.sm_threads, self.bd_tiles)
         super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
                                   "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
+                                  "TC_WG_RS": s.wg_row_stride, "TC_WG_CS": s.wg_channel_stride,
                                   "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": self.bd_tiles,
                                   "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
                                   "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
