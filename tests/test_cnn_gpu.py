@@ -347,6 +347,33 @@ def test_training_steps_match_reference(gpu_device, optimizer, path):
     assert abs(correct / len(task.test_images) - ref_acc) <= samples / len(task.test_images), f"{path}, seed {seed}"
 
 
+def test_a_batch_read_through_its_sample_indices_trains_the_gathered_batchs_bits(gpu_device, monkeypatch):
+    """The first layer reading its batch in the resident training set through the step's sample
+    indices (convpool_tc's `samples`; no gathered x) against the rows gathered into x: every step of
+    an epoch, the tail batch's padding rows included, gives the same weights bit for bit."""
+    from graphtrain.kernels.convpool_tc import ConvPoolTc
+    from graphtrain.stages.cnn_device import CnnDevice
+
+    task = small_task(precision="tf32")
+    seed = 6
+    weights = []
+    for through in (True, False):
+        monkeypatch.setattr(ConvPoolTc, "reads_samples", through)
+        model = CnnDevice(gpu_device, task.spec, task.recipe, task.train_images, task.train_labels,
+                          task.test_images, task.test_labels)
+        try:
+            assert model.through_samples == through and (model.x is None) == through
+            model.load(task.initial(seed), task.orders(seed))
+            model.reset(model.stream)
+            for _ in range(task.steps):
+                model.record_step(model.stream)
+            weights.append(model.weights())
+        finally:
+            model.close()
+    for i, (a, b) in enumerate(zip(*weights)):
+        assert a.tobytes() == b.tobytes(), f"parameter {i}, seed {seed}"
+
+
 def test_runs_are_bit_identical_and_graphs_equal_device_loop(gpu_device):
     """The same seed twice gives the same weights bit for bit; the device-loop graph (WHILE body
     of 2 steps, 5 steps = 2 iterations + 1 unrolled) gives the same as the step graph replayed;

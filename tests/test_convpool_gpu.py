@@ -151,3 +151,35 @@ def test_tc_forward_and_backward_data_are_bit_identical_across_grids(gpu_device,
             f"{name}: {key}, {blocks} blocks, seed {seed}"
     assert not np.isnan(few["out"]).any() and (first or not np.isnan(few["dx"]).any()), \
         f"{name}: unwritten outputs, seed {seed}"
+
+
+@pytest.mark.parametrize("case", CASES[:1] + CASES[2:], ids=[CASES[0][0], CASES[2][0]])
+def test_tc_passes_through_sample_indices_give_the_gathered_rows_bits(gpu_device, stream, seed, case):
+    """A first layer reading its batch where it lies (`samples`: indices into the images, repeats
+    among them) against the same rows gathered into x: the forward's outputs and argmaxes and the
+    weight gradient bit for bit."""
+    name, n, c, h, w, outs, k, _ = case
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    images = rng.standard_normal((n + 9, c, h, w)).astype(f32)
+    samples = rng.integers(0, len(images), n).astype(np.int32)
+    ho, wo = (h - k + 1) // 2, (w - k + 1) // 2
+    cp = build(gpu_device, "tf32", c, h, w, outs, k)
+    results = []
+    try:
+        with Scratch(stream, images=images, gathered=images[samples], samples=samples,
+                     w=(rng.standard_normal((outs, c, k, k)) / np.sqrt(c * k * k)).astype(f32),
+                     b=(0.3 * rng.standard_normal(outs)).astype(f32),
+                     dout=rng.standard_normal((n, outs, ho, wo)).astype(f32), out=np.zeros((n, outs, ho, wo), f32),
+                     arg=np.zeros((n, outs, ho, wo), np.uint8),
+                     partial=np.zeros(outs * cp.chunks(n) * (cp.taps + 1), f32), dw=np.zeros(outs * cp.taps, f32),
+                     db=np.zeros(outs, f32)) as s:
+            for x, through in ((s["images"], {"samples": s["samples"]}), (s["gathered"], {})):
+                cp.forward(stream, x, s["w"], s["b"], s["out"], s["arg"], n, outs, h, w, **through)
+                cp.weight_grad(stream, x, s["dout"], s["arg"], s["partial"], s["dw"], s["db"], n, outs, h, w, **through)
+                results.append([s.get(key) for key in ("out", "arg", "dw", "db")])
+    finally:
+        cp.close()
+    for what, a, b in zip(("out", "arg", "dw", "db"), *results):
+        assert a.tobytes() == b.tobytes(), f"{name}, {what}, seed {seed}"
+    assert np.any(results[0][0] != 0), f"{name}, seed {seed}: a forward of zeros"

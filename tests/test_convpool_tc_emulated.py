@@ -52,9 +52,13 @@ def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int],
 
 
 def run(program: str, folder, n: int, models: int, grids: tuple[int, int], shared: tuple[int, int],
-        x, w, bias, dout, shared_input: bool):
-    """(out, arg, dx) of the emulated launches, each models × its per-model shape."""
-    np.array([n, models, grids[0], shared[0], grids[1], shared[1], int(shared_input)], np.int32).tofile(folder / "launch.bin")
+        x, w, bias, dout, shared_input: bool, samples=None):
+    """(out, arg, dx) of the emulated launches, each models × its per-model shape; with `samples`
+    (models × n indices) the forward reads image samples[m, s] of x, which every model shares."""
+    np.array([n, models, grids[0], shared[0], grids[1], shared[1], int(shared_input), int(samples is not None)],
+             np.int32).tofile(folder / "launch.bin")
+    if samples is not None:
+        np.ascontiguousarray(samples, np.int32).tofile(folder / "samples.bin")
     for name, a in (("x", x), ("w", w), ("bias", bias), ("dout", dout)):
         np.ascontiguousarray(a, np.float32).tofile(folder / f"{name}.bin")
     proc = subprocess.run([program, str(folder)], capture_output=True, text=True, timeout=600)
@@ -296,6 +300,32 @@ def test_forward_b_fragments_in_registers_give_the_same_bits(tmp_path, tail_k4, 
     assert err < BOUND, f"forward, B in registers, model 0: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
     assert np.array_equal(out.view(np.uint32), out_shared.view(np.uint32)), f"out differs (seed {seed})"
     assert np.array_equal(arg, arg_shared), f"arg differs (seed {seed})"
+
+
+@pytest.mark.parametrize("case", ["conv0-rounds-models", "odd-shape"])
+def test_the_forward_through_sample_indices_is_the_gathered_batchs_bit_for_bit(tmp_path, case, seed):
+    """A first layer's batch read where it lies (`samples`: each model's indices into images every
+    model shares, repeats among them) gives the outputs and argmaxes of the rows gathered into each
+    model's own x, over rounds of several samples and blocks."""
+    (c, h, k, outs), n, models, blocks, first, _ = CASES[case]
+    shape = ConvPoolShape(c, h, h, k, outs)
+    spb = shape.samples_per_block(shape.forward_words, H100_SM[0])
+    bd = shape.backward_data_geometry(*H100_SM, convpool_tc.BD_TILES_PACKED)
+    program = build(kernel_text("model_axis.cuh", "convpool_tc.cu"), shape, spb, bd, tmp_path, tiles=convpool_tc.BD_TILES_PACKED)
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((n + 5, c, h, h)).astype(np.float32)
+    samples = rng.integers(0, len(images), (models, n)).astype(np.int32)
+    w = (rng.standard_normal((models, outs, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal((models, outs))).astype(np.float32)
+    dout = np.zeros((models, n, outs, shape.hc // 2, shape.wc // 2), np.float32)
+    shared = (4 * shape.forward_words(samples_per_round(spb, n, blocks)), 0)
+    out, arg, _ = run(program, tmp_path, n, models, (blocks, 0), shared, images, w, bias, dout, False, samples)
+    gathered_out, gathered_arg, _ = run(program, tmp_path, n, models, (blocks, 0), shared, images[samples], w, bias,
+                                        dout, False)
+    assert out.tobytes() == gathered_out.tobytes(), f"{case}, seed {seed}: outputs"
+    assert arg.tobytes() == gathered_arg.tobytes(), f"{case}, seed {seed}: argmaxes"
+    ref, _ = reference_forward(images[samples[1]].astype(np.float64), w[1].astype(np.float64), bias[1].astype(np.float64), k)
+    assert rel_err(out[1], ref) < BOUND, f"{case}, seed {seed}: model 1 against float64"
 
 
 def test_the_forward_tail_k4_compiles_for_hopper(nvrtc_available, cache):

@@ -64,24 +64,31 @@ class Program:
         self.program = compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_tc_launch.inc",
                                        folder, REPLACED)
 
-    def run(self, models: list[dict], n: int, blocks: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each model's (dw, db) after one launch of len(models) models on `blocks` blocks each."""
+    def run(self, models: list[dict], n: int, blocks: int, images: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each model's (dw, db) after one launch of len(models) models on `blocks` blocks each;
+        with `images`, each model's x is images at its "samples" (the kernel reads them through the
+        indices, the images in model 0's x for every model)."""
         s = self.s
         chunks = -(-n // self.per_chunk)
-        sizes = {"x": 4 * n * s.image, "dout": 4 * n * s.outs * s.plane, "arg": n * s.outs * s.plane,
-                 "partial": 4 * s.outs * chunks * (s.taps + 1), "dw": 4 * s.outs * s.taps, "db": 4 * s.outs}
+        sizes = {"x": 4 * (n if images is None else len(images)) * s.image, "dout": 4 * n * s.outs * s.plane,
+                 "arg": n * s.outs * s.plane, "partial": 4 * s.outs * chunks * (s.taps + 1),
+                 "dw": 4 * s.outs * s.taps, "db": 4 * s.outs, "samples": 4 * n}
         offsets, at = {}, 0
         for name, size in sizes.items():
             offsets[name], at = at, at + -(-size // 256) * 256
         stride = at
         arena = np.full(stride * len(models), 0xFF, np.uint8)  # NaNs where nothing was written
         for m, bufs in enumerate(models):
-            for name in ("x", "dout", "arg"):
+            names = ("x", "dout", "arg") if images is None else ("dout", "arg", "samples")
+            for name in names:
                 raw = np.ascontiguousarray(bufs[name]).view(np.uint8).ravel()
                 arena[m * stride + offsets[name]:m * stride + offsets[name] + raw.size] = raw
+        if images is not None:
+            raw = np.ascontiguousarray(images, np.float32).view(np.uint8).ravel()
+            arena[offsets["x"]:offsets["x"] + raw.size] = raw
         arena.tofile(self.folder / "arena.bin")
-        np.array([n, self.per_chunk, blocks, len(models), stride, *offsets.values()], np.int64).tofile(
-            self.folder / "layout.bin")
+        layout = [*offsets.values()][:-1] + [offsets["samples"] if images is not None else -1]
+        np.array([n, self.per_chunk, blocks, len(models), stride, *layout], np.int64).tofile(self.folder / "layout.bin")
         proc = subprocess.run([self.program, str(self.folder)], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
         out = np.fromfile(self.folder / "arena_out.bin", np.uint8)
@@ -161,3 +168,29 @@ def test_the_weight_gradients_b_loads_model_sees_the_row_conflicts():
     row_major = wavefronts(convpool_tc.weight_grad_b_reads(1, 28, 28, 5, 28, 784))
     padded = wavefronts(convpool_tc.weight_grad_b_reads(1, 28, 28, 5, 40, 1120))
     assert row_major.max() == 2 and padded.max() == 1 and len(padded) == 4 * 72 * 2
+
+
+@pytest.mark.parametrize("case", ["speedrun 1x28x28 5x5 → 24", "odd 3x7x9 3x3 → 12"])
+def test_the_weight_gradient_through_sample_indices_is_the_gathered_batchs_bit_for_bit(tmp_path, case, seed):
+    """A first layer's batch read where it lies (`samples`: each model's indices into images every
+    model shares) gives the bits of the same rows gathered into each model's x, on both grids."""
+    n = CASES[case][-1]
+    program = Program(CASES[case], tmp_path)
+    s = program.s
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((n + 7, s.c, s.h, s.w)).astype(np.float32)
+    models = []
+    for _ in range(2):
+        bufs = inputs(rng, s, n)
+        bufs["samples"] = rng.integers(0, len(images), n).astype(np.int32)  # repeats too, as a tail batch's padding
+        bufs["x"] = images[bufs["samples"]]
+        models.append(bufs)
+    chunks = -(-n // program.per_chunk)
+    for blocks in (chunks, REDUCE_SLICES):
+        through = program.run(models, n, blocks, images)
+        gathered = program.run(models, n, blocks)
+        for m in range(2):
+            msg = f"{case}, seed {seed}, {blocks} blocks, model {m}"
+            assert rel_err(through[m][0], reference(s, models[m])[0].ravel()) < BOUND, msg
+            assert through[m][0].tobytes() == gathered[m][0].tobytes(), msg
+            assert through[m][1].tobytes() == gathered[m][1].tobytes(), msg

@@ -66,6 +66,12 @@ N = 256  # the batch
 # fused step and evaluation make through these files.
 CASES = [
     ("gather", "gather_batch_at", (P[0], P[1], P[2], P[3], 784, N, P[4], P[5]), {}, [(S,)]),
+    ("gather", "gather_samples_at", (P[1], P[2], P[3], N, P[4], P[5]), {}, [(S,)]),
+    # the first layer reading its batch through sample indices: the training set shared (x_stride 0)
+    ("tc conv1", "forward", (P[0], P[1], P[2], P[3], P[4], N, CONV1[3], CONV1[1], CONV1[2]), {"samples": P[9]},
+     [(0, S)]),
+    ("tc conv1", "weight_grad", (P[0], P[1], P[2], P[3], P[4], P[5], N, CONV1[3], CONV1[1], CONV1[2]),
+     {"samples": P[9]}, [(S,), (S,)]),
     *[(conv, "forward", (P[0], P[1], P[2], P[3], P[4], N, o, h, w), {}, [(S, S)])
       for conv, (_, h, w, o, _) in (("tc conv1", CONV1), ("tc conv2", CONV2), ("fp32 conv1", CONV1),
                                     ("fp32 conv2", CONV2))],

@@ -41,6 +41,7 @@ class ConvPool(KernelFile):
     defines = {"CP_C": 24, "CP_K": 3, "CP_P": 2, "CP_OUTS": 32, "CP_REDUCE_THREADS": REDUCE_THREADS,
                "CP_OUT_GROUPS": OUT_GROUPS}
     note = "fp32 (convpool.cu's fused conv+bias+pool+ReLU kernels)"
+    reads_samples = False  # its kernels read a gathered batch (convpool_tc's do not need one)
     _convpool_forward = kernel("convpool_forward", PTR, PTR, PTR, PTR, PTR, I32, I32, I32, I64, I64)
     _convpool_weight_grad_regs = kernel("convpool_weight_grad_regs", PTR, PTR, PTR, PTR, I32, I32, I32, I32, I32,
                                         I64)

@@ -7,6 +7,9 @@
 // Model axis (model_axis.cuh, put before this file by the launcher): every kernel's buffers are
 // per model (the forward's input x moves by its own x_stride: 0 where every model reads the same
 // images); blockIdx.z is the model, the grids' x (and the loops over it) are a model's own.
+// Sample indices: where `samples` is not null, the forward's and the weight gradient's sample s is
+// image samples[s] of x (the training set every model shares; samples per model: its batch's
+// indices), so a first layer reads its batch where it lies, with no gathered copy; else image s.
 
 // TC_MIN_BLOCKS: the blocks an SM is to hold of the forward (its registers bound it, its staging
 // does not): 1 leaves ptxas its choice (more than 128 registers with every k-step unrolled: one block
@@ -53,13 +56,14 @@ __device__ __forceinline__ void batched(int count, Load load, Store store) {
             if (base + u * BLOCK < count) store(base + u * BLOCK, v[u]);
     }
 }
-// row(r)[c] = TF32(src[r·COLS + c]) for r < rows, c < COLS: 16-byte loads where COLS is a
-// multiple of 4 and src 16-byte aligned (the four then share a row), else one float a load.
-template <int COLS, class Row>
-__device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict__ src, int rows) {
-    if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
-        const float4* src4 = reinterpret_cast<const float4*>(src);
-        batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
+// row(r)[c] = TF32(src_row(r)[c]) for r < rows, c < COLS: 16-byte loads where COLS is a multiple of 4
+// and `base` (where the rows are: every row at base plus a multiple of COLS floats) 16-byte aligned
+// (the four then share a row), else one float a load.
+template <int COLS, class Row, class SrcRow>
+__device__ __forceinline__ void stage_rows_tf32(Row row, SrcRow src_row, int rows, const float* base) {
+    if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(base) & 15) == 0) {
+        batched(rows * COLS / 4, [&](int q) { return *reinterpret_cast<const float4*>(src_row(4 * q / COLS) + 4 * q % COLS); },
+                [&](int q, float4 v) {
             unsigned* d = row(4 * q / COLS) + 4 * q % COLS;
             d[0] = tf32(v.x);
             d[1] = tf32(v.y);
@@ -67,7 +71,7 @@ __device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict
             d[3] = tf32(v.w);
         });
     } else {
-        batched(rows * COLS, [&](int e) { return src[e]; },
+        batched(rows * COLS, [&](int e) { return src_row(e / COLS)[e % COLS]; },
                 [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });
     }
 }
@@ -109,6 +113,8 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // windows' work; two samples a round take 7 groups, 56 for 50).
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
+#define F_IMAGES 16               // the round's image indices (sample indices' launches), at most 16 samples a round
+static_assert(TC_SPB <= F_IMAGES, "convpool_tc_forward: more samples a round than image indices");
 // TC_TAIL_K4 (the launcher's FORWARD_TAIL_K4): where the last k-step holds at most 4 taps, it runs as
 // m16n8k4 mma (taps ks·8 + t only): half its A loads and products (the 1→24 5×5 layer's 25 taps: 28
 // of 32 k's, not 32). Its B words t + 4 are zero weights either way.
@@ -117,11 +123,13 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // registers (2·F_KT·F_NT words: 24 for the 1→24 5×5 layer), loaded once a block, so that a k-step
 // loads only its A words from shared memory (its B loads were 6 of its 14 wavefronts there).
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
-        const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-        float* __restrict__ out, unsigned char* __restrict__ arg, int n, long long x_stride, long long model_stride) {
+        const float* __restrict__ x, const int* __restrict__ samples, const float* __restrict__ w,
+        const float* __restrict__ bias, float* __restrict__ out, unsigned char* __restrict__ arg, int n,
+        long long x_stride, long long model_stride) {
     // moved on the pointers (model_axis.cuh's step_bytes): the loads and stores stay global ones
     const long long model = model_offset(model_stride);
     x = step_bytes(x, model_offset(x_stride));
+    if (samples) samples = step_bytes(samples, model);
     w = step_bytes(w, model);
     bias = step_bytes(bias, model);
     out = step_bytes(out, model);
@@ -129,7 +137,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
     int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's byte offsets
-    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][XS_WORDS], TF32
+    int* images = reinterpret_cast<int*>(smem + F_KT * F_NT * 64 + F_KT * 8);  // [F_IMAGES]: the round's images
+    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8 + F_IMAGES;     // [TC_SPB][XS_WORDS], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
     stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
@@ -149,12 +158,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 #define F_B(ks, nt) lane_b[((ks) * F_NT + (nt)) * 32]
 #endif
     const int spb = samples_per_round(TC_SPB, n);
+    // Through sample indices: thread i < spb holds the index of the next round's sample i, loaded a
+    // round ahead (its latency behind this round's products), and writes it to `images` at the round's
+    // start (the previous round's staging, their last reader, ended at its second barrier).
+    auto index_of = [&](int s0) { return samples && (int)threadIdx.x < spb && s0 + (int)threadIdx.x < n ? samples[s0 + threadIdx.x] : 0; };
+    int upcoming = index_of(blockIdx.x * spb);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
+        if (samples) {
+            if ((int)threadIdx.x < count) images[threadIdx.x] = upcoming;
+            upcoming = index_of(s0 + gridDim.x * spb);
+        }
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
-        // a sample's rows of TC_W: row r = (sample, c, y) at word sample·XS_WORDS + c·TC_CS + y·TC_RS
+        // a sample's rows of TC_W: row r = (sample, c, y) at word sample·XS_WORDS + c·TC_CS + y·TC_RS,
+        // from image samples[s0 + sample] (or s0 + sample) of x
         stage_rows_tf32<TC_W>([&](int r) { return xs + r / (TC_C * TC_H) * XS_WORDS + r / TC_H % TC_C * TC_CS + r % TC_H * TC_RS; },
-                              x + (long long)s0 * IMAGE, count * TC_C * TC_H);
+                              [&](int r) { const int sl = r / (TC_C * TC_H);
+                                           return x + (long long)(samples ? images[sl] : s0 + sl) * IMAGE + r % (TC_C * TC_H) * TC_W; },
+                              count * TC_C * TC_H, samples ? x : x + (long long)s0 * IMAGE);
         __syncthreads();
         const int windows = count * PLANE;
         for (int item = warp; item * 8 < windows; item += TC_WARPS) {
@@ -458,16 +479,16 @@ __device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restri
 // global memory between the barriers, waiting on its loads there.
 #define ASYNC_STAGE (IMAGE % 4 == 0 && (TC_OUTS * PLANE) % 16 == 0)
 #define RAW_WORDS (ASYNC_STAGE ? IMAGE + TC_OUTS * PLANE + TC_OUTS * PLANE / 4 : 0)
-// Sample s's copies into raw (the image, then dout's, then arg's, 16 bytes each over the block's
+// Sample s's copies into raw (its image, then dout's, then arg's, 16 bytes each over the block's
 // threads), committed as one group of each thread's.
-__device__ __forceinline__ void fetch_sample(unsigned* raw, const float* x, const float* dout,
+__device__ __forceinline__ void fetch_sample(unsigned* raw, const float* image, const float* dout,
                                              const unsigned char* arg, int s) {
     constexpr int X4 = IMAGE / 4, D4 = TC_OUTS * PLANE / 4, A16 = TC_OUTS * PLANE / 16;
     auto copy = [&](int count, unsigned* dst, const void* src) {
         for (int q = threadIdx.x; q < count; q += THREADS)
             copy16_async_or_zero(dst + 4 * q, static_cast<const char*>(src) + 16 * q, 16);
     };
-    copy(X4, raw, x + (long long)s * IMAGE);
+    copy(X4, raw, image);
     copy(D4, raw + IMAGE, dout + (long long)s * TC_OUTS * PLANE);
     copy(A16, raw + IMAGE + TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
     copies_commit();
@@ -516,9 +537,11 @@ __device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4
     }
 }
 extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool_tc_weight_grad(
-        const float* __restrict__ x, const float* __restrict__ dout, const unsigned char* __restrict__ arg,
-        float* __restrict__ partial, int n, int per_chunk, long long model_stride) {
-    x = model_at(x, model_stride);
+        const float* __restrict__ x, const int* __restrict__ samples, const float* __restrict__ dout,
+        const unsigned char* __restrict__ arg, float* __restrict__ partial, int n, int per_chunk,
+        long long model_stride) {
+    x = samples ? x : model_at(x, model_stride);  // through sample indices: the images every model shares
+    samples = model_at(samples, model_stride);
     dout = model_at(dout, model_stride);
     arg = model_at(arg, model_stride);
     partial = model_at(partial, model_stride);
@@ -556,7 +579,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     const bool async = ASYNC_STAGE && (per_chunk > 1 || (int)gridDim.x < chunks) &&
                        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
                          reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
-    if (async && blockIdx.x < chunks) fetch_sample(raw, x, dout, arg, blockIdx.x * per_chunk);
+    auto image = [&](int index) { return x + (long long)index * IMAGE; };  // image `index` of x
+    // The sample after s in this block's order (its chunk's next, else the next chunk's first; -1: none).
+    auto follower = [&](int s) {
+        const int chunk = s / per_chunk;
+        return s + 1 < min(n, (chunk + 1) * per_chunk) ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
+    };
+    // Through sample indices, the copies ahead read the index of the sample after the one they copy,
+    // so that its load's latency passes behind a sample's products.
+    auto index_of = [&](int s) { return s < 0 ? 0 : samples ? samples[s] : s; };
+    int upcoming = 0;  // the image index of the next sample to copy
+    if (async && blockIdx.x < chunks) {
+        const int first = blockIdx.x * per_chunk;
+        fetch_sample(raw, image(index_of(first)), dout, arg, first);
+        upcoming = index_of(follower(first));
+    }
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);
 #pragma unroll
@@ -569,16 +606,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             auto row = [&](int r) { return xs + r / TC_H * TC_WG_CS + r % TC_H * TC_WG_RS; };
             if (async) {
                 const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
-                stage_rows_tf32<TC_W>(row, reinterpret_cast<const float*>(raw), TC_C * TC_H);
+                const float* raw_x = reinterpret_cast<const float*>(raw);
+                stage_rows_tf32<TC_W>(row, [&](int r) { return raw_x + r * TC_W; }, TC_C * TC_H, raw_x);
                 route_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE));
             } else {
-                stage_rows_tf32<TC_W>(row, x + (long long)s * IMAGE, TC_C * TC_H);
+                const float* src = image(index_of(s));
+                stage_rows_tf32<TC_W>(row, [&](int r) { return src + r * TC_W; }, TC_C * TC_H, src);
                 route_dconv(dcs, dout + (long long)s * TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
             }
             __syncthreads();  // raw read: the block's next sample may land in it
             if (async) {
-                const int next = s + 1 < last ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
-                if (next >= 0) fetch_sample(raw, x, dout, arg, next);
+                const int next = follower(s);
+                if (next >= 0) {
+                    fetch_sample(raw, image(upcoming), dout, arg, next);
+                    upcoming = index_of(follower(next));
+                }
             }
             if (!active) continue;
             if (group < W_GROUPS - 1) weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);

@@ -18,6 +18,7 @@ THREADS = 32 * WARPS
 REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
 BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
+FORWARD_IMAGE_INDICES = 16  # convpool_tc.cu's F_IMAGES: a forward round's image indices (at most its samples)
 BLOCKS_PER_SM = 4  # the forward grid: at most this many blocks an SM, looping over samples (the backward data's: BD_REGISTERS)
 # Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
 # in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 1, 4 and 8
@@ -267,9 +268,10 @@ class ConvPoolShape:
         return _c(k, 8) * _c(cols, 8) * 64
 
     def forward_words(self, spb: int) -> int:
-        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images of
-        c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
-        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.c * self.channel_stride
+        """B fragments of the filters, two tap offsets a k-step's lane pair, a round's image indices
+        (F_IMAGES), spb images of c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
+        return (self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + FORWARD_IMAGE_INDICES
+                + spb * self.c * self.channel_stride)
 
     def forward_b_registers(self) -> bool:
         """Whether a forward lane holds its B fragments in registers (TC_B_REGS): 2 words a k-step
@@ -383,14 +385,15 @@ class ConvPoolTc(KernelFile):
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW,
                "TC_TAIL_K4": 0, "TC_B_REGS": 0}
-    _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
+    _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
                                         max_shared_bytes=MAX_SHARED)
-    _convpool_tc_weight_grad = kernel("convpool_tc_weight_grad", PTR, PTR, PTR, PTR, I32, I32, I64,
+    _convpool_tc_weight_grad = kernel("convpool_tc_weight_grad", PTR, PTR, PTR, PTR, PTR, I32, I32, I64,
                                       max_shared_bytes=MAX_SHARED)
     _convpool_tc_reduce = kernel("convpool_tc_reduce", PTR, PTR, PTR, I32, I64)
     note = "TF32 tensor cores, fp32 sums (convpool_tc.cu's fused conv+bias+pool+ReLU implicit GEMMs)"
+    reads_samples = True  # the forward and weight gradient read a batch through its sample indices (`samples`)
 
     def __init__(self, device, c: int, h: int, w: int, k: int, pool: int, outs: int, models: int = 1):
         if not fits(c, h, w, outs, k, 1, 0, pool, first=False) and not fits(c, h, w, outs, k, 1, 0, pool, True):
@@ -446,24 +449,27 @@ class ConvPoolTc(KernelFile):
             raise ValueError(f"convpool_tc was built for {s.outs} outputs of a {s.h}×{s.w} input, not {outs} of {h}×{wd}")
 
     def forward(self, stream, x: int, w: int, b: int, out: int, arg: int, n: int, outs: int, h: int,
-                wd: int, models: int = 1, model_stride: int = 0, shared_input: bool = False) -> None:
+                wd: int, models: int = 1, model_stride: int = 0, shared_input: bool = False,
+                samples: int = 0) -> None:
         """out = ReLU(maxpool(conv(x, w) + b)) and each window's argmax, n samples of c×h×wd;
-        `shared_input`: every model reads the same x (the test images)."""
+        `shared_input`: every model reads the same x (the test images); `samples` (per model, n
+        int32): sample s is image samples[s] of x, which every model shares (the training set)."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
         grid = self._grid(n, self.spb_alone, models, self.max_blocks)
-        self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, w, b, out, arg, n,
-                                  0 if shared_input else stride, stride,
+        self._convpool_tc_forward(stream, model_grid(grid, models), THREADS, x, samples, w, b, out, arg, n,
+                                  0 if shared_input or samples else stride, stride,
                                   shared_bytes=4 * self.shape.forward_words(samples_per_round(self.spb, n, grid)))
 
     def weight_grad(self, stream, x: int, dout: int, arg: int, partial: int, dw: int, db: int, n: int, outs: int,
-                    h: int, wd: int, models: int = 1, model_stride: int = 0) -> None:
+                    h: int, wd: int, models: int = 1, model_stride: int = 0, samples: int = 0) -> None:
         """dw, db from the pooled gradient dout: a partial sum a block (partial: outs × chunks ×
-        (taps + 1) floats, the first `weight_grad_blocks` chunks' worth written), then their sum in order."""
+        (taps + 1) floats, the first `weight_grad_blocks` chunks' worth written), then their sum in order;
+        `samples` as the forward's."""
         self._check(outs, h, wd)
         stride = model_stride_arg(models, model_stride)
         blocks = self.weight_grad_blocks(n, models)
-        self._convpool_tc_weight_grad(stream, model_grid(blocks, models), THREADS, x, dout, arg, partial, n,
+        self._convpool_tc_weight_grad(stream, model_grid(blocks, models), THREADS, x, samples, dout, arg, partial, n,
                                       self.chunk, stride, shared_bytes=4 * self.shape.weight_grad_words())
         self._convpool_tc_reduce(stream, model_grid(ceil_div(outs * (self.taps + 1), 32), models),
                                  32 * REDUCE_SLICES, partial, dw, db, blocks, stride)

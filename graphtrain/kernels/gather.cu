@@ -49,6 +49,23 @@ extern "C" __global__ void gather_slice_at(const float* images, const int* label
     gather_rows(images, labels, order, slice.first(rank), features, x, y);
 }
 
+// The batch's sample indices and labels, for a step whose first layer reads its rows where they lie
+// (convpool_tc.cu's `samples`): samples[r] = order[*cursor + r], y[r] = labels[samples[r]] for r < rows.
+// One block a model. Model axis: per model order, cursor, samples, y; shared labels.
+extern "C" __global__ void gather_samples_at(const int* labels, const int* order, const int* cursor, int rows,
+                                             int* samples, int* y, long long model_stride) {
+    order = model_at(order, model_stride);
+    cursor = model_at(cursor, model_stride);
+    samples = model_at(samples, model_stride);
+    y = model_at(y, model_stride);
+    const int offset = *cursor;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int sample = order[offset + r];
+        samples[r] = sample;
+        y[r] = labels[sample];
+    }
+}
+
 // cursor += rows, after every kernel of the step that reads the batch has run.
 extern "C" __global__ void advance_cursor(int* cursor, int rows) {
     *cursor += rows;

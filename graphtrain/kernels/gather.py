@@ -13,6 +13,7 @@ class Gather(KernelFile):
     _gather_batch = kernel("gather_batch", PTR, PTR, PTR, I32, I32, PTR, PTR)
     _gather_batch_at = kernel("gather_batch_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I64)
     _gather_slice_at = kernel("gather_slice_at", PTR, PTR, PTR, PTR, I32, PTR, PTR, I32, I32, I32, I32)
+    _gather_samples_at = kernel("gather_samples_at", PTR, PTR, PTR, I32, PTR, PTR, I64)
     _advance_cursor = kernel("advance_cursor", PTR, I32)
     _set_cursor = kernel("set_cursor", PTR, I32)
 
@@ -28,6 +29,13 @@ class Gather(KernelFile):
         stride = model_stride_arg(models, model_stride)
         self._gather_batch_at(stream, model_grid(rows, models), THREADS, images, labels, order, cursor, features, x,
                               y, stride)
+
+    def gather_samples_at(self, stream, labels: int, order: int, cursor: int, rows: int, samples: int, y: int,
+                          models: int = 1, model_stride: int = 0) -> None:
+        """samples[r] = order[*cursor + r], y[r] = labels[samples[r]] for r < rows: the batch's
+        indices for a first layer that reads its rows where they lie; per model as gather_batch_at."""
+        stride = model_stride_arg(models, model_stride)
+        self._gather_samples_at(stream, model_grid(1, models), THREADS, labels, order, cursor, rows, samples, y, stride)
 
     def gather_slice_at(self, stream, images: int, labels: int, order: int, cursor: int, features: int, batch: int,
                         epoch_samples: int, rank: int, ranks: int, x: int, y: int) -> None:

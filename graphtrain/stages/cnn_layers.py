@@ -175,11 +175,12 @@ class ParameterSpan:
 
 @dataclass(frozen=True)
 class Batch:
-    """The training batch as the loss step sees it: this model's `rows` rows gathered into x and
-    y, the device cursor the step moves on, the Σ loss it adds to (`loss_sums[loss_slot]`), the
-    combined batch and the ranks it is split over (1: one GPU), and the samples of an epoch."""
+    """The training batch as the loss step sees it: this model's `rows` rows gathered into x (None
+    where the first layer reads them through their sample indices) and y, the device cursor the step
+    moves on, the Σ loss it adds to (`loss_sums[loss_slot]`), the combined batch and the ranks it is
+    split over (1: one GPU), and the samples of an epoch."""
 
-    x: Buffer
+    x: Buffer | None
     y: Buffer
     cursor: Buffer
     loss_sums: Buffer
@@ -230,20 +231,24 @@ class FusedConv:
         self.partial = arena.reserve(f"partial{i}", (s.outs, kernels.chunks(batch), kernels.taps + 1))
 
     def forward_ops(self, stream: cuda.Stream, src: int, rows: int, training: bool,
-                    shared_input: bool = False) -> list[Op]:
-        """`shared_input`: src is one buffer every model reads (the test images)."""
+                    shared_input: bool = False, samples: int = 0) -> list[Op]:
+        """`shared_input`: src is one buffer every model reads (the test images); `samples`: the
+        batch's sample indices into src, which every model shares (the training set; kernels that
+        read through them only: `reads_samples`)."""
         s = self.shape
+        through = {"samples": samples} if samples else {}
         return [(f"conv{s.index}+bias+pool+relu", partial(self.kernels.forward, stream, src, self.w.ptr, self.b.ptr,
                                                            self.a.ptr, self.arg.ptr, rows, s.outs, s.h, s.w,
-                                                           shared_input=shared_input, **self.axis.launch))]
+                                                           shared_input=shared_input, **through, **self.axis.launch))]
 
-    def backward_ops(self, stream: cuda.Stream, src: int, dsrc: int | None) -> list[Op]:
-        """From da: the weight and bias gradients (src: the layer's input), and the input's
-        gradient into dsrc (not for the first layer: None)."""
+    def backward_ops(self, stream: cuda.Stream, src: int, dsrc: int | None, samples: int = 0) -> list[Op]:
+        """From da: the weight and bias gradients (src: the layer's input, read through `samples`
+        as the forward's), and the input's gradient into dsrc (not for the first layer: None)."""
         s, b = self.shape, self.batch
+        through = {"samples": samples} if samples else {}
         ops = [(f"conv{s.index} weight+bias grad", partial(
             self.kernels.weight_grad, stream, src, self.da.ptr, self.arg.ptr, self.partial.ptr, self.w.grad,
-            self.b.grad, b, s.outs, s.h, s.w, **self.axis.launch))]
+            self.b.grad, b, s.outs, s.h, s.w, **through, **self.axis.launch))]
         if dsrc is not None:
             ops.append((f"conv{s.index} input grad", partial(
                 self.kernels.backward_data, stream, self.da.ptr, self.arg.ptr, self.w.ptr, dsrc, b, s.outs, s.h, s.w,
