@@ -336,6 +336,26 @@ def test_the_forward_tail_k4_compiles_for_hopper(nvrtc_available, cache):
     assert ConvPoolTc.cubin("sm_90", defines).startswith(b"\x7fELF")
 
 
+@pytest.mark.parametrize("models", [1, 64])
+def test_the_speedrun_layers_kernels_do_not_spill(nvrtc_available, models):
+    """Every kernel of the speedrun's two layers as a launch of `models` models builds it (an H100's SM)
+    keeps its registers: the forward and the weight gradient sit at their 128-register bounds, where
+    two more live values spilled (the weight gradient's sample indices, held through its products)."""
+    import re
+
+    from graphtrain.libs.nvrtc import ptxas_report
+
+    for c, h, k, outs in ((1, 28, 5, 24), (24, 12, 3, 32)):
+        shape = ConvPoolShape(c, h, h, k, outs)
+        tiles = convpool_tc.BD_TILES_PACKED if models > 1 else convpool_tc.BD_TILES
+        defines = {**ConvPoolTc.defines, **convpool_tc.layer_defines(
+            shape, shape.samples_per_block(shape.forward_words, H100_SM[0]), tiles,
+            shape.backward_data_geometry(*H100_SM, tiles))}
+        log = ptxas_report(ConvPoolTc.source(), "convpool_tc.cu", "sm_90", [f"-D{a}={b}" for a, b in defines.items()])
+        spills = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S)
+        assert len(spills) == 4 and all(int(n) == 0 for _, n in spills), (c, spills)
+
+
 def test_known_strides_are_what_the_search_chooses():
     """KNOWN_STRIDES only saves the search at setup: each entry must be the search's own choice."""
     for key, strides in convpool_tc.KNOWN_STRIDES.items():

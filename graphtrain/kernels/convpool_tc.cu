@@ -60,7 +60,7 @@ __device__ __forceinline__ void batched(int count, Load load, Store store) {
 // and `base` (where the rows are: every row at base plus a multiple of COLS floats) 16-byte aligned
 // (the four then share a row), else one float a load.
 template <int COLS, class Row, class SrcRow>
-__device__ __forceinline__ void stage_rows_tf32(Row row, SrcRow src_row, int rows, const float* base) {
+__device__ __forceinline__ void stage_rows_tf32_from(Row row, SrcRow src_row, int rows, const float* base) {
     if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(base) & 15) == 0) {
         batched(rows * COLS / 4, [&](int q) { return *reinterpret_cast<const float4*>(src_row(4 * q / COLS) + 4 * q % COLS); },
                 [&](int q, float4 v) {
@@ -72,6 +72,24 @@ __device__ __forceinline__ void stage_rows_tf32(Row row, SrcRow src_row, int row
         });
     } else {
         batched(rows * COLS, [&](int e) { return src_row(e / COLS)[e % COLS]; },
+                [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });
+    }
+}
+// The same from rows one after another at src (src[r·COLS + c]); its loads index src directly (as
+// the other's, through src_row, cost the weight gradient's 1→24 layer registers it spilled).
+template <int COLS, class Row>
+__device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict__ src, int rows) {
+    if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
+        const float4* src4 = reinterpret_cast<const float4*>(src);
+        batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
+            unsigned* d = row(4 * q / COLS) + 4 * q % COLS;
+            d[0] = tf32(v.x);
+            d[1] = tf32(v.y);
+            d[2] = tf32(v.z);
+            d[3] = tf32(v.w);
+        });
+    } else {
+        batched(rows * COLS, [&](int e) { return src[e]; },
                 [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });
     }
 }
@@ -113,8 +131,6 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // windows' work; two samples a round take 7 groups, 56 for 50).
 #define F_KT ((TAPS + 7) / 8)     // k-steps (taps past TAPS: zero weights)
 #define F_NT ((TC_OUTS + 7) / 8)  // n-tiles of output channels
-#define F_IMAGES 16               // the round's image indices (sample indices' launches), at most 16 samples a round
-static_assert(TC_SPB <= F_IMAGES, "convpool_tc_forward: more samples a round than image indices");
 // TC_TAIL_K4 (the launcher's FORWARD_TAIL_K4): where the last k-step holds at most 4 taps, it runs as
 // m16n8k4 mma (taps ks·8 + t only): half its A loads and products (the 1→24 5×5 layer's 25 taps: 28
 // of 32 k's, not 32). Its B words t + 4 are zero weights either way.
@@ -137,8 +153,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     extern __shared__ __align__(16) unsigned smem[];
     const uint2* bfrag = reinterpret_cast<const uint2*>(smem);        // [F_KT][F_NT][32]: B fragments
     int2* tapoff = reinterpret_cast<int2*>(smem + F_KT * F_NT * 64);  // [F_KT·4]: taps t, t + 4's byte offsets
-    int* images = reinterpret_cast<int*>(smem + F_KT * F_NT * 64 + F_KT * 8);  // [F_IMAGES]: the round's images
-    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8 + F_IMAGES;     // [TC_SPB][XS_WORDS], TF32
+    unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][XS_WORDS], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
     stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
@@ -158,24 +173,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 #define F_B(ks, nt) lane_b[((ks) * F_NT + (nt)) * 32]
 #endif
     const int spb = samples_per_round(TC_SPB, n);
-    // Through sample indices: thread i < spb holds the index of the next round's sample i, loaded a
-    // round ahead (its latency behind this round's products), and writes it to `images` at the round's
-    // start (the previous round's staging, their last reader, ended at its second barrier).
-    auto index_of = [&](int s0) { return samples && (int)threadIdx.x < spb && s0 + (int)threadIdx.x < n ? samples[s0 + threadIdx.x] : 0; };
-    int upcoming = index_of(blockIdx.x * spb);
     for (int s0 = blockIdx.x * spb; s0 < n; s0 += gridDim.x * spb) {
         const int count = min(spb, n - s0);
-        if (samples) {
-            if ((int)threadIdx.x < count) images[threadIdx.x] = upcoming;
-            upcoming = index_of(s0 + gridDim.x * spb);
-        }
         __syncthreads();  // the previous samples are no longer read (first time: nothing staged yet)
         // a sample's rows of TC_W: row r = (sample, c, y) at word sample·XS_WORDS + c·TC_CS + y·TC_RS,
-        // from image samples[s0 + sample] (or s0 + sample) of x
-        stage_rows_tf32<TC_W>([&](int r) { return xs + r / (TC_C * TC_H) * XS_WORDS + r / TC_H % TC_C * TC_CS + r % TC_H * TC_RS; },
-                              [&](int r) { const int sl = r / (TC_C * TC_H);
-                                           return x + (long long)(samples ? images[sl] : s0 + sl) * IMAGE + r % (TC_C * TC_H) * TC_W; },
-                              count * TC_C * TC_H, samples ? x : x + (long long)s0 * IMAGE);
+        // from image s0 + sample of x, or through the indices image samples[s0 + sample] (a load from
+        // the L1 but for a round's first: a block's indices share a few lines)
+        auto row = [&](int r) { return xs + r / (TC_C * TC_H) * XS_WORDS + r / TC_H % TC_C * TC_CS + r % TC_H * TC_RS; };
+        if (samples)
+            stage_rows_tf32_from<TC_W>(row, [&](int r) { return x + (long long)samples[s0 + r / (TC_C * TC_H)] * IMAGE + r % (TC_C * TC_H) * TC_W; },
+                                  count * TC_C * TC_H, x);
+        else
+            stage_rows_tf32<TC_W>(row, x + (long long)s0 * IMAGE, count * TC_C * TC_H);
         __syncthreads();
         const int windows = count * PLANE;
         for (int item = warp; item * 8 < windows; item += TC_WARPS) {
@@ -551,6 +560,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
     unsigned* xs = raw + RAW_WORDS;                       // [WG_XS_WORDS]: the image at its strides
     int2* pospair = reinterpret_cast<int2*>(xs + WG_XS_WORDS);  // [W_KT·4]: byte offsets of k = ks·8 + t, + t + 4
+    // The sample indices' address, parked in shared memory (2 words) and read again where a sample's
+    // image is copied: held in registers through the products it spilled them (the 1→24 layer: 72 bytes).
+    const int* volatile* samples_at = reinterpret_cast<const int* volatile*>(pospair + W_KT * 4);
+    if (threadIdx.x == 0) *samples_at = samples;  // read after the loop's first barrier
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
     const bool active = slice < W_SLICES;
@@ -579,21 +592,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     const bool async = ASYNC_STAGE && (per_chunk > 1 || (int)gridDim.x < chunks) &&
                        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dout) |
                          reinterpret_cast<unsigned long long>(arg)) & 15) == 0;
-    auto image = [&](int index) { return x + (long long)index * IMAGE; };  // image `index` of x
-    // The sample after s in this block's order (its chunk's next, else the next chunk's first; -1: none).
-    auto follower = [&](int s) {
-        const int chunk = s / per_chunk;
-        return s + 1 < min(n, (chunk + 1) * per_chunk) ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
-    };
-    // Through sample indices, the copies ahead read the index of the sample after the one they copy,
-    // so that its load's latency passes behind a sample's products.
-    auto index_of = [&](int s) { return s < 0 ? 0 : samples ? samples[s] : s; };
-    int upcoming = 0;  // the image index of the next sample to copy
-    if (async && blockIdx.x < chunks) {
-        const int first = blockIdx.x * per_chunk;
-        fetch_sample(raw, image(index_of(first)), dout, arg, first);
-        upcoming = index_of(follower(first));
-    }
+    // sample s's image: s of x, or through the indices samples[s] of x (a load from the L1 but for the
+    // first of a line's 32 indices)
+    auto image = [&](const int* indices, int s) { return x + (long long)(indices ? indices[s] : s) * IMAGE; };
+    if (async && blockIdx.x < chunks)
+        fetch_sample(raw, image(samples, blockIdx.x * per_chunk), dout, arg, blockIdx.x * per_chunk);
     for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         const int first = chunk * per_chunk, last = min(n, first + per_chunk);
 #pragma unroll
@@ -607,20 +610,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
             if (async) {
                 const float* raw_dout = reinterpret_cast<const float*>(raw + IMAGE);
                 const float* raw_x = reinterpret_cast<const float*>(raw);
-                stage_rows_tf32<TC_W>(row, [&](int r) { return raw_x + r * TC_W; }, TC_C * TC_H, raw_x);
+                stage_rows_tf32<TC_W>(row, raw_x, TC_C * TC_H);
                 route_dconv(dcs, raw_dout, reinterpret_cast<const unsigned char*>(raw_dout + TC_OUTS * PLANE));
             } else {
-                const float* src = image(index_of(s));
-                stage_rows_tf32<TC_W>(row, [&](int r) { return src + r * TC_W; }, TC_C * TC_H, src);
+                const float* src = image(*samples_at, s);
+                stage_rows_tf32<TC_W>(row, src, TC_C * TC_H);
                 route_dconv(dcs, dout + (long long)s * TC_OUTS * PLANE, arg + (long long)s * TC_OUTS * PLANE);
             }
             __syncthreads();  // raw read: the block's next sample may land in it
             if (async) {
-                const int next = follower(s);
-                if (next >= 0) {
-                    fetch_sample(raw, image(upcoming), dout, arg, next);
-                    upcoming = index_of(follower(next));
-                }
+                const int next = s + 1 < last ? s + 1 : chunk + (int)gridDim.x < chunks ? (chunk + gridDim.x) * per_chunk : -1;
+                if (next >= 0) fetch_sample(raw, image(*samples_at, next), dout, arg, next);
             }
             if (!active) continue;
             if (group < W_GROUPS - 1) weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);

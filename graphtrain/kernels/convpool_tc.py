@@ -18,7 +18,6 @@ THREADS = 32 * WARPS
 REDUCE_SLICES = 8  # convpool_tc_reduce: chunk slices per block of 32 outputs
 BATCH = 8  # loads a thread issues before it stores what they brought (staging, the chunk sums)
 MAX_SHARED = 160 * 1024  # the kernels' dynamic shared memory limit, raised once (sm_80 allows 163 KiB)
-FORWARD_IMAGE_INDICES = 16  # convpool_tc.cu's F_IMAGES: a forward round's image indices (at most its samples)
 BLOCKS_PER_SM = 4  # the forward grid: at most this many blocks an SM, looping over samples (the backward data's: BD_REGISTERS)
 # Samples per block (chunk) of the weight gradient, one after another; the chunks are then summed
 # in order. Measured on an H100 at batch 256 (scripts/probes/convpool_passes.py): 2 beat 1, 4 and 8
@@ -268,10 +267,9 @@ class ConvPoolShape:
         return _c(k, 8) * _c(cols, 8) * 64
 
     def forward_words(self, spb: int) -> int:
-        """B fragments of the filters, two tap offsets a k-step's lane pair, a round's image indices
-        (F_IMAGES), spb images of c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
-        return (self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + FORWARD_IMAGE_INDICES
-                + spb * self.c * self.channel_stride)
+        """B fragments of the filters, two tap offsets a k-step's lane pair, spb images of
+        c·channel_stride words (convpool_tc.cu's XS_WORDS)."""
+        return self.fragment_words(self.taps, self.outs) + _c(self.taps, 8) * 8 + spb * self.c * self.channel_stride
 
     def forward_b_registers(self) -> bool:
         """Whether a forward lane holds its B fragments in registers (TC_B_REGS): 2 words a k-step
@@ -293,14 +291,14 @@ class ConvPoolShape:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
         pieces: convpool_tc.cu's ASYNC_STAGE), the image at its strides (even words), the conv positions'
-        offsets in pairs."""
+        offsets in pairs, the sample indices' address (2 words)."""
         kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
         staged = self.c * self.wg_channel_stride
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(staged, 2) + kt * 8
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(staged, 2) + kt * 8 + 2
 
     def samples_per_block(self, words, sm_shared: int) -> int:
         """Samples a forward block stages a round (FORWARD_SAMPLES where set), within MAX_SHARED and
@@ -378,6 +376,16 @@ def fits(c: int, h: int, w: int, outs: int, k: int, stride: int, padding: int, p
             and s.weight_grad_groups() <= WARPS and (first or 4 * s.backward_data_words(1) <= MAX_SHARED))
 
 
+def layer_defines(s: ConvPoolShape, spb: int, bd_tiles: int, bd: tuple[int, int, int]) -> dict[str, int]:
+    """convpool_tc.cu's defines for layer s: the forward staging spb samples a round, the backward data
+    bd = (warps a block, samples a round, blocks an SM) with bd_tiles m-tiles an item."""
+    return {"TC_C": s.c, "TC_H": s.h, "TC_W": s.w, "TC_K": s.k, "TC_OUTS": s.outs,
+            "TC_RS": s.row_stride, "TC_CS": s.channel_stride, "TC_WG_RS": s.wg_row_stride,
+            "TC_WG_CS": s.wg_channel_stride, "TC_SPB": spb, "TC_BD_SPB": bd[1], "TC_BD_MTW": bd_tiles,
+            "TC_BD_WARPS": bd[0], "TC_BD_MIN_BLOCKS": bd[2], "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
+            "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4), "TC_B_REGS": int(s.forward_b_registers())}
+
+
 class ConvPoolTc(KernelFile):
     stem = "convpool_tc"
     headers = ("tf32_mma.cuh", "model_axis.cuh", "async_copy.cuh")
@@ -406,14 +414,7 @@ class ConvPoolTc(KernelFile):
         self.bd_tiles = BD_TILES_PACKED if models > 1 else BD_TILES
         self.bd_warps, self.bd_spb, self.bd_blocks = s.backward_data_geometry(
             device.sm_shared_bytes, device.sm_registers, device.sm_threads, self.bd_tiles)
-        super().__init__(device, {"TC_C": c, "TC_H": h, "TC_W": w, "TC_K": k, "TC_OUTS": outs,
-                                  "TC_RS": s.row_stride, "TC_CS": s.channel_stride,
-                                  "TC_WG_RS": s.wg_row_stride, "TC_WG_CS": s.wg_channel_stride,
-                                  "TC_SPB": self.spb, "TC_BD_SPB": self.bd_spb, "TC_BD_MTW": self.bd_tiles,
-                                  "TC_BD_WARPS": self.bd_warps, "TC_BD_MIN_BLOCKS": self.bd_blocks,
-                                  "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
-                                  "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4),
-                                  "TC_B_REGS": int(s.forward_b_registers())})
+        super().__init__(device, layer_defines(s, self.spb, self.bd_tiles, (self.bd_warps, self.bd_spb, self.bd_blocks)))
         self.c, self.k, self.pool, self.outs = c, k, pool, outs
         self.taps = s.taps
         self.chunk = WEIGHT_GRAD_SAMPLES_ONE_CHANNEL if c == 1 else WEIGHT_GRAD_SAMPLES
