@@ -470,16 +470,17 @@ __device__ __forceinline__ void clear_unscattered(unsigned* dcs) {
     }
 }
 // dconv's rows in window order: dst[o·KPS + 4·win + where] = TF32(dout[o, win]) at the window's
-// argmax `where` (none where the ReLU was off), the window's other three words 0: the four zeroed by
-// one 16-byte store (KPS and dst keep it aligned; consecutive windows at consecutive addresses), then
-// the value written over its word, in the same thread's order.
+// argmax `where` (none where the ReLU was off), the window's other three words 0: one 16-byte store
+// a window (KPS and dst keep it aligned; consecutive windows at consecutive addresses). A zeroing
+// store and then the value's 4-byte store over it were twice the wavefronts: a warp's 32 values 16
+// bytes apart fall 4 to a bank.
 __device__ __forceinline__ void route_dconv(unsigned* dst, const float* __restrict__ dout,
                                             const unsigned char* __restrict__ arg) {
     struct Routed { float g; unsigned where; };
     batched(TC_OUTS * PLANE, [&](int q) { return Routed{dout[q], arg[q]}; }, [&](int q, Routed v) {
-        unsigned* window = dst + (q / PLANE) * KPS + 4 * (q % PLANE);
-        *reinterpret_cast<uint4*>(window) = make_uint4(0u, 0u, 0u, 0u);
-        if (v.where < 4) window[v.where] = tf32(v.g);
+        const unsigned g = tf32(v.g);
+        *reinterpret_cast<uint4*>(dst + (q / PLANE) * KPS + 4 * (q % PLANE)) =
+            make_uint4(v.where == 0 ? g : 0u, v.where == 1 ? g : 0u, v.where == 2 ? g : 0u, v.where == 3 ? g : 0u);
     });
 }
 // The next sample's image, pooled gradient and argmaxes copied as they are (cp.async, 16-byte
