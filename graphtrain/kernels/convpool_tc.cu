@@ -449,7 +449,7 @@ extern "C" __global__ void __launch_bounds__(BD_THREADS, TC_BD_MIN_BLOCKS) convp
 #define W_GROUPS ((W_NT + W_NTW - 1) / W_NTW)
 #define W_SLICES (TC_WARPS / W_GROUPS)
 #define W_KT ((4 * PLANE + 7) / 8)
-#define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so the A fragments' loads hit 32 banks
+#define KPS (W_KT * 8 + 4)  // a dconv row's stride: ≡ 4 (mod 8), so an ldmatrix's 8 rows of 16 bytes hit 32 banks
 #define ONE 0x3f800000u     // 1.0f, a TF32 value
 #define WG_XS_WORDS ((TC_C * TC_WG_CS + 1) / 2 * 2)  // the staged image, even words (8-byte pairs next)
 static_assert(W_GROUPS <= TC_WARPS, "convpool_tc_weight_grad: more n-tile groups than warps");
@@ -513,29 +513,31 @@ static_assert(W_SUMS % W_SLICES == 0, "convpool_tc_weight_grad: the slices must 
 #define W_STEPS ((W_KT + W_SLICES - 1) / W_SLICES)  // k-steps a slice takes (ks = slice + i·W_SLICES)
 #define ONES_TILE (TAPS / 8)                        // the n-tile whose column TAPS % 8 is the bias's ones
 #define W_LAST_TILES (W_NT - (W_GROUPS - 1) * W_NTW)  // the last group's n-tiles (W_NTW or fewer)
+// A k-step's conv positions k = ks·8 + t + 4p (p = 0, 1) are windows 2ks + p at the lane's (u, v) = (t / 2,
+// t % 2): their byte offsets in the image are the window's (win_offset: 0 past the plane, where A is 0)
+// plus the lane's own, which its B columns (xcol) hold. (Read from shared memory, not folded in as
+// constants where the k-steps are known: the compiler then held every column-plus-offset sum across the
+// samples, and the 24→32 layer spilled.)
+__device__ __forceinline__ int win_offset(int win) {
+    return win < PLANE ? 4 * (2 * (win / WO) * TC_WG_RS + 2 * (win % WO)) : 0;
+}
 // One sample's products for warp (group, slice): k-steps ks ≡ slice (mod W_SLICES), unrolled, so every
-// shared load is a lane's base address plus a constant. a_base: dconv's row g, column slice·8 + t;
-// pos: the k-step pairs' byte offsets in the image (of k = ks·8 + t and ks·8 + t + 4) from slice's
-// first; xcol[j]: the image at tap (group·W_NTW + j)·8 + g, as bytes (so a B load's address is one add,
-// as the forward's A loads); TILES: the group's n-tiles (the last
-// group may have fewer); ones: whether this lane's column of n-tile ONES_TILE is the bias's.
+// shared load is a lane's base address plus a constant. a_row: the lane's ldmatrix row of dconv's tile
+// (ldmatrix_tf32) at column slice·8; winpair[ks]: the windows' offsets of k-step ks (one load every
+// lane shares); xcol[j]: the image at tap (group·W_NTW + j)·8 + g and the lane's position in a window,
+// as bytes (a B load's address one add); TILES: the group's n-tiles (the last group may have fewer);
+// ones: whether this lane's column of n-tile ONES_TILE is the bias's.
 template <int TILES>
-__device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4], const unsigned* a_base,
-                                                     const int2* pos, const char* const (&xcol)[W_NTW], bool ones,
+__device__ __forceinline__ void weight_grad_products(float (&acc)[W_MT][W_NTW][4], const unsigned* a_row,
+                                                     const int2* winpair, const char* const (&xcol)[W_NTW], bool ones,
                                                      int group, int slice) {
 #pragma unroll
     for (int i = 0; i < W_STEPS; ++i) {
         if (W_KT % W_SLICES != 0 && slice + i * W_SLICES >= W_KT) break;
-        const int2 q = pos[i * W_SLICES * 4];
+        const int2 q = winpair[slice + i * W_SLICES];
         unsigned a[W_MT][4];
 #pragma unroll
-        for (int mt = 0; mt < W_MT; ++mt) {  // a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
-            const unsigned* r = a_base + mt * 16 * KPS + i * W_SLICES * 8;
-            a[mt][0] = r[0];
-            a[mt][1] = r[8 * KPS];
-            a[mt][2] = r[4];
-            a[mt][3] = r[8 * KPS + 4];
-        }
+        for (int mt = 0; mt < W_MT; ++mt) ldmatrix_tf32(a[mt], a_row + mt * 16 * KPS + i * W_SLICES * 8);
 #pragma unroll
         for (int j = 0; j < TILES; ++j) {
             const bool one = ones && group * W_NTW + j == ONES_TILE;
@@ -560,31 +562,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
     float* tot = reinterpret_cast<float*>(dcs + DCS_WORDS);  // TOT_WORDS
     unsigned* raw = dcs + DCS_WORDS + TOT_WORDS;          // RAW_WORDS: x, dout, arg of the next sample
     unsigned* xs = raw + RAW_WORDS;                       // [WG_XS_WORDS]: the image at its strides
-    int2* pospair = reinterpret_cast<int2*>(xs + WG_XS_WORDS);  // [W_KT·4]: byte offsets of k = ks·8 + t, + t + 4
+    int2* winpair = reinterpret_cast<int2*>(xs + WG_XS_WORDS);  // [W_KT]: windows 2ks, 2ks + 1's byte offsets
     // The sample indices' address, parked in shared memory (2 words) and read again where a sample's
     // image is copied: held in registers through the products it spilled them (the 1→24 layer: 72 bytes).
-    const int* volatile* samples_at = reinterpret_cast<const int* volatile*>(pospair + W_KT * 4);
+    const int* volatile* samples_at = reinterpret_cast<const int* volatile*>(winpair + W_KT);
     if (threadIdx.x == 0) *samples_at = samples;  // read after the loop's first barrier
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int group = warp % W_GROUPS, slice = warp / W_GROUPS;
     const bool active = slice < W_SLICES;
     for (int e = threadIdx.x; e < W_MT * 16 * KPS; e += THREADS) dcs[e] = 0u;
-    auto pos_offset = [](int k) {  // k = 4·win + u·2 + v: conv position (2wy + u, 2wx + v)'s image offset, bytes
-        const int win = k / 4, u = k / 2 % 2, v = k % 2;
-        return k < 4 * PLANE ? 4 * ((2 * (win / WO) + u) * TC_WG_RS + 2 * (win % WO) + v) : 0;
-    };
-    for (int q = threadIdx.x; q < W_KT * 4; q += THREADS)
-        pospair[q] = make_int2(pos_offset(q / 4 * 8 + q % 4), pos_offset(q / 4 * 8 + q % 4 + 4));
-    // This lane's B columns: tap n = nt·8 + g of each of its n-tiles, its offset in an image.
+    for (int ks = threadIdx.x; ks < W_KT; ks += THREADS) winpair[ks] = make_int2(win_offset(2 * ks), win_offset(2 * ks + 1));
+    // This lane's B columns: tap n = nt·8 + g of each of its n-tiles at the lane's position (t / 2, t % 2)
+    // in a window (k = 4·win + t: conv position (2wy + t / 2, 2wx + t % 2)), its offset in an image.
     const char* xcol[W_NTW];
 #pragma unroll
     for (int j = 0; j < W_NTW; ++j) {
         const int tap = (group * W_NTW + j) * 8 + g;
-        xcol[j] = reinterpret_cast<const char*>(xs + (tap < TAPS ? (tap / KK) * TC_WG_CS + (tap / TC_K) % TC_K * TC_WG_RS + tap % TC_K : 0));
+        xcol[j] = reinterpret_cast<const char*>(xs + (tap < TAPS ? (tap / KK) * TC_WG_CS + (tap / TC_K) % TC_K * TC_WG_RS + tap % TC_K : 0)
+                                                + t / 2 * TC_WG_RS + t % 2);
     }
     const bool ones = ONES_TILE * 8 + g == TAPS;
-    const unsigned* a_base = dcs + g * KPS + slice * 8 + t;
-    const int2* pos = pospair + slice * 4 + t;
+    const unsigned* a_row = dcs + (lane % 8 + 8 * (lane / 8 % 2)) * KPS + 4 * (lane / 16) + slice * 8;
     float acc[W_MT][W_NTW][4];
     auto sums = [&](int i) -> float& { return acc[i / (W_NTW * 4)][i / 4 % W_NTW][i % 4]; };  // sum i (W_SUMS)
     const int chunks = (n + per_chunk - 1) / per_chunk;
@@ -624,8 +622,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_WG_MIN_BLOCKS) convpool
                 if (next >= 0) fetch_sample(raw, image(*samples_at, next), dout, arg, next);
             }
             if (!active) continue;
-            if (group < W_GROUPS - 1) weight_grad_products<W_NTW>(acc, a_base, pos, xcol, ones, group, slice);
-            else weight_grad_products<W_LAST_TILES>(acc, a_base, pos, xcol, ones, group, slice);
+            if (group < W_GROUPS - 1) weight_grad_products<W_NTW>(acc, a_row, winpair, xcol, ones, group, slice);
+            else weight_grad_products<W_LAST_TILES>(acc, a_row, winpair, xcol, ones, group, slice);
         }
         // This warp's own sums, kept in sums(u) for u < W_OWN (sum slice·W_OWN + u of the group's): with
         // several slices, the slices' sums added in slice order (each warp's parked where dconv's rows were).

@@ -290,15 +290,15 @@ class ConvPoolShape:
     def weight_grad_words(self) -> int:
         """convpool_tc_weight_grad's shared words: dconv's rows (or the slices' sums), the running
         sums of a block's chunks, the next sample as copied (where its parts are whole 16-byte
-        pieces: convpool_tc.cu's ASYNC_STAGE), the image at its strides (even words), the conv positions'
-        offsets in pairs, the sample indices' address (2 words)."""
+        pieces: convpool_tc.cu's ASYNC_STAGE), the image at its strides (even words), a k-step's two
+        windows' offsets, the sample indices' address (2 words)."""
         kt, mt, groups = _c(4 * self.plane, 8), _c(self.outs, 16), self.weight_grad_groups()
         slices = WARPS // groups
         red = slices * groups * mt * NTW * 128 if slices > 1 else 0
         routed = self.outs * self.plane
         raw = self.image + routed + routed // 4 if self.image % 4 == 0 and routed % 16 == 0 else 0
         staged = self.c * self.wg_channel_stride
-        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(staged, 2) + kt * 8 + 2
+        return max(mt * 16 * (kt * 8 + 4), red) + groups * mt * NTW * 128 + raw + 2 * _c(staged, 2) + kt * 2 + 2
 
     def samples_per_block(self, words, sm_shared: int) -> int:
         """Samples a forward block stages a round (FORWARD_SAMPLES where set), within MAX_SHARED and

@@ -10,6 +10,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// a = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4] of a 16×8 tile of 32-bit words in shared memory, in one
+// ldmatrix: four 8×8 b16 matrices, each an 8×4-word block, lane i receiving word i % 4 of row i / 4
+// of each (matrix j's rows at lanes 8j..8j+7's addresses). So a lane's `row` is the tile's row
+// lane % 8 + 8·(lane / 8 % 2) at column 4·(lane / 16), 16-byte aligned. One instruction, not four loads.
+__device__ __forceinline__ void ldmatrix_tf32(unsigned (&a)[4], const unsigned* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row))));
+}
 // D += A·B for one m16n8k4 tile (half an m16n8k8's k): a = A[g][t], A[g+8][t]; b = B[t][g]; d as above.
 __device__ __forceinline__ void mma_tf32_k4(float (&d)[4], const unsigned (&a)[2], unsigned b) {
     asm volatile("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"

@@ -43,7 +43,7 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 
 struct BlockCtx { std::barrier<>* bar; unsigned char* smem; unsigned smem_bytes; };
-struct WarpCtx { std::barrier<> bar{32}; unsigned u[32][8]; float f[32][4]; };
+struct WarpCtx { std::barrier<> bar{32}; unsigned u[32][8]; float f[32][4]; const void* p[32]; };
 thread_local BlockCtx* block_ctx;
 thread_local WarpCtx* warp_ctx;
 inline void __syncthreads() { block_ctx->bar->arrive_and_wait(); }

@@ -30,6 +30,15 @@ inline void mma_tf32_emulated(float (&d)[4], const unsigned (&a)[4], const unsig
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
+// ldmatrix .x4 .b16 of 32-bit words (tf32_mma.cuh's ldmatrix_tf32): lane l receives word l % 4 of the
+// row whose address lane 8j + l / 4 gave, for each matrix j.
+inline void ldmatrix_tf32_emulated(unsigned (&a)[4], const unsigned* row) {
+    WarpCtx& w = *warp_ctx; const int l = lane_id();
+    w.p[l] = row;
+    w.bar.arrive_and_wait();
+    for (int j = 0; j < 4; ++j) a[j] = static_cast<const unsigned*>(w.p[8 * j + l / 4])[l % 4];
+    w.bar.arrive_and_wait();
+}
 // D += A·B, m16n8k4: a = A[g][t], A[g+8][t]; b = B[t][g]: the m16n8k8's fragments with k = t + 4's
 // words 0, so the above with those words zero.
 inline void mma_tf32_k4_emulated(float (&d)[4], const unsigned (&a)[2], unsigned b) {
