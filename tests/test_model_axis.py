@@ -101,8 +101,8 @@ CASES = [
 # The kernels whose grid x follows the whole launch's work (convpool_tc.py's _grid): each output's
 # sum is the same whatever block computes it (test_convpool_gpu.py's bit-identity across grids).
 GRID_BY_LAUNCH = {"convpool_tc_forward", "convpool_tc_backward_data"}
-# The optimizer's blocks over all models at most 2·MAX_BLOCKS (an elementwise update: any grid, the same bits).
-OPTIMIZER_BLOCKS = 2 * 264
+# The optimizer's blocks over all models at most PACK_BLOCKS (an elementwise update: any grid, the same bits).
+OPTIMIZER_BLOCKS = 2112
 
 
 class FakeStream:

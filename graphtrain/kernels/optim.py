@@ -17,6 +17,10 @@ from graphtrain.reference_cnn import OPTIMIZERS, SCHEDULES, Optimizer, Schedule
 
 THREADS = 256
 MAX_BLOCKS = 264  # a grid-stride pass: two blocks an SM on an H100 is enough to stream the span
+# A launch of several models: its blocks over all of them at most PACK_BLOCKS (16 an SM of 132). On an
+# H200 (scripts/probes/cnn_step_profile.py --models 64, the speedrun cnn's 215K parameters a model)
+# the update took 106.4 µs at 528 blocks, 104.2 at 1056 and 103.6 at 2112: more quads in flight.
+PACK_BLOCKS = 2112
 STATE_INTS = 2  # [steps taken, blocks done with the current step]
 MAX_SLOTS = 2  # state arrays per parameter of the most demanding optimizer (Adam's m and v)
 
@@ -62,10 +66,11 @@ class Optim(KernelFile):
         step; lr_out: where the rate used is written; constants: the CONSTANTS record. Each of
         them per model with `models` > 1."""
         stride = model_stride_arg(models, model_stride)
-        # A thread takes four parameters at a time; the launch's blocks over all models at most
-        # 2·MAX_BLOCKS, each then looping over many quads: a thread's fixed cost (the constants, the
-        # rate, the bias corrections' pow in double) paid once for many parameters, not once for four.
-        blocks = min(MAX_BLOCKS, ceil_div(n, 4 * THREADS), max(1, 2 * MAX_BLOCKS // models))
+        # A thread takes four parameters at a time; a model's blocks at most MAX_BLOCKS, the launch's
+        # over all models at most PACK_BLOCKS, each then looping over many quads: a thread's fixed cost
+        # (the constants, the rate, the bias corrections' pow in double) paid once for many parameters,
+        # not once for four.
+        blocks = min(MAX_BLOCKS, ceil_div(n, 4 * THREADS), max(1, PACK_BLOCKS // models))
         self._optimizer_step(stream, model_grid(blocks, models), THREADS, params, grads, slot1, slot2, n, state,
                              lr_out, constants, stride)
 
