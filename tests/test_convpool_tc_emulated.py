@@ -36,18 +36,21 @@ H100_SM = (228 * 1024, 64 * 1024, 2048)
 
 
 def build(source: str, shape: ConvPoolShape, spb: int, bd: tuple[int, int, int], folder, prefetch: bool = False,
-          tiles: int = convpool_tc.BD_TILES, tail_k4: bool = False, b_regs: bool | None = None) -> str:
+          tiles: int = convpool_tc.BD_TILES, tail_k4: bool = False, b_regs: bool | None = None,
+          b_pairs: bool = convpool_tc.FORWARD_B_PAIRS) -> str:
     """The program of convpool_tc.cu's `source` (with its headers) for `shape`, the forward staging
     spb samples a round (its last k-step as m16n8k4 mma where `tail_k4`: TC_TAIL_K4), the backward
     data bd = (warps a block, samples a round, blocks an SM) with `tiles` m-tiles an item, loading its
     next sample into registers ahead where `prefetch` (TC_BD_PREFETCH); the forward's B fragments in
-    registers where `b_regs` (TC_B_REGS; None: as the launcher chooses for the shape)."""
+    registers where `b_regs` (TC_B_REGS; None: as the launcher chooses for the shape), else two n-tiles'
+    in one 16-byte load where `b_pairs` (TC_B_PAIRS)."""
     assert WEIGHT_GRAD in source, f"convpool_tc.cu no longer has {WEIGHT_GRAD!r}: the emulation must follow it"
     source = source[:source.index(WEIGHT_GRAD)]
     defines = {**ConvPoolTc.defines, "TC_C": shape.c, "TC_H": shape.h, "TC_W": shape.w, "TC_K": shape.k,
                "TC_OUTS": shape.outs, "TC_RS": shape.row_stride, "TC_CS": shape.channel_stride, "TC_SPB": spb, "TC_BD_WARPS": bd[0], "TC_BD_SPB": bd[1], "TC_BD_MIN_BLOCKS": bd[2],
                "TC_BD_PREFETCH": int(prefetch), "TC_BD_MTW": tiles, "TC_TAIL_K4": int(tail_k4),
-               "TC_B_REGS": int(shape.forward_b_registers() if b_regs is None else b_regs), "THREADS": THREADS}
+               "TC_B_REGS": int(shape.forward_b_registers() if b_regs is None else b_regs),
+               "TC_B_PAIRS": int(b_pairs), "THREADS": THREADS}
     return compile_for_cpu(source, "convpool_tc.cu", defines, "convpool_tc.h", "convpool_launch.inc", folder, REPLACED)
 
 
@@ -300,6 +303,20 @@ def test_forward_b_fragments_in_registers_give_the_same_bits(tmp_path, tail_k4, 
     assert err < BOUND, f"forward, B in registers, model 0: ‖out − ref‖/‖ref‖ = {err:.2e} (seed {seed})"
     assert np.array_equal(out.view(np.uint32), out_shared.view(np.uint32)), f"out differs (seed {seed})"
     assert np.array_equal(arg, arg_shared), f"arg differs (seed {seed})"
+
+
+@pytest.mark.parametrize("case", ["conv1-rounds-models", "odd-shape"])
+def test_forward_b_fragments_in_pairs_give_the_same_bits(tmp_path, case, seed):
+    """TC_B_PAIRS: two n-tiles' B fragments in one 16-byte load take the same words into the same
+    mma as one load each: the same out and arg bits (the odd shape's 2 n-tiles, its fragments kept in
+    shared memory for the test; conv1's 4, in shared memory as built)."""
+    c, h, k, outs = CASES[case][0]
+    assert -(-outs // 8) % 2 == 0, case
+    (x, w, bias), [(out, arg), (out_single, arg_single)] = forward_builds(
+        tmp_path, CASES[case], seed, [{"b_pairs": True, "b_regs": False}, {"b_pairs": False, "b_regs": False}])
+    ref, _ = reference_forward(x[0].astype(np.float64), w[0].astype(np.float64), bias[0].astype(np.float64), k)
+    assert rel_err(out[0], ref) < BOUND, f"{case}, seed {seed}: B in pairs against float64"
+    assert out.tobytes() == out_single.tobytes() and arg.tobytes() == arg_single.tobytes(), f"{case}, seed {seed}"
 
 
 @pytest.mark.parametrize("case", ["conv0-rounds-models", "odd-shape"])

@@ -100,12 +100,17 @@ __device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict
 // k < k_count and col < col_count, zeros elsewhere (rows past the sum, columns never written). The
 // block's BLOCK threads take the words in order (stores to consecutive words: no bank conflicts; the loads of a
 // warp's 32 words fall in 4 columns × 8 rows of src, a few sectors, from L2 after the first block).
-template <int KT, int NT, int BLOCK = THREADS, class At>
+// PAIRS (NT even): n-tiles 2p and 2p + 1 side by side, word ((ks·NT/2 + p)·32 + lane)·4 + 2h + j holding
+// B[ks·8 + t + 4j][(2p + h)·8 + g]: a lane's fragments of two n-tiles one 16-byte load.
+template <int KT, int NT, int BLOCK = THREADS, bool PAIRS = false, class At>
 __device__ __forceinline__ void stage_fragments(unsigned* dst, const float* __restrict__ src, At at, int k_count,
                                                 int col_count) {
+    static_assert(!PAIRS || NT % 2 == 0, "stage_fragments: n-tiles in pairs need an even count");
     batched<BLOCK>(KT * NT * 64, [&](int e) {
-        const int lane = (e >> 1) & 31, k = (e >> 6) / NT * 8 + (lane & 3) + 4 * (e & 1);
-        const int col = (e >> 6) % NT * 8 + (lane >> 2);
+        const int lane = PAIRS ? (e >> 2) & 31 : (e >> 1) & 31;
+        const int ks = PAIRS ? (e >> 7) / (NT / 2) : (e >> 6) / NT;
+        const int nt = PAIRS ? (e >> 7) % (NT / 2) * 2 + ((e >> 1) & 1) : (e >> 6) % NT;
+        const int k = ks * 8 + (lane & 3) + 4 * (e & 1), col = nt * 8 + (lane >> 2);
         return k < k_count && col < col_count ? src[at(k, col)] : 0.0f;
     }, [&](int e, float v) { dst[e] = tf32(v); });
 }
@@ -138,6 +143,10 @@ __device__ __forceinline__ int samples_per_round(int capacity, int n) {
 // TC_B_REGS (the launcher's FORWARD_B_REGISTERS): a lane holds every B fragment of its own in
 // registers (2·F_KT·F_NT words: 24 for the 1→24 5×5 layer), loaded once a block, so that a k-step
 // loads only its A words from shared memory (its B loads were 6 of its 14 wavefronts there).
+// Else, with TC_B_PAIRS (the launcher's FORWARD_B_PAIRS) and an even count of n-tiles, the fragments
+// of two n-tiles are one 16-byte load (stage_fragments' PAIRS): half the B loads' instructions.
+#define F_B_PAIRS (TC_B_PAIRS && !TC_B_REGS && F_NT % 2 == 0)
+__device__ __forceinline__ uint2 pair_half(uint4 v, int h) { return h ? make_uint2(v.z, v.w) : make_uint2(v.x, v.y); }
 extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc_forward(
         const float* __restrict__ x, const int* __restrict__ samples, const float* __restrict__ w,
         const float* __restrict__ bias, float* __restrict__ out, unsigned char* __restrict__ arg, int n,
@@ -156,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
     unsigned* xs = smem + F_KT * F_NT * 64 + F_KT * 8;                // [TC_SPB][XS_WORDS], TF32
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // B[tap][o] = w[o, tap]; columns o ≥ TC_OUTS are zeros and are not written.
-    stage_fragments<F_KT, F_NT>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
+    stage_fragments<F_KT, F_NT, THREADS, F_B_PAIRS>(smem, w, [](int k, int o) { return o * TAPS + k; }, TAPS, TC_OUTS);
     // tap k's offset in a staged image, in bytes: 4·(c·TC_CS + a·TC_RS + b) (0 past TAPS, where the weights are zeros)
     auto tap_offset = [](int k) { return k < TAPS ? 4 * ((k / KK) * TC_CS + (k / TC_K) % TC_K * TC_RS + k % TC_K) : 0; };
     for (int q = threadIdx.x; q < F_KT * 4; q += THREADS)
@@ -169,6 +178,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
 #pragma unroll
         for (int nt = 0; nt < F_NT; ++nt) b_regs[ks][nt] = bfrag[(ks * F_NT + nt) * 32 + lane];
 #define F_B(ks, nt) b_regs[ks][nt]
+#elif F_B_PAIRS
+#define F_B(ks, nt) pair_half(lane_b4[((ks) * (F_NT / 2) + (nt) / 2) * 32], (nt) % 2)
 #else
 #define F_B(ks, nt) lane_b[((ks) * F_NT + (nt)) * 32]
 #endif
@@ -193,7 +204,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, TC_MIN_BLOCKS) convpool_tc
             const int sl = valid ? at / PLANE : 0, win = valid ? at % PLANE : 0;
             const char* img = reinterpret_cast<const char*>(xs + sl * XS_WORDS + 2 * (win / WO) * TC_RS + 2 * (win % WO));
             const int2* lane_tapoff = tapoff + t;  // k-step ks's at lane_tapoff[4·ks]: an immediate offset
-#if !TC_B_REGS
+#if F_B_PAIRS
+            // (ks, nt)'s B fragment in lane_b4[(ks·F_NT/2 + nt/2)·32], half nt % 2
+            const uint4* lane_b4 = reinterpret_cast<const uint4*>(smem) + lane;
+#elif !TC_B_REGS
             const uint2* lane_b = bfrag + lane;    // (ks, nt)'s B fragment at lane_b[(ks·F_NT + nt)·32]
 #endif
             float acc[2][F_NT][4] = {};

@@ -76,6 +76,9 @@ FORWARD_TAIL_K4 = True
 # where they fit, ConvPoolShape.forward_b_registers), so that its k-steps load only A from shared memory;
 # 0 keeps every layer's in shared memory.
 FORWARD_B_REGISTERS = 32
+# The forward's B fragments of two n-tiles one 16-byte load where they stay in shared memory and the
+# n-tiles are even (TC_B_PAIRS; the 24→32 3×3 layer's 4): half its B loads' instructions.
+FORWARD_B_PAIRS = True
 # The forward's __launch_bounds__ blocks an SM (convpool_tc.cu's TC_MIN_BLOCKS): 2 caps a thread at 128
 # registers, which its fully unrolled k-steps exceed unbounded (the 24→32 3×3 layer: 142, one block an SM),
 # without spilling (127); 3 caps it at 80, spilling 72 to 168 bytes (on an H200 at 64 models: the 1→24
@@ -383,7 +386,8 @@ def layer_defines(s: ConvPoolShape, spb: int, bd_tiles: int, bd: tuple[int, int,
             "TC_RS": s.row_stride, "TC_CS": s.channel_stride, "TC_WG_RS": s.wg_row_stride,
             "TC_WG_CS": s.wg_channel_stride, "TC_SPB": spb, "TC_BD_SPB": bd[1], "TC_BD_MTW": bd_tiles,
             "TC_BD_WARPS": bd[0], "TC_BD_MIN_BLOCKS": bd[2], "TC_BD_PREFETCH": int(BD_PREFETCH), "TC_WG_NTW": NTW,
-            "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4), "TC_B_REGS": int(s.forward_b_registers())}
+            "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_TAIL_K4": int(FORWARD_TAIL_K4), "TC_B_REGS": int(s.forward_b_registers()),
+            "TC_B_PAIRS": int(FORWARD_B_PAIRS)}
 
 
 class ConvPoolTc(KernelFile):
@@ -392,7 +396,7 @@ class ConvPoolTc(KernelFile):
     defines = {"TC_C": 24, "TC_H": 12, "TC_W": 12, "TC_K": 3, "TC_OUTS": 32, "TC_RS": 12, "TC_CS": 144, "TC_WG_RS": 12, "TC_WG_CS": 144, "TC_WARPS": WARPS, "TC_SPB": 2,
                "TC_BD_SPB": 1, "TC_BD_MTW": BD_TILES, "TC_BD_WARPS": WARPS, "TC_BD_MIN_BLOCKS": BLOCKS_PER_SM, "TC_BD_PREFETCH": 0, "TC_REDUCE_SLICES": REDUCE_SLICES,
                "TC_BATCH": BATCH, "TC_MIN_BLOCKS": MIN_BLOCKS, "TC_WG_MIN_BLOCKS": WEIGHT_GRAD_MIN_BLOCKS, "TC_WG_NTW": NTW,
-               "TC_TAIL_K4": 0, "TC_B_REGS": 0}
+               "TC_TAIL_K4": 0, "TC_B_REGS": 0, "TC_B_PAIRS": 0}
     _convpool_tc_forward = kernel("convpool_tc_forward", PTR, PTR, PTR, PTR, PTR, PTR, I32, I64, I64,
                                   max_shared_bytes=MAX_SHARED)
     _convpool_tc_backward_data = kernel("convpool_tc_backward_data", PTR, PTR, PTR, PTR, I32, I64,
