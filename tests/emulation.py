@@ -27,9 +27,11 @@ REPLACED = {'extern __shared__ __align__(16) unsigned char smem_raw[];': 'unsign
             'asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");':
                 'now = __atomic_load_n(counter, __ATOMIC_ACQUIRE); std::this_thread::yield();',
             'extern "C" __global__ void': 'void'}
-# tf32_mma.cuh's mma_tf32 and mma_tf32_k4 (an asm statement each), replaced by tf32.h's emulations.
+# tf32_mma.cuh's mma_tf32 and mma_tf32_k4 (an asm statement each), replaced by tf32.h's emulations,
 MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
 MMA_K4_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k4\.row\.col\.f32\.tf32\.tf32\.f32.*?\);', re.S)
+# and its ldmatrix_tf32 (one asm statement), replaced by tf32.h's ldmatrix_tf32_emulated
+LDMATRIX_ASM = re.compile(r'asm volatile\("ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16.*?\);', re.S)
 
 
 def kernel_text(*names: str) -> str:

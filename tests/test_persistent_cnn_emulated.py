@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 from cnn_reference import float64_step
-from emulation import MMA_ASM, MMA_K4_ASM, compile_for_cpu, kernel_text
+from emulation import LDMATRIX_ASM, MMA_ASM, MMA_K4_ASM, compile_for_cpu, kernel_text
 from helpers import rel_err
 
 from graphtrain import reference_cnn
@@ -46,6 +46,8 @@ def build(shape: CnnShape, folder) -> str:
     assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
     source, found = MMA_K4_ASM.subn("mma_tf32_k4_emulated(d, a, b);", source)
     assert found == 1, "tf32_mma.cuh's mma_tf32_k4 is no longer the one asm statement the emulation replaces"
+    source, found = LDMATRIX_ASM.subn("ldmatrix_tf32_emulated(a, row);", source)
+    assert found == 1, "tf32_mma.cuh's ldmatrix_tf32 is no longer the one asm statement the emulation replaces"
     return compile_for_cpu(source, "persistent_cnn.cu", {**shape.defines, "WS_BYTES": shape.workspace.bytes}, "tf32.h",
                            "cnn_launch.inc", folder)
 
