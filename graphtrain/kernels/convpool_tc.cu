@@ -56,6 +56,13 @@ __device__ __forceinline__ void batched(int count, Load load, Store store) {
             if (base + u * BLOCK < count) store(base + u * BLOCK, v[u]);
     }
 }
+// d[0..3] = TF32(v): a staged quad of one row.
+__device__ __forceinline__ void store_tf32(unsigned* d, float4 v) {
+    d[0] = tf32(v.x);
+    d[1] = tf32(v.y);
+    d[2] = tf32(v.z);
+    d[3] = tf32(v.w);
+}
 // row(r)[c] = TF32(src_row(r)[c]) for r < rows, c < COLS: 16-byte loads where COLS is a multiple of 4
 // and `base` (where the rows are: every row at base plus a multiple of COLS floats) 16-byte aligned
 // (the four then share a row), else one float a load.
@@ -63,13 +70,7 @@ template <int COLS, class Row, class SrcRow>
 __device__ __forceinline__ void stage_rows_tf32_from(Row row, SrcRow src_row, int rows, const float* base) {
     if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(base) & 15) == 0) {
         batched(rows * COLS / 4, [&](int q) { return *reinterpret_cast<const float4*>(src_row(4 * q / COLS) + 4 * q % COLS); },
-                [&](int q, float4 v) {
-            unsigned* d = row(4 * q / COLS) + 4 * q % COLS;
-            d[0] = tf32(v.x);
-            d[1] = tf32(v.y);
-            d[2] = tf32(v.z);
-            d[3] = tf32(v.w);
-        });
+                [&](int q, float4 v) { store_tf32(row(4 * q / COLS) + 4 * q % COLS, v); });
     } else {
         batched(rows * COLS, [&](int e) { return src_row(e / COLS)[e % COLS]; },
                 [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });
@@ -81,13 +82,8 @@ template <int COLS, class Row>
 __device__ __forceinline__ void stage_rows_tf32(Row row, const float* __restrict__ src, int rows) {
     if (COLS % 4 == 0 && (reinterpret_cast<unsigned long long>(src) & 15) == 0) {
         const float4* src4 = reinterpret_cast<const float4*>(src);
-        batched(rows * COLS / 4, [&](int q) { return src4[q]; }, [&](int q, float4 v) {
-            unsigned* d = row(4 * q / COLS) + 4 * q % COLS;
-            d[0] = tf32(v.x);
-            d[1] = tf32(v.y);
-            d[2] = tf32(v.z);
-            d[3] = tf32(v.w);
-        });
+        batched(rows * COLS / 4, [&](int q) { return src4[q]; },
+                [&](int q, float4 v) { store_tf32(row(4 * q / COLS) + 4 * q % COLS, v); });
     } else {
         batched(rows * COLS, [&](int e) { return src[e]; },
                 [&](int e, float v) { row(e / COLS)[e % COLS] = tf32(v); });

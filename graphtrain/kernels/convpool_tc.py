@@ -185,14 +185,22 @@ def forward_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
     samples = forward_round_samples(c, h, w, k)
     reads = forward_a_reads(c, h, w, k, samples)
     ch, y, x = reads[:, 0], reads[:, 1], reads[:, 2]
+    return _cheapest_strides(c, h, w, lambda rs, cs: int(wavefronts(ch * cs + y * rs + x).sum())
+                             + samples * staging_wavefronts(c, h, w, rs, cs))
+
+
+def _cheapest_strides(c: int, h: int, w: int, cost) -> tuple[int, int]:
+    """Of RS in w..w+31 and CS in h·RS..h·RS+31 (a single channel: h·RS) within STRIDE_SLACK_WORDS
+    words more than row-major, the (RS, CS) of the least cost(RS, CS), ties to the fewest words, then
+    to the smallest RS."""
     best = None
     for rs in range(w, w + 32):
         for cs in [h * rs] if c == 1 else range(h * rs, h * rs + 32):
             if c * cs > c * h * w + STRIDE_SLACK_WORDS:
                 break
-            cost = int(wavefronts(ch * cs + y * rs + x).sum()) + samples * staging_wavefronts(c, h, w, rs, cs)
-            if best is None or (cost, c * cs) < best[0]:
-                best = ((cost, c * cs), rs, cs)
+            key = (cost(rs, cs), c * cs)
+            if best is None or key < best[0]:
+                best = (key, rs, cs)
     return best[1], best[2]
 
 
@@ -201,7 +209,7 @@ def weight_grad_b_reads(c: int, h: int, w: int, k: int, rs: int, cs: int) -> np.
     stride rs and channel stride cs: an array (loads, 32). Lane (g, t) of n-tile j's k-step ks, pair p
     reads tap j·8 + g = (c, a, b) (past the taps: tap 0's word) at conv position k = ks·8 + t + 4p =
     4·win + u·2 + v, (2wy + u, 2wx + v) (past the windows: word 0): word c·cs + (2wy + u + a)·rs +
-    2wx + v + b (convpool_tc.cu's xcol plus pospair)."""
+    2wx + v + b (convpool_tc.cu's xcol plus winpair)."""
     wo, plane, taps = (w - k + 1) // 2, ((h - k + 1) // 2) * ((w - k + 1) // 2), c * k * k
     lane = np.arange(32)
     g, t = lane // 4, lane % 4
@@ -220,15 +228,8 @@ def weight_grad_strides(c: int, h: int, w: int, k: int) -> tuple[int, int]:
     """(RS, CS) of the weight gradient's staged image: of RS in w..w+31 and CS in h·RS..h·RS+31 (a
     single channel: h·RS) within STRIDE_SLACK_WORDS words more than row-major, the fewest B-load plus
     staging wavefronts a sample, ties to the fewest words, then to the smallest RS."""
-    best = None
-    for rs in range(w, w + 32):
-        for cs in [h * rs] if c == 1 else range(h * rs, h * rs + 32):
-            if c * cs > c * h * w + STRIDE_SLACK_WORDS:
-                break
-            cost = int(wavefronts(weight_grad_b_reads(c, h, w, k, rs, cs)).sum()) + staging_wavefronts(c, h, w, rs, cs)
-            if best is None or (cost, c * cs) < best[0]:
-                best = ((cost, c * cs), rs, cs)
-    return best[1], best[2]
+    return _cheapest_strides(c, h, w, lambda rs, cs: int(wavefronts(weight_grad_b_reads(c, h, w, k, rs, cs)).sum())
+                             + staging_wavefronts(c, h, w, rs, cs))
 
 
 def _c(n: int, d: int) -> int:
@@ -248,19 +249,18 @@ class ConvPoolShape:
 
     def forward_strides(self) -> tuple[int, int]:
         """The forward's staged image's row and channel strides in words (TC_RS, TC_CS)."""
-        if not PADDED_ROWS:
-            return self.w, self.h * self.w
-        key = (self.c, self.h, self.w, self.k)
-        rs, cs = KNOWN_STRIDES[key] if key in KNOWN_STRIDES else forward_strides(*key)
-        assert rs >= self.w and cs >= self.h * rs, (rs, cs)
-        return rs, cs
+        return self._strides(PADDED_ROWS, KNOWN_STRIDES, forward_strides)
 
     def weight_grad_strides(self) -> tuple[int, int]:
         """The weight gradient's staged image's row and channel strides in words (TC_WG_RS, TC_WG_CS)."""
-        if not WEIGHT_GRAD_PADDED_ROWS:
+        return self._strides(WEIGHT_GRAD_PADDED_ROWS, KNOWN_WEIGHT_GRAD_STRIDES, weight_grad_strides)
+
+    def _strides(self, padded: bool, known: dict, search) -> tuple[int, int]:
+        """Row-major where not `padded`; else `known`'s entry for the layer, or `search`'s choice."""
+        if not padded:
             return self.w, self.h * self.w
         key = (self.c, self.h, self.w, self.k)
-        rs, cs = KNOWN_WEIGHT_GRAD_STRIDES[key] if key in KNOWN_WEIGHT_GRAD_STRIDES else weight_grad_strides(*key)
+        rs, cs = known[key] if key in known else search(*key)
         assert rs >= self.w and cs >= self.h * rs, (rs, cs)
         return rs, cs
 
