@@ -77,8 +77,11 @@ class RecordingLt:
         return 0
 
     def cublasLtMatmulAlgoConfigGetAttribute(self, algo_ref, attr, buf_ref, size, written_ref):
-        assert attr == cublaslt.ALGO_CONFIG_SPLITK_NUM and size == 4
-        buf_ref._obj.value = self.splits
+        """K's splits, else the algorithm's config: (id, tile, stages) = (its number, 0, 0)."""
+        assert size == 4
+        configs = {cublaslt.ALGO_CONFIG_ID: algo_ref._obj.data[0], cublaslt.ALGO_CONFIG_TILE_ID: 0,
+                   cublaslt.ALGO_CONFIG_STAGES_ID: 0, cublaslt.ALGO_CONFIG_SPLITK_NUM: self.splits}
+        buf_ref._obj.value = configs[attr]
         return 0
 
     def cublasLtMatmulAlgoCheck(self, handle, desc, lb, la, lc, ld, algo_ref, result_ref):
@@ -105,14 +108,15 @@ def lib():
     return RecordingLt()
 
 
-def recorded_lt(lib) -> cublaslt.Lt:
+def recorded_lt(lib, arch="sm_90") -> cublaslt.Lt:
     lt = cublaslt.Lt.__new__(cublaslt.Lt)  # a handle's state, without cuBLASLt
     lt.lib, lt.handle, lt.workspace, lt.workspace_bytes = lib, ctypes.c_void_p(0x11), WORKSPACE, WORKSPACE_BYTES
+    lt.arch = arch
     return lt
 
 
-def gemms(lib, precision="tf32") -> LtGemms:
-    return LtGemms(recorded_lt(lib), types.SimpleNamespace(handle=STREAM), precision)
+def gemms(lib, precision="tf32", arch="sm_90") -> LtGemms:
+    return LtGemms(recorded_lt(lib, arch), types.SimpleNamespace(handle=STREAM), precision)
 
 
 def layout(rows, cols, ld, batch, stride):
@@ -194,6 +198,36 @@ def test_the_algorithm_is_the_first_for_a_few_products_that_the_heuristic_gives_
              for sa, sc, batch in [(0, 0, 1), (m * lda, m * ldc, 64)]]
     assert [plan.algo.data[0] for plan in plans] == [chosen, chosen]
     assert [algo for _, _, algo in lib.named("check")] == [chosen, chosen]
+
+
+@pytest.mark.parametrize("ranked,arch,chosen,rule", [
+    ({HEURISTIC_BATCH: [7, 8, 9], PACK_BATCH: [5, 9, 8]}, "sm_90", 5, 8),   # preferred, among the pack's answers
+    ({HEURISTIC_BATCH: [7, 5, 9], PACK_BATCH: [9, 8]}, "sm_90", 5, 9),      # preferred, among the few's
+    ({HEURISTIC_BATCH: [7, 8, 9], PACK_BATCH: [6, 9, 8]}, "sm_90", 8, 8),   # not proposed: the rule's
+    ({HEURISTIC_BATCH: [7, 8, 9], PACK_BATCH: [5, 9, 8]}, "sm_80", 8, 8)])  # another GPU: the rule's
+def test_a_preferred_configuration_is_chosen_where_the_heuristic_proposes_it(lib, monkeypatch, ranked, arch, chosen,
+                                                                             rule):
+    """PREFERRED_CONFIGS names an algorithm by (id, tile, stages) for a GPU and a shape: chosen for
+    every batch count where the heuristic proposes it for HEURISTIC_BATCH or PACK_BATCH products."""
+    lib.ranked = ranked
+    transa, transb, m, n, k, lda, ldb, ldc = CNN["input grad"]
+    shape = GemmShape(transa, transb, m, n, k, lda, ldb, ldc, "tf32")
+    monkeypatch.setattr(cublaslt, "PREFERRED_CONFIGS", {"sm_90": {shape: (5, 0, 0)}})
+    g = gemms(lib, arch=arch)
+    plans = [g.plan(transa, transb, m, n, k, lda, sa, ldb, 0, ldc, sc, batch)
+             for sa, sc, batch in [(0, 0, 1), (m * lda, m * ldc, 64)]]
+    assert [plan.algo.data[0] for plan in plans] == [chosen, chosen]
+    other = gemms(RecordingLt(), precision="fp32", arch=arch)  # another shape: the rule's, whatever the table
+    other.lt.lib.ranked = ranked
+    assert other.plan(transa, transb, m, n, k, lda, 0, ldb, 0, ldc, 0, 1).algo.data[0] == rule
+
+
+def test_the_preferred_configurations_name_shapes_the_speedrun_cnn_plans():
+    """A preferred configuration is measured for a product some model plans: the speedrun cnn's
+    hidden layer (a table entry that no longer matches a planned shape is stale)."""
+    for shape in cublaslt.PREFERRED_CONFIGS["sm_90"]:
+        assert (shape.transa, shape.transb, shape.m, shape.n, shape.k, shape.lda, shape.ldb, shape.ldc) in CNN.values()
+        assert shape.precision == "tf32"
 
 
 def test_batch_one_alone_asks_the_heuristic_what_batch_k_asks(lib):

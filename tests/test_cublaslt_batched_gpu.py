@@ -92,13 +92,13 @@ CASES = pytest.mark.parametrize("precision,product,b_shared", [
 
 
 @CASES
-def test_each_product_of_a_batch_is_that_product_alone_bit_for_bit(stream, workspace, seed, precision, product,
-                                                                   b_shared):
+def test_each_product_of_a_batch_is_that_product_alone_bit_for_bit(gpu_device, stream, workspace, seed, precision,
+                                                                   product, b_shared):
     """One plan set: the batch of K and the batch of one, with the strides of the K products."""
     from graphtrain.libs.cublaslt import Lt, LtGemms
 
     case = Case(seed, precision, product, b_shared)
-    lt = Lt(workspace, WORKSPACE_BYTES)
+    lt = Lt(workspace, WORKSPACE_BYTES, arch=gpu_device.arch)
     gemms = LtGemms(lt, stream, precision)
     try:
         packed, one = case.plan(gemms, K, case.strides), case.plan(gemms, 1, case.strides)
@@ -114,14 +114,15 @@ def test_each_product_of_a_batch_is_that_product_alone_bit_for_bit(stream, works
 
 
 @CASES
-def test_a_batch_of_one_planned_alone_is_a_batch_of_k_planned_alone(stream, workspace, seed, precision, product,
-                                                                    b_shared):
+def test_a_batch_of_one_planned_alone_is_a_batch_of_k_planned_alone(gpu_device, stream, workspace, seed, precision,
+                                                                    product, b_shared):
     """Two handles, each choosing its algorithm: one plans only the batch of K, the other only the
     batch of one with every stride 0 (as a run of one model passes them)."""
     from graphtrain.libs.cublaslt import Lt, LtGemms
 
     case = Case(seed, precision, product, b_shared)
-    lt_packed, lt_alone = Lt(workspace, WORKSPACE_BYTES), Lt(workspace, WORKSPACE_BYTES)
+    lt_packed, lt_alone = (Lt(workspace, WORKSPACE_BYTES, arch=gpu_device.arch),
+                           Lt(workspace, WORKSPACE_BYTES, arch=gpu_device.arch))
     packed, alone = LtGemms(lt_packed, stream, precision), LtGemms(lt_alone, stream, precision)
     try:
         # (The algorithm structs are not compared byte for byte: past the configuration, cuBLASLt
@@ -136,3 +137,20 @@ def test_a_batch_of_one_planned_alone_is_a_batch_of_k_planned_alone(stream, work
         for closing in (packed, alone, lt_packed, lt_alone):
             closing.close()
     case.check(precision, batched, alone_out)
+
+
+def test_the_preferred_configurations_are_among_the_heuristics_answers_here(gpu_device, workspace):
+    """Each of PREFERRED_CONFIGS' entries for this GPU is chosen for its shape: the heuristic of
+    this cuBLASLt still proposes it (where it no longer does, the table is stale and the rule's
+    algorithm runs instead: measure again with scripts/probes/lt_algo_choice.py)."""
+    from graphtrain.libs import cublaslt
+
+    preferred = cublaslt.PREFERRED_CONFIGS.get(gpu_device.arch)
+    if not preferred:
+        pytest.skip(f"no preferred cuBLASLt configurations for {gpu_device.arch}")
+    lt = cublaslt.Lt(workspace, WORKSPACE_BYTES, arch=gpu_device.arch)
+    try:
+        for shape, config in preferred.items():
+            assert cublaslt.algo_config(lt, cublaslt.choose_algo(lt, shape)) == config, shape
+    finally:
+        lt.close()

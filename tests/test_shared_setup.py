@@ -338,7 +338,7 @@ def test_the_first_use_makes_lane_0_and_its_handle_for_the_setup(monkeypatch):
     made, queries, entered, gate = [], [], threading.Event(), threading.Event()
 
     class FakeLt:
-        def __init__(self, workspace, nbytes):
+        def __init__(self, workspace, nbytes, arch):
             entered.set()
             gate.wait(5)
             made.append(threading.current_thread().name)

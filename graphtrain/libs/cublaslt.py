@@ -23,7 +23,8 @@ cuBLAS's own heuristic picks a kernel per call, and for one product it picks ano
 several (split-K-like, its bits differ), so one product alone would not be the same numbers as
 that product in a batch. Here the algorithm is chosen once per shape (`choose_algo`: among the
 heuristic's answers without split-K for HEURISTIC_BATCH products, each operand its own matrix, the
-first that it also proposes for PACK_BATCH products), whatever the batch count and the strides,
+first that it also proposes for PACK_BATCH products, or one of its answers measured to suit both
+ends better: PREFERRED_CONFIGS), whatever the batch count and the strides,
 and every batch count runs that one algorithm (checked by
 cublasLtMatmulAlgoCheck; refused where it does not apply): each product of a batch of K is then
 computed by the same kernel, tile by tile in the same order, as that product alone.
@@ -49,7 +50,7 @@ DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER, DESC_BIAS_DATA_TYPE 
 PREF_MAX_WORKSPACE_BYTES, PREF_REDUCTION_SCHEME_MASK = 1, 3
 # cublasLtMatrixLayoutAttribute_t, cublasLtMatmulAlgoConfigAttributes_t
 LAYOUT_BATCH_COUNT, LAYOUT_STRIDED_BATCH_OFFSET = 5, 6
-ALGO_CONFIG_SPLITK_NUM = 2
+ALGO_CONFIG_ID, ALGO_CONFIG_TILE_ID, ALGO_CONFIG_SPLITK_NUM, ALGO_CONFIG_STAGES_ID = 0, 1, 2, 6
 # cublasStatus_t: what cublasLtMatmulAlgoCheck answers for an algorithm that does not apply
 # (INVALID_VALUE: the layouts do not match it; ARCH_MISMATCH, NOT_SUPPORTED: not on this GPU).
 ALGO_REFUSED_STATUSES = {7, 8, 15}
@@ -67,6 +68,15 @@ HEURISTIC_RESULTS = 8
 # answers for 64 (scripts/probes/lt_algo_choice.py times each candidate at 1 and 64 products).
 HEURISTIC_BATCH = 4
 PACK_BATCH = 64
+# Where the rule's algorithm is measured to cost a pack far more than another of the heuristic's
+# answers costs one model alone, that other: (algorithm id, tile id, stages id) by GPU architecture
+# and shape, taken where the heuristic proposes it for HEURISTIC_BATCH or PACK_BATCH products (the
+# first such answer; the rule's where it proposes none). The speedrun cnn's hidden layer on an H200,
+# cuBLAS 13.1 (scripts/probes/lt_algo_choice.py, µs at 1 and 64 products; the rule's in brackets):
+#   weight gradient (TN 256×800×256)  6.31, 55.85  [4.93, 67.45]
+#   input gradient  (NN 256×800×256)  6.03, 45.59  [4.92, 65.21]
+# (its forward product, NT 256×256×800, keeps the rule's: 5.89, 40.02).
+PREFERRED_CONFIGS: dict[str, dict[GemmShape, tuple[int, int, int]]] = {}  # filled below GemmShape
 
 _int, _ptr, _size, _u64, _i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
 
@@ -146,9 +156,10 @@ class Product:
 class Lt:
     """A cuBLASLt handle and the workspace every LtMatmul of a run shares (from the arena)."""
 
-    def __init__(self, workspace: int, workspace_bytes: int):
+    def __init__(self, workspace: int, workspace_bytes: int, arch: str = ""):
         self.lib = library.load()
         self.workspace, self.workspace_bytes = workspace, workspace_bytes
+        self.arch = arch  # the GPU's, e.g. "sm_90": which of PREFERRED_CONFIGS apply ("": none)
         handle = ctypes.c_void_p()
         library.check(self.lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
         self.handle = handle
@@ -300,6 +311,12 @@ class GemmShape:
         return tuple(cols * ld for _, _, cols, ld in self.layouts())
 
 
+PREFERRED_CONFIGS["sm_90"] = {
+    GemmShape(True, False, 256, 800, 256, 256, 800, 800, "tf32"): (21, 17, 9),
+    GemmShape(False, False, 256, 800, 256, 256, 800, 800, "tf32"): (43, 18, 34),
+}
+
+
 def _status_name(lt: Lt, status: int) -> str:
     text = lt.lib.cublasLtGetStatusName(int(status))
     return text.decode(errors="replace") if text else f"status {int(status)}"
@@ -349,15 +366,31 @@ def _ranked_for(lt: Lt, shape: GemmShape, batch: int) -> list[Algo]:
         probe.close()
 
 
+def algo_config(lt: Lt, algo: Algo) -> tuple[int, int, int]:
+    """(algorithm id, tile id, stages id) of `algo`: what PREFERRED_CONFIGS names."""
+    values = []
+    for attr in (ALGO_CONFIG_ID, ALGO_CONFIG_TILE_ID, ALGO_CONFIG_STAGES_ID):
+        value, written = ctypes.c_uint32(), ctypes.c_size_t()
+        library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                                   ctypes.sizeof(value), ctypes.byref(written)),
+                      f"cublasLtMatmulAlgoConfigGetAttribute({attr})")
+        values.append(value.value)
+    return tuple(values)
+
+
 def choose_algo(lt: Lt, shape: GemmShape) -> Algo:
     """The algorithm every strided batched product of `shape` runs, whatever its batch count and
-    strides: of the heuristic's answers for HEURISTIC_BATCH products, the first that it also gives
-    for PACK_BATCH products (the first for HEURISTIC_BATCH where they share none). It depends on the
-    shape, the workspace's size, cuBLASLt's version and the GPU, and on nothing a run's packing
-    changes."""
-    ranked = _ranked_for(lt, shape, HEURISTIC_BATCH)
-    for_pack = {bytes(algo) for algo in _ranked_for(lt, shape, PACK_BATCH)}
-    algo = next((algo for algo in ranked if bytes(algo) in for_pack), ranked[0])
+    strides: PREFERRED_CONFIGS' for the GPU and shape where the heuristic proposes it for
+    HEURISTIC_BATCH or PACK_BATCH products; else, of its answers for HEURISTIC_BATCH products, the
+    first that it also gives for PACK_BATCH products (the first for HEURISTIC_BATCH where they share
+    none). It depends on the shape, the workspace's size, cuBLASLt's version and the GPU, and on
+    nothing a run's packing changes."""
+    ranked, for_pack = _ranked_for(lt, shape, HEURISTIC_BATCH), _ranked_for(lt, shape, PACK_BATCH)
+    preferred = PREFERRED_CONFIGS.get(lt.arch, {}).get(shape)
+    algo = next((algo for algo in ranked + for_pack if algo_config(lt, algo) == preferred), None)
+    if algo is None:
+        packed = {bytes(algo) for algo in for_pack}
+        algo = next((algo for algo in ranked if bytes(algo) in packed), ranked[0])
     # Mask 0 admits only algorithms without a reduction, so one split; checked, as the bits rest on it.
     splits, written = ctypes.c_uint32(), ctypes.c_size_t()
     library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), ALGO_CONFIG_SPLITK_NUM,

@@ -214,7 +214,7 @@ class Lane:
         with self._lt_lock:
             if self._lt is None:
                 ws = self.workspace
-                self._lt = Lt(ws.ptr, ws.nbytes)
+                self._lt = Lt(ws.ptr, ws.nbytes, arch=self.device.arch)
             return self._lt
 
     def gemms(self, precision: str) -> LtGemms:

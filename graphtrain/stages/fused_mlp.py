@@ -199,7 +199,7 @@ class FusedMlp:
             self.optimizer.reset(stream)  # before the warm-up's step
         self.fused_cu = Fused(device_info, cfg.classes, bf16=self.copies is not None)
         if cfg.hidden:  # only hidden layers have products wide enough for cuBLASLt
-            self.lt = Lt(self.workspace.ptr, self.workspace.nbytes)
+            self.lt = Lt(self.workspace.ptr, self.workspace.nbytes, arch=device_info.arch)
             self.products = {rows: self.plan_products(rows) for rows in self.plan.batch_sizes}
         if cfg.bias:  # the padding between the packed biases stays zero
             for buf in (*self.b, *self.db):
