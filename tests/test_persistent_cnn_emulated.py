@@ -64,6 +64,10 @@ CASES = {
     # the first of three steps (the last of them writes the second copy of W1, copied back), the second
     # from step 3 over another order; the test images in passes of 8, the last of 3.
     "small": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=3, blocks=4), 20, [(3, 0), (2, 3)], 19),
+    # the same with the products' operands in chunks of 8 inputs, 2 in flight: fc1's 24 features in 3
+    # chunks (the ring's second round stops after its first), dW1's 8 rows in one
+    "small-chunks": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=3, blocks=4, kc=8, prefetch=2), 20, [(3, 0), (2, 3)],
+                     19),
     # the speedrun's geometry (28 → 24 → 12 → 10 → 5, 5×5 then 3×3), few maps: 75 features, 36 units,
     # 7 classes, batch 6 over 3 blocks; one launch of three steps (6, 6, a tail of 2) from step 40 of
     # the schedule, one pass (TF32).

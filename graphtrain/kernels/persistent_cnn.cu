@@ -80,7 +80,8 @@
 #define BNT2 ((C1 + 7) / 8)
 #define BMT2 ((P1 * P1 + 15) / 16)
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
-// operands staged at a time (both from the launcher, which lays out the staged tiles)
+// operands staged at a time; PREFETCH: the chunks of KC in flight (all from the launcher, which lays
+// out the staged tiles)
 #define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
 #define STAGED (TILE * KC / THREADS)  // the values of an operand's staged tile a thread loads
 #define ROW_TILES ((BATCH + TILE - 1) / TILE)
@@ -102,7 +103,7 @@
 #error "persistent_cnn.cu: the layout table's work region is smaller than conv 2's bordered output gradient"
 #endif
 #if H1 % 2 != 0 || H2 % 2 != 0 || P2 < 1 || CLASSES > 32 || CLASSES < 1 || THREADS != 256 || (PASSES != 1 && PASSES != 3) \
-    || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0
+    || TILE != 32 || KC % 8 != 0 || TILE * KC % THREADS != 0 || PREFETCH < 1
 #error "persistent_cnn.cu: unsupported sizes"
 #endif
 
@@ -119,8 +120,8 @@ struct Smem {
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
-    float* ta;       // [TILE][STAGE_STRIDE]  a product's A tile, staged
-    float* tb;       // [TILE][STAGE_STRIDE]  its B tile
+    float* ta;       // [2][TILE][STAGE_STRIDE]  a product's A tile, staged (two buffers: tile_product)
+    float* tb;       // [2][TILE][STAGE_STRIDE]  its B tile
     float* wtc;      // [CONV_FRAGS][32][2] from work on (one pass only): the conv weights rounded to TF32
                      //   as phase 1's mma read them; phase 5 zeroes work and writes dp1 before it reads them
 #ifdef PROBES
@@ -237,42 +238,56 @@ struct Operand {
 
 // The tile C[m0 .. m0+31][n0 .. n0+31] of A·Bᵀ over k < ks: warp w computes rows m0 + 16·(w % 2) + {g, g+8}
 // and columns n0 + 8·(w / 2) + {2t, 2t+1} (d as mma_tf32 lays it out), the k-steps in order.
+// The operands come in chunks of KC inputs: PREFETCH chunks' loads in flight in registers (a ring
+// refilled in place: the chunk PREFETCH ahead loads into the slot just staged), so that L2's latency
+// passes under PREFETCH chunks' products, not one; chunk c staged in buffer c % 2, one barrier a
+// chunk (chunk c's stores overwrite chunk c − 2's tiles, whose readers all passed chunk c − 1's
+// barrier). Registers: 2·PREFETCH·STAGED a thread for the ring.
 __device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, const Operand& b, int m0, int n0, int ks,
                                              float (&d)[4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const float* ta = s.ta + (16 * (warp & 1)) * STAGE_STRIDE;
-    const float* tb = s.tb + (8 * (warp >> 1)) * STAGE_STRIDE;
 #if PASSES == 3
     Sums3 sums;
 #else
     float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #endif
-    // The next KC inputs' loads are issued before this KC's products, so that L2's latency passes
-    // under them (registers: 2·STAGED a thread).
-    float va[STAGED], vb[STAGED];
-    a.load(va, m0, 0);
-    b.load(vb, n0, 0);
-    for (int k0 = 0; k0 < ks; k0 += KC) {
-        __syncthreads();  // (the tiles' last readers are done)
-        a.store(s.ta, va);
-        b.store(s.tb, vb);
-        __syncthreads();
-        if (k0 + KC < ks) {
-            a.load(va, m0, k0 + KC);
-            b.load(vb, n0, k0 + KC);
-        }
+    float va[PREFETCH][STAGED], vb[PREFETCH][STAGED];
 #pragma unroll
-        for (int kk = 0; kk < KC; kk += 8) {
-            const float av[4] = {ta[g * STAGE_STRIDE + kk + t], ta[(g + 8) * STAGE_STRIDE + kk + t],
-                                 ta[g * STAGE_STRIDE + kk + t + 4], ta[(g + 8) * STAGE_STRIDE + kk + t + 4]};
-            const float bv[2] = {tb[g * STAGE_STRIDE + kk + t], tb[g * STAGE_STRIDE + kk + t + 4]};
+    for (int p = 0; p < PREFETCH; ++p) {  // (chunks past ks load nothing: at() gives their zeros)
+        a.load(va[p], m0, p * KC);
+        b.load(vb[p], n0, p * KC);
+    }
+    __syncthreads();  // (the buffers' last readers, the previous tile's or another phase's, are done)
+    for (int k0 = 0; k0 < ks; k0 += PREFETCH * KC) {
+#pragma unroll
+        for (int p = 0; p < PREFETCH; ++p) {
+            const int kc = k0 + p * KC;
+            if (kc >= ks) break;
+            const int buffer = (kc / KC) & 1;
+            float* staged_a = s.ta + buffer * TILE * STAGE_STRIDE;
+            float* staged_b = s.tb + buffer * TILE * STAGE_STRIDE;
+            a.store(staged_a, va[p]);
+            b.store(staged_b, vb[p]);
+            __syncthreads();
+            if (kc + PREFETCH * KC < ks) {
+                a.load(va[p], m0, kc + PREFETCH * KC);
+                b.load(vb[p], n0, kc + PREFETCH * KC);
+            }
+            const float* ta = staged_a + (16 * (warp & 1)) * STAGE_STRIDE;
+            const float* tb = staged_b + (8 * (warp >> 1)) * STAGE_STRIDE;
+#pragma unroll
+            for (int kk = 0; kk < KC; kk += 8) {
+                const float av[4] = {ta[g * STAGE_STRIDE + kk + t], ta[(g + 8) * STAGE_STRIDE + kk + t],
+                                     ta[g * STAGE_STRIDE + kk + t + 4], ta[(g + 8) * STAGE_STRIDE + kk + t + 4]};
+                const float bv[2] = {tb[g * STAGE_STRIDE + kk + t], tb[g * STAGE_STRIDE + kk + t + 4]};
 #if PASSES == 3
-            mma_split(sums, av, bv);
+                mma_split(sums, av, bv);
 #else
-            const unsigned ar[4] = {tf32_rounded(av[0]), tf32_rounded(av[1]), tf32_rounded(av[2]), tf32_rounded(av[3])};
-            const unsigned br[2] = {tf32_rounded(bv[0]), tf32_rounded(bv[1])};
-            mma_tf32(sums, ar, br);
+                const unsigned ar[4] = {tf32_rounded(av[0]), tf32_rounded(av[1]), tf32_rounded(av[2]), tf32_rounded(av[3])};
+                const unsigned br[2] = {tf32_rounded(bv[0]), tf32_rounded(bv[1])};
+                mma_tf32(sums, ar, br);
 #endif
+            }
         }
     }
 #pragma unroll

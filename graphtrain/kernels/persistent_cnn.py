@@ -19,7 +19,10 @@ from graphtrain.libs import cuda
 
 THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32 tile each
 TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 piece a warp)
-KC = 64  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 13 trips to L2
+KC = 32  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 25 chunks
+# The chunks of a tile's operands in flight in registers (persistent_cnn.cu's tile_product): 6 of 32
+# take 48 registers a thread, and the speedrun's build spills none (ptxas; 64 k-values a chunk spill)
+PREFETCH = 6
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
 # Phase 5's conv 2 input gradient on the tensor cores in one pass (TC_INPUT_GRADIENT; False: fp32 FMAs,
@@ -64,7 +67,8 @@ class CnnShape:
     batch: int
     passes: int = 1
     blocks: int = ASSUMED_SMS
-    kc: int = KC  # the k-values of a product's operands staged a trip to L2
+    kc: int = KC  # the k-values of a product's operands staged at a time
+    prefetch: int = PREFETCH  # the chunks of kc in flight
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -73,7 +77,7 @@ class CnnShape:
         """The shape of a cnn spec (graphtrain.reference_cnn.CnnSpec) that `problems_of(spec)` passes."""
         (first, second), (hidden,) = spec.convs, spec.hidden
         return cls(spec.height, first.out_channels, first.kernel, second.out_channels, second.kernel, hidden,
-                   spec.classes, batch, PASSES.get(precision, 1), blocks)
+                   spec.classes, batch, PASSES.get(precision, 1), blocks, KC, PREFETCH)
 
     @property
     def conv1_side(self) -> int:
@@ -144,8 +148,8 @@ class CnnShape:
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
             Region("arg2", "unsigned char", self.flat, 16),
-            Region("ta", "float", TILE * (self.kc + 4), 16),
-            Region("tb", "float", TILE * (self.kc + 4), 16),
+            Region("ta", "float", 2 * TILE * (self.kc + 4), 16),
+            Region("tb", "float", 2 * TILE * (self.kc + 4), 16),
             *probes,
         ])
 
@@ -177,7 +181,8 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
+                "PREFETCH": self.prefetch, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:

@@ -2,14 +2,15 @@
 """Where a step of the persistent rung's cnn kernel spends its time: SM cycles per phase, per step.
 
     python3 scripts/probes/persistent_cnn_phases.py [--preset speedrun] [--precisions tf32,fp32] [--steps 0]
-                                                    [--kc 64,128]
+                                                    [--kc 64,32:6]
 
 Builds kernels/persistent_cnn.cu with its phase probes (-DPROBES, kernels/probes.cuh) for each of
 `--precisions` (the products' passes): thread 0 of block 0 reads the SM clock at the end of each of
 the step's six phases and of each grid barrier's wait after it (kernels/persistent_cnn.py's PHASES),
 adding each one's cycles over the launch in shared memory; the launch writes them out at its end.
-With `--kc`, each precision is built for each of those k-values staged a trip to L2 in the products
-(CnnShape.kc; the same sums in the same order), a column each.
+With `--kc`, each precision is built for each of those k-values staged a chunk in the products, each
+`kc` or `kc:prefetch` (CnnShape.kc and CnnShape.prefetch, the chunks in flight; the same sums in the
+same order), a column each.
 Each build trains `--steps` steps (0: an epoch) of the preset's cnn on MNIST in one launch, after a
 warm-up launch of one step, from the plan's initial weights, and the script prints the cycles per
 step of every phase, a markdown table with a column per build. The probe build ends each phase with
@@ -30,7 +31,7 @@ import numpy as np
 from graphtrain import data as data_mod
 from graphtrain import environment, report
 from graphtrain.config import preset
-from graphtrain.kernels.persistent_cnn import KC, PASSES, PHASES, PersistentCnn
+from graphtrain.kernels.persistent_cnn import KC, PASSES, PHASES, PREFETCH, PersistentCnn
 from graphtrain.libs import nvrtc
 from graphtrain.libs.memory import Arena
 from graphtrain.plan import RunPlan
@@ -53,7 +54,8 @@ def main() -> None:
     parser.add_argument("--preset", default="speedrun")
     parser.add_argument("--precisions", default="tf32", help=f"builds to count, of {', '.join(PASSES)}")
     parser.add_argument("--steps", type=int, default=0, help="steps in the counted launch (0: an epoch)")
-    parser.add_argument("--kc", default=str(KC), help="the products' k-values staged a trip, a build each (multiples of 8)")
+    parser.add_argument("--kc", default=str(KC),
+                        help="the products' k-values staged a chunk, KC or KC:PREFETCH, a build each (multiples of 8)")
     args = parser.parse_args()
     precisions = args.precisions.split(",")
     unknown = [p for p in precisions if p not in PASSES]
@@ -62,11 +64,11 @@ def main() -> None:
     if args.steps < 0:
         parser.error(f"--steps {args.steps}: at least 0")
     try:
-        kcs = [int(k) for k in args.kc.split(",")]
+        kcs = [(int(k), int(ahead or PREFETCH)) for k, _, ahead in (b.partition(":") for b in args.kc.split(","))]
     except ValueError:
-        parser.error(f"--kc {args.kc}: integers, e.g. 64,128")
-    if any(k < 8 or k % 8 for k in kcs):
-        parser.error(f"--kc {args.kc}: multiples of 8")
+        parser.error(f"--kc {args.kc}: integers, e.g. 64,32:6")
+    if any(k < 8 or k % 8 or ahead < 1 for k, ahead in kcs):
+        parser.error(f"--kc {args.kc}: multiples of 8, each prefetch at least 1")
     base = preset(args.preset).replace(epochs=1, steps=None)
     if base.model != "cnn":
         parser.error(f"the preset {args.preset} trains a {base.model}, not a cnn")
@@ -81,8 +83,8 @@ def main() -> None:
             counts = arena.reserve("phase_counts", (len(PHASES),), np.int64)
             arena.allocate()
             notes.append(f"{precision}: {stage.note}, a grid of {stage.shape.blocks} blocks")
-            for kc in kcs:
-                kernel = PersistentCnn(stage.device, replace(stage.shape, kc=kc), probes=True)
+            for kc, ahead in kcs:
+                kernel = PersistentCnn(stage.device, replace(stage.shape, kc=kc, prefetch=ahead), probes=True)
                 try:
                     for num_steps in (1, steps):  # a warm-up launch, then the one counted
                         stage.start_run()  # from the plan's initial weights
@@ -91,7 +93,8 @@ def main() -> None:
                                            stage.orders.at(0, 0), stage.params.ptr, stage.slot1.ptr, stage.slot2.ptr,
                                            stage.constants.ptr, stage.plan.samples_seen(num_steps), num_steps, 0,
                                            counts.ptr, False, stage.workspace.ptr)
-                    tables[precision if len(kcs) == 1 else f"{precision}, kc {kc}"] = counts.download(stage.stream)
+                    name = precision if len(kcs) == 1 else f"{precision}, kc {kc}:{ahead}"
+                    tables[name] = counts.download(stage.stream)
                 finally:
                     kernel.close()
             device = stage.device
