@@ -179,3 +179,23 @@ def test_the_phase_script_prints_each_phase_a_row_and_a_column_per_build():
     assert rows[0] == "| phase (block 0) | tf32 | fp32 |" and len(rows) == 2 + len(PHASES) + 1
     assert rows[2] == f"| {PHASES[0][1]} | 1000 | 2000 |" and rows[13] == f"| {PHASES[11][1]} | 0 | 100 |"
     assert rows[-1] == "| **step** | **1000** | **2100** |"
+
+
+@pytest.mark.parametrize("blocks,parts", [(132, 2), (64, 1), (16, 1), (300, 4)])
+def test_fc1s_inputs_are_split_over_the_blocks_its_tiles_leave_idle(blocks, parts):
+    """The speedrun's fc1 (256 rows × 256 units: 64 tiles) takes 2 parts of its 800 inputs on 132
+    blocks, none on fewer blocks than tiles, at most MAX_FC1_PARTS; every part whole k-steps, the
+    last holding the rest."""
+    shape = dataclasses.replace(CnnShape(28, 24, 5, 32, 3, 256, 10, 256), blocks=blocks)
+    assert shape.fc1_parts == parts
+    part = shape.fc1_part(parts)
+    assert part % 8 == 0 and 0 < shape.flat - (parts - 1) * part <= part
+
+
+@pytest.mark.parametrize("flat_maps", range(1, 12))
+def test_every_part_of_fc1s_inputs_holds_some(flat_maps):
+    """Small conv outputs (c2 maps of 2 × 2: 4·c2 inputs) on many blocks: fewer parts where the
+    k-steps of 8 would leave the last empty."""
+    shape = CnnShape(14, 4, 3, flat_maps, 3, 8, 10, 8, blocks=132)
+    parts = shape.fc1_parts
+    assert 1 <= parts and (parts - 1) * shape.fc1_part(parts) < shape.flat, (flat_maps, parts)

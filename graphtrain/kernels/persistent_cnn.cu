@@ -10,9 +10,10 @@
 //
 //   1 per sample r ≡ rank (mod BLOCKS): the image, conv 1 + pool + ReLU → a1 (kept, with each pool
 //     window's argmax, for phase 5), conv 2 + pool + ReLU → a2[r] (published), its argmaxes (kept)
-//   2 fc1, tiles of TILE rows × TILE units:  h = relu(a2 · W1ᵀ + b1)                       (published)
-//   3 a warp a row: z = h·W2ᵀ + b2, dz = (softmax(z) − onehot(y)) / rows,
-//                   dh = dz·W2 ⊙ [h > 0]                                                (published)
+//   2 fc1, tiles of TILE rows × TILE units, each over one of FC1_PARTS parts q of the inputs (blocks
+//     the tiles alone would leave idle):  h_q = a2[:, part q] · W1[:, part q]ᵀ           (published)
+//   3 a warp a row: h = relu(h_0 + h_1 + … + b1) (published), z = h·W2ᵀ + b2,
+//                   dz = (softmax(z) − onehot(y)) / rows, dh = dz·W2 ⊙ [h > 0]          (published)
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
@@ -160,6 +161,7 @@ struct Workspace {
     unsigned char* arg1;          // [BATCH][A1]     pool 1's argmaxes (the block's own)
     unsigned char* arg2;          // [BATCH][A2]     pool 2's (the block's own)
     float* a2;                    // [BATCH][FLAT]   the flattened conv output
+    float* h_parts;               // [FC1_PARTS][BATCH][HIDDEN] fc1's sums over each part of its inputs
     float* h;                     // [BATCH][HIDDEN] fc1's output
     float* dh;                    // [BATCH][HIDDEN] its gradient (ReLU-masked)
     float* dz;                    // [BATCH][CLASSES] dlogits
@@ -171,7 +173,7 @@ __device__ Workspace workspace_at(unsigned char* base) {
     return Workspace{reinterpret_cast<unsigned long long*>(base + WS_BARRIER), reinterpret_cast<double*>(base + WS_BLOCK_METRICS),
                      reinterpret_cast<float*>(base + WS_W1_OTHER), reinterpret_cast<float*>(base + WS_A1),
                      reinterpret_cast<unsigned char*>(base + WS_ARG1), reinterpret_cast<unsigned char*>(base + WS_ARG2),
-                     reinterpret_cast<float*>(base + WS_A2), reinterpret_cast<float*>(base + WS_H),
+                     reinterpret_cast<float*>(base + WS_A2), reinterpret_cast<float*>(base + WS_H_PARTS), reinterpret_cast<float*>(base + WS_H),
                      reinterpret_cast<float*>(base + WS_DH), reinterpret_cast<float*>(base + WS_DZ),
                      reinterpret_cast<float*>(base + WS_DA2), reinterpret_cast<float*>(base + WS_CONV_PART)};
 }
@@ -532,18 +534,35 @@ __device__ void load_conv(const Smem& s, const float* params) {
 }
 
 // ---- phase 2: fc1 --------------------------------------------------------------------------------
-__device__ void fc1_forward(const Smem& s, const Workspace& ws, const Step& st, const float* w1, const float* b1) {
-    for (int tile = st.rank; tile < FC1_TILES; tile += BLOCKS) {
+// Part q: inputs [q·FC1_PART, min((q + 1)·FC1_PART, FLAT)), FC1_PART a multiple of 8 (whole k-steps).
+#define FC1_PART (((FLAT + FC1_PARTS - 1) / FC1_PARTS + 7) / 8 * 8)
+#if FC1_PARTS < 1 || (FC1_PARTS - 1) * FC1_PART >= FLAT
+#error "persistent_cnn.cu: every part of fc1's inputs must hold some (CnnShape.fc1_parts)"
+#endif
+__device__ void fc1_forward(const Smem& s, const Workspace& ws, const Step& st, const float* w1) {
+    for (int item = st.rank; item < FC1_TILES * FC1_PARTS; item += BLOCKS) {
+        const int part = item / FC1_TILES, tile = item - part * FC1_TILES;
         const int m0 = (tile / UNIT_TILES) * TILE, n0 = (tile % UNIT_TILES) * TILE;
+        const int k0 = part * FC1_PART, ks = min(FLAT - k0, FC1_PART);
         float d[4];
-        tile_product(s, Operand{ws.a2, FLAT, 1, st.rows, FLAT, true}, Operand{w1, FLAT, 1, HIDDEN, FLAT, true}, m0, n0, FLAT, d);
+        tile_product(s, Operand{ws.a2 + k0, FLAT, 1, st.rows, ks, true}, Operand{w1 + k0, FLAT, 1, HIDDEN, ks, true},
+                     m0, n0, ks, d);
+        float* h_part = ws.h_parts + (long long)part * BATCH * HIDDEN;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             int r, u;
             tile_place(m0, n0, i, r, u);
-            if (r < BATCH && u < HIDDEN) __stcg(ws.h + r * HIDDEN + u, r < st.rows ? fmaxf(d[i] + __ldcg(b1 + u), 0.0f) : 0.0f);
+            if (r < st.rows && u < HIDDEN) __stcg(h_part + r * HIDDEN + u, d[i]);
         }
     }
+}
+
+// Row r's unit u of fc1's output, relu(h_0 + h_1 + … + b1), the parts added in order.
+__device__ __forceinline__ float fc1_output(const Workspace& ws, int r, int u, const float* b1) {
+    float sum = __ldcg(ws.h_parts + r * HIDDEN + u);
+#pragma unroll
+    for (int q = 1; q < FC1_PARTS; ++q) sum += __ldcg(ws.h_parts + ((long long)q * BATCH + r) * HIDDEN + u);
+    return fmaxf(sum + __ldcg(b1 + u), 0.0f);
 }
 
 // ---- phase 3: the head, a warp a row ------------------------------------------------------------------
@@ -551,13 +570,15 @@ __device__ void fc1_forward(const Smem& s, const Workspace& ws, const Step& st, 
 // dz and dh published and the loss and correct count kept (measure); without (the evaluation), the
 // correct count only.
 __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, int r, const float* w2, const float* b2,
-                                         const int* labels, bool train, bool measure, double& loss_sum, double& correct_sum) {
+                                         const float* b1, const int* labels, bool train, bool measure, double& loss_sum,
+                                         double& correct_sum) {
     const int lane = threadIdx.x & 31;
     float part[CLASSES];
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) part[j] = 0.0f;
     for (int u = lane; u < HIDDEN; u += 32) {
-        const float hu = __ldcg(ws.h + (long long)r * HIDDEN + u);
+        const float hu = fc1_output(ws, r, u, b1);
+        if (train) __stcg(ws.h + r * HIDDEN + u, hu);  // (phase 4's, and the dh below: this lane's own)
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) part[j] = fmaf(hu, __ldcg(w2 + j * HIDDEN + u), part[j]);
     }
@@ -596,7 +617,7 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
 __device__ void head(const Workspace& ws, const Step& st, const float* params, const int* labels, bool train, bool measure,
                      double& loss_sum, double& correct_sum) {
     for (int r = st.rank * WARPS + (threadIdx.x >> 5); r < st.rows; r += BLOCKS * WARPS)
-        head_row(ws, st, r, params + P_W2, params + P_B2, labels, train, measure, loss_sum, correct_sum);
+        head_row(ws, st, r, params + P_W2, params + P_B2, params + P_B1, labels, train, measure, loss_sum, correct_sum);
 }
 
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
@@ -1010,9 +1031,9 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
         PHASE_END(probes, CONVS_FORWARD);
         BARRIER(probes, WAIT_CONVS_FORWARD);  // a2 of every sample
-        fc1_forward(s, ws, st, w1, params + P_B1);
+        fc1_forward(s, ws, st, w1);
         PHASE_END(probes, FC1);
-        BARRIER(probes, WAIT_FC1);  // h
+        BARRIER(probes, WAIT_FC1);  // the parts of h
         head(ws, st, params, labels, true, measure != 0, loss_sum, correct_sum);
         PHASE_END(probes, HEAD);
         BARRIER(probes, WAIT_HEAD);  // dz, dh
@@ -1055,7 +1076,7 @@ cnn_evaluate(const float* images, const int* labels, int num_samples, const floa
         const Step st{0, min(BATCH, num_samples - first), rank, nullptr, first};
         for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
         grid_sync(ws.barrier);
-        fc1_forward(s, ws, st, params + P_W1, params + P_B1);
+        fc1_forward(s, ws, st, params + P_W1);
         grid_sync(ws.barrier);
         head(ws, st, params, labels, false, true, unused, correct_sum);
         grid_sync(ws.barrier);  // (the next pass overwrites a2 and h)

@@ -23,6 +23,9 @@ KC = 32  # the k-values of a tile's operands staged at a time: fc1's 800 inputs 
 # The chunks of a tile's operands in flight in registers (persistent_cnn.cu's tile_product): 6 of 32
 # take 48 registers a thread, and the speedrun's build spills none (ptxas; 64 k-values a chunk spill)
 PREFETCH = 6
+# fc1's inputs split over up to this many blocks a tile where the grid has blocks to spare (phase 2:
+# the speedrun's 64 tiles of 800 inputs leave 68 of 132 blocks idle), the parts added by phase 3
+MAX_FC1_PARTS = 4
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each precision
 # Phase 5's conv 2 input gradient on the tensor cores in one pass (TC_INPUT_GRADIENT; False: fp32 FMAs,
@@ -34,9 +37,9 @@ WARPS = THREADS // 32
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
 CONVS_FORWARD         1: the block's samples' conv 1 + pool + ReLU, conv 2 + pool + ReLU, a2 published
 WAIT_CONVS_FORWARD    grid barrier after 1: a2 of every sample
-FC1                   2: h = relu(a2·W1ᵀ + b1), the block's tiles
-WAIT_FC1              grid barrier after 2: h
-HEAD                  3: logits, softmax, dz and dh, a warp a row
+FC1                   2: fc1's sums a2·W1ᵀ over each part of its inputs, the block's tiles
+WAIT_FC1              grid barrier after 2: the parts' sums
+HEAD                  3: h = relu(the parts + b1), logits, softmax, dz and dh, a warp a row
 WAIT_HEAD             grid barrier after 3: dz, dh
 LINEAR_BACKWARD       4: dW1's tiles and W1's update, da2's tiles, W2, b2 and b1's gradients and updates
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
@@ -104,6 +107,20 @@ class CnnShape:
         return self.c2 * self.pooled2 ** 2
 
     @property
+    def fc1_parts(self) -> int:
+        """Phase 2's parts of fc1's inputs (persistent_cnn.cu's FC1_PARTS): as many as keep every
+        part's tiles on a block of their own, at most MAX_FC1_PARTS (the speedrun's 64 tiles: 2)."""
+        tiles = ceil_div(self.batch, TILE) * ceil_div(self.hidden, TILE)
+        parts = max(1, min(MAX_FC1_PARTS, self.blocks // tiles))
+        while parts > 1 and (parts - 1) * self.fc1_part(parts) >= self.flat:  # every part some inputs
+            parts -= 1
+        return parts
+
+    def fc1_part(self, parts: int) -> int:
+        """The inputs of each of fc1's `parts` parts but the last: whole k-steps of 8 (FC1_PART)."""
+        return ceil_div(ceil_div(self.flat, parts), 8) * 8
+
+    @property
     def conv_params(self) -> int:
         return self.c1 * self.k1 ** 2 + self.c1 + self.c2 * self.c1 * self.k2 ** 2 + self.c2
 
@@ -169,6 +186,7 @@ class CnnShape:
             Region("arg1", "unsigned char", batch * self.a1, 256),
             Region("arg2", "unsigned char", batch * self.flat, 256),
             Region("a2", "float", batch * self.flat, 256),
+            Region("h_parts", "float", self.fc1_parts * batch * self.hidden, 256),
             Region("h", "float", batch * self.hidden, 256),
             Region("dh", "float", batch * self.hidden, 256),
             Region("dz", "float", batch * self.classes, 256),
@@ -182,7 +200,7 @@ class CnnShape:
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
                 "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
-                "PREFETCH": self.prefetch, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
