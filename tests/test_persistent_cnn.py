@@ -144,13 +144,19 @@ def test_the_probe_build_compiles(nvrtc_available, cache, shape):
 def test_every_phase_is_probed_in_the_kernel_in_step_order():
     """Each of PHASES ends once in the kernel's step, in the table's order (a slot the kernel never
     counts would print as nothing; a probe the table lacks would not compile), a phase before the
-    wait of the grid barrier after it; phase 5's first four parts inside sample_backward, in order."""
+    wait of the grid barrier after it; phase 4's first two parts inside linear_backward and phase 5's
+    first four inside sample_backward, in order."""
     source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
     step = source[source.index("cnn_epoch("):source.index("cnn_evaluate(")]
     backward = source[source.index("void sample_backward("):source.index("cnn_epoch(")]
+    linear = source[source.index("void linear_backward("):source.index("void sample_backward(")]
     parts = ("BACKWARD_MAPS", "CONV2_GRADS", "POOL1_GRADIENT", "CONV1_GRADS")
-    places, part_places = [], []
+    places, part_places, linear_places = [], [], []
     for name, _ in PHASES:
+        if name in ("DW1", "DA2"):
+            assert linear.count(f"PHASE_END(probes, {name})") == 1, name
+            linear_places.append(linear.index(f"PHASE_END(probes, {name})"))
+            continue
         if name in parts:
             at = [backward.find(f"{macro}(probes, {name}") for macro in ("PHASE_END", "PROBE_END")]
             assert sum(backward.count(f"{m}(probes, {name}") for m in ("PHASE_END", "PROBE_END")) == 1, name
@@ -159,10 +165,12 @@ def test_every_phase_is_probed_in_the_kernel_in_step_order():
         macro = "BARRIER" if name.startswith("WAIT_") else "PHASE_END"
         assert step.count(f"{macro}(probes, {name})") == 1, name
         places.append(step.index(f"{macro}(probes, {name})"))
-    assert places == sorted(places) and part_places == sorted(part_places)
+    assert places == sorted(places) and part_places == sorted(part_places) and linear_places == sorted(linear_places)
     names = [name for name, _ in PHASES]
     assert names[names.index("CONVS_BACKWARD") - 4:names.index("CONVS_BACKWARD")] == list(parts)
-    assert [name.startswith("WAIT_") for name in names if name not in parts] == [False, True] * 6
+    phase_4 = ("DW1", "DA2", "HEAD_UPDATE")  # phase 4's parts, the first two inside linear_backward
+    assert names[names.index("WAIT_LINEAR_BACKWARD") - 3:names.index("WAIT_LINEAR_BACKWARD")] == list(phase_4)
+    assert [name.startswith("WAIT_") for name in names if name not in parts + phase_4[:2]] == [False, True] * 6
     assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"
 
 

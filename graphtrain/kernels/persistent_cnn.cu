@@ -533,6 +533,9 @@ __device__ void load_conv(const Smem& s, const float* params) {
 #endif
 }
 
+// A probe build's phase ends at a block barrier (the slowest warp's time; see the epoch below).
+#define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
+
 // ---- phase 2: fc1 --------------------------------------------------------------------------------
 // Part q: inputs [q·FC1_PART, min((q + 1)·FC1_PART, FLAT)), FC1_PART a multiple of 8 (whole k-steps).
 #define FC1_PART (((FLAT + FC1_PARTS - 1) / FC1_PARTS + 7) / 8 * 8)
@@ -622,7 +625,7 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
 __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
-                                const float* w1, float* w1_next, const Update& up) {
+                                const float* w1, float* w1_next, const Update& up, Probes& probes) {
     // dW1 = dhᵀ·a2, a tile of W1 and its update
     for (int tile = st.rank; tile < DW1_TILES; tile += BLOCKS) {
         const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
@@ -639,6 +642,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
             }
         }
     }
+    PHASE_END(probes, DW1);
     // da2 = dh·W1 (this step's W1)
     for (int tile = st.rank; tile < DA2_TILES; tile += BLOCKS) {
         const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
@@ -652,6 +656,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
             if (r < st.rows && f < FLAT) __stcg(ws.da2 + r * FLAT + f, d[i]);
         }
     }
+    PHASE_END(probes, DA2);
     // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
     // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
     const int lane = threadIdx.x & 31;
@@ -816,8 +821,6 @@ __device__ __forceinline__ void stage_batched(T* dst, Load load) {
     }
 }
 
-// A probe build's phase ends at a block barrier (the slowest warp's time; see the epoch below).
-#define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
 // Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
 // weight gradients, its input gradient, conv 1's weight gradients (PHASE_END: the kernel's macro).
 __device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample,
@@ -1037,8 +1040,8 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         head(ws, st, params, labels, true, measure != 0, loss_sum, correct_sum);
         PHASE_END(probes, HEAD);
         BARRIER(probes, WAIT_HEAD);  // dz, dh
-        linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up);
-        PHASE_END(probes, LINEAR_BACKWARD);
+        linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up, probes);
+        PHASE_END(probes, HEAD_UPDATE);
         BARRIER(probes, WAIT_LINEAR_BACKWARD);  // da2; the linear layers updated
         for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r), probes);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
