@@ -83,7 +83,13 @@
 // TILE: a product's tile, 32 × 32 outputs, one m16n8 piece a warp; KC: the k-values of a tile's
 // operands staged at a time; PREFETCH: the chunks of KC in flight (all from the launcher, which lays
 // out the staged tiles)
-#define STAGE_STRIDE (KC + 4)       // a staged row: ≡ 4 (mod 32), a fragment's loads on 32 banks
+// A staged operand's tile, laid out as its values lie in memory, so that a warp's stores (32 values
+// adjacent there) fill 32 banks: an operand whose values run along k (k_fast) as t[m][k] in rows of
+// STAGE_STRIDE ≡ 4 (mod 32), the others as t[k][m] in rows of STAGE_ROWS ≡ 8 (mod 32); in either a
+// fragment's loads, lanes (g, t) at (m + g, k + t), fall on 32 banks (4g + t, or 8t + g).
+#define STAGE_STRIDE (KC + 4)
+#define STAGE_ROWS (TILE + 8)
+#define STAGE_FLOATS (TILE * STAGE_STRIDE > KC * STAGE_ROWS ? TILE * STAGE_STRIDE : KC * STAGE_ROWS)  // a buffer
 #define STAGED (TILE * KC / THREADS)  // the values of an operand's staged tile a thread loads
 #define ROW_TILES ((BATCH + TILE - 1) / TILE)
 #define UNIT_TILES ((HIDDEN + TILE - 1) / TILE)
@@ -96,6 +102,9 @@
 // In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
 #error "persistent_cnn.cu: the layout table's work and dp1 regions cannot hold phase 1's B fragments"
+#endif
+#if SMEM_TB - SMEM_TA < 2 * STAGE_FLOATS * 4
+#error "persistent_cnn.cu: the layout table's ta region is smaller than two staged tiles"
 #endif
 #if TILE * STAGE_STRIDE < THREADS
 #error "persistent_cnn.cu: phase 6 adds its parts' sums in ta, which must hold a value a thread"
@@ -121,8 +130,8 @@ struct Smem {
     float* dp2;      // [A2]             the gradient at pool 2's outputs, masked (phase 5)
     unsigned char* arg1;  // [A1]        pool 1's argmaxes (window position 0..3, row-major)
     unsigned char* arg2;  // [A2]        pool 2's
-    float* ta;       // [2][TILE][STAGE_STRIDE]  a product's A tile, staged (two buffers: tile_product)
-    float* tb;       // [2][TILE][STAGE_STRIDE]  its B tile
+    float* ta;       // [2][STAGE_FLOATS]  a product's A tile, staged (two buffers: tile_product)
+    float* tb;       // [2][STAGE_FLOATS]  its B tile
     float* wtc;      // [CONV_FRAGS][32][2] from work on (one pass only): the conv weights rounded to TF32
                      //   as phase 1's mma read them; phase 5 zeroes work and writes dp1 before it reads them
 #ifdef PROBES
@@ -220,7 +229,9 @@ struct Operand {
     int sm, sk, rows, ks;
     bool k_fast;
     __device__ __forceinline__ float at(int m, int k) const { return m < rows && k < ks ? __ldcg(p + (long long)m * sm + (long long)k * sk) : 0.0f; }
-    // The tile's rows m0.. and inputs k0.. (t[m][k] of a staged tile t[TILE][STAGE_STRIDE]): load()
+    // Where value (m, k) of the tile lies in its staged buffer (STAGE_STRIDE above).
+    __device__ __forceinline__ int staged(int m, int k) const { return k_fast ? m * STAGE_STRIDE + k : k * STAGE_ROWS + m; }
+    // The tile's rows m0.. and inputs k0.. (staged at staged(m − m0, k − k0)): load()
     // issues a thread's STAGED loads into registers, store() puts them in the staged tile.
     __device__ __forceinline__ void load(float (&v)[STAGED], int m0, int k0) const {
 #pragma unroll
@@ -233,7 +244,7 @@ struct Operand {
 #pragma unroll
         for (int j = 0; j < STAGED; ++j) {
             const int e = threadIdx.x + j * THREADS;
-            t[(k_fast ? e / KC : e % TILE) * STAGE_STRIDE + (k_fast ? e % KC : e / TILE)] = v[j];
+            t[k_fast ? staged(e / KC, e % KC) : staged(e % TILE, e / TILE)] = v[j];
         }
     }
 };
@@ -266,8 +277,8 @@ __device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, co
             const int kc = k0 + p * KC;
             if (kc >= ks) break;
             const int buffer = (kc / KC) & 1;
-            float* staged_a = s.ta + buffer * TILE * STAGE_STRIDE;
-            float* staged_b = s.tb + buffer * TILE * STAGE_STRIDE;
+            float* staged_a = s.ta + buffer * STAGE_FLOATS;
+            float* staged_b = s.tb + buffer * STAGE_FLOATS;
             a.store(staged_a, va[p]);
             b.store(staged_b, vb[p]);
             __syncthreads();
@@ -275,13 +286,12 @@ __device__ __forceinline__ void tile_product(const Smem& s, const Operand& a, co
                 a.load(va[p], m0, kc + PREFETCH * KC);
                 b.load(vb[p], n0, kc + PREFETCH * KC);
             }
-            const float* ta = staged_a + (16 * (warp & 1)) * STAGE_STRIDE;
-            const float* tb = staged_b + (8 * (warp >> 1)) * STAGE_STRIDE;
+            const int ma = 16 * (warp & 1) + g, nb = 8 * (warp >> 1) + g;
 #pragma unroll
             for (int kk = 0; kk < KC; kk += 8) {
-                const float av[4] = {ta[g * STAGE_STRIDE + kk + t], ta[(g + 8) * STAGE_STRIDE + kk + t],
-                                     ta[g * STAGE_STRIDE + kk + t + 4], ta[(g + 8) * STAGE_STRIDE + kk + t + 4]};
-                const float bv[2] = {tb[g * STAGE_STRIDE + kk + t], tb[g * STAGE_STRIDE + kk + t + 4]};
+                const float av[4] = {staged_a[a.staged(ma, kk + t)], staged_a[a.staged(ma + 8, kk + t)],
+                                     staged_a[a.staged(ma, kk + t + 4)], staged_a[a.staged(ma + 8, kk + t + 4)]};
+                const float bv[2] = {staged_b[b.staged(nb, kk + t)], staged_b[b.staged(nb, kk + t + 4)]};
 #if PASSES == 3
                 mma_split(sums, av, bv);
 #else

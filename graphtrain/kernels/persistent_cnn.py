@@ -109,6 +109,12 @@ class CnnShape:
         return self.c2 * self.pooled2 ** 2
 
     @property
+    def staged_floats(self) -> int:
+        """A product's staged operand tile (persistent_cnn.cu's STAGE_FLOATS): TILE rows of kc + 4
+        values, or kc rows of TILE + 8, whichever is larger; ta and tb hold two each."""
+        return max(TILE * (self.kc + 4), self.kc * (TILE + 8))
+
+    @property
     def fc1_parts(self) -> int:
         """Phase 2's parts of fc1's inputs (persistent_cnn.cu's FC1_PARTS): as many as keep every
         part's tiles on a block of their own, at most MAX_FC1_PARTS (the speedrun's 64 tiles: 2)."""
@@ -167,8 +173,8 @@ class CnnShape:
             Region("dp2", "float", self.flat, 16),
             Region("arg1", "unsigned char", self.a1, 16),
             Region("arg2", "unsigned char", self.flat, 16),
-            Region("ta", "float", 2 * TILE * (self.kc + 4), 16),
-            Region("tb", "float", 2 * TILE * (self.kc + 4), 16),
+            Region("ta", "float", 2 * self.staged_floats, 16),
+            Region("tb", "float", 2 * self.staged_floats, 16),
             *probes,
         ])
 
