@@ -202,16 +202,28 @@ struct Update {
     }
     // The parameter's new value from its value w and gradient g; s1, s2: its state slots.
     __device__ __forceinline__ float apply(float w, float g, float* s1, float* s2) const {
+        return apply(State::of(w, s1, s2, c.optimizer), g, s1, s2);
+    }
+    // The same from its value and state loaded before its gradient was ready (State::of), so that
+    // their round trip to L2 passed under the gradient's work; the new state is written to s1, s2.
+    struct State {
+        float w, s1, s2;
+        __device__ __forceinline__ static State of(float w, const float* s1, const float* s2, int optimizer) {
+            return State{w, optimizer == 0 ? 0.0f : *s1, optimizer >= 3 ? *s2 : 0.0f};
+        }
+    };
+    __device__ __forceinline__ float apply(State at, float g, float* s1, float* s2) const {
+        float w = at.w;
         if (c.optimizer == 4) w *= 1.0f - lr * c.weight_decay;
         else g = fmaf(c.weight_decay, w, g);
         if (c.optimizer == 0) return w - lr * g;
         if (c.optimizer <= 2) {
-            const float b = fmaf(c.momentum, *s1, g);
+            const float b = fmaf(c.momentum, at.s1, g);
             *s1 = b;
             return w - lr * (c.optimizer == 2 ? fmaf(c.momentum, b, g) : b);
         }
-        const float m = fmaf(c.beta1, *s1, (1.0f - c.beta1) * g);
-        const float v = fmaf(c.beta2, *s2, (1.0f - c.beta2) * g * g);
+        const float m = fmaf(c.beta1, at.s1, (1.0f - c.beta1) * g);
+        const float v = fmaf(c.beta2, at.s2, (1.0f - c.beta2) * g * g);
         *s1 = m;
         *s2 = v;
         return w - step_size * m / fmaf(sqrtf(v), rc2, c.eps);
@@ -636,21 +648,24 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
 __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
                                 const float* w1, float* w1_next, const Update& up, Probes& probes) {
-    // dW1 = dhᵀ·a2, a tile of W1 and its update
+    // dW1 = dhᵀ·a2, a tile of W1 and its update (the tile's weights and state loaded first)
     for (int tile = st.rank; tile < DW1_TILES; tile += BLOCKS) {
         const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
-        float d[4];
-        tile_product(s, Operand{ws.dh, 1, HIDDEN, HIDDEN, st.rows, false}, Operand{ws.a2, 1, FLAT, FLAT, st.rows, false},
-                     m0, n0, st.rows, d);
+        Update::State state[4];
+        int at[4];  // (W1 is a model's HIDDEN·FLAT parameters: int offsets)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             int u, f;
             tile_place(m0, n0, i, u, f);
-            if (u < HIDDEN && f < FLAT) {
-                const long long at = (long long)u * FLAT + f;
-                __stcg(w1_next + at, up.apply(__ldcg(w1 + at), d[i], s1 + P_W1 + at, s2 + P_W1 + at));
-            }
+            at[i] = u < HIDDEN && f < FLAT ? u * FLAT + f : -1;
+            if (at[i] >= 0) state[i] = Update::State::of(__ldcg(w1 + at[i]), s1 + P_W1 + at[i], s2 + P_W1 + at[i], up.c.optimizer);
         }
+        float d[4];
+        tile_product(s, Operand{ws.dh, 1, HIDDEN, HIDDEN, st.rows, false}, Operand{ws.a2, 1, FLAT, FLAT, st.rows, false},
+                     m0, n0, st.rows, d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (at[i] >= 0) __stcg(w1_next + at[i], up.apply(state[i], d[i], s1 + P_W1 + at[i], s2 + P_W1 + at[i]));
     }
     PHASE_END(probes, DW1);
     // da2 = dh·W1 (this step's W1)
@@ -668,26 +683,26 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
     }
     PHASE_END(probes, DA2);
     // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
-    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one)
+    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one); lane 0
+    // loads the parameter and its state first. W2 then b2 lie in the span's order: P_B2 = P_W2 + CLASSES·HIDDEN.
     const int lane = threadIdx.x & 31;
     for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
+        const int at = i < CLASSES * HIDDEN + CLASSES ? P_W2 + i : P_B1 + (i - CLASSES * HIDDEN - CLASSES);
+        Update::State state{};
+        if (lane == 0) state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
         float g = 0.0f;
-        int at;
         if (i < CLASSES * HIDDEN) {
             const int j = i / HIDDEN, u = i - j * HIDDEN;
             for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
-            at = P_W2 + i;
         } else if (i < CLASSES * HIDDEN + CLASSES) {
             const int j = i - CLASSES * HIDDEN;
             for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
-            at = P_B2 + j;
         } else {
             const int u = i - CLASSES * HIDDEN - CLASSES;
             for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
-            at = P_B1 + u;
         }
         g = warp_sum(g);
-        if (lane == 0) __stcg(params + at, up.apply(__ldcg(params + at), g, s1 + at, s2 + at));
+        if (lane == 0) __stcg(params + at, up.apply(state, g, s1 + at, s2 + at));
     }
 }
 

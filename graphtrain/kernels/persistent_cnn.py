@@ -20,9 +20,10 @@ from graphtrain.libs import cuda
 THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32 tile each
 TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 piece a warp)
 KC = 32  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 25 chunks
-# The chunks of a tile's operands in flight in registers (persistent_cnn.cu's tile_product): 6 of 32
-# take 48 registers a thread, and the speedrun's build spills none (ptxas; 64 k-values a chunk spill)
-PREFETCH = 6
+# The chunks of a tile's operands in flight in registers (persistent_cnn.cu's tile_product): 4 of 32
+# take 32 registers a thread, and the speedrun's builds spill none (ptxas; 6 spill 12–24 bytes beside
+# phase 4's preloaded optimizer state, and chunks of 64 k-values spill)
+PREFETCH = 4
 # fc1's inputs split over up to this many blocks a tile where the grid has blocks to spare (phase 2:
 # the speedrun's 64 tiles of 800 inputs leave 68 of 132 blocks idle), the parts added by phase 3
 MAX_FC1_PARTS = 4
