@@ -17,8 +17,8 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     every warp of the grid a parameter of W2, b2 or b1: its gradient (a lane's rows in order, the
-//     lanes by a butterfly) and update
+//     a warp a unit u, W2's column u and b1[u] (and one warp b2): their gradients (a lane's rows in
+//     order, the lanes by a butterfly) and updates
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -97,7 +97,6 @@
 #define FC1_TILES (ROW_TILES * UNIT_TILES)
 #define DW1_TILES (UNIT_TILES * FLAT_TILES)
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
-#define HEAD_PARAMS (CLASSES * HIDDEN + CLASSES + HIDDEN)  // W2, b2, b1: phase 4's one-a-thread parameters
 
 // In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
@@ -594,19 +593,29 @@ __device__ __forceinline__ float fc1_output(const Workspace& ws, int r, int u, c
 // z_j = b2_j + Σ_u h_u·W2[j][u] (each lane its units u ≡ lane mod 32, then a butterfly); with labels,
 // dz and dh published and the loss and correct count kept (measure); without (the evaluation), the
 // correct count only.
+#define UNITS_A_LANE ((HIDDEN + 31) / 32)  // a lane's units u = lane + 32i, the loops unrolled: all loads in flight
 __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, int r, const float* w2, const float* b2,
                                          const float* b1, const int* labels, bool train, bool measure, double& loss_sum,
                                          double& correct_sum) {
     const int lane = threadIdx.x & 31;
-    float part[CLASSES];
+    const int label = __ldg(labels + st.sample(r));  // (its two loads' round trips under the sums)
+    float part[CLASSES], h[UNITS_A_LANE];
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) part[j] = 0.0f;
-    for (int u = lane; u < HIDDEN; u += 32) {
-        const float hu = fc1_output(ws, r, u, b1);
-        if (train) __stcg(ws.h + r * HIDDEN + u, hu);  // (phase 4's, and the dh below: this lane's own)
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) part[j] = fmaf(hu, __ldcg(w2 + j * HIDDEN + u), part[j]);
+    for (int i = 0; i < UNITS_A_LANE; ++i) {
+        const int u = lane + 32 * i;
+        h[i] = 0.0f;
+        if (u < HIDDEN) {
+            h[i] = fc1_output(ws, r, u, b1);
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) part[j] = fmaf(h[i], __ldcg(w2 + j * HIDDEN + u), part[j]);
+        }
     }
+    if (train)  // (phase 4's)
+#pragma unroll
+        for (int i = 0; i < UNITS_A_LANE; ++i)
+            if (lane + 32 * i < HIDDEN) __stcg(ws.h + r * HIDDEN + lane + 32 * i, h[i]);
     float z = -__int_as_float(0x7f800000);  // −∞ past the classes
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) {
@@ -614,19 +623,21 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
         if (lane == j) z = v + __ldcg(b2 + j);
     }
     const bool is_class = lane < CLASSES;
-    const int label = __ldg(labels + st.sample(r));
     float m, total;
     const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
     if (train) {
         if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
-        float dzs[CLASSES];  // every class's dz on every lane (the warp whole: the loop below is not)
+        float dzs[CLASSES];  // every class's dz on every lane
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) dzs[j] = __shfl_sync(0xffffffffu, dz, j);
-        for (int u = lane; u < HIDDEN; u += 32) {
+#pragma unroll
+        for (int i = 0; i < UNITS_A_LANE; ++i) {
+            const int u = lane + 32 * i;
+            if (u >= HIDDEN) continue;
             float v = 0.0f;
 #pragma unroll
             for (int j = 0; j < CLASSES; ++j) v = fmaf(dzs[j], __ldcg(w2 + j * HIDDEN + u), v);
-            __stcg(ws.dh + r * HIDDEN + u, __ldcg(ws.h + r * HIDDEN + u) > 0.0f ? v : 0.0f);
+            __stcg(ws.dh + r * HIDDEN + u, h[i] > 0.0f ? v : 0.0f);
         }
     }
     if (measure) {
@@ -682,27 +693,37 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
         }
     }
     PHASE_END(probes, DA2);
-    // W2, b2, b1: a warp a parameter, lane l adding the rows r ≡ l (mod 32) in order, then the lanes
-    // by a butterfly (a fixed order; the rows' loads spread over the lanes, not queued on one); lane 0
-    // loads the parameter and its state first. W2 then b2 lie in the span's order: P_B2 = P_W2 + CLASSES·HIDDEN.
+    // W2, b2, b1: warp u < HIDDEN takes unit u, W2's column (lane j < CLASSES: W2[j][u]) and b1[u] (lane
+    // 0), and warp HIDDEN b2 (lane j: b2[j], a unit whose h is 1); each sum lane l adding the rows
+    // r ≡ l (mod 32) in order, then the lanes by a butterfly (a fixed order; the rows' loads spread over
+    // the lanes). The parameters and their state are loaded first.
     const int lane = threadIdx.x & 31;
-    for (int i = st.rank * WARPS + (threadIdx.x >> 5); i < HEAD_PARAMS; i += BLOCKS * WARPS) {
-        const int at = i < CLASSES * HIDDEN + CLASSES ? P_W2 + i : P_B1 + (i - CLASSES * HIDDEN - CLASSES);
-        Update::State state{};
-        if (lane == 0) state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
-        float g = 0.0f;
-        if (i < CLASSES * HIDDEN) {
-            const int j = i / HIDDEN, u = i - j * HIDDEN;
-            for (int r = lane; r < st.rows; r += 32) g = fmaf(__ldcg(ws.dz + r * CLASSES + j), __ldcg(ws.h + r * HIDDEN + u), g);
-        } else if (i < CLASSES * HIDDEN + CLASSES) {
-            const int j = i - CLASSES * HIDDEN;
-            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dz + r * CLASSES + j);
-        } else {
-            const int u = i - CLASSES * HIDDEN - CLASSES;
-            for (int r = lane; r < st.rows; r += 32) g += __ldcg(ws.dh + r * HIDDEN + u);
+    for (int u = st.rank * WARPS + (threadIdx.x >> 5); u <= HIDDEN; u += BLOCKS * WARPS) {
+        const bool bias = u == HIDDEN;
+        const int at = bias ? P_B2 + lane : P_W2 + lane * HIDDEN + u, at_b1 = P_B1 + u;
+        Update::State state{}, state_b1{};
+        if (lane < CLASSES) state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
+        if (!bias && lane == 0) state_b1 = Update::State::of(__ldcg(params + at_b1), s1 + at_b1, s2 + at_b1, up.c.optimizer);
+        float g[CLASSES], g_b1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) g[j] = 0.0f;
+        for (int r = lane; r < st.rows; r += 32) {
+            const float hu = bias ? 1.0f : __ldcg(ws.h + r * HIDDEN + u);
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) g[j] = fmaf(__ldcg(ws.dz + r * CLASSES + j), hu, g[j]);
+            if (!bias) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
         }
-        g = warp_sum(g);
-        if (lane == 0) __stcg(params + at, up.apply(state, g, s1 + at, s2 + at));
+        float mine = 0.0f;  // lane j's: W2[j][u]'s (or b2[j]'s) gradient
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) {
+            const float sum = warp_sum(g[j]);
+            if (lane == j) mine = sum;
+        }
+        if (lane < CLASSES) __stcg(params + at, up.apply(state, mine, s1 + at, s2 + at));
+        if (!bias) {
+            g_b1 = warp_sum(g_b1);
+            if (lane == 0) __stcg(params + at_b1, up.apply(state_b1, g_b1, s1 + at_b1, s2 + at_b1));
+        }
     }
 }
 
