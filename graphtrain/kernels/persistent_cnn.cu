@@ -697,6 +697,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
     // 0), and warp HIDDEN b2 (lane j: b2[j], a unit whose h is 1); each sum lane l adding the rows
     // r ≡ l (mod 32) in order, then the lanes by a butterfly (a fixed order; the rows' loads spread over
     // the lanes). The parameters and their state are loaded first.
+    constexpr int ROWS_A_LANE = (BATCH + 31) / 32;
     const int lane = threadIdx.x & 31;
     for (int u = st.rank * WARPS + (threadIdx.x >> 5); u <= HIDDEN; u += BLOCKS * WARPS) {
         const bool bias = u == HIDDEN;
@@ -707,11 +708,15 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
         float g[CLASSES], g_b1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < CLASSES; ++j) g[j] = 0.0f;
-        for (int r = lane; r < st.rows; r += 32) {
-            const float hu = bias ? 1.0f : __ldcg(ws.h + r * HIDDEN + u);
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) g[j] = fmaf(__ldcg(ws.dz + r * CLASSES + j), hu, g[j]);
-            if (!bias) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
+        for (int i = 0; i < ROWS_A_LANE; ++i) {  // (unrolled: every row's loads in flight at once)
+            const int r = lane + 32 * i;
+            if (r < st.rows) {
+                const float hu = bias ? 1.0f : __ldcg(ws.h + r * HIDDEN + u);
+#pragma unroll
+                for (int j = 0; j < CLASSES; ++j) g[j] = fmaf(__ldcg(ws.dz + r * CLASSES + j), hu, g[j]);
+                if (!bias) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
+            }
         }
         float mine = 0.0f;  // lane j's: W2[j][u]'s (or b2[j]'s) gradient
 #pragma unroll
