@@ -17,8 +17,8 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     a warp a unit u, W2's column u and b1[u] (and one warp b2): their gradients (a lane's rows in
-//     order, the lanes by a butterfly) and updates
+//     block q (< ⌈HIDDEN/32⌉) units 32q .. 32q + 31, W2's columns and b1's units (block 0 b2 too):
+//     their gradients (each warp's rows in order, then the warps in order) and updates
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -97,6 +97,8 @@
 #define FC1_TILES (ROW_TILES * UNIT_TILES)
 #define DW1_TILES (UNIT_TILES * FLAT_TILES)
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
+#define UNIT_GROUPS ((HIDDEN + 31) / 32)  // phase 4's head gradients: a block 32 units
+#define HEAD_SUMS ((CLASSES + 1) * 32 + CLASSES)  // their sums over the rows, in ta
 
 // In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
@@ -104,6 +106,9 @@
 #endif
 #if SMEM_TB - SMEM_TA < 2 * STAGE_FLOATS * 4
 #error "persistent_cnn.cu: the layout table's ta region is smaller than two staged tiles"
+#endif
+#if 2 * STAGE_FLOATS < HEAD_SUMS
+#error "persistent_cnn.cu: phase 4 adds the head's gradients in ta, which must hold HEAD_SUMS values"
 #endif
 #if TILE * STAGE_STRIDE < THREADS
 #error "persistent_cnn.cu: phase 6 adds its parts' sums in ta, which must hold a value a thread"
@@ -693,42 +698,54 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
         }
     }
     PHASE_END(probes, DA2);
-    // W2, b2, b1: warp u < HIDDEN takes unit u, W2's column (lane j < CLASSES: W2[j][u]) and b1[u] (lane
-    // 0), and warp HIDDEN b2 (lane j: b2[j], a unit whose h is 1); each sum lane l adding the rows
-    // r ≡ l (mod 32) in order, then the lanes by a butterfly (a fixed order; the rows' loads spread over
-    // the lanes). The parameters and their state are loaded first.
-    constexpr int ROWS_A_LANE = (BATCH + 31) / 32;
-    const int lane = threadIdx.x & 31;
-    for (int u = st.rank * WARPS + (threadIdx.x >> 5); u <= HIDDEN; u += BLOCKS * WARPS) {
-        const bool bias = u == HIDDEN;
-        const int at = bias ? P_B2 + lane : P_W2 + lane * HIDDEN + u, at_b1 = P_B1 + u;
-        Update::State state{}, state_b1{};
-        if (lane < CLASSES) state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
-        if (!bias && lane == 0) state_b1 = Update::State::of(__ldcg(params + at_b1), s1 + at_b1, s2 + at_b1, up.c.optimizer);
-        float g[CLASSES], g_b1 = 0.0f;
+    // W2, b2, b1: block q takes units u = 32q + lane (its lanes' h and dh loads coalesced, dz's a
+    // broadcast), warp w the rows [w·ROWS_A_WARP, (w + 1)·ROWS_A_WARP): a lane adds its rows' terms in
+    // order, dW2[j][u] = Σ_r dz[r][j]·h[r][u], db1[u] = Σ_r dh[r][u] and (block 0) db2[j] = Σ_r dz[r][j];
+    // then thread (p, lane) adds parameter p's sums over the warps in order and updates it.
+    constexpr int ROWS_A_WARP = (BATCH + WARPS - 1) / WARPS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int q = st.rank; q < UNIT_GROUPS; q += BLOCKS) {
+        const int u = 32 * q + lane;
+        float g_w2[CLASSES], g_b2[CLASSES], g_b1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) g[j] = 0.0f;
+        for (int j = 0; j < CLASSES; ++j) g_w2[j] = g_b2[j] = 0.0f;
+        const int first = warp * ROWS_A_WARP, last = min(st.rows, first + ROWS_A_WARP);
+#pragma unroll 16
+        for (int r = first; r < last; ++r) {
+            const float hu = u < HIDDEN ? __ldcg(ws.h + r * HIDDEN + u) : 0.0f;
+            if (u < HIDDEN) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
 #pragma unroll
-        for (int i = 0; i < ROWS_A_LANE; ++i) {  // (unrolled: every row's loads in flight at once)
-            const int r = lane + 32 * i;
-            if (r < st.rows) {
-                const float hu = bias ? 1.0f : __ldcg(ws.h + r * HIDDEN + u);
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j) g[j] = fmaf(__ldcg(ws.dz + r * CLASSES + j), hu, g[j]);
-                if (!bias) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
+            for (int j = 0; j < CLASSES; ++j) {
+                const float dz = __ldcg(ws.dz + r * CLASSES + j);
+                g_w2[j] = fmaf(dz, hu, g_w2[j]);
+                g_b2[j] += dz;
             }
         }
-        float mine = 0.0f;  // lane j's: W2[j][u]'s (or b2[j]'s) gradient
+        // The warps' sums added in ta in warp order (ta free after the products): [j][lane] W2[j][u]'s,
+        // [CLASSES][lane] b1[u]'s, then b2's (a warp's lanes' all alike: lane j's g_b2[j])
+        float* sums = s.ta;
+        for (int w = 0; w < WARPS; ++w) {
+            __syncthreads();  // (w = 0: ta's last readers are done; else warp w − 1's sums are in)
+            if (warp == w) {
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) {
-            const float sum = warp_sum(g[j]);
-            if (lane == j) mine = sum;
+                for (int j = 0; j < CLASSES; ++j) sums[j * 32 + lane] = w ? sums[j * 32 + lane] + g_w2[j] : g_w2[j];
+                sums[CLASSES * 32 + lane] = w ? sums[CLASSES * 32 + lane] + g_b1 : g_b1;
+#pragma unroll
+                for (int j = 0; j < CLASSES; ++j)
+                    if (lane == j) sums[(CLASSES + 1) * 32 + j] = w ? sums[(CLASSES + 1) * 32 + j] + g_b2[j] : g_b2[j];
+            }
         }
-        if (lane < CLASSES) __stcg(params + at, up.apply(state, mine, s1 + at, s2 + at));
-        if (!bias) {
-            g_b1 = warp_sum(g_b1);
-            if (lane == 0) __stcg(params + at_b1, up.apply(state_b1, g_b1, s1 + at_b1, s2 + at_b1));
+        __syncthreads();
+        for (int t = threadIdx.x; t < HEAD_SUMS; t += THREADS) {
+            // t < CLASSES·32: W2[j][v]; < (CLASSES + 1)·32: b1[v]; then b2[j] (block q = 0 only)
+            const int j = t >> 5, v = 32 * q + (t & 31);
+            const bool is_w2 = j < CLASSES, is_b1 = j == CLASSES && t < (CLASSES + 1) * 32;
+            if (is_w2 || is_b1 ? v >= HIDDEN : q != 0) continue;
+            const int at = is_w2 ? P_W2 + j * HIDDEN + v : is_b1 ? P_B1 + v : P_B2 + t - (CLASSES + 1) * 32;
+            const Update::State state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
+            __stcg(params + at, up.apply(state, sums[t], s1 + at, s2 + at));
         }
+        __syncthreads();  // (ta's sums read before the next group's or the next phase's writes)
     }
 }
 

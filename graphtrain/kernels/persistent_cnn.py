@@ -44,7 +44,7 @@ HEAD                  3: h = relu(the parts + b1), logits, softmax, dz and dh, a
 WAIT_HEAD             grid barrier after 3: dz, dh
 DW1                   4a: dW1 = dhᵀ·a2, the block's tiles, and W1's update
 DA2                   4b: da2 = dh·W1, the block's tiles
-HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates, a warp a unit
+HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates, a block 32 units
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
 BACKWARD_MAPS         5a: the block's samples' maps and argmaxes loaded, dp2 scattered into conv 2's output gradient
 CONV2_GRADS           5b: their conv 2 weight and bias gradients
