@@ -207,3 +207,17 @@ def test_every_part_of_fc1s_inputs_holds_some(flat_maps):
     shape = CnnShape(14, 4, 3, flat_maps, 3, 8, 10, 8, blocks=132)
     parts = shape.fc1_parts
     assert 1 <= parts and (parts - 1) * shape.fc1_part(parts) < shape.flat, (flat_maps, parts)
+
+
+def test_the_speedrun_kernel_does_not_spill(nvrtc_available):
+    """The speedrun's one-pass build keeps its registers (ptxas): its products' ring of PREFETCH
+    chunks and phase 4's preloaded optimizer state sit near the 255-register bound, where chunks of
+    64 k-values, or 6 of 32 in flight, spilled."""
+    import re
+
+    from graphtrain.libs.nvrtc import ptxas_report
+
+    shape = CnnShape(28, 24, 5, 32, 3, 256, 10, 256)
+    log = ptxas_report(PersistentCnn.source(), "persistent_cnn.cu", "sm_90", [f"-D{k}={v}" for k, v in shape.defines.items()])
+    spills = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", log, re.S)
+    assert {name for name, _ in spills} >= {"cnn_epoch", "cnn_evaluate"} and all(int(n) == 0 for _, n in spills), spills
