@@ -701,7 +701,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
     // W2, b2, b1: block q takes units u = 32q + lane (its lanes' h and dh loads coalesced, dz's a
     // broadcast), warp w the rows [w·ROWS_A_WARP, (w + 1)·ROWS_A_WARP): a lane adds its rows' terms in
     // order, dW2[j][u] = Σ_r dz[r][j]·h[r][u], db1[u] = Σ_r dh[r][u] and (block 0) db2[j] = Σ_r dz[r][j];
-    // then thread (p, lane) adds parameter p's sums over the warps in order and updates it.
+    // then the warps' sums are added in warp order, and a thread a parameter updates it.
     constexpr int ROWS_A_WARP = (BATCH + WARPS - 1) / WARPS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int q = st.rank; q < UNIT_GROUPS; q += BLOCKS) {
