@@ -68,15 +68,6 @@ HEURISTIC_RESULTS = 8
 # answers for 64 (scripts/probes/lt_algo_choice.py times each candidate at 1 and 64 products).
 HEURISTIC_BATCH = 4
 PACK_BATCH = 64
-# Where the rule's algorithm is measured to cost a pack far more than another of the heuristic's
-# answers costs one model alone, that other: (algorithm id, tile id, stages id) by GPU architecture
-# and shape, taken where the heuristic proposes it for HEURISTIC_BATCH or PACK_BATCH products (the
-# first such answer; the rule's where it proposes none). The speedrun cnn's hidden layer on an H200,
-# cuBLAS 13.1 (scripts/probes/lt_algo_choice.py, µs at 1 and 64 products; the rule's in brackets):
-#   weight gradient (TN 256×800×256)  6.31, 55.85  [4.93, 67.45]
-#   input gradient  (NN 256×800×256)  6.03, 45.59  [4.92, 65.21]
-# (its forward product, NT 256×256×800, keeps the rule's: 5.89, 40.02).
-PREFERRED_CONFIGS: dict[str, dict[GemmShape, tuple[int, int, int]]] = {}  # filled below GemmShape
 
 _int, _ptr, _size, _u64, _i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
 
@@ -311,9 +302,19 @@ class GemmShape:
         return tuple(cols * ld for _, _, cols, ld in self.layouts())
 
 
-PREFERRED_CONFIGS["sm_90"] = {
-    GemmShape(True, False, 256, 800, 256, 256, 800, 800, "tf32"): (21, 17, 9),
-    GemmShape(False, False, 256, 800, 256, 256, 800, 800, "tf32"): (43, 18, 34),
+# Where the rule's algorithm is measured to cost a pack far more than another of the heuristic's
+# answers costs one model alone, that other: (algorithm id, tile id, stages id) by GPU architecture
+# and shape, taken where the heuristic proposes it for HEURISTIC_BATCH or PACK_BATCH products (the
+# first such answer; the rule's where it proposes none). The speedrun cnn's hidden layer on an H200,
+# cuBLAS 13.1 (scripts/probes/lt_algo_choice.py, µs at 1 and 64 products; the rule's in brackets):
+#   weight gradient (TN 256×800×256)  6.31, 55.85  [4.93, 67.45]
+#   input gradient  (NN 256×800×256)  6.03, 45.59  [4.92, 65.21]
+# (its forward product, NT 256×256×800, keeps the rule's: 5.89, 40.02).
+PREFERRED_CONFIGS: dict[str, dict[GemmShape, tuple[int, int, int]]] = {
+    "sm_90": {
+        GemmShape(True, False, 256, 800, 256, 256, 800, 800, "tf32"): (21, 17, 9),
+        GemmShape(False, False, 256, 800, 256, 256, 800, 800, "tf32"): (43, 18, 34),
+    },
 }
 
 
@@ -366,16 +367,19 @@ def _ranked_for(lt: Lt, shape: GemmShape, batch: int) -> list[Algo]:
         probe.close()
 
 
+def _config_attribute(lt: Lt, algo: Algo, attr: int) -> int:
+    """One of `algo`'s configuration attributes (each a 32-bit value)."""
+    value, written = ctypes.c_uint32(), ctypes.c_size_t()
+    library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                               ctypes.sizeof(value), ctypes.byref(written)),
+                  f"cublasLtMatmulAlgoConfigGetAttribute({attr})")
+    return value.value
+
+
 def algo_config(lt: Lt, algo: Algo) -> tuple[int, int, int]:
     """(algorithm id, tile id, stages id) of `algo`: what PREFERRED_CONFIGS names."""
-    values = []
-    for attr in (ALGO_CONFIG_ID, ALGO_CONFIG_TILE_ID, ALGO_CONFIG_STAGES_ID):
-        value, written = ctypes.c_uint32(), ctypes.c_size_t()
-        library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
-                                                                   ctypes.sizeof(value), ctypes.byref(written)),
-                      f"cublasLtMatmulAlgoConfigGetAttribute({attr})")
-        values.append(value.value)
-    return tuple(values)
+    return tuple(_config_attribute(lt, algo, attr)
+                 for attr in (ALGO_CONFIG_ID, ALGO_CONFIG_TILE_ID, ALGO_CONFIG_STAGES_ID))
 
 
 def choose_algo(lt: Lt, shape: GemmShape) -> Algo:
@@ -387,18 +391,14 @@ def choose_algo(lt: Lt, shape: GemmShape) -> Algo:
     nothing a run's packing changes."""
     ranked, for_pack = _ranked_for(lt, shape, HEURISTIC_BATCH), _ranked_for(lt, shape, PACK_BATCH)
     preferred = PREFERRED_CONFIGS.get(lt.arch, {}).get(shape)
-    algo = next((algo for algo in ranked + for_pack if algo_config(lt, algo) == preferred), None)
+    algo = preferred and next((algo for algo in ranked + for_pack if algo_config(lt, algo) == preferred), None)
     if algo is None:
         packed = {bytes(algo) for algo in for_pack}
         algo = next((algo for algo in ranked if bytes(algo) in packed), ranked[0])
     # Mask 0 admits only algorithms without a reduction, so one split; checked, as the bits rest on it.
-    splits, written = ctypes.c_uint32(), ctypes.c_size_t()
-    library.check(lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), ALGO_CONFIG_SPLITK_NUM,
-                                                               ctypes.byref(splits), ctypes.sizeof(splits),
-                                                               ctypes.byref(written)),
-                  f"cublasLtMatmulAlgoConfigGetAttribute({ALGO_CONFIG_SPLITK_NUM})")
-    if splits.value != 1:
-        raise AlgoNotApplicableError(f"cuBLASLt's algorithm for {shape} splits K in {splits.value} despite "
+    splits = _config_attribute(lt, algo, ALGO_CONFIG_SPLITK_NUM)
+    if splits != 1:
+        raise AlgoNotApplicableError(f"cuBLASLt's algorithm for {shape} splits K in {splits} despite "
                                      f"a reduction mask of none")
     return algo
 

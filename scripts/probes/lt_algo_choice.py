@@ -67,12 +67,7 @@ def candidates(lt, shape):
 
 
 def config_of(lt, algo):
-    out = []
-    for attr in (0, 1, 6, 8):  # ID, TILE_ID, STAGES_ID, CLUSTER_SHAPE_ID
-        v, w = ctypes.c_uint32(), ctypes.c_size_t()
-        lt.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), 4, ctypes.byref(w))
-        out.append(v.value)
-    return "id {} tile {} stages {} cluster {}".format(*out)
+    return "id {} tile {} stages {}".format(*cublaslt.algo_config(lt, algo))
 
 
 seen = set()
