@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+# XLA picks a convolution's cuDNN algorithm by timing the candidates, afresh in each process; the
+# JAX peers' tests compare a vmapped pack with the same model jitted alone, and two timings can pick
+# algorithms that round differently. With autotuning off XLA takes the same algorithm every run.
+# Set before any test imports jax.
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), "--xla_gpu_autotune_level=0"]))
+
 
 def is_gpu_file(path) -> bool:
     return Path(str(path)).name.endswith("_gpu.py")
