@@ -10,7 +10,9 @@
 // __threadfence is) on either side: the release fence and the acquiring load are all the order needs.
 // grid_arrive and grid_wait are its two halves, for a block with work of its own between them (work
 // that no other block reads before a later barrier): grid_wait(counter, grid_arrive(counter)) is
-// grid_sync(counter). The arrival's target is thread 0's alone.
+// grid_sync(counter). The arrival's target is thread 0's alone. (An arrival that returns nothing, a
+// red with thread 0 counting the rounds itself, so that it polls at once, made the 784³ MLP's epoch
+// slower on an H200, scripts/benchmarks/epoch_ab.py --only persistent: kept as an atomic.)
 __device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
     __syncthreads();
     unsigned long long target = 0;

@@ -5,9 +5,9 @@ both), round 0 warming the kernel caches and not reported.
 
     python3 scripts/benchmarks/epoch_ab.py BEFORE_TREE AFTER_TREE [--rounds 2] [--json F] [--only TEXT]
 
-Runs: the speedrun cnn on graphs and device-loop, softmax regression (jhu) on graphs, fused, bf16,
-device-loop and persistent, and the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on graphs, bf16
-and device-loop. Printed: per run and tree the record's median epoch ms over the rounds (each
+Runs: the speedrun cnn on graphs, device-loop and persistent, softmax regression (jhu) on graphs, fused, bf16,
+device-loop and persistent, and the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on graphs, bf16,
+device-loop and persistent. Printed: per run and tree the record's median epoch ms over the rounds (each
 round's record: the median of its second half of epochs), and after/before. GRAPHTRAIN_DATA names
 MNIST's folder (an absolute path: each run starts inside its tree).
 """
@@ -30,9 +30,11 @@ RUNS = {
     "jhu softmax, bf16": "--preset jhu --stage bf16",
     "jhu softmax, device-loop": "--preset jhu --stage device-loop",
     "jhu softmax, persistent": "--preset jhu --stage persistent",
+    "speedrun cnn, persistent": "--preset speedrun --stage persistent",
     "784³ MLP, graphs": "--preset jhu --hidden 784,784,784 --epochs 5 --stage graphs",
     "784³ MLP, bf16": "--preset jhu --hidden 784,784,784 --epochs 5 --stage bf16",
     "784³ MLP, device-loop": "--preset jhu --hidden 784,784,784 --epochs 5 --stage device-loop",
+    "784³ MLP, persistent": "--preset jhu --hidden 784,784,784 --epochs 5 --stage persistent",
 }
 
 
