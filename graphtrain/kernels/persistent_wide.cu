@@ -220,8 +220,8 @@ __device__ __forceinline__ void staged_fragments(unsigned (&a)[MT][4], const bf1
 template <int WIDTH>
 struct ExchangedRows {
     const bf16_bits* base;
-    __device__ __forceinline__ const bf16_bits* at(int r, int k) const {
-        return base + (k / WIDTH) * (ROWS16 * WIDTH) + r * WIDTH + k % WIDTH;
+    __device__ __forceinline__ const bf16_bits* at(int r, int k) const {  // (unsigned: k / WIDTH a shift)
+        return base + (unsigned)k / WIDTH * (ROWS16 * WIDTH) + r * WIDTH + (unsigned)k % WIDTH;
     }
     __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
         const int lane = threadIdx.x & 31, h = lane & 1;
@@ -231,13 +231,15 @@ struct ExchangedRows {
             copy16_async_or_zero(slab + 16 * r + 8 * h, at(r, 16 * ks + 8 * h), 16);
         }
     }
+    // One address a k-step, row g's: the other rows' loads lie a constant distance from it (an immediate
+    // offset in each load; from row 0's address, the compiler spent four 64-bit adds on each load's).
     __device__ __forceinline__ void load(unsigned (&a)[MT][4], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
-        const bf16_bits* p = at(0, k);
+        const bf16_bits* p = at(g, k);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-            a_fragment(a[mt], __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g) * WIDTH)),
-                       __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + g + 8) * WIDTH)));
+            a_fragment(a[mt], __ldcg(reinterpret_cast<const uint2*>(p + 16 * mt * WIDTH)),
+                       __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + 8) * WIDTH)));
     }
 };
 typedef ExchangedRows<UNITS> HiddenRows;           // h_l, dh_l
