@@ -160,7 +160,7 @@ struct Workspace {
     bf16_bits* x;                 // [2][FEATURE_STRIDE / 16][ROWS16][16] x of the steps, by step parity
     bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
     bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
-    bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD][HIDDEN_PAD]  W_l, l ≥ 2, by step parity
+    bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD²]         W_l, l ≥ 2, by step parity (published_at)
     float* partials;              // [BATCH][BLOCKS][CLASSES]          P_c, the head's partial logits, by row
     float* dz;                    // [BATCH][CLASSES]                  dlogits
 };
@@ -177,6 +177,14 @@ __device__ __forceinline__ bf16_bits* act_of(const Workspace& ws, int l) { retur
 __device__ __forceinline__ bf16_bits* grad_of(const Workspace& ws, int l) { return ws.grad + (l - 2) * BLOCKS * PIECE; }
 __device__ __forceinline__ bf16_bits* wg_of(const Workspace& ws, int l, int parity) {
     return ws.wg + (long long)((l - 2) * 2 + parity) * HIDDEN_PAD * HIDDEN_PAD;
+}
+// A published copy of W_l is laid out for the forward's B fragments: each block's rows (its outputs U_c)
+// a tile of their own, k-step after k-step, W_l[o][k] at published_at(o, k), so that a warp's B load
+// (units 8n + g, inputs k .. k + 3 of a k-step) reads 256 contiguous bytes, not a sector of each of
+// eight rows. (A block's inputs U_c of a row, which its update writes, lie in one k-step:
+// published_at(o, u0 + j) = published_at(o, j) + published_at(0, u0) for j < UNITS.)
+__device__ __forceinline__ int published_at(int o, int k) {
+    return ((unsigned)o / UNITS * H_KSTEPS + (unsigned)k / 16) * (UNITS * 16) + (unsigned)o % UNITS * 16 + (unsigned)k % 16;
 }
 __device__ __forceinline__ float* wc_of(const Smem& s, int l) { return s.wc + (l - 2) * UNITS * WC_STRIDE; }
 __device__ __forceinline__ bf16_bits* ht_of(const Smem& s, int l) { return s.ht + (l - 1) * UNITS * HT_STRIDE; }
@@ -283,13 +291,13 @@ struct MasterWeights {
         }
     }
 };
-// B fragments from a published bf16 copy of W_l (HIDDEN_PAD × HIDDEN_PAD, row-major), at the block's rows;
-// staged, unit u's 16 inputs of the k-step at slab[SLAB_ROWS + 16u ..] (lanes 2u, 2u + 1 copy them).
+// B fragments from a published bf16 copy of W_l (published_at's layout), at the block's rows; staged, unit
+// u's 16 inputs of the k-step at slab[SLAB_ROWS + 16u ..] (lanes 2u, 2u + 1 copy them).
 struct PublishedWeights {
-    const bf16_bits* rows;  // W_l[u0, 0]
+    const bf16_bits* rows;  // the block's tile: W_l[u0 + u][k] at rows[published_at(u, k)]
     __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
         const int lane = threadIdx.x & 31, u = lane >> 1, h = lane & 1;
-        if (u < UNITS) copy16_async_or_zero(slab + SLAB_ROWS + 16 * u + 8 * h, rows + u * HIDDEN_PAD + 16 * ks + 8 * h, 16);
+        if (u < UNITS) copy16_async_or_zero(slab + SLAB_ROWS + 16 * u + 8 * h, rows + published_at(u, 16 * ks + 8 * h), 16);
     }
     __device__ __forceinline__ void load_staged(unsigned (&b)[NT][2], const bf16_bits* slab, int k) const {
         const int g = (threadIdx.x & 31) >> 2;
@@ -304,7 +312,7 @@ struct PublishedWeights {
         const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const uint2 v = __ldcg(reinterpret_cast<const uint2*>(rows + (8 * n + g) * HIDDEN_PAD + k));
+            const uint2 v = __ldcg(reinterpret_cast<const uint2*>(rows + published_at(8 * n + g, k)));
             b[n][0] = v.x;
             b[n][1] = v.y;
         }
@@ -423,7 +431,7 @@ __device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& row
 // The update of fp32 master weights w[j][i] (unit-major, `stride`) from G = rowsᵀ · bt over the batch
 // (i = the inputs of warp w's k-steps, j = the block's units: G[i][j] = Σ_r rows[r][i] · bt[j][r]),
 // w −= lr · G; with DX also acc = rows · wᵀ (the weights before the update, as forward_product), and
-// with `published` the new weights as bf16 at published[i·HIDDEN_PAD + j].
+// with `published` the new weights as bf16 at published[published_at(i, j)].
 // G's A operand is rows' fragments as loaded for acc, each 8×8 quarter transposed (movmatrix): the
 // quarter a[q] holds M[ρ][c] = rows[16mt + ρ (+8)][k0 + kmap(c) (+2)], kmap(c) = 4⌊c/2⌋ + c mod 2, so
 // its transpose is M[c][ρ] (m = input slot c, k = row ρ): {T(a[0]), T(a[2]), T(a[1]), T(a[3])} is the
@@ -471,8 +479,8 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
             const float n02 = fmaf(-lr, grad[0][n][2], *w02), n12 = fmaf(-lr, grad[0][n][3], *w12);
             *w00 = n00; *w10 = n10; *w02 = n02; *w12 = n12;
             if (published != nullptr) {
-                __stcg(reinterpret_cast<unsigned*>(published + i * HIDDEN_PAD + j), bf16x2(n00, n10));
-                __stcg(reinterpret_cast<unsigned*>(published + (i + 2) * HIDDEN_PAD + j), bf16x2(n02, n12));
+                __stcg(reinterpret_cast<unsigned*>(published + published_at(i, j)), bf16x2(n00, n10));
+                __stcg(reinterpret_cast<unsigned*>(published + published_at(i + 2, j)), bf16x2(n02, n12));
             }
         }
     });
@@ -689,7 +697,7 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& w
     float acc[MT][NT][4];
     const bf16_bits* ht = ht_of(s, l - 1);
     update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
-                         wg_of(ws, l, (st.step + 1) & 1) + st.rank * UNITS, acc);
+                         wg_of(ws, l, (st.step + 1) & 1) + published_at(0, st.rank * UNITS), acc);
     PHASE_END(probes, BACKWARD_PRODUCTS, l);
     sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;  // (h_{l−1} as bf16 is > 0 where it is: [h > 0], the ReLU's mask)
@@ -723,12 +731,12 @@ __device__ void load_parameters(const Smem& s, const Workspace& ws, const unsign
     }
     for (int l = 2; l <= LAYERS; ++l) {
         float* wc = wc_of(s, l);
-        bf16_bits* published = wg_of(ws, l, 0) + u0;  // step 0's forward reads this copy
+        bf16_bits* published = wg_of(ws, l, 0) + published_at(0, u0);  // step 0's forward reads this copy
         for (int i = tid; i < WC_STRIDE * UNITS; i += THREADS) {
             const int k = i / UNITS, j = i - k * UNITS;  // (j fastest: a row's units are adjacent in global memory)
             const float v = k < HIDDEN && u0 + j < HIDDEN ? w[l - 1][(long long)k * HIDDEN + u0 + j] : 0.0f;
             *master_at(wc, WC_STRIDE, j, k) = v;
-            if (k < HIDDEN_PAD) published[k * HIDDEN_PAD + j] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
+            if (k < HIDDEN_PAD) published[published_at(k, j)] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
         }
     }
     for (int i = tid; i < CLASSES * UNITS; i += THREADS) {
@@ -792,7 +800,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
             grid_sync(ws.barrier);  // h_{l−1} of every block published
             PROBE_END(probes, WAIT_FORWARD, l - 1);
             forward_layer(s, ws, st, l, HiddenRows{act_of(ws, l - 1)},
-                          PublishedWeights{wg_of(ws, l, step & 1) + (long long)u0 * HIDDEN_PAD}, H_KSTEPS, 1.0f, probes);
+                          PublishedWeights{wg_of(ws, l, step & 1) + published_at(u0, 0)}, H_KSTEPS, 1.0f, probes);
         }
         head_partials(s, ws, st);
         PHASE_END(probes, HEAD_PARTIALS, 0);

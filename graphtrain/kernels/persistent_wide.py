@@ -29,10 +29,11 @@ DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured
 # The registers build's k-steps of operand loads in flight beyond the one multiplying (a ring of
 # fragments in registers, PREFETCH in the kernel): each adds a k-step's fragments to a thread's
 # registers (32 at batch 128) and hides one more L2 round trip of a product's ~7. The same sums.
-# Three: the deepest whose build does not spill at 784 and 1024 units, batch 128 (250 registers a
-# thread; four spill: scripts/probes/persistent_wide_registers.py); the phase probe's --prefetch
-# columns time the depths against each other.
-DEFAULT_PREFETCH = 3
+# Two: three is the deepest whose build does not spill at 784 and 1024 units, batch 128 (four spill:
+# scripts/probes/persistent_wide_registers.py), but once each load took one address a k-step its
+# 784³ epoch took longer than two's on an H200 (scripts/benchmarks/epoch_ab.py, a tree of each); the
+# phase probe's --prefetch columns time the depths against each other.
+DEFAULT_PREFETCH = 2
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
