@@ -7,7 +7,7 @@ both), round 0 warming the kernel caches and not reported.
 
 Runs: the speedrun cnn on graphs, device-loop and persistent, softmax regression (jhu) on graphs, fused, bf16,
 device-loop and persistent, and the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on graphs, bf16,
-device-loop and persistent. Printed: per run and tree the record's median epoch ms over the rounds (each
+device-loop and persistent, and cuda-mnist's MLPs of 512 and 1024 units on persistent. Printed: per run and tree the record's median epoch ms over the rounds (each
 round's record: the median of its second half of epochs), and after/before. GRAPHTRAIN_DATA names
 MNIST's folder (an absolute path: each run starts inside its tree).
 """
@@ -35,6 +35,8 @@ RUNS = {
     "784³ MLP, bf16": "--preset jhu --hidden 784,784,784 --epochs 5 --stage bf16",
     "784³ MLP, device-loop": "--preset jhu --hidden 784,784,784 --epochs 5 --stage device-loop",
     "784³ MLP, persistent": "--preset jhu --hidden 784,784,784 --epochs 5 --stage persistent",
+    "cuda-mnist 512³ MLP, persistent": "--preset cuda-mnist --hidden 512,512,512 --stage persistent",
+    "cuda-mnist 1024³ MLP, persistent": "--preset cuda-mnist --stage persistent",
 }
 
 
