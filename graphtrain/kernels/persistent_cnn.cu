@@ -110,6 +110,9 @@
 #if 2 * STAGE_FLOATS < HEAD_SUMS
 #error "persistent_cnn.cu: phase 4 adds the head's gradients in ta, which must hold HEAD_SUMS values"
 #endif
+#if THREADS % KC != 0 || THREADS % TILE != 0
+#error "persistent_cnn.cu: a thread's staged values must lie a whole number of rows (or inputs) apart"
+#endif
 #if TILE * STAGE_STRIDE < THREADS
 #error "persistent_cnn.cu: phase 6 adds its parts' sums in ta, which must hold a value a thread"
 #endif
@@ -248,12 +251,22 @@ struct Operand {
     // Where value (m, k) of the tile lies in its staged buffer (STAGE_STRIDE above).
     __device__ __forceinline__ int staged(int m, int k) const { return k_fast ? m * STAGE_STRIDE + k : k * STAGE_ROWS + m; }
     // The tile's rows m0.. and inputs k0.. (staged at staged(m − m0, k − k0)): load()
-    // issues a thread's STAGED loads into registers, store() puts them in the staged tile.
+    // issues a thread's STAGED loads into registers, store() puts them in the staged tile. Value j of
+    // a thread is element e = tid + j·THREADS: (m, k) = (e / KC, e mod KC) k-fast, else (e mod TILE,
+    // e / TILE), so j moves m (or k) on by THREADS / KC (or THREADS / TILE) and the loads lie a constant
+    // distance apart. A chunk inside the operand (most) loads without bounds, from one address (an
+    // immediate offset each): per value, at()'s bounds and 64-bit address cost a load six instructions.
     __device__ __forceinline__ void load(float (&v)[STAGED], int m0, int k0) const {
+        const int mi = k_fast ? threadIdx.x / KC : threadIdx.x % TILE, ki = k_fast ? threadIdx.x % KC : threadIdx.x / TILE;
+        if (m0 + TILE <= rows && k0 + KC <= ks) {
+            const float* first = p + (m0 + mi) * sm + (k0 + ki) * sk;  // (an operand's offsets fit an int)
+            const int step = k_fast ? THREADS / KC * sm : THREADS / TILE * sk;
 #pragma unroll
-        for (int j = 0; j < STAGED; ++j) {
-            const int e = threadIdx.x + j * THREADS;
-            v[j] = at(m0 + (k_fast ? e / KC : e % TILE), k0 + (k_fast ? e % KC : e / TILE));
+            for (int j = 0; j < STAGED; ++j) v[j] = __ldcg(first + j * step);
+        } else {
+#pragma unroll
+            for (int j = 0; j < STAGED; ++j)
+                v[j] = k_fast ? at(m0 + mi + j * (THREADS / KC), k0 + ki) : at(m0 + mi, k0 + ki + j * (THREADS / TILE));
         }
     }
     __device__ __forceinline__ void store(float* t, const float (&v)[STAGED]) const {
