@@ -5,10 +5,11 @@ both), round 0 warming the kernel caches and not reported.
 
     python3 scripts/benchmarks/epoch_ab.py BEFORE_TREE AFTER_TREE [--rounds 2] [--json F] [--only TEXT]
 
-Runs: the speedrun cnn on graphs, device-loop and persistent, softmax regression (jhu) on graphs, fused, bf16,
-device-loop and persistent, and the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on graphs, bf16,
-device-loop and persistent, and cuda-mnist's MLPs of 512 and 1024 units on persistent. Printed: per run and tree the record's median epoch ms over the rounds (each
-round's record: the median of its second half of epochs), and after/before. GRAPHTRAIN_DATA names
+Runs: the speedrun cnn on graphs, device-loop and persistent; softmax regression (jhu) on graphs,
+fused, bf16, device-loop and persistent; the 784³ MLP (jhu --hidden 784,784,784, 5 epochs) on
+graphs, bf16, device-loop and persistent; cuda-mnist's MLPs of 512 and 1024 units on persistent.
+Printed: per run and tree the record's median epoch ms over the rounds (each round's record: the
+median of its second half of epochs), and after/before. GRAPHTRAIN_DATA names
 MNIST's folder (an absolute path: each run starts inside its tree).
 """
 
