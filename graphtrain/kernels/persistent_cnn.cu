@@ -17,8 +17,9 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     block q (< ⌈HIDDEN/32⌉) units 32q .. 32q + 31, W2's columns and b1's units (block 0 b2 too):
-//     their gradients (each warp's rows in order, then the warps in order) and updates
+//     the last blocks (those without an extra tile) W2's columns and b1's units, HEAD_UNITS a group
+//     (group 0 b2 too): their gradients (a thread its rows in order, a warp's lanes, then the warps in
+//     order) and updates
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -97,8 +98,13 @@
 #define FC1_TILES (ROW_TILES * UNIT_TILES)
 #define DW1_TILES (UNIT_TILES * FLAT_TILES)
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
-#define UNIT_GROUPS ((HIDDEN + 31) / 32)  // phase 4's head gradients: a block 32 units
-#define HEAD_SUMS ((CLASSES + 1) * 32 + CLASSES)  // their sums over the rows, in ta
+// Phase 4's head gradients: groups of HEAD_UNITS units over the HEAD_BLOCKS last blocks, those past
+// the blocks with an extra tile of dW1 or da2 (all of them where the tiles share out evenly)
+#define HEAD_UNITS 4
+#define HEAD_GROUPS ((HIDDEN + HEAD_UNITS - 1) / HEAD_UNITS)
+#define EXTRA_TILES (DW1_TILES % BLOCKS > DA2_TILES % BLOCKS ? DW1_TILES % BLOCKS : DA2_TILES % BLOCKS)
+#define HEAD_BLOCKS (BLOCKS - EXTRA_TILES)
+#define HEAD_VALUES ((CLASSES + 1) * HEAD_UNITS)  // a group's W2 and b1 sums (b2's CLASSES after them)
 
 // In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
@@ -107,8 +113,8 @@
 #if SMEM_TB - SMEM_TA < 2 * STAGE_FLOATS * 4
 #error "persistent_cnn.cu: the layout table's ta region is smaller than two staged tiles"
 #endif
-#if 2 * STAGE_FLOATS < HEAD_SUMS
-#error "persistent_cnn.cu: phase 4 adds the head's gradients in ta, which must hold HEAD_SUMS values"
+#if 2 * STAGE_FLOATS < WARPS * (HEAD_VALUES + CLASSES) || HEAD_VALUES + CLASSES > THREADS
+#error "persistent_cnn.cu: phase 4 adds the head's gradients in ta (every warp's HEAD_VALUES + CLASSES), a thread a value"
 #endif
 #if THREADS % KC != 0 || THREADS % TILE != 0
 #error "persistent_cnn.cu: a thread's staged values must lie a whole number of rows (or inputs) apart"
@@ -347,6 +353,28 @@ __device__ __forceinline__ void tile_place(int m0, int n0, int i, int& m, int& n
     n = n0 + 8 * (warp >> 1) + 2 * (lane & 3) + (i & 1);
 }
 
+// dst[i] = load(i) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
+// before their stores (in a strided loop, whose trip count the compiler does not know, it waits on each
+// load in turn: an L2 round trip an element).
+template <int COUNT, typename T, typename Load>
+__device__ __forceinline__ void stage_batched(T* dst, Load load) {
+    constexpr int TRIPS = (COUNT + THREADS - 1) / THREADS, AHEAD = 8;
+#pragma unroll
+    for (int j0 = 0; j0 < TRIPS; j0 += AHEAD) {
+        T v[AHEAD];
+#pragma unroll
+        for (int j = 0; j < AHEAD; ++j) {
+            const int i = threadIdx.x + (j0 + j) * THREADS;
+            if (j0 + j < TRIPS && i < COUNT) v[j] = load(i);
+        }
+#pragma unroll
+        for (int j = 0; j < AHEAD; ++j) {
+            const int i = threadIdx.x + (j0 + j) * THREADS;
+            if (j0 + j < TRIPS && i < COUNT) dst[i] = v[j];
+        }
+    }
+}
+
 // ---- phase 1: a sample's convolutions ------------------------------------------------------------
 struct Step {
     int step, rows, rank;
@@ -542,7 +570,7 @@ __device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* 
 __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
     const float* image = images + (long long)sample * PIX;
 #if PASSES == 1
-    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = tf32_value(__ldg(image + i));
+    stage_batched<PIX>(s.x, [&](int i) { return tf32_value(__ldg(image + i)); });
     __syncthreads();
     conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1,
                                                                  ws.a1 + (long long)r * A1, ws.arg1 + (long long)r * A1);
@@ -551,7 +579,7 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
                                                                    s.arg2, ws.a2 + (long long)r * FLAT,
                                                                    ws.arg2 + (long long)r * A2);
 #else
-    for (int i = threadIdx.x; i < PIX; i += THREADS) s.x[i] = __ldg(image + i);
+    stage_batched<PIX>(s.x, [&](int i) { return __ldg(image + i); });
     __syncthreads();
     conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1,
                                                         ws.arg1 + (long long)r * A1);
@@ -564,7 +592,7 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
 
 // The conv parameters staged (and, in one pass, phase 1's B fragments of them).
 __device__ void load_conv(const Smem& s, const float* params) {
-    for (int i = threadIdx.x; i < NCONV; i += THREADS) s.conv[i] = __ldcg(params + i);
+    stage_batched<NCONV>(s.conv, [&](int i) { return __ldcg(params + i); });
     __syncthreads();
 #if PASSES == 1
     stage_conv_fragments(s);
@@ -675,6 +703,69 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 }
 
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
+// W2, b2, b1: HEAD_UNITS units a group, group q (units HEAD_UNITS·q ..) on block BLOCKS − 1 − q mod
+// HEAD_BLOCKS: the last blocks, which hold the fewest of the product tiles above, so that the head's
+// sums pass under block 0's extra tiles. Thread i adds rows i, i + THREADS, … in order,
+//   dW2[j][u] = Σ_r dz[r][j]·h[r][u],  db1[u] = Σ_r dh[r][u],  db2[j] = Σ_r dz[r][j] (group 0),
+// a row's h, dh and dz loads all in flight at once; then each warp's lanes are added by a butterfly
+// (every lane the same bits), the warps' totals in warp order, and a thread a parameter updates it.
+__device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
+                               const Update& up) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = BLOCKS - 1 - st.rank;
+    if (slot >= HEAD_BLOCKS) return;
+    for (int q = slot; q < HEAD_GROUPS; q += HEAD_BLOCKS) {
+        const int u0 = HEAD_UNITS * q, values = q == 0 ? HEAD_VALUES + CLASSES : HEAD_VALUES;
+        // the parameters' values and state first (their round trip under the sums): thread t < values
+        // updates sum t, [j·HEAD_UNITS + i]: W2[j][u0 + i]; [CLASSES·HEAD_UNITS + i]: b1[u0 + i]; then b2[j]
+        const int t = threadIdx.x;
+        int at = -1;
+        if (t < values) {
+            const int j = t / HEAD_UNITS, i = t - j * HEAD_UNITS;
+            if (t < CLASSES * HEAD_UNITS) at = u0 + i < HIDDEN ? P_W2 + j * HIDDEN + u0 + i : -1;
+            else if (t < HEAD_VALUES) at = u0 + i < HIDDEN ? P_B1 + u0 + i : -1;
+            else at = P_B2 + t - HEAD_VALUES;
+        }
+        Update::State state{};
+        if (at >= 0) state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
+        float g[HEAD_VALUES + CLASSES];  // W2's, b1's, b2's sums, as above
+#pragma unroll
+        for (int v = 0; v < HEAD_VALUES + CLASSES; ++v) g[v] = 0.0f;
+#pragma unroll 1
+        for (int r = threadIdx.x; r < st.rows; r += THREADS) {  // (one trip at BATCH ≤ THREADS)
+            float hu[HEAD_UNITS], dz[CLASSES];
+#pragma unroll
+            for (int i = 0; i < HEAD_UNITS; ++i) {
+                const bool in = u0 + i < HIDDEN;
+                hu[i] = in ? __ldcg(ws.h + r * HIDDEN + u0 + i) : 0.0f;
+                g[CLASSES * HEAD_UNITS + i] += in ? __ldcg(ws.dh + r * HIDDEN + u0 + i) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) dz[j] = __ldcg(ws.dz + r * CLASSES + j);
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) {
+#pragma unroll
+                for (int i = 0; i < HEAD_UNITS; ++i) g[j * HEAD_UNITS + i] = fmaf(dz[j], hu[i], g[j * HEAD_UNITS + i]);
+                g[HEAD_VALUES + j] += dz[j];
+            }
+        }
+        float* sums = s.ta;  // [WARPS][HEAD_VALUES + CLASSES] (ta: free after the products)
+        __syncthreads();     // (its last readers, this block's products or the previous group's updates, are done)
+#pragma unroll
+        for (int v = 0; v < HEAD_VALUES + CLASSES; ++v) {
+            if (v >= values) break;  // (uniform: b2's sums in group 0 only)
+            const float total = warp_sum(g[v]);
+            if (lane == 0) sums[warp * (HEAD_VALUES + CLASSES) + v] = total;
+        }
+        __syncthreads();
+        if (at >= 0) {
+            float total = sums[t];
+#pragma unroll
+            for (int w = 1; w < WARPS; ++w) total += sums[w * (HEAD_VALUES + CLASSES) + t];
+            __stcg(params + at, up.apply(state, total, s1 + at, s2 + at));
+        }
+    }
+}
+
 __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
                                 const float* w1, float* w1_next, const Update& up, Probes& probes) {
     // dW1 = dhᵀ·a2, a tile of W1 and its update (the tile's weights and state loaded first)
@@ -711,55 +802,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
         }
     }
     PHASE_END(probes, DA2);
-    // W2, b2, b1: block q takes units u = 32q + lane (its lanes' h and dh loads coalesced, dz's a
-    // broadcast), warp w the rows [w·ROWS_A_WARP, (w + 1)·ROWS_A_WARP): a lane adds its rows' terms in
-    // order, dW2[j][u] = Σ_r dz[r][j]·h[r][u], db1[u] = Σ_r dh[r][u] and (block 0) db2[j] = Σ_r dz[r][j];
-    // then the warps' sums are added in warp order, and a thread a parameter updates it.
-    constexpr int ROWS_A_WARP = (BATCH + WARPS - 1) / WARPS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int q = st.rank; q < UNIT_GROUPS; q += BLOCKS) {
-        const int u = 32 * q + lane;
-        float g_w2[CLASSES], g_b2[CLASSES], g_b1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CLASSES; ++j) g_w2[j] = g_b2[j] = 0.0f;
-        const int first = warp * ROWS_A_WARP, last = min(st.rows, first + ROWS_A_WARP);
-#pragma unroll 16
-        for (int r = first; r < last; ++r) {
-            const float hu = u < HIDDEN ? __ldcg(ws.h + r * HIDDEN + u) : 0.0f;
-            if (u < HIDDEN) g_b1 += __ldcg(ws.dh + r * HIDDEN + u);
-#pragma unroll
-            for (int j = 0; j < CLASSES; ++j) {
-                const float dz = __ldcg(ws.dz + r * CLASSES + j);
-                g_w2[j] = fmaf(dz, hu, g_w2[j]);
-                g_b2[j] += dz;
-            }
-        }
-        // The warps' sums added in ta in warp order (ta free after the products): [j][lane] W2[j][u]'s,
-        // [CLASSES][lane] b1[u]'s, then b2's (a warp's lanes' all alike: lane j's g_b2[j])
-        float* sums = s.ta;
-        for (int w = 0; w < WARPS; ++w) {
-            __syncthreads();  // (w = 0: ta's last readers are done; else warp w − 1's sums are in)
-            if (warp == w) {
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j) sums[j * 32 + lane] = w ? sums[j * 32 + lane] + g_w2[j] : g_w2[j];
-                sums[CLASSES * 32 + lane] = w ? sums[CLASSES * 32 + lane] + g_b1 : g_b1;
-#pragma unroll
-                for (int j = 0; j < CLASSES; ++j)
-                    if (lane == j) sums[(CLASSES + 1) * 32 + j] = w ? sums[(CLASSES + 1) * 32 + j] + g_b2[j] : g_b2[j];
-            }
-        }
-        __syncthreads();
-        for (int t = threadIdx.x; t < HEAD_SUMS; t += THREADS) {
-            // t < CLASSES·32: W2[j][v]; < (CLASSES + 1)·32: b1[v]; then b2[j] (block q = 0 only)
-            const int j = t >> 5, v = 32 * q + (t & 31);
-            const bool is_w2 = j < CLASSES, is_b1 = j == CLASSES && t < (CLASSES + 1) * 32;
-            if (is_w2 || is_b1 ? v >= HIDDEN : q != 0) continue;
-            const int at = is_w2 ? P_W2 + j * HIDDEN + v : is_b1 ? P_B1 + v : P_B2 + t - (CLASSES + 1) * 32;
-            const Update::State state = Update::State::of(__ldcg(params + at), s1 + at, s2 + at, up.c.optimizer);
-            __stcg(params + at, up.apply(state, sums[t], s1 + at, s2 + at));
-        }
-        __syncthreads();  // (ta's sums read before the next group's or the next phase's writes)
-    }
+    head_gradients(s, ws, st, params, s1, s2, up);
 }
 
 // ---- phase 5: a sample's convolutions backward -------------------------------------------------------
@@ -880,28 +923,6 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
 
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
-// dst[i] = load(i) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
-// before their stores (in a strided loop, whose trip count the compiler does not know, it waits on each
-// load in turn: an L2 round trip an element).
-template <int COUNT, typename T, typename Load>
-__device__ __forceinline__ void stage_batched(T* dst, Load load) {
-    constexpr int TRIPS = (COUNT + THREADS - 1) / THREADS, AHEAD = 8;
-#pragma unroll
-    for (int j0 = 0; j0 < TRIPS; j0 += AHEAD) {
-        T v[AHEAD];
-#pragma unroll
-        for (int j = 0; j < AHEAD; ++j) {
-            const int i = threadIdx.x + (j0 + j) * THREADS;
-            if (j0 + j < TRIPS && i < COUNT) v[j] = load(i);
-        }
-#pragma unroll
-        for (int j = 0; j < AHEAD; ++j) {
-            const int i = threadIdx.x + (j0 + j) * THREADS;
-            if (j0 + j < TRIPS && i < COUNT) dst[i] = v[j];
-        }
-    }
-}
-
 // Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
 // weight gradients, its input gradient, conv 1's weight gradients (PHASE_END: the kernel's macro).
 __device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample,

@@ -21,8 +21,9 @@ THREADS = 256  # per block: eight warps, one m16n8 piece of a product's 32 × 32
 TILE = 32  # a product's tile of outputs a side (persistent_cnn.cu: one m16n8 piece a warp)
 KC = 32  # the k-values of a tile's operands staged at a time: fc1's 800 inputs in 25 chunks
 # The chunks of a tile's operands in flight in registers (persistent_cnn.cu's tile_product): 4 of 32
-# take 32 registers a thread, and the speedrun's builds spill none (ptxas; 6 spill 12–24 bytes beside
-# phase 4's preloaded optimizer state, and chunks of 64 k-values spill)
+# take 32 registers a thread (the speedrun's epoch build: 255 and 12 bytes of spill, its time the
+# fastest measured; 5 spill none but ran 3.6% slower, 6 spill 12–24 bytes beside phase 4's preloaded
+# optimizer state, and chunks of 64 k-values spill)
 PREFETCH = 4
 # fc1's inputs split over up to this many blocks a tile where the grid has blocks to spare (phase 2:
 # the speedrun's 64 tiles of 800 inputs leave 68 of 132 blocks idle), the parts added by phase 3
@@ -44,7 +45,7 @@ HEAD                  3: h = relu(the parts + b1), logits, softmax, dz and dh, a
 WAIT_HEAD             grid barrier after 3: dz, dh
 DW1                   4a: dW1 = dhᵀ·a2, the block's tiles, and W1's update
 DA2                   4b: da2 = dh·W1, the block's tiles
-HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates, a block 32 units
+HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates (the last blocks': block 0's where it has no extra tile)
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
 BACKWARD_MAPS         5a: the block's samples' maps and argmaxes loaded, dp2 scattered into conv 2's output gradient
 CONV2_GRADS           5b: their conv 2 weight and bias gradients
