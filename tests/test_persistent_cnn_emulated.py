@@ -82,10 +82,14 @@ CASES = {
     # one pass, conv 1's 44 maps × 3 rows of taps past half the block's threads: phase 5's conv 1
     # weight gradients in one part, not two halves
     "wide-conv1": (CnnShape(14, 44, 3, 6, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
+    # the maps phase 5 reads kept in shared memory for one of a block's two samples, the other's
+    # written to the workspace in phase 1 and staged from it (every other case keeps all its maps)
+    "one-kept": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=1, blocks=4, kept_at_most=1), 20, [(3, 0), (2, 3)], 19),
+    "none-kept": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=3, blocks=4, kept_at_most=0), 20, [(3, 0), (2, 3)], 19),
 }
-# The cases of phase 1's tensor-core tiles take the speedrun's recipe only (the others' arithmetic
+# The cases of phase 1's tensor-core tiles and of the kept maps take the speedrun's recipe only (the others' arithmetic
 # after phase 1 is the first cases').
-TILE_CASES = ("tf32-tiles", "speedrun-maps", "wide-conv1")
+TILE_CASES = ("tf32-tiles", "speedrun-maps", "wide-conv1", "one-kept", "none-kept")
 
 
 # The recipes the device's constants select (test_persistent_cnn_gpu.py's): the speedrun's Adam with its

@@ -147,6 +147,10 @@ struct Smem {
     float* tb;       // [2][STAGE_FLOATS]  its B tile
     float* wtc;      // [CONV_FRAGS][32][2] from work on (one pass only): the conv weights rounded to TF32
                      //   as phase 1's mma read them; phase 5 zeroes work and writes dp1 before it reads them
+    // The maps phase 5 reads of the block's first KEPT samples, kept from phase 1 (nullptr where KEPT is 0)
+    float* kept_x;   // [KEPT][PIX]      each one's image (as loaded: not rounded)
+    float* kept_a1;  // [KEPT][A1]       its pooled conv-1 map (fp32)
+    unsigned char* kept_arg1;  // [KEPT][A1]  pool 1's argmaxes
 #ifdef PROBES
     long long* probe_counts;  // [PROBE_PHASES]  the probe build's phase counts
 #endif
@@ -167,6 +171,14 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, ta, SMEM_TA);
     SMEM_REGION(s, base, tb, SMEM_TB);
     s.wtc = s.work;
+#if KEPT > 0
+    SMEM_REGION(s, base, kept_x, SMEM_KEPT_X);
+    SMEM_REGION(s, base, kept_a1, SMEM_KEPT_A1);
+    SMEM_REGION(s, base, kept_arg1, SMEM_KEPT_ARG1);
+#else
+    s.kept_x = s.kept_a1 = nullptr;
+    s.kept_arg1 = nullptr;
+#endif
 #ifdef PROBES
     SMEM_REGION(s, base, probe_counts, SMEM_PROBE_COUNTS);
 #endif
@@ -246,6 +258,9 @@ struct Update {
 // ---- the tensor-core products ----------------------------------------------------------------------
 // A TF32 operand rounded to nearest (ties away), as cvt.rna.tf32.f32 gives it.
 __device__ __forceinline__ unsigned tf32_rounded(float v) { return (__float_as_uint(v) + 0x1000u) & 0xffffe000u; }
+
+// A value rounded to TF32 (tf32_rounded), as a float: an operand of phase 1's mma, staged rounded.
+__device__ __forceinline__ float tf32_value(float v) { return __uint_as_float(tf32_rounded(v)); }
 
 // An operand of a product, M × K (or N × K): value(m, k) = p[m·sm + k·sk] inside (rows, ks), zero
 // past them. k_fast: the operand's adjacent values run along k (its tile is staged k-fastest).
@@ -356,8 +371,10 @@ __device__ __forceinline__ void tile_place(int m0, int n0, int i, int& m, int& n
 // dst[i] = load(i) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
 // before their stores (in a strided loop, whose trip count the compiler does not know, it waits on each
 // load in turn: an L2 round trip an element).
-template <int COUNT, typename T, typename Load>
-__device__ __forceinline__ void stage_batched(T* dst, Load load) {
+// store(i, load(i)) for i < COUNT, the same (stage_batched_to).
+template <int COUNT, typename Load, typename Store>
+__device__ __forceinline__ void stage_batched_to(Load load, Store store) {
+    using T = decltype(load(0));
     constexpr int TRIPS = (COUNT + THREADS - 1) / THREADS, AHEAD = 8;
 #pragma unroll
     for (int j0 = 0; j0 < TRIPS; j0 += AHEAD) {
@@ -370,9 +387,13 @@ __device__ __forceinline__ void stage_batched(T* dst, Load load) {
 #pragma unroll
         for (int j = 0; j < AHEAD; ++j) {
             const int i = threadIdx.x + (j0 + j) * THREADS;
-            if (j0 + j < TRIPS && i < COUNT) dst[i] = v[j];
+            if (j0 + j < TRIPS && i < COUNT) store(i, v[j]);
         }
     }
+}
+template <int COUNT, typename T, typename Load>
+__device__ __forceinline__ void stage_batched(T* dst, Load load) {
+    stage_batched_to<COUNT>(load, [&](int i, T v) { dst[i] = v; });
 }
 
 // ---- phase 1: a sample's convolutions ------------------------------------------------------------
@@ -384,8 +405,8 @@ struct Step {
 };
 
 // out[o][pi][pj] = max over the 2×2 window of conv(in)[o] + b[o], then ReLU; arg its first maximum's
-// position (row-major), each written to shared memory (out, arg) and to the workspace (out_global,
-// arg_global). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread OG output maps'
+// position (row-major), each written to shared memory (out, arg) and to out_global, arg_global (the
+// workspace, or the block's kept maps in shared memory: plain stores). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread OG output maps'
 // pooled outputs at one position: their windows' four conv outputs each from one (K+1)×(K+1) patch of
 // each input map, held in registers with the OG filters' K×K taps (a patch's loads feed OG maps; each
 // output's sum over c, u, v in that order).
@@ -437,7 +458,7 @@ __device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, 
             const float a = fmaxf(best, 0.0f);
             out[i] = a;
             arg[i] = arg_global[i] = (unsigned char)best_at;
-            __stcg(out_global + i, a);
+            out_global[i] = a;
         }
     }
 }
@@ -446,8 +467,6 @@ __device__ __forceinline__ void conv_pool_relu(const float* in, const float* w, 
 #define MAPS_A_THREAD(cout, most) ((cout) % (most) == 0 ? (most) : (cout) % 2 == 0 ? 2 : 1)
 
 #if PASSES == 1
-// A value rounded to TF32 (tf32_rounded), as a float: an operand of phase 1's mma, staged rounded.
-__device__ __forceinline__ float tf32_value(float v) { return __uint_as_float(tf32_rounded(v)); }
 
 // The conv weights as phase 1's B fragments, rounded to TF32, from the staged parameters: fragment
 // f = ks·NT + nt of a layer, lane (g, t), holds B[t][g], B[t + 4][g] of its k-step ks and n-tile nt
@@ -478,7 +497,7 @@ __device__ void stage_conv_fragments(const Smem& s) {
 // 8nt + 2t + j: pool, bias, ReLU and argmax in registers. Each output's sum: the k-steps in order,
 // each k-step's 8 products as the mma adds them. Windows past the map (the last group's) compute
 // window 0 and are not written. ROUND_OUT: `out` (shared memory) takes the outputs rounded to TF32
-// (conv 2's operands), the workspace the fp32 values.
+// (conv 2's operands), out_global (the workspace or the kept maps) the fp32 values.
 template <int CIN, int COUT, int SIDE, int K, int KT, int NT, int NB, bool CONV1, bool ROUND_OUT>
 __device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* frags, const float* b, float* out,
                                                   unsigned char* arg, float* out_global, unsigned char* arg_global) {
@@ -555,7 +574,7 @@ __device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* 
                 const float a = fmaxf(best, 0.0f);
                 out[i] = ROUND_OUT ? tf32_value(a) : a;
                 arg[i] = arg_global[i] = (unsigned char)best_at;
-                __stcg(out_global + i, a);
+                out_global[i] = a;
             }
     }
 }
@@ -564,25 +583,31 @@ __device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* 
 #define NB2 (NT2 % 2 == 0 ? NT2 / 2 : NT2)
 #endif
 
-// The sample's forward through both convolutions: a1 (smem and the workspace), a2 published, the
-// argmaxes kept. One pass: on the tensor cores, the image and a1 staged rounded to TF32 (phase 5 loads
-// both anew, unrounded); three: fp32 FMAs.
-__device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample) {
+// The sample's forward through both convolutions: a2 published, a1 and pool 1's argmaxes kept for
+// phase 5 (slot < KEPT: the block's slot-th sample's, in shared memory with its image as loaded; else
+// in the workspace), pool 2's in the workspace. One pass: on the tensor cores, the image and a1 staged
+// rounded to TF32 (phase 5 reads them unrounded); three: fp32 FMAs.
+__device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample, int slot) {
     const float* image = images + (long long)sample * PIX;
-#if PASSES == 1
-    stage_batched<PIX>(s.x, [&](int i) { return tf32_value(__ldg(image + i)); });
+    const bool kept = slot < KEPT;
+    float* a1_kept = kept ? s.kept_a1 + slot * A1 : ws.a1 + (long long)r * A1;
+    unsigned char* arg1_kept = kept ? s.kept_arg1 + slot * A1 : ws.arg1 + (long long)r * A1;
+    if (kept)
+        stage_batched_to<PIX>([&](int i) { return __ldg(image + i); }, [&](int i, float v) {
+            s.x[i] = PASSES == 1 ? tf32_value(v) : v;
+            s.kept_x[slot * PIX + i] = v;
+        });
+    else
+        stage_batched<PIX>(s.x, [&](int i) { return PASSES == 1 ? tf32_value(__ldg(image + i)) : __ldg(image + i); });
     __syncthreads();
-    conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1,
-                                                                 ws.a1 + (long long)r * A1, ws.arg1 + (long long)r * A1);
+#if PASSES == 1
+    conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
     __syncthreads();
     conv_pool_relu_tc<C1, C2, P1, K2, KT2, NT2, NB2, false, false>(s.a1, s.wtc + KT1 * NT1 * 64, s.conv + P_CB2, s.dp2,
                                                                    s.arg2, ws.a2 + (long long)r * FLAT,
                                                                    ws.arg2 + (long long)r * A2);
 #else
-    stage_batched<PIX>(s.x, [&](int i) { return __ldg(image + i); });
-    __syncthreads();
-    conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, ws.a1 + (long long)r * A1,
-                                                        ws.arg1 + (long long)r * A1);
+    conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
     __syncthreads();
     conv_pool_relu<C1, C2, P1, K2, MAPS_A_THREAD(C2, 4)>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT,
                                                         ws.arg2 + (long long)r * A2);
@@ -813,7 +838,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
 // FMAs, so that a shared-memory load feeds several FMAs (one load a term, two, gathered a thread an
 // output). Each output's sum runs over o, u, v in that order.
 #define DP1_T (P1 % 4 == 0 ? 4 : P1 % 3 == 0 ? 3 : P1 % 2 == 0 ? 2 : 1)
-__device__ __forceinline__ void pool1_gradient(const Smem& s) {
+__device__ __forceinline__ void pool1_gradient(const Smem& s, const float* a1) {
     constexpr int T = DP1_T, TILES = P1 / T, PATCH = T + K2 - 1;
     const float* w2 = s.conv + P_CW2;
     for (int task = threadIdx.x; task < C1 * TILES * TILES; task += THREADS) {
@@ -849,7 +874,7 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s) {
 #pragma unroll
             for (int j = 0; j < T; ++j) {
                 const int k = (c * P1 + y0 + i) * P1 + x0 + j;
-                s.dp1[k] = s.a1[k] > 0.0f ? g[i][j] : 0.0f;
+                s.dp1[k] = a1[k] > 0.0f ? g[i][j] : 0.0f;
             }
     }
 }
@@ -865,7 +890,7 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s) {
 // Lanes (g, t) read map 8og + t at position m0 + g: with the maps WPS ≡ 8 (mod 32) words apart, the
 // 4 maps' 8 positions fall on distinct banks where the 8 positions lie in one row of WP. Each
 // output's sum: the k-steps in order, each k-step's 8 products as the mma adds them.
-__device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
+__device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int mt = warp; mt < BMT2; mt += WARPS) {
         const int m[2] = {min(mt * 16 + g, P1 * P1 - 1), min(mt * 16 + g + 8, P1 * P1 - 1)};
@@ -914,7 +939,7 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
                 const int p = mt * 16 + g + (i >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (i & 1);
                 if (p < P1 * P1 && c < C1) {
                     const int k = c * P1 * P1 + p;
-                    s.dp1[k] = s.a1[k] > 0.0f ? d[nt][i] : 0.0f;
+                    s.dp1[k] = a1[k] > 0.0f ? d[nt][i] : 0.0f;
                 }
             }
     }
@@ -925,9 +950,14 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s) {
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
 // Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
 // weight gradients, its input gradient, conv 1's weight gradients (PHASE_END: the kernel's macro).
-__device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample,
+__device__ void sample_backward(const Smem& s, const Workspace& ws, const float* images, int r, int sample, int slot,
                                 Probes& probes) {
     const float* image = images + (long long)sample * PIX;
+    // its image, a1 and pool 1's argmaxes: kept from phase 1 (slot < KEPT), else staged anew
+    const bool kept = slot < KEPT;
+    const float* x = kept ? s.kept_x + slot * PIX : s.x;
+    const float* a1 = kept ? s.kept_a1 + slot * A1 : s.a1;
+    const unsigned char* arg1 = kept ? s.kept_arg1 + slot * A1 : s.arg1;
     // the pooled gradient's loads first (into registers: scattered after work is zeroed), then the maps'
     constexpr int DP2_TRIPS = (A2 + THREADS - 1) / THREADS;
     float a2v[DP2_TRIPS], da2v[DP2_TRIPS];
@@ -941,13 +971,15 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
             arg2v[j] = ws.arg2[(long long)r * A2 + i];
         }
     }
-    stage_batched<PIX>(s.x, [&](int i) { return __ldg(image + i); });
-    stage_batched<A1>(s.a1, [&](int i) { return __ldcg(ws.a1 + (long long)r * A1 + i); });
-    if constexpr (A1 % 4 == 0) {  // (the argmaxes a word at a time: r·A1 and the regions 4-byte aligned)
-        const unsigned* arg1 = reinterpret_cast<const unsigned*>(ws.arg1 + (long long)r * A1);
-        stage_batched<A1 / 4>(reinterpret_cast<unsigned*>(s.arg1), [&](int i) { return arg1[i]; });
-    } else {
-        stage_batched<A1>(s.arg1, [&](int i) { return ws.arg1[(long long)r * A1 + i]; });
+    if (!kept) {
+        stage_batched<PIX>(s.x, [&](int i) { return __ldg(image + i); });
+        stage_batched<A1>(s.a1, [&](int i) { return __ldcg(ws.a1 + (long long)r * A1 + i); });
+        if constexpr (A1 % 4 == 0) {  // (the argmaxes a word at a time: r·A1 and the regions 4-byte aligned)
+            const unsigned* words = reinterpret_cast<const unsigned*>(ws.arg1 + (long long)r * A1);
+            stage_batched<A1 / 4>(reinterpret_cast<unsigned*>(s.arg1), [&](int i) { return words[i]; });
+        } else {
+            stage_batched<A1>(s.arg1, [&](int i) { return ws.arg1[(long long)r * A1 + i]; });
+        }
     }
     for (int i = threadIdx.x; i < C2 * WPS; i += THREADS) s.work[i] = 0.0f;
     __syncthreads();
@@ -986,7 +1018,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
         for (int p = 0; p < P2 * P2; ++p) {
             const int pi = p / P2, pj = p - pi * P2, q = s.arg2[o * P2 * P2 + p];
             const float g = s.dp2[o * P2 * P2 + p];
-            const float* at = s.a1 + (c * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
+            const float* at = a1 + (c * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
             bias += g;
 #pragma unroll
             for (int u = 0; u < K2; ++u)
@@ -1001,9 +1033,9 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
     }
     PHASE_END(probes, CONV2_GRADS);
 #if TC_INPUT_GRADIENT
-    pool1_gradient_tc(s);
+    pool1_gradient_tc(s, a1);
 #else
-    pool1_gradient(s);
+    pool1_gradient(s, a1);
 #endif
     __syncthreads();
     PROBE_END(probes, POOL1_GRADIENT, 0);
@@ -1024,9 +1056,9 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
             const int p_end = min(P1 * P1, (part + 1) * SPAN1);
 #pragma unroll 4
             for (int p = part * SPAN1; p < p_end; ++p) {
-                const int pi = p / P1, pj = p - pi * P1, q = s.arg1[o * P1 * P1 + p];
+                const int pi = p / P1, pj = p - pi * P1, q = arg1[o * P1 * P1 + p];
                 const float g = s.dp1[o * P1 * P1 + p];
-                const float* at = s.x + (2 * pi + (q >> 1) + u) * IMG + 2 * pj + (q & 1);
+                const float* at = x + (2 * pi + (q >> 1) + u) * IMG + 2 * pj + (q & 1);
 #pragma unroll
                 for (int v = 0; v < K1; ++v) sum[v] = fmaf(g, at[v], sum[v]);
                 sum[K1] += g;
@@ -1133,7 +1165,7 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         float* w1_next = step & 1 ? params + P_W1 : ws.w1_other;
         load_conv(s, params);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) s.grad[i] = 0.0f;
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r), (r - rank) / BLOCKS);
         PHASE_END(probes, CONVS_FORWARD);
         BARRIER(probes, WAIT_CONVS_FORWARD);  // a2 of every sample
         fc1_forward(s, ws, st, w1);
@@ -1145,7 +1177,7 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         linear_backward(s, ws, st, params, slot1, slot2, w1, w1_next, up, probes);
         PHASE_END(probes, HEAD_UPDATE);
         BARRIER(probes, WAIT_LINEAR_BACKWARD);  // da2; the linear layers updated
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r), probes);
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r), (r - rank) / BLOCKS, probes);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
         PHASE_END(probes, CONVS_BACKWARD);
         BARRIER(probes, WAIT_CONVS_BACKWARD);  // every block's conv gradient sums
@@ -1179,7 +1211,7 @@ cnn_evaluate(const float* images, const int* labels, int num_samples, const floa
     load_conv(s, params);
     for (int first = 0; first < num_samples; first += BATCH) {
         const Step st{0, min(BATCH, num_samples - first), rank, nullptr, first};
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r));
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r), KEPT);  // (none kept)
         grid_sync(ws.barrier);
         fc1_forward(s, ws, st, params + P_W1);
         grid_sync(ws.barrier);

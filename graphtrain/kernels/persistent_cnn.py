@@ -76,6 +76,9 @@ class CnnShape:
     blocks: int = ASSUMED_SMS
     kc: int = KC  # the k-values of a product's operands staged at a time
     prefetch: int = PREFETCH  # the chunks of kc in flight
+    # phase 1 keeps the maps phase 5 reads of up to this many of a block's samples in shared memory
+    # (None: as many as fit; fewer for a test of the workspace's path)
+    kept_at_most: int | None = None
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -158,9 +161,25 @@ class CnnShape:
         """persistent_cnn.cu's shared memory (its struct Smem says what each region holds)."""
         return self.layout_with()
 
-    def layout_with(self, probe_counts: int = 0) -> Layout:
-        """The shared memory with `probe_counts` int64 phase counts at its end (the probe build's)."""
+    @property
+    def kept_samples(self) -> int:
+        """The block's samples whose image, a1 and pool 1's argmaxes phase 1 keeps in shared memory for
+        phase 5 (persistent_cnn.cu's KEPT), the others reloaded from the workspace: all ⌈batch /
+        blocks⌉ of them where they fit beside the rest (the probe build's counts too), else fewer (at most
+        kept_at_most)."""
+        most = ceil_div(self.batch, self.blocks)
+        for kept in range(most if self.kept_at_most is None else min(most, self.kept_at_most), 0, -1):
+            if self.layout_with(len(PHASES), kept).bytes <= MAX_SHARED_BYTES:
+                return kept
+        return 0
+
+    def layout_with(self, probe_counts: int = 0, kept: int | None = None) -> Layout:
+        """The shared memory with `probe_counts` int64 phase counts at its end (the probe build's), and
+        `kept` samples' maps (None: kept_samples)."""
+        kept = self.kept_samples if kept is None else kept
         probes = [Region("probe_counts", "long long", probe_counts)] if probe_counts else []
+        maps = [Region("kept_x", "float", kept * self.image ** 2, 16), Region("kept_a1", "float", kept * self.a1, 16),
+                Region("kept_arg1", "unsigned char", kept * self.a1, 16)] if kept else []
         return Layout([
             Region("totals", "double", 2 * WARPS),
             Region("conv", "float", self.conv_params, 16),
@@ -177,6 +196,7 @@ class CnnShape:
             Region("arg2", "unsigned char", self.flat, 16),
             Region("ta", "float", 2 * self.staged_floats, 16),
             Region("tb", "float", 2 * self.staged_floats, 16),
+            *maps,
             *probes,
         ])
 
@@ -210,7 +230,7 @@ class CnnShape:
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
                 "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
-                "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, "KEPT": self.kept_samples, **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
