@@ -368,10 +368,9 @@ __device__ __forceinline__ void tile_place(int m0, int n0, int i, int& m, int& n
     n = n0 + 8 * (warp >> 1) + 2 * (lane & 3) + (i & 1);
 }
 
-// dst[i] = load(i) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
+// store(i, load(i)) for i < COUNT over the block's threads, a thread's loads issued AHEAD at a time
 // before their stores (in a strided loop, whose trip count the compiler does not know, it waits on each
-// load in turn: an L2 round trip an element).
-// store(i, load(i)) for i < COUNT, the same (stage_batched_to).
+// load in turn: an L2 round trip an element); stage_batched: dst[i] = load(i), the same.
 template <int COUNT, typename Load, typename Store>
 __device__ __forceinline__ void stage_batched_to(Load load, Store store) {
     using T = decltype(load(0));
@@ -406,8 +405,8 @@ struct Step {
 
 // out[o][pi][pj] = max over the 2×2 window of conv(in)[o] + b[o], then ReLU; arg its first maximum's
 // position (row-major), each written to shared memory (out, arg) and to out_global, arg_global (the
-// workspace, or the block's kept maps in shared memory: plain stores). in: cin maps of side `side`, w: [cout][cin][k][k]. A thread OG output maps'
-// pooled outputs at one position: their windows' four conv outputs each from one (K+1)×(K+1) patch of
+// workspace, or the block's kept maps in shared memory: plain stores). in: cin maps of side `side`,
+// w: [cout][cin][k][k]. A thread OG output maps' pooled outputs at one position: their windows' four conv outputs each from one (K+1)×(K+1) patch of
 // each input map, held in registers with the OG filters' K×K taps (a patch's loads feed OG maps; each
 // output's sum over c, u, v in that order).
 template <int CIN, int COUT, int SIDE, int K, int OG>
@@ -592,13 +591,10 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
     const bool kept = slot < KEPT;
     float* a1_kept = kept ? s.kept_a1 + slot * A1 : ws.a1 + (long long)r * A1;
     unsigned char* arg1_kept = kept ? s.kept_arg1 + slot * A1 : ws.arg1 + (long long)r * A1;
-    if (kept)
-        stage_batched_to<PIX>([&](int i) { return __ldg(image + i); }, [&](int i, float v) {
-            s.x[i] = PASSES == 1 ? tf32_value(v) : v;
-            s.kept_x[slot * PIX + i] = v;
-        });
-    else
-        stage_batched<PIX>(s.x, [&](int i) { return PASSES == 1 ? tf32_value(__ldg(image + i)) : __ldg(image + i); });
+    stage_batched_to<PIX>([&](int i) { return __ldg(image + i); }, [&](int i, float v) {
+        s.x[i] = PASSES == 1 ? tf32_value(v) : v;
+        if (kept) s.kept_x[slot * PIX + i] = v;
+    });
     __syncthreads();
 #if PASSES == 1
     conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
@@ -734,8 +730,8 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 //   dW2[j][u] = Σ_r dz[r][j]·h[r][u],  db1[u] = Σ_r dh[r][u],  db2[j] = Σ_r dz[r][j] (group 0),
 // a row's h, dh and dz loads all in flight at once; then each warp's lanes are added by a butterfly
 // (every lane the same bits), the warps' totals in warp order, and a thread a parameter updates it.
-__device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
-                               const Update& up) {
+__device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& ws, const Step& st, float* params,
+                                               float* s1, float* s2, const Update& up) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = BLOCKS - 1 - st.rank;
     if (slot >= HEAD_BLOCKS) return;
     for (int q = slot; q < HEAD_GROUPS; q += HEAD_BLOCKS) {
@@ -776,8 +772,7 @@ __device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& w
         float* sums = s.ta;  // [WARPS][HEAD_VALUES + CLASSES] (ta: free after the products)
         __syncthreads();     // (its last readers, this block's products or the previous group's updates, are done)
 #pragma unroll
-        for (int v = 0; v < HEAD_VALUES + CLASSES; ++v) {
-            if (v >= values) break;  // (uniform: b2's sums in group 0 only)
+        for (int v = 0; v < HEAD_VALUES + CLASSES; ++v) {  // (b2's too: only group 0 updates them)
             const float total = warp_sum(g[v]);
             if (lane == 0) sums[warp * (HEAD_VALUES + CLASSES) + v] = total;
         }

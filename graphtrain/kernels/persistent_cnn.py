@@ -47,7 +47,7 @@ DW1                   4a: dW1 = dhᵀ·a2, the block's tiles, and W1's update
 DA2                   4b: da2 = dh·W1, the block's tiles
 HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates (the last blocks': block 0's where it has no extra tile)
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
-BACKWARD_MAPS         5a: the block's samples' maps and argmaxes loaded, dp2 scattered into conv 2's output gradient
+BACKWARD_MAPS         5a: the block's samples' pooled gradients loaded (their maps too where phase 1 kept none), dp2 scattered into conv 2's output gradient
 CONV2_GRADS           5b: their conv 2 weight and bias gradients
 POOL1_GRADIENT        5c: their conv 2 input gradients dp1
 CONV1_GRADS           5d: their conv 1 weight and bias gradients
@@ -230,7 +230,8 @@ class CnnShape:
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
                 "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
-                "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, "KEPT": self.kept_samples, **self.layout.defines, **layout_defines(CONSTANTS),
+                "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, "KEPT": self.kept_samples,
+                **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
