@@ -41,7 +41,7 @@ ONE_PASS_BOUND = 2e-4
 def build(shape: CnnShape, folder) -> str:
     optim = kernel_text("optim.cu")
     optim = optim[:optim.index('__device__ __forceinline__ void optimizer_step_body')]  # its struct and schedule only
-    source = kernel_text("probes.cuh", "grid_sync.cuh", "tf32_mma.cuh", "logits_loss.cuh") + optim
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "tf32_mma.cuh", "logits_loss.cuh") + optim
     source, found = MMA_ASM.subn("mma_tf32_emulated(d, a, b);", source + kernel_text("persistent_cnn.cu"))
     assert found == 1, "tf32_mma.cuh's mma_tf32 is no longer the one asm statement the emulation replaces"
     source, found = MMA_K4_ASM.subn("mma_tf32_k4_emulated(d, a, b);", source)

@@ -29,7 +29,7 @@ BOUND = 1e-3
 
 
 def build(shape: WideShape, folder) -> str:
-    source = kernel_text("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu")
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "logits_loss.cuh", "persistent_wide.cu")
     return compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines, "WS_BYTES": shape.workspace.bytes},
                            "prelude.h", "launch.inc", folder)
 
@@ -153,7 +153,7 @@ def test_the_master_weights_swizzle_spreads_the_products_over_the_banks(tmp_path
     masters hit each bank once (at 784 inputs, rows of 800 floats; at 144 and 136 units the last k-step
     in the half of a row of 32 that the swizzle moves it from), where unswizzled rows of whole rows of
     the banks put a load phase's two units on one half and an update's four lanes t on one bank."""
-    source = kernel_text("probes.cuh", "grid_sync.cuh", "logits_loss.cuh", "persistent_wide.cu")
+    source = kernel_text("probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "logits_loss.cuh", "persistent_wide.cu")
     program = compile_for_cpu(source, "persistent_wide.cu", {"THREADS": THREADS, **shape.defines}, "prelude.h",
                               "wide_banks.inc", tmp_path)
     proc = subprocess.run([program], capture_output=True, text=True, timeout=60)

@@ -14,3 +14,13 @@ __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_
 // Until at most N of this thread's committed groups are in flight (the older ones have landed).
 template <int N>
 __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+// A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2. From sm_90 one
+// bulk prefetch (the copy engine's: no register, no wait); before, a prefetch a 128-byte line.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+#else
+    for (unsigned at = 0; at < bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(static_cast<const char*>(p) + at));
+#endif
+}

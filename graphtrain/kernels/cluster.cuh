@@ -85,11 +85,6 @@ __device__ __forceinline__ void copy_bulk(void* dst, const void* src, unsigned b
 }
 // Orders this thread's writes to shared memory before the copy engine's reads of them.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// A hint: fetch `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
 // metrics[0], metrics[1] += Σ loss, Σ correct over the threads of every block of the cluster, in a
 // fixed order (a warp's lanes by butterfly, the block's first `warps` warps in order into totals, the
 // blocks in rank order by block 0's thread 0), so the same bits every run. totals: 2 + 2·warps

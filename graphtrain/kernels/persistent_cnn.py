@@ -268,7 +268,7 @@ def problems_of(spec) -> list[str]:
 class PersistentCnn(KernelFile):
     stem = "persistent_cnn"
     min_arch = 80  # TF32 mma; no cluster
-    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "tf32_mma.cuh", "logits_loss.cuh", "model_axis.cuh", "optim.cu")
+    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "tf32_mma.cuh", "logits_loss.cuh", "model_axis.cuh", "optim.cu")
     # The class's defines compile the file for the speedrun's cnn (the CPU tests); a stage passes its own.
     defines = CnnShape(28, 24, 5, 32, 3, 256, 10, 256).defines
     _cnn_epoch = kernel("cnn_epoch", PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32, PTR, cooperative=True,

@@ -183,7 +183,7 @@ class MlpShape:
 class PersistentMlp(KernelFile):
     stem = "persistent_mlp"
     min_arch = 90  # thread-block clusters and distributed shared memory
-    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "logits_loss.cuh",
+    headers = ("cluster.cuh", "async_copy.cuh", "smem_layout.cuh", "probes.cuh", "tf32_mma.cuh", "bf16_mma.cuh", "logits_loss.cuh",
                "persistent_mlp_shape.cuh", "persistent_mlp_products.cuh")
     # The class's defines compile the file for the cuda-mnist preset at H = 256 (the CPU tests); a
     # stage passes its own.

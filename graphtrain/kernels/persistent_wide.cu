@@ -90,6 +90,7 @@
 #define H_KSTEPS (HIDDEN_PAD / 16)     // a hidden layer's
 #define PIECE (ROWS16 * UNITS)         // a block's piece of an exchanged matrix (bf16 values)
 #define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
+#define PARTIAL_ROW ((BLOCKS * CLASSES + 3) / 4 * 4)  // a row's partial logits, padded to whole float4s
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
 #define SLAB_ROWS (ROWS16 * 16)          // a staged k-step of the rows: ROWS16 rows of 16 inputs (bf16)
 #define SLAB (SLAB_ROWS + UNITS * 16)    // and of the block's rows of a published W_l, after them
@@ -113,6 +114,8 @@ struct Smem {
     float* gwh;         // [CLASSES][UNITS], [CLASSES]  the head's gradient: its columns, its bias
     float* b;           // [LAYERS][UNITS]              b_l[U_c]
     float* bh;          // [CLASSES]                    the head's bias (every block's copy)
+    int* row_samples;   // [2][R_OWN]                   the owned rows' samples (−1 past the step's rows) and
+    int* row_labels;    // [2][R_OWN]                   their labels, by step parity (read ahead: prefetch_rows)
     float* h_last;      // [ROWS16][UNITS]              h_L[:, U_c], zero past the step's rows
     bf16_bits* ht;      // [LAYERS−1][UNITS][HT_STRIDE] h_l[:, U_c]ᵀ, l < LAYERS (their ReLU masks too)
     bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_c]ᵀ
@@ -137,6 +140,8 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, gwh, SMEM_GWH);
     SMEM_REGION(s, base, b, SMEM_B);
     SMEM_REGION(s, base, bh, SMEM_BH);
+    SMEM_REGION(s, base, row_samples, SMEM_ROW_SAMPLES);
+    SMEM_REGION(s, base, row_labels, SMEM_ROW_LABELS);
     SMEM_REGION(s, base, h_last, SMEM_H_LAST);
     SMEM_REGION(s, base, ht, SMEM_HT);
     SMEM_REGION(s, base, dht, SMEM_DHT);
@@ -161,7 +166,7 @@ struct Workspace {
     bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
     bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
     bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD²]         W_l, l ≥ 2, by step parity (published_at)
-    float* partials;              // [BATCH][BLOCKS][CLASSES]          P_c, the head's partial logits, by row
+    float* partials;              // [BATCH][PARTIAL_ROW]              P_c, the head's partial logits, by row ([BLOCKS][CLASSES])
     float* dz;                    // [BATCH][CLASSES]                  dlogits
 };
 
@@ -529,6 +534,28 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, const float (&acc)
     }
 }
 
+// Σ_{r < ROWS16} value(r) for eight outputs, by a whole warp: lane (p, e), p = lane / 8, holds
+// output e = lane mod 8 (value reads it from the lane) and adds rows r ≡ p and r ≡ p + 4 (mod 8)
+// in two chains, in order; then a + b, and the four parts as (p0 + p1) + (p2 + p3) by xor shuffles
+// (a sum and its partner's, in either order the same bits): every lane of e returns the same sum, in a
+// fixed order. Why a warp an output group: one thread a sum took 128 dependent-ish loads and adds, on
+// the step's path (the bias sums, the head's gradient); a warp takes 16 and five shuffles.
+template <class Value>
+__device__ __forceinline__ float warp_sum_rows(Value value) {
+    static_assert(ROWS16 % 8 == 0, "ROWS16 is whole mma tiles");
+    const int p = (threadIdx.x & 31) >> 3;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 4
+    for (int r = p; r < ROWS16; r += 8) {
+        a += value(r);
+        b += value(r + 4);
+    }
+    float sum = a + b;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    return sum;
+}
+
 // Σ_{r < ROWS16} value(r) as four sums over r mod 4, then (s0 + s1) + (s2 + s3): a fixed order.
 template <class Value>
 __device__ __forceinline__ float sum_rows(Value value) {
@@ -547,23 +574,38 @@ struct Step {
 };
 
 // X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
-// FEATURE_STRIDE bf16, read-only for the launch) through the sample order, zero past its rows;
-// published in 16-byte pieces (InputRows' layout: piece p of row r in k-step p / 2, half p mod 2), for
+// FEATURE_STRIDE bf16, read-only for the launch; the samples read ahead by prefetch_rows), zero
+// past its rows; published in 16-byte pieces (InputRows' layout: piece p of row r in k-step p / 2, half p mod 2), for
 // every block's F_1 and W_1's update of that step. Why k-step pieces: a fragment load's 32 lanes (rows
 // g, g + 8 of a tile, inputs k0 + 4t .. + 3) then read 256 contiguous bytes, two lines of 128, where
 // row-major rows a whole image apart take eight lines of 32 bytes, which L1TEX serves a line at a time.
-__device__ __forceinline__ void gather_rows(const Workspace& ws, const bf16_bits* images, const int* order, int step,
-                                            int num_samples, int rank) {
+__device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, const bf16_bits* images, int step, int rank) {
     constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
-    const int rows = min(BATCH, num_samples - step * BATCH);
-    const int* step_order = order + (long long)step * BATCH;
     uint4* x = reinterpret_cast<uint4*>(x_of(ws, step));
+    const int* row_samples = s.row_samples + (step & 1) * R_OWN;
     for (int i = threadIdx.x; i < (ROWS16 + BLOCKS - 1) / BLOCKS * PIECES; i += THREADS) {
         const int q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
         if (r >= ROWS16) continue;
-        const uint4 v = r < rows ? __ldg(reinterpret_cast<const uint4*>(images + __ldg(step_order + r) * FEATURE_STRIDE) + piece)
-                                 : make_uint4(0u, 0u, 0u, 0u);
+        const int sample = q < R_OWN ? row_samples[q] : -1;  // (rows past BATCH: zero)
+        const uint4 v = sample >= 0 ? __ldg(reinterpret_cast<const uint4*>(images + (long long)sample * FEATURE_STRIDE) + piece)
+                                    : make_uint4(0u, 0u, 0u, 0u);
         __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), v);
+    }
+}
+
+// Step `step`'s rows r ≡ rank (mod BLOCKS), q = 0 .. R_OWN − 1, read ahead by warp 1's lane q: the
+// sample (−1 past the step's rows) and its label into s.row_samples and s.row_labels (by step parity),
+// for X and S, which take the same rows; the image into L2 (a bulk prefetch), where X gathers it
+// from. Called in the wait of a barrier a phase or more before X, so that X makes one trip to L2 where
+// it made a trip for the sample and one to device memory for its image, and S none for the label.
+__device__ __forceinline__ void prefetch_rows(const Smem& s, const bf16_bits* images, const int* labels, const int* order,
+                                              int step, int num_samples, int rank) {
+    const int q = threadIdx.x - 32, r = rank + BLOCKS * q;
+    if (q >= 0 && q < R_OWN) {
+        const int sample = r < min(BATCH, num_samples - step * BATCH) ? __ldg(order + (long long)step * BATCH + r) : -1;
+        s.row_samples[(step & 1) * R_OWN + q] = sample;
+        s.row_labels[(step & 1) * R_OWN + q] = sample >= 0 ? __ldg(labels + sample) : -1;
+        if (sample >= 0) prefetch_l2(images + (long long)sample * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(bf16_bits));
     }
 }
 
@@ -601,33 +643,43 @@ __device__ __forceinline__ void head_partials(const Smem& s, const Workspace& ws
         float z = 0.0f;
 #pragma unroll
         for (int u = 0; u < UNITS; ++u) z = fmaf(s.h_last[r * UNITS + u], s.wh[j * UNITS + u], z);
-        __stcg(ws.partials + ((long long)r * BLOCKS + st.rank) * CLASSES + j, z);
+        __stcg(ws.partials + (long long)r * PARTIAL_ROW + st.rank * CLASSES + j, z);
     }
 }
 
 // S: the softmax of rows r = rank + BLOCKS·q, a warp a row and a lane a class; dz published, the loss
 // and correct count kept by lane 0. The owned rows' partial logits (BLOCKS·CLASSES floats a row,
-// adjacent) come in first, by the whole block at once: one trip to L2, not BLOCKS.
-__device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws, const Step& st, const int* labels,
-                                             bool measure, double& loss_sum, double& correct_sum) {
+// adjacent, in rows of PARTIAL_ROW) come in first, by the whole block at once, 16 bytes a load and a
+// thread's loads before its stores (stage_batched): one trip to L2, not one a value. (4-byte loads,
+// eight a thread at the 784³ MLP's 98 blocks, took as long a trip, but the kernel then needed 253
+// registers, not 242, and B_l's products ran ~10% longer.) A class's sum over
+// the blocks is taken by PARTS lanes (lane (p, j) adds blocks c ≡ p (mod PARTS), in order), the parts
+// then added in order p = 0, 1, …: a chain of BLOCKS / PARTS adds, not BLOCKS. The labels were
+// read ahead (prefetch_rows), not loaded here through the sample order: two trips to L2 fewer.
+__device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws, const Step& st, bool measure,
+                                             double& loss_sum, double& correct_sum) {
+    constexpr int PARTS = 32 / CLASSES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int ROW_VALUES = BLOCKS * CLASSES;
-    float* zin = s.part;
-    for (int i = threadIdx.x; i < R_OWN * ROW_VALUES; i += THREADS) {
-        const int q = i / ROW_VALUES, r = st.rank + BLOCKS * q;
-        if (r < st.rows) zin[i] = __ldcg(ws.partials + (long long)r * ROW_VALUES + (i - q * ROW_VALUES));
-    }
+    constexpr int ROW_QUADS = PARTIAL_ROW / 4;
+    float* zin = s.part;  // [R_OWN][PARTIAL_ROW]
+    stage_batched<R_OWN * ROW_QUADS>(reinterpret_cast<float4*>(zin), [&](int i) {
+        const int q = i / ROW_QUADS, r = st.rank + BLOCKS * q;
+        return r < st.rows ? __ldcg(reinterpret_cast<const float4*>(ws.partials + (long long)r * PARTIAL_ROW) + (i - q * ROW_QUADS))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    });
     __syncthreads();
     for (int q = warp; st.rank + BLOCKS * q < st.rows; q += WARPS) {
         const int r = st.rank + BLOCKS * q;
         const bool is_class = lane < CLASSES;
-        float z = -__int_as_float(0x7f800000);  // −∞ past the classes
-        if (is_class) {
-            float sum = 0.0f;
-            for (int c = 0; c < BLOCKS; ++c) sum += zin[q * ROW_VALUES + c * CLASSES + lane];
-            z = sum + s.bh[lane];
-        }
-        const int label = __ldg(labels + __ldg(st.order + r));
+        const int j = lane % CLASSES, p = lane / CLASSES;
+        float part = 0.0f;
+        if (p < PARTS)
+            for (int c = p; c < BLOCKS; c += PARTS) part += zin[q * PARTIAL_ROW + c * CLASSES + j];
+        float sum = part;  // lane j < CLASSES: part 0's, then the others in order
+#pragma unroll
+        for (int o = 1; o < PARTS; ++o) sum += __shfl_sync(0xffffffffu, part, j + o * CLASSES);
+        const float z = is_class ? sum + s.bh[lane] : -__int_as_float(0x7f800000);  // −∞ past the classes
+        const int label = s.row_labels[(st.step & 1) * R_OWN + q];
         float m, total;
         const float dz = warp_softmax_grad<32>(z, is_class, lane, label, st.rows, m, total);
         if (is_class) __stcg(ws.dz + r * CLASSES + lane, dz);
@@ -647,9 +699,11 @@ __device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws,
 __device__ __forceinline__ void own_gradient_done(const Smem& s, const Workspace& ws, const Step& st, int l, int bias,
                                                   float lr) {
     __syncthreads();
-    if (bias && threadIdx.x < UNITS) {
-        const int u = threadIdx.x;
-        s.b[(l - 1) * UNITS + u] = fmaf(-lr, sum_rows([&](int r) { return s.dh[r * UNITS + u]; }), s.b[(l - 1) * UNITS + u]);
+    const int warp = threadIdx.x >> 5;
+    if (bias && warp < UNITS / 8) {  // a warp eight units
+        const int u = 8 * warp + (threadIdx.x & 7);
+        const float sum = warp_sum_rows([&](int r) { return s.dh[r * UNITS + u]; });
+        if ((threadIdx.x & 31) < 8) s.b[(l - 1) * UNITS + u] = fmaf(-lr, sum, s.b[(l - 1) * UNITS + u]);
     }
     if (l >= 2) {
         bf16_bits* piece = grad_of(ws, l) + st.rank * PIECE;
@@ -667,8 +721,7 @@ __device__ __forceinline__ void own_gradient_done(const Smem& s, const Workspace
 
 // H: dlogits of every row in, dh_L[:, U_c] and the head's update.
 __device__ __forceinline__ void head_gradient(const Smem& s, const Workspace& ws, const Step& st, int bias, float lr) {
-    for (int i = threadIdx.x; i < ROWS16 * CLASSES; i += THREADS)
-        s.dl[i] = i < st.rows * CLASSES ? __ldcg(ws.dz + i) : 0.0f;
+    stage_batched<ROWS16 * CLASSES>(s.dl, [&](int i) { return i < st.rows * CLASSES ? __ldcg(ws.dz + i) : 0.0f; });
     __syncthreads();
     for (int i = threadIdx.x; i < ROWS16 * UNITS; i += THREADS) {  // dh_L, from W_h before its update
         const int r = i / UNITS, u = i - r * UNITS;
@@ -786,7 +839,11 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     const int rank = blockIdx.x;
     const int u0 = rank * UNITS;  // this block's first unit
     load_parameters(s, ws, params, bias, u0);
-    if (num_steps > 0) gather_rows(ws, images, order, 0, num_samples, rank);
+    if (num_steps > 0) {
+        prefetch_rows(s, images, labels, order, 0, num_samples, rank);
+        __syncthreads();
+        gather_rows(s, ws, images, 0, rank);
+    }
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)
 
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
@@ -797,7 +854,9 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         forward_layer(s, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT,
                       probes);
         for (int l = 2; l <= LAYERS; ++l) {
-            grid_sync(ws.barrier);  // h_{l−1} of every block published
+            const unsigned long long published = grid_arrive(ws.barrier);  // h_{l−1} of every block published
+            if (l == 2 && step + 1 < num_steps) prefetch_rows(s, images, labels, order, step + 1, num_samples, rank);
+            grid_wait(ws.barrier, published);
             PROBE_END(probes, WAIT_FORWARD, l - 1);
             forward_layer(s, ws, st, l, HiddenRows{act_of(ws, l - 1)},
                           PublishedWeights{wg_of(ws, l, step & 1) + published_at(u0, 0)}, H_KSTEPS, 1.0f, probes);
@@ -809,16 +868,20 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         // updates of the step before, are behind the barrier after F_1 (with L = 1 only behind this one)
         const unsigned long long partials = grid_arrive(ws.barrier);
         if (LAYERS >= 2) {
-            if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);
+            if (step + 1 < num_steps) gather_rows(s, ws, images, step + 1, rank);
             PHASE_END(probes, GATHER, 0);
         }
         grid_wait(ws.barrier, partials);
         PROBE_END(probes, WAIT_FORWARD, LAYERS);
         if (LAYERS == 1) {
-            if (step + 1 < num_steps) gather_rows(ws, images, order, step + 1, num_samples, rank);
+            if (step + 1 < num_steps) {
+                prefetch_rows(s, images, labels, order, step + 1, num_samples, rank);
+                __syncthreads();
+                gather_rows(s, ws, images, step + 1, rank);
+            }
             PHASE_END(probes, GATHER, 0);
         }
-        softmax_rows(s, ws, st, labels, measure != 0, loss_sum, correct_sum);
+        softmax_rows(s, ws, st, measure != 0, loss_sum, correct_sum);
         PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits
         PROBE_END(probes, WAIT_SOFTMAX, 0);

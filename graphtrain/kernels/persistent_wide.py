@@ -209,6 +209,8 @@ class WideShape:
             Region("gwh", "float", classes * units + classes, 16),
             Region("b", "float", layers * units, 16),
             Region("bh", "float", classes, 16),
+            Region("row_samples", "int", 2 * ceil_div(self.batch, self.blocks_for(units))),
+            Region("row_labels", "int", 2 * ceil_div(self.batch, self.blocks_for(units))),
             Region("h_last", "float", rows16 * units, 16),
             Region("ht", "unsigned short", (layers - 1) * units * st["HT_STRIDE"], 16),
             Region("dht", "unsigned short", units * st["HT_STRIDE"], 16),
@@ -216,7 +218,8 @@ class WideShape:
             # the warps' partial sums of a product, and in the softmax (no product then) the owned
             # rows' partial logits
             Region("part", "float", max(THREADS // 32 // 2 * rows16 * st["PART_STRIDE"],
-                                        ceil_div(self.batch, self.blocks_for(units)) * self.blocks_for(units) * classes), 16),
+                                        ceil_div(self.batch, self.blocks_for(units)) * ceil_div(self.blocks_for(units) * classes, 4) * 4),
+                   16),
             Region("dl", "float", rows16 * classes, 16),
             *rings,
             *probes,
@@ -242,7 +245,7 @@ class WideShape:
             Region("act", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("grad", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("wg", "unsigned short", (layers - 1) * 2 * padded * padded, 256),
-            Region("partials", "float", self.batch * blocks * self.classes, 256),
+            Region("partials", "float", self.batch * ceil_div(blocks * self.classes, 4) * 4, 256),
             Region("dz", "float", self.batch * self.classes, 256),
         ])
 
@@ -276,7 +279,7 @@ class WideShape:
 class PersistentWide(KernelFile):
     stem = "persistent_wide"
     min_arch = 80  # bf16 mma and movmatrix; no cluster
-    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
+    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
     # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
     # passes its own.
     defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}

@@ -117,6 +117,7 @@ struct PendingCopy { void* dst; const void* src; unsigned bytes; };
 thread_local std::vector<PendingCopy> open_copies;
 thread_local std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
 inline void copy16_async_or_zero(void* dst, const void* src, unsigned src_bytes) { open_copies.push_back({dst, src, src_bytes}); }
+inline void prefetch_l2(const void*, unsigned) {}  // a hint to L2: nothing to emulate
 inline void copies_commit() { copy_groups.push_back(std::move(open_copies)); open_copies.clear(); }
 template <int N> void copies_wait() {
     while (copy_groups.size() > (size_t)N) {
