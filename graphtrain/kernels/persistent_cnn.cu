@@ -639,17 +639,24 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
                                          double& correct_sum) {
     const int lane = threadIdx.x & 31;
     const int label = __ldg(labels + st.sample(r));  // (its two loads' round trips under the sums)
-    float part[CLASSES], h[UNITS_A_LANE];
+    const float b2_lane = lane < CLASSES ? __ldcg(b2 + lane) : 0.0f;  // (before the stores below, which it
+                                                                      // could not pass: one trip fewer)
+    float part[CLASSES], h[UNITS_A_LANE], w2u[UNITS_A_LANE][CLASSES];  // w2u: W2[j][u], kept for dh
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) part[j] = 0.0f;
 #pragma unroll
     for (int i = 0; i < UNITS_A_LANE; ++i) {
         const int u = lane + 32 * i;
         h[i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) w2u[i][j] = 0.0f;
         if (u < HIDDEN) {
             h[i] = fc1_output(ws, r, u, b1);
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) part[j] = fmaf(h[i], __ldcg(w2 + j * HIDDEN + u), part[j]);
+            for (int j = 0; j < CLASSES; ++j) {
+                w2u[i][j] = __ldcg(w2 + j * HIDDEN + u);
+                part[j] = fmaf(h[i], w2u[i][j], part[j]);
+            }
         }
     }
     if (train)  // (phase 4's)
@@ -660,7 +667,7 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
 #pragma unroll
     for (int j = 0; j < CLASSES; ++j) {
         const float v = warp_sum(part[j]);
-        if (lane == j) z = v + __ldcg(b2 + j);
+        if (lane == j) z = v + b2_lane;
     }
     const bool is_class = lane < CLASSES;
     float m, total;
@@ -676,7 +683,7 @@ __device__ __forceinline__ void head_row(const Workspace& ws, const Step& st, in
             if (u >= HIDDEN) continue;
             float v = 0.0f;
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) v = fmaf(dzs[j], __ldcg(w2 + j * HIDDEN + u), v);
+            for (int j = 0; j < CLASSES; ++j) v = fmaf(dzs[j], w2u[i][j], v);
             __stcg(ws.dh + r * HIDDEN + u, h[i] > 0.0f ? v : 0.0f);
         }
     }
