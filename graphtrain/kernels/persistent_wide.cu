@@ -34,8 +34,10 @@
 // the published weights (read in F_l, rewritten in B_l of the same step) and for x (read in F_1 and
 // W_1's update, and the next step's gathered in X, after every block's W_1 update of the step before,
 // which read that buffer, and before the barrier after S, which precedes the next step's F_1: with
-// L ≥ 2 while the barrier after F_L fills (its arrival made, its wait not begun), with L = 1 after
-// it; step 0's x gathered before the first barrier).
+// L ≥ 2 written while the barrier after F_L fills (its arrival made, its wait not begun; its loads
+// issued before F_L's partial logits), with L = 1 after it; step 0's x gathered before the first
+// barrier). The samples of its rows, their labels and images are read ahead in the barrier after
+// F_1 (prefetch_rows).
 // Why gather: x's rows are random rows of the whole training set (tens of MB, past what L2 keeps),
 // which F_1 and W_1's update each read whole from every block; gathered once, they read a buffer of
 // the batch's size from L2, as F_2 reads h_1.
@@ -581,18 +583,38 @@ struct Step {
 // every block's F_1 and W_1's update of that step. Why k-step pieces: a fragment load's 32 lanes (rows
 // g, g + 8 of a tile, inputs k0 + 4t .. + 3) then read 256 contiguous bytes, two lines of 128, where
 // row-major rows a whole image apart take eight lines of 32 bytes, which L1TEX serves a line at a time.
-__device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, const bf16_bits* images, int step, int rank) {
+// In two halves: gather_load, a thread's pieces into registers (all its loads in flight), and
+// gather_store, published; the main loop issues the loads before the head's partial logits, whose
+// work then hides their trip to L2, and the stores after its arrival at the barrier that follows.
+#define GATHER_PIECES ((ROWS16 + BLOCKS - 1) / BLOCKS * (FEATURE_STRIDE / 8))  // the owned rows' 16-byte pieces
+#define GATHER_TRIPS ((GATHER_PIECES + THREADS - 1) / THREADS)                // a thread's
+struct GatheredRows {
+    uint4 v[GATHER_TRIPS];
+};
+__device__ __forceinline__ GatheredRows gather_load(const Smem& s, const bf16_bits* images, int step, int rank) {
     constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
-    uint4* x = reinterpret_cast<uint4*>(x_of(ws, step));
     const int* row_samples = s.row_samples + (step & 1) * R_OWN;
-    for (int i = threadIdx.x; i < (ROWS16 + BLOCKS - 1) / BLOCKS * PIECES; i += THREADS) {
-        const int q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
-        if (r >= ROWS16) continue;
-        const int sample = q < R_OWN ? row_samples[q] : -1;  // (rows past BATCH: zero)
-        const uint4 v = sample >= 0 ? __ldg(reinterpret_cast<const uint4*>(images + (long long)sample * FEATURE_STRIDE) + piece)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-        __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), v);
+    GatheredRows g;
+#pragma unroll
+    for (int j = 0; j < GATHER_TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS, q = i / PIECES, piece = i - q * PIECES;
+        const int sample = i < GATHER_PIECES && q < R_OWN ? row_samples[q] : -1;  // (rows past BATCH: zero)
+        g.v[j] = sample >= 0 ? __ldg(reinterpret_cast<const uint4*>(images + (long long)sample * FEATURE_STRIDE) + piece)
+                             : make_uint4(0u, 0u, 0u, 0u);
     }
+    return g;
+}
+__device__ __forceinline__ void gather_store(const Workspace& ws, const GatheredRows& g, int step, int rank) {
+    constexpr int PIECES = FEATURE_STRIDE / 8;
+    uint4* x = reinterpret_cast<uint4*>(x_of(ws, step));
+#pragma unroll
+    for (int j = 0; j < GATHER_TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS, q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
+        if (i < GATHER_PIECES && r < ROWS16) __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), g.v[j]);
+    }
+}
+__device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, const bf16_bits* images, int step, int rank) {
+    gather_store(ws, gather_load(s, images, step, rank), step, rank);
 }
 
 // Step `step`'s rows r ≡ rank (mod BLOCKS), q = 0 .. R_OWN − 1, read ahead by warp 1's lane q: the
@@ -863,6 +885,8 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
             forward_layer(s, ws, st, l, HiddenRows{act_of(ws, l - 1)},
                           PublishedWeights{wg_of(ws, l, step & 1) + published_at(u0, 0)}, H_KSTEPS, 1.0f, probes);
         }
+        GatheredRows next;  // (L ≥ 2: the next step's x, loaded under the partial logits' work)
+        if (LAYERS >= 2 && step + 1 < num_steps) next = gather_load(s, images, step + 1, rank);
         head_partials(s, ws, st);
         PHASE_END(probes, HEAD_PARTIALS, 0);
         // every block's partial logits; with L ≥ 2 the next step's x (x_of: the other buffer) is gathered
@@ -870,7 +894,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         // updates of the step before, are behind the barrier after F_1 (with L = 1 only behind this one)
         const unsigned long long partials = grid_arrive(ws.barrier);
         if (LAYERS >= 2) {
-            if (step + 1 < num_steps) gather_rows(s, ws, images, step + 1, rank);
+            if (step + 1 < num_steps) gather_store(ws, next, step + 1, rank);
             PHASE_END(probes, GATHER, 0);
         }
         grid_wait(ws.barrier, partials);
