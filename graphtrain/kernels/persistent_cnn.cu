@@ -584,9 +584,12 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
     __syncthreads();  // (the next sample overwrites x, a1)
 }
 
-// The conv parameters staged (and, in one pass, phase 1's B fragments of them).
+// The conv parameters staged (and, in one pass, phase 1's B fragments of them): 16 bytes a load (the
+// span and s.conv start 16-byte aligned), the last NCONV mod 4 alone; at the speedrun's shape a
+// thread's loads are then one batch, one trip to L2, where 4-byte loads took four.
 __device__ void load_conv(const Smem& s, const float* params) {
-    stage_batched<NCONV>(s.conv, [&](int i) { return __ldcg(params + i); });
+    stage_batched<NCONV / 4>(reinterpret_cast<float4*>(s.conv), [&](int i) { return __ldcg(reinterpret_cast<const float4*>(params) + i); });
+    if (threadIdx.x < NCONV % 4) s.conv[NCONV / 4 * 4 + threadIdx.x] = __ldcg(params + NCONV / 4 * 4 + threadIdx.x);
     __syncthreads();
 #if PASSES == 1
     stage_conv_fragments(s);

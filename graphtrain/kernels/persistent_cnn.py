@@ -309,6 +309,7 @@ class PersistentCnn(KernelFile):
         CONSTANTS record; metrics (2 doubles) += (Σ loss, #correct) when measuring. `images`: rows of
         image² normalised floats; `workspace`: workspace_bytes of device memory, its barrier counter
         zeroed here before the launch."""
+        _check_aligned(params)
         cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
         self._cnn_epoch(stream, self.shape.blocks, THREADS, images, labels, order, params, slot1, slot2, constants,
                         num_samples, num_steps, first_step, metrics, int(measure), workspace,
@@ -317,6 +318,14 @@ class PersistentCnn(KernelFile):
     def evaluate(self, stream, images: int, labels: int, num_samples: int, params: int, out: int,
                  workspace: int) -> None:
         """out[1] (of two doubles; out[0] unchanged) += how many of the first num_samples images the model classifies right."""
+        _check_aligned(params)
         cuda.memset(workspace + self.barrier_offset, 0, 8, stream)
         self._cnn_evaluate(stream, self.shape.blocks, THREADS, images, labels, num_samples, params, out, workspace,
                            shared_bytes=self.shared_bytes)
+
+
+def _check_aligned(params: int) -> None:
+    """The kernels load the conv parameters 16 bytes at a time (load_conv): the span must start on
+    16 bytes (an arena's buffers start on 256)."""
+    if params % 16:
+        raise RuntimeError(f"persistent_cnn: the parameter span at {params:#x} is not 16-byte aligned")
