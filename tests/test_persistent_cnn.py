@@ -234,3 +234,16 @@ def test_the_speedrun_kernel_keeps_its_registers(nvrtc_available):
     assert {"cnn_epoch", "cnn_evaluate"} <= found.keys(), found
     assert found["cnn_evaluate"] == (0, 0), found
     assert found["cnn_epoch"][0] <= SPEEDRUN_STACK_BYTES and found["cnn_epoch"][1] <= SPEEDRUN_SPILL_BYTES, found
+
+
+def test_a_parameter_span_off_16_bytes_is_refused_before_the_launch():
+    """load_conv reads the conv parameters 16 bytes at a time: the launcher refuses a span that does
+    not start on 16 bytes (an arena's never does: its buffers start on 256)."""
+    from graphtrain.kernels.persistent_cnn import _check_aligned
+    from graphtrain.libs.memory import ALIGNMENT
+
+    _check_aligned(7 * ALIGNMENT)
+    _check_aligned(7 * ALIGNMENT + 16)
+    for off in (4, 8, 12):
+        with pytest.raises(RuntimeError, match="16-byte aligned"):
+            _check_aligned(7 * ALIGNMENT + off)
