@@ -247,3 +247,18 @@ def test_a_parameter_span_off_16_bytes_is_refused_before_the_launch():
     for off in (4, 8, 12):
         with pytest.raises(RuntimeError, match="16-byte aligned"):
             _check_aligned(7 * ALIGNMENT + off)
+
+
+def test_the_code_size_probe_reads_each_kernels_sass_from_the_cubin(nvrtc_available, cache):
+    """scripts/probes/kernel_code_size.py: each kernel function's `.text` section in the cubin, whole
+    sm_90 instructions of 16 bytes; a file that is not an ELF64 cubin is refused."""
+    from test_persistent import load_script
+
+    probe = load_script("kernel_code_size")
+    cubin = PersistentCnn.cubin("sm_90", SPEEDRUN.defines)
+    sizes = probe.text_sizes(cubin)
+    assert {"cnn_epoch", "cnn_evaluate"} <= sizes.keys(), sizes
+    assert all(size > 0 and size % probe.SASS_BYTES == 0 for size in sizes.values()), sizes
+    assert sum(sizes.values()) < len(cubin)
+    with pytest.raises(ValueError, match="ELF64"):
+        probe.text_sizes(b"not a cubin" * 8)
