@@ -104,6 +104,7 @@ def test_loads_further_ahead_give_the_same_bits(tmp_path, seed, prefetch):
     ((144,) * 3, 32, 80, 160, 10, True, True, 16, 1),
     ((136,) * 2, 24, 60, 200, 10, True, False, 8, 2),
     ((32,), 32, 80, 32, 32, False, True, 16, 1),
+    ((32,), 464, 1160, 32, 10, True, True, 16, 1),
 ])
 def test_steps_match_float64_with_the_kernels_roundings(tmp_path, hidden, batch, samples, features, classes, bias,
                                                         eight_bit, units, epochs, seed):
@@ -112,7 +113,9 @@ def test_steps_match_float64_with_the_kernels_roundings(tmp_path, hidden, batch,
     multiplies), 8-bit pixels, a last step of 16 rows; two layers of 136 units in 18 blocks of 8 (the
     last 8 units padding), batch 24 (part tiles of rows), 200 features (padded to 208) as floats
     rounded to bf16, two epochs (the parameters reloaded, the metrics summed); one layer of 32 in 2
-    blocks of 16, 32 classes (a warp's every lane), no bias. Three steps an epoch."""
+    blocks of 16, 32 classes (a warp's every lane), no bias; and at batch 464, 232 rows a block owns
+    (more than a block's threads past warp 0 read ahead at once, and x's gather more pieces a thread
+    than it holds in registers), the last step of 232 rows. Three steps an epoch."""
     data = Dataset.synthetic(samples, 10, seed=seed, num_features=features, num_classes=classes)
     if eight_bit:
         data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))

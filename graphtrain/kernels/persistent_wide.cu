@@ -77,7 +77,8 @@
 // Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
 // THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
 // BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
-// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, STAGE_DEPTH, PREFETCH, the shared-memory layout SMEM_* and the
+// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, PARTIAL_ROW, STAGE_DEPTH, PREFETCH, the shared-memory
+// layout SMEM_* and the
 // workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
 // cp.async (sm_80 and later). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
 // adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
@@ -92,7 +93,6 @@
 #define H_KSTEPS (HIDDEN_PAD / 16)     // a hidden layer's
 #define PIECE (ROWS16 * UNITS)         // a block's piece of an exchanged matrix (bf16 values)
 #define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
-#define PARTIAL_ROW ((BLOCKS * CLASSES + 3) / 4 * 4)  // a row's partial logits, padded to whole float4s
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
 #define SLAB_ROWS (ROWS16 * 16)          // a staged k-step of the rows: ROWS16 rows of 16 inputs (bf16)
 #define SLAB (SLAB_ROWS + UNITS * 16)    // and of the block's rows of a published W_l, after them
@@ -101,7 +101,7 @@
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
     || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 32 != 0 \
     || WC_STRIDE % 32 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
-    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1
+    || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1 || PARTIAL_ROW < BLOCKS * CLASSES || PARTIAL_ROW % 4 != 0
 #error "persistent_wide.cu: unsupported sizes"
 #endif
 
@@ -123,7 +123,7 @@ struct Smem {
     bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_c]ᵀ
     float* dh;          // [ROWS16][UNITS]              dh_l[:, U_c], zero past the step's rows
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
-                        //   [R_OWN][BLOCKS][CLASSES], the owned rows' partial logits (no product runs then)
+                        //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then)
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
 #if STAGE_DEPTH
     bf16_bits* stage;   // [WARPS][STAGE_DEPTH][SLAB]     each warp's ring of staged k-steps (the staged build's)
@@ -583,54 +583,69 @@ struct Step {
 // every block's F_1 and W_1's update of that step. Why k-step pieces: a fragment load's 32 lanes (rows
 // g, g + 8 of a tile, inputs k0 + 4t .. + 3) then read 256 contiguous bytes, two lines of 128, where
 // row-major rows a whole image apart take eight lines of 32 bytes, which L1TEX serves a line at a time.
-// In two halves: gather_load, a thread's pieces into registers (all its loads in flight), and
-// gather_store, published; the main loop issues the loads before the head's partial logits, whose
+// In two halves: gather_load, a thread's first GATHER_AHEAD pieces into registers (their loads in
+// flight together), and gather_store, published (with any others); the main loop issues the loads before the head's partial logits, whose
 // work then hides their trip to L2, and the stores after its arrival at the barrier that follows.
 #define GATHER_PIECES ((ROWS16 + BLOCKS - 1) / BLOCKS * (FEATURE_STRIDE / 8))  // the owned rows' 16-byte pieces
 #define GATHER_TRIPS ((GATHER_PIECES + THREADS - 1) / THREADS)                // a thread's
-struct GatheredRows {
-    uint4 v[GATHER_TRIPS];
-};
-__device__ __forceinline__ GatheredRows gather_load(const Smem& s, const bf16_bits* images, int step, int rank) {
+#define GATHER_AHEAD (GATHER_TRIPS < 2 ? GATHER_TRIPS : 2)  // of them held in registers (the 784³ MLP's: all, one)
+// Piece i of the owned rows (row q = i / PIECES), zero past the step's rows and past BATCH.
+__device__ __forceinline__ uint4 gathered_piece(const int* row_samples, const bf16_bits* images, int i) {
     constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
-    const int* row_samples = s.row_samples + (step & 1) * R_OWN;
+    const int q = i / PIECES, sample = i < GATHER_PIECES && q < R_OWN ? row_samples[q] : -1;
+    return sample >= 0 ? __ldg(reinterpret_cast<const uint4*>(images + (long long)sample * FEATURE_STRIDE) + i - q * PIECES)
+                       : make_uint4(0u, 0u, 0u, 0u);
+}
+struct GatheredRows {
+    uint4 v[GATHER_AHEAD];
+};
+__device__ __forceinline__ GatheredRows gather_load(const Smem& s, const bf16_bits* images, int step) {
     GatheredRows g;
 #pragma unroll
-    for (int j = 0; j < GATHER_TRIPS; ++j) {
-        const int i = threadIdx.x + j * THREADS, q = i / PIECES, piece = i - q * PIECES;
-        const int sample = i < GATHER_PIECES && q < R_OWN ? row_samples[q] : -1;  // (rows past BATCH: zero)
-        g.v[j] = sample >= 0 ? __ldg(reinterpret_cast<const uint4*>(images + (long long)sample * FEATURE_STRIDE) + piece)
-                             : make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int j = 0; j < GATHER_AHEAD; ++j) g.v[j] = gathered_piece(s.row_samples + (step & 1) * R_OWN, images, threadIdx.x + j * THREADS);
     return g;
 }
-__device__ __forceinline__ void gather_store(const Workspace& ws, const GatheredRows& g, int step, int rank) {
+// The held pieces published, then the thread's others (a shape with more owned rows) loaded and published.
+__device__ __forceinline__ void gather_store(const Smem& s, const Workspace& ws, const GatheredRows& g, const bf16_bits* images,
+                                             int step, int rank) {
     constexpr int PIECES = FEATURE_STRIDE / 8;
     uint4* x = reinterpret_cast<uint4*>(x_of(ws, step));
+    auto store = [&](int i, uint4 v) {
+        const int q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
+        if (i < GATHER_PIECES && r < ROWS16) __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), v);
+    };
 #pragma unroll
-    for (int j = 0; j < GATHER_TRIPS; ++j) {
-        const int i = threadIdx.x + j * THREADS, q = i / PIECES, r = rank + BLOCKS * q, piece = i - q * PIECES;
-        if (i < GATHER_PIECES && r < ROWS16) __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), g.v[j]);
+    for (int j = 0; j < GATHER_AHEAD; ++j) store(threadIdx.x + j * THREADS, g.v[j]);
+    for (int j = GATHER_AHEAD; j < GATHER_TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS;
+        store(i, gathered_piece(s.row_samples + (step & 1) * R_OWN, images, i));
     }
 }
-__device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, const bf16_bits* images, int step, int rank) {
-    gather_store(ws, gather_load(s, images, step, rank), step, rank);
-}
 
-// Step `step`'s rows r ≡ rank (mod BLOCKS), q = 0 .. R_OWN − 1, read ahead by warp 1's lane q: the
+// Step `step`'s rows r ≡ rank (mod BLOCKS), q = 0 .. R_OWN − 1, read ahead by threads 32 + q (+ 224k): the
 // sample (−1 past the step's rows) and its label into s.row_samples and s.row_labels (by step parity),
 // for X and S, which take the same rows; the image into L2 (a bulk prefetch), where X gathers it
 // from. Called in the wait of a barrier a phase or more before X, so that X makes one trip to L2 where
 // it made a trip for the sample and one to device memory for its image, and S none for the label.
 __device__ __forceinline__ void prefetch_rows(const Smem& s, const bf16_bits* images, const int* labels, const int* order,
                                               int step, int num_samples, int rank) {
-    const int q = threadIdx.x - 32, r = rank + BLOCKS * q;
-    if (q >= 0 && q < R_OWN) {
+    if (threadIdx.x < 32) return;  // (warp 0's thread 0 is in the grid barrier's wait)
+    for (int q = threadIdx.x - 32; q < R_OWN; q += THREADS - 32) {
+        const int r = rank + BLOCKS * q;
         const int sample = r < min(BATCH, num_samples - step * BATCH) ? __ldg(order + (long long)step * BATCH + r) : -1;
         s.row_samples[(step & 1) * R_OWN + q] = sample;
         s.row_labels[(step & 1) * R_OWN + q] = sample >= 0 ? __ldg(labels + sample) : -1;
         if (sample >= 0) prefetch_l2(images + (long long)sample * FEATURE_STRIDE, FEATURE_STRIDE * sizeof(bf16_bits));
     }
+}
+
+// X where nothing was read ahead (step 0, and every step with one hidden layer): the rows' samples
+// first, then the gather.
+__device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, const bf16_bits* images, const int* labels,
+                                            const int* order, int step, int num_samples, int rank) {
+    prefetch_rows(s, images, labels, order, step, num_samples, rank);
+    __syncthreads();
+    gather_store(s, ws, gather_load(s, images, step), images, step, rank);
 }
 
 // F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
@@ -863,11 +878,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     const int rank = blockIdx.x;
     const int u0 = rank * UNITS;  // this block's first unit
     load_parameters(s, ws, params, bias, u0);
-    if (num_steps > 0) {
-        prefetch_rows(s, images, labels, order, 0, num_samples, rank);
-        __syncthreads();
-        gather_rows(s, ws, images, 0, rank);
-    }
+    if (num_steps > 0) gather_rows(s, ws, images, labels, order, 0, num_samples, rank);
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)
 
     double loss_sum = 0.0, correct_sum = 0.0;  // kept by lane 0 of each warp, over the rows it owns
@@ -886,7 +897,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
                           PublishedWeights{wg_of(ws, l, step & 1) + published_at(u0, 0)}, H_KSTEPS, 1.0f, probes);
         }
         GatheredRows next;  // (L ≥ 2: the next step's x, loaded under the partial logits' work)
-        if (LAYERS >= 2 && step + 1 < num_steps) next = gather_load(s, images, step + 1, rank);
+        if (LAYERS >= 2 && step + 1 < num_steps) next = gather_load(s, images, step + 1);
         head_partials(s, ws, st);
         PHASE_END(probes, HEAD_PARTIALS, 0);
         // every block's partial logits; with L ≥ 2 the next step's x (x_of: the other buffer) is gathered
@@ -894,17 +905,13 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         // updates of the step before, are behind the barrier after F_1 (with L = 1 only behind this one)
         const unsigned long long partials = grid_arrive(ws.barrier);
         if (LAYERS >= 2) {
-            if (step + 1 < num_steps) gather_store(ws, next, step + 1, rank);
+            if (step + 1 < num_steps) gather_store(s, ws, next, images, step + 1, rank);
             PHASE_END(probes, GATHER, 0);
         }
         grid_wait(ws.barrier, partials);
         PROBE_END(probes, WAIT_FORWARD, LAYERS);
         if (LAYERS == 1) {
-            if (step + 1 < num_steps) {
-                prefetch_rows(s, images, labels, order, step + 1, num_samples, rank);
-                __syncthreads();
-                gather_rows(s, ws, images, step + 1, rank);
-            }
+            if (step + 1 < num_steps) gather_rows(s, ws, images, labels, order, step + 1, num_samples, rank);
             PHASE_END(probes, GATHER, 0);
         }
         softmax_rows(s, ws, st, measure != 0, loss_sum, correct_sum);

@@ -184,10 +184,12 @@ class WideShape:
                        eight units of a 4-byte load phase start on eight different 16-byte columns;
           PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units two rows of a
                        float2 store phase share banks, and the padding would cost 16 KB, which the
-                       784³ MLP's blocks of 16 units do not have)."""
-        padded_hidden = self.blocks_for(units) * units
-        return {"W1_STRIDE": swizzled_stride(self.padded_features), "WC_STRIDE": swizzled_stride(padded_hidden),
-                "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units}
+                       784³ MLP's blocks of 16 units do not have);
+          PARTIAL_ROW  a row of the head's partial logits (every block's classes), padded to whole
+                       float4s: the softmax loads them 16 bytes at a time."""
+        blocks = self.blocks_for(units)
+        return {"W1_STRIDE": swizzled_stride(self.padded_features), "WC_STRIDE": swizzled_stride(blocks * units),
+                "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units, "PARTIAL_ROW": ceil_div(blocks * self.classes, 4) * 4}
 
     @property
     def strides(self) -> dict[str, int]:
@@ -218,8 +220,7 @@ class WideShape:
             # the warps' partial sums of a product, and in the softmax (no product then) the owned
             # rows' partial logits
             Region("part", "float", max(THREADS // 32 // 2 * rows16 * st["PART_STRIDE"],
-                                        ceil_div(self.batch, self.blocks_for(units)) * ceil_div(self.blocks_for(units) * classes, 4) * 4),
-                   16),
+                                        ceil_div(self.batch, self.blocks_for(units)) * st["PARTIAL_ROW"]), 16),
             Region("dl", "float", rows16 * classes, 16),
             *rings,
             *probes,
@@ -245,7 +246,7 @@ class WideShape:
             Region("act", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("grad", "unsigned short", (layers - 1) * blocks * piece, 256),
             Region("wg", "unsigned short", (layers - 1) * 2 * padded * padded, 256),
-            Region("partials", "float", self.batch * ceil_div(blocks * self.classes, 4) * 4, 256),
+            Region("partials", "float", self.batch * self.strides["PARTIAL_ROW"], 256),
             Region("dz", "float", self.batch * self.classes, 256),
         ])
 
