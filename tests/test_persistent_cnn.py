@@ -144,15 +144,22 @@ def test_the_probe_build_compiles(nvrtc_available, cache, shape):
 def test_every_phase_is_probed_in_the_kernel_in_step_order():
     """Each of PHASES ends once in the kernel's step, in the table's order (a slot the kernel never
     counts would print as nothing; a probe the table lacks would not compile), a phase before the
-    wait of the grid barrier after it; phase 4's first two parts inside linear_backward and phase 5's
+    wait of the grid barrier after it; phase 1's last three parts inside sample_forward (a training
+    step's: the evaluation passes no probes), phase 4's first two inside linear_backward and phase 5's
     first four inside sample_backward, in order."""
     source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
     step = source[source.index("cnn_epoch("):source.index("cnn_evaluate(")]
+    forward = source[source.index("void sample_forward("):source.index("void load_conv(")]
     backward = source[source.index("void sample_backward("):source.index("cnn_epoch(")]
     linear = source[source.index("void linear_backward("):source.index("void sample_backward(")]
     parts = ("BACKWARD_MAPS", "CONV2_GRADS", "POOL1_GRADIENT", "CONV1_GRADS")
-    places, part_places, linear_places = [], [], []
+    forward_parts = ("IMAGES", "CONV1", "CONVS_FORWARD")
+    places, part_places, linear_places, forward_places = [], [], [], []
     for name, _ in PHASES:
+        if name in forward_parts:
+            assert forward.count(f"if (probes) PROBE_END(*probes, {name}, 0);") == 1, name
+            forward_places.append(forward.index(f"PROBE_END(*probes, {name}, 0)"))
+            continue
         if name in ("DW1", "DA2"):
             assert linear.count(f"PHASE_END(probes, {name})") == 1, name
             linear_places.append(linear.index(f"PHASE_END(probes, {name})"))
@@ -162,15 +169,22 @@ def test_every_phase_is_probed_in_the_kernel_in_step_order():
             assert sum(backward.count(f"{m}(probes, {name}") for m in ("PHASE_END", "PROBE_END")) == 1, name
             part_places.append(max(at))
             continue
-        macro = "BARRIER" if name.startswith("WAIT_") else "PHASE_END"
-        assert step.count(f"{macro}(probes, {name})") == 1, name
-        places.append(step.index(f"{macro}(probes, {name})"))
+        if name.startswith("WAIT_"):  # BARRIER(probes, NAME) or BARRIER_AROUND(probes, NAME, work)
+            at = [step.find(f"BARRIER(probes, {name})"), step.find(f"BARRIER_AROUND(probes, {name},")]
+            assert sum(i >= 0 for i in at) == 1, name
+            places.append(max(at))
+            continue
+        assert step.count(f"PHASE_END(probes, {name})") == 1, name
+        places.append(step.index(f"PHASE_END(probes, {name})"))
     assert places == sorted(places) and part_places == sorted(part_places) and linear_places == sorted(linear_places)
+    assert forward_places == sorted(forward_places)
+    assert step.count("sample_forward(") == 1 and "&probes)" in step[step.index("sample_forward("):]
     names = [name for name, _ in PHASES]
+    assert names[:names.index("WAIT_CONVS_FORWARD")] == ["CONV_PARAMS", *forward_parts]
     assert names[names.index("CONVS_BACKWARD") - 4:names.index("CONVS_BACKWARD")] == list(parts)
     phase_4 = ("DW1", "DA2", "HEAD_UPDATE")  # phase 4's parts, the first two inside linear_backward
     assert names[names.index("WAIT_LINEAR_BACKWARD") - 3:names.index("WAIT_LINEAR_BACKWARD")] == list(phase_4)
-    assert [name.startswith("WAIT_") for name in names if name not in parts + phase_4[:2]] == [False, True] * 6
+    assert [name.startswith("WAIT_") for name in names if name not in parts + phase_4[:2] + forward_parts] == [False, True] * 6
     assert step.count("grid_sync(") == 0, "a grid barrier of the step is not counted"
 
 

@@ -131,7 +131,7 @@ def test_the_rung_takes_the_grid_kernel_where_the_cluster_kernel_refuses():
         assert isinstance(shape, WideShape) and kernel_name(shape) == "grid", hidden
         assert (shape.hidden, shape.batch, shape.pixel_levels) == (hidden, batch, 255)
     assert products_note(JHU_784) == ("bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid "
-                                      f"of 98 blocks of 8 units; loads {persistent_wide.DEFAULT_PREFETCH} k-steps ahead")
+                                      f"of 98 blocks of 8 units; loads 2 k-steps ahead")
     assert products_note(dataclasses.replace(JHU_784, prefetch=1)).endswith("a grid of 98 blocks of 8 units")
     fp32 = MlpShape(784, (784,) * 3, 10, 128, 255)
     with pytest.raises(ModelUnsupported, match=r"784-784-784-784-10 MLP at batch 128: a block needs \d+ bytes of "
@@ -241,3 +241,17 @@ def test_the_check_script_names_its_parts(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr == "error: no part nope (the parts: " + ", ".join(module.PARTS) + ")\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_default_prefetch_holds_as_many_registers_at_any_batch(monkeypatch):
+    """DEFAULT_PREFETCH 0 (the rung's): two k-steps ahead at batch 128, the depth measured best there;
+    at batch 32 the same registers hold eight, no more than a warp's k-steps of the widest product
+    less one (1024 units: 64 k-steps, 8 a warp: 7; 512: the images' 49, 7 a warp: 6); a shape's
+    prefetch, or a positive DEFAULT_PREFETCH, sets the depth; the staged build loads one."""
+    depth = lambda hidden, batch, **kw: WideShape(784, hidden, 10, batch, 255, **kw).prefetch_depth
+    assert depth((784,) * 3, 128) == depth((1024,) * 3, 128) == 2
+    assert depth((1024,) * 3, 32) == 7 and depth((512,) * 3, 32) == 6 and depth((784,) * 4, 64) == 4
+    assert persistent_wide.prefetch_for(16, 1000) == 16 and persistent_wide.prefetch_for(128, 8) == 1
+    assert depth((1024,) * 3, 32, prefetch=3) == 3 and depth((1024,) * 3, 32, variant="staged") == 1
+    monkeypatch.setattr(persistent_wide, "DEFAULT_PREFETCH", 1)
+    assert depth((1024,) * 3, 32) == depth((784,) * 3, 128) == 1

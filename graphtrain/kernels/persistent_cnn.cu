@@ -201,6 +201,8 @@ struct Workspace {
     float* dz;                    // [BATCH][CLASSES] dlogits
     float* da2;                   // [BATCH][FLAT]   the gradient at the flattened conv output
     float* conv_part;             // [BLOCKS][NCONV] each block's conv gradient sums
+    float* conv_frags;            // [CONV_FRAGS][32][2] one pass: phase 1's B fragments of the conv weights
+                                  //   (wtc's layout), written by their owners' updates in phase 6
 };
 
 __device__ Workspace workspace_at(unsigned char* base) {
@@ -209,7 +211,8 @@ __device__ Workspace workspace_at(unsigned char* base) {
                      reinterpret_cast<unsigned char*>(base + WS_ARG1), reinterpret_cast<unsigned char*>(base + WS_ARG2),
                      reinterpret_cast<float*>(base + WS_A2), reinterpret_cast<float*>(base + WS_H_PARTS), reinterpret_cast<float*>(base + WS_H),
                      reinterpret_cast<float*>(base + WS_DH), reinterpret_cast<float*>(base + WS_DZ),
-                     reinterpret_cast<float*>(base + WS_DA2), reinterpret_cast<float*>(base + WS_CONV_PART)};
+                     reinterpret_cast<float*>(base + WS_DA2), reinterpret_cast<float*>(base + WS_CONV_PART),
+                     reinterpret_cast<float*>(base + WS_CONV_FRAGS)};
 }
 
 // ---- the grid barrier: grid_sync.cuh's grid_sync(counter) --------------------------------------
@@ -461,6 +464,26 @@ __device__ void stage_conv_fragments(const Smem& s) {
     }
 }
 
+// Where conv parameter i of the span lies in stage_conv_fragments' layout (its e), or −1 (a bias).
+// (Not inlined: inlined into phase 6's loop, cnn_epoch spilled 32 bytes.)
+__device__ __noinline__ int conv_fragment_at(int i) {
+    int f, o, kin;
+    if (i < P_CB1) {
+        o = i / (K1 * K1);
+        const int k = i - o * K1 * K1;
+        f = k / 8 * NT1 + o / 8;
+        kin = k % 8;
+    } else if (i >= P_CW2 && i < P_CB2) {
+        const int j = i - P_CW2, oc = j / (K2 * K2), tap = j - oc * K2 * K2, c = oc % C1;
+        o = oc / C1;
+        f = KT1 * NT1 + (tap * CG2 + c / 8) * NT2 + o / 8;
+        kin = c % 8;
+    } else {
+        return -1;
+    }
+    return f * 64 + ((o % 8) * 4 + (kin & 3)) * 2 + (kin >> 2);
+}
+
 // conv_pool_relu's outputs (the same max, first maximum in the window's row-major order, after the
 // bias; the same ReLU) from TF32 operands on the tensor cores, fp32 sums. in: CIN maps of side SIDE,
 // rounded to TF32; frags: the layer's B fragments in wtc. A warp's item: 8 pool windows × NB n-tiles.
@@ -559,7 +582,9 @@ __device__ __forceinline__ void conv_pool_relu_tc(const float* in, const float* 
 // phase 5 (slot < KEPT: the block's slot-th sample's, in shared memory with its image as loaded; else
 // in the workspace), pool 2's in the workspace. One pass: on the tensor cores, the image and a1 staged
 // rounded to TF32 (phase 5 reads them unrounded); three: fp32 FMAs.
-__device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample, int slot) {
+// Probed (a probe build, `probes` given: training's) in three parts: the image staged, conv 1, conv 2.
+__device__ void sample_forward(const Smem& s, const Workspace& ws, const float* images, int r, int sample, int slot,
+                               Probes* probes) {
     const float* image = images + (long long)sample * PIX;
     const bool kept = slot < KEPT;
     float* a1_kept = kept ? s.kept_a1 + slot * A1 : ws.a1 + (long long)r * A1;
@@ -569,19 +594,24 @@ __device__ void sample_forward(const Smem& s, const Workspace& ws, const float* 
         if (kept) s.kept_x[slot * PIX + i] = v;
     });
     __syncthreads();
+    if (probes) PROBE_END(*probes, IMAGES, 0);
 #if PASSES == 1
     conv_pool_relu_tc<1, C1, IMG, K1, KT1, NT1, NT1, true, true>(s.x, s.wtc, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
+#else
+    conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
+#endif
     __syncthreads();
+    if (probes) PROBE_END(*probes, CONV1, 0);
+#if PASSES == 1
     conv_pool_relu_tc<C1, C2, P1, K2, KT2, NT2, NB2, false, false>(s.a1, s.wtc + KT1 * NT1 * 64, s.conv + P_CB2, s.dp2,
                                                                    s.arg2, ws.a2 + (long long)r * FLAT,
                                                                    ws.arg2 + (long long)r * A2);
 #else
-    conv_pool_relu<1, C1, IMG, K1, MAPS_A_THREAD(C1, 2)>(s.x, s.conv + P_CW1, s.conv + P_CB1, s.a1, s.arg1, a1_kept, arg1_kept);
-    __syncthreads();
     conv_pool_relu<C1, C2, P1, K2, MAPS_A_THREAD(C2, 4)>(s.a1, s.conv + P_CW2, s.conv + P_CB2, s.dp2, s.arg2, ws.a2 + (long long)r * FLAT,
                                                         ws.arg2 + (long long)r * A2);
 #endif
     __syncthreads();  // (the next sample overwrites x, a1)
+    if (probes) PROBE_END(*probes, CONVS_FORWARD, 0);
 }
 
 // The conv parameters staged (and, in one pass, phase 1's B fragments of them): 16 bytes a load (the
@@ -596,6 +626,20 @@ __device__ void load_conv(const Smem& s, const float* params) {
     __syncthreads();
 #endif
 }
+
+#if PASSES == 1
+// A training step after a launch's first: the conv parameters and their B fragments (the workspace's,
+// which phase 6's updates wrote) copied as they are (cp.async, 16 bytes a copy, no registers), where
+// stage_conv_fragments computed each fragment from the staged parameters.
+__device__ void copy_conv(const Smem& s, const float* params, const float* frags) {
+    for (int i = threadIdx.x; i < NCONV / 4; i += THREADS) copy16_async_or_zero(s.conv + 4 * i, params + 4 * i, 16);
+    for (int i = threadIdx.x; i < CONV_FRAGS * 16; i += THREADS) copy16_async_or_zero(s.wtc + 4 * i, frags + 4 * i, 16);
+    copies_commit();
+    if (threadIdx.x < NCONV % 4) s.conv[NCONV / 4 * 4 + threadIdx.x] = __ldcg(params + NCONV / 4 * 4 + threadIdx.x);
+    copies_wait<0>();
+    __syncthreads();
+}
+#endif
 
 // A probe build's phase ends at a block barrier (the slowest warp's time; see the epoch below).
 #define PHASE_END(p, name) do { PROBE_SYNC(); PROBE_END(p, name, 0); } while (0)
@@ -1087,7 +1131,12 @@ __device__ void conv_update(const Smem& s, const Workspace& ws, const Step& st, 
             float total = sum;
 #pragma unroll
             for (int q = 1; q < SUM_PARTS; ++q) total += s.ta[q * 64 + j];
-            __stcg(params + i, up.apply(__ldcg(params + i), total, s1 + i, s2 + i));
+            const float w = up.apply(__ldcg(params + i), total, s1 + i, s2 + i);
+            __stcg(params + i, w);
+#if PASSES == 1
+            const int e = conv_fragment_at(i);  // (the next step's phase 1 copies the fragments as they are)
+            if (e >= 0) __stcg(ws.conv_frags + e, tf32_value(w));
+#endif
         }
         __syncthreads();  // (the next chunk's sums overwrite ta)
     }
@@ -1100,6 +1149,19 @@ __device__ void conv_update(const Smem& s, const Workspace& ws, const Step& st, 
 // barrier there (its slowest warp's time: PHASE_END, above sample_backward), so the wait that follows
 // is the grid barrier's alone.
 #define BARRIER(p, name) do { grid_sync(ws.barrier); PROBE_END(p, name, 0); } while (0)
+// The same barrier with `work` of the block's own between its arrival and its wait.
+#define BARRIER_AROUND(p, name, work) \
+    do { const unsigned long long target = grid_arrive(ws.barrier); work; grid_wait(ws.barrier, target); PROBE_END(p, name, 0); } while (0)
+
+// The next step's images of the block's samples fetched into L2 (a hint: the training set is larger
+// than L2, so phase 1's image loads would otherwise wait on device memory), by a thread a sample past
+// warp 0 (whose thread 0 waits on the barrier): its order entry, then a bulk prefetch.
+__device__ __forceinline__ void prefetch_images(const float* images, const int* order, int step, int num_steps,
+                                                int num_samples, int rank) {
+    const int r = rank + (int(threadIdx.x) - 32) * BLOCKS, next = (step + 1) * BATCH;
+    if (threadIdx.x >= 32 && step + 1 < num_steps && r < BATCH && next + r < num_samples)
+        prefetch_l2(images + (long long)__ldg(order + next + r) * PIX, PIX * sizeof(float));
+}
 
 // The metrics, added in block order by block 0 (after a barrier): out[0] += Σ loss, out[1] += Σ correct.
 __device__ void add_metrics(const Smem& s, const Workspace& ws, int rank, double loss_sum, double correct_sum, double* out) {
@@ -1141,10 +1203,21 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         const Update up(constants, first_step + step + 1);
         float* w1 = step & 1 ? ws.w1_other : params + P_W1;
         float* w1_next = step & 1 ? params + P_W1 : ws.w1_other;
+#if PASSES == 1
+        if (step > 0) {
+            copy_conv(s, params, ws.conv_frags);
+        } else {  // (the fragments computed, and block 0's put in the workspace, where phase 6 updates them)
+            load_conv(s, params);
+            if (rank == 0)
+                for (int e = threadIdx.x; e < CONV_FRAGS * 64; e += THREADS) __stcg(ws.conv_frags + e, s.wtc[e]);
+        }
+#else
         load_conv(s, params);
+#endif
         for (int i = threadIdx.x; i < NCONV; i += THREADS) s.grad[i] = 0.0f;
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r), (r - rank) / BLOCKS);
-        PHASE_END(probes, CONVS_FORWARD);
+        PHASE_END(probes, CONV_PARAMS);
+        for (int r = rank; r < st.rows; r += BLOCKS)
+            sample_forward(s, ws, images, r, st.sample(r), (r - rank) / BLOCKS, &probes);
         BARRIER(probes, WAIT_CONVS_FORWARD);  // a2 of every sample
         fc1_forward(s, ws, st, w1);
         PHASE_END(probes, FC1);
@@ -1158,7 +1231,8 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
         for (int r = rank; r < st.rows; r += BLOCKS) sample_backward(s, ws, images, r, st.sample(r), (r - rank) / BLOCKS, probes);
         for (int i = threadIdx.x; i < NCONV; i += THREADS) __stcg(ws.conv_part + (long long)rank * NCONV + i, s.grad[i]);
         PHASE_END(probes, CONVS_BACKWARD);
-        BARRIER(probes, WAIT_CONVS_BACKWARD);  // every block's conv gradient sums
+        // every block's conv gradient sums; the next step's images fetched into L2 in its wait
+        BARRIER_AROUND(probes, WAIT_CONVS_BACKWARD, prefetch_images(images, order, step, num_steps, num_samples, rank));
         conv_update(s, ws, st, params, slot1, slot2, up);
         PHASE_END(probes, CONV_UPDATE);
         BARRIER(probes, WAIT_CONV_UPDATE);  // the conv parameters updated
@@ -1175,6 +1249,7 @@ cnn_epoch(const float* images, const int* labels, const int* order, float* param
 }
 #undef PHASE_END
 #undef BARRIER
+#undef BARRIER_AROUND
 
 // out[1] += the number of the first num_samples images whose largest logit is their label's (out[0]
 // is left as it is), in passes of BATCH rows (the same phases 1–3 as training, without the gradients).
@@ -1189,7 +1264,7 @@ cnn_evaluate(const float* images, const int* labels, int num_samples, const floa
     load_conv(s, params);
     for (int first = 0; first < num_samples; first += BATCH) {
         const Step st{0, min(BATCH, num_samples - first), rank, nullptr, first};
-        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r), KEPT);  // (none kept)
+        for (int r = rank; r < st.rows; r += BLOCKS) sample_forward(s, ws, images, r, st.sample(r), KEPT, nullptr);  // (none kept)
         grid_sync(ws.barrier);
         fc1_forward(s, ws, st, params + P_W1);
         grid_sync(ws.barrier);

@@ -37,7 +37,10 @@ WARPS = THREADS // 32
 # The probe build's phases (probes.cuh; scripts/probes/persistent_cnn_phases.py) in step order, the
 # cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
-CONVS_FORWARD         1: the block's samples' conv 1 + pool + ReLU, conv 2 + pool + ReLU, a2 published
+CONV_PARAMS           1a: the conv parameters staged (one pass: their B fragments too, after a launch's first step copied as phase 6 wrote them), the gradient sums zeroed
+IMAGES                1b: the block's samples' images staged
+CONV1                 1c: their conv 1 + pool + ReLU
+CONVS_FORWARD         1d: their conv 2 + pool + ReLU, a2 published
 WAIT_CONVS_FORWARD    grid barrier after 1: a2 of every sample
 FC1                   2: fc1's sums a2·W1ᵀ over each part of its inputs, the block's tiles
 WAIT_FC1              grid barrier after 2: the parts' sums
@@ -222,6 +225,7 @@ class CnnShape:
             Region("dz", "float", batch * self.classes, 256),
             Region("da2", "float", batch * self.flat, 256),
             Region("conv_part", "float", self.blocks * self.conv_params, 256),
+            Region("conv_frags", "float", 64 * self.conv_fragments if self.passes == 1 else 0, 256),
         ])
 
     @property
@@ -268,7 +272,8 @@ def problems_of(spec) -> list[str]:
 class PersistentCnn(KernelFile):
     stem = "persistent_cnn"
     min_arch = 80  # TF32 mma; no cluster
-    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "tf32_mma.cuh", "logits_loss.cuh", "model_axis.cuh", "optim.cu")
+    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "async_copy.cuh", "batched_loads.cuh", "tf32_mma.cuh", "logits_loss.cuh",
+               "model_axis.cuh", "optim.cu")
     # The class's defines compile the file for the speedrun's cnn (the CPU tests); a stage passes its own.
     defines = CnnShape(28, 24, 5, 32, 3, 256, 10, 256).defines
     _cnn_epoch = kernel("cnn_epoch", PTR, PTR, PTR, PTR, PTR, PTR, PTR, I32, I32, I32, PTR, I32, PTR, cooperative=True,

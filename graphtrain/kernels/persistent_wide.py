@@ -27,13 +27,25 @@ WARPS = THREADS // 32
 VARIANTS = ("registers", "staged")
 DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured faster)
 # The registers build's k-steps of operand loads in flight beyond the one multiplying (a ring of
-# fragments in registers, PREFETCH in the kernel): each adds a k-step's fragments to a thread's
-# registers (32 at batch 128) and hides one more L2 round trip of a product's ~7. The same sums.
-# Two: three is the deepest whose build does not spill at 784 and 1024 units, batch 128 (four spill:
-# scripts/probes/persistent_wide_registers.py), but once each load took one address a k-step its
-# 784³ epoch took longer than two's on an H200 (scripts/benchmarks/epoch_ab.py, a tree of each); the
-# phase probe's --prefetch columns time the depths against each other.
-DEFAULT_PREFETCH = 2
+# fragments in registers, PREFETCH in the kernel): each adds a k-step's A fragments to a thread's
+# registers (4 an m-tile of 16 rows: 32 at batch 128) and hides one more L2 round trip of a product.
+# The same sums at any depth. DEFAULT_PREFETCH 0: by the batch (prefetch_for); a positive value
+# forces that depth (the phase probe's --prefetch, scripts/checks/sanitize.sh's registers:1).
+DEFAULT_PREFETCH = 0
+# The A fragments a thread holds in flight: 64 registers, two k-steps at batch 128. There three is
+# the deepest whose build does not spill at 784 and 1024 units (scripts/probes/persistent_wide_registers.py),
+# but once each load took one address a k-step the 784³ epoch took longer at three than at two on an
+# H200 (scripts/benchmarks/epoch_ab.py, a tree of each). At batch 32 the same registers hold eight
+# k-steps; the phase probe's --prefetch columns (H200) counted the cuda-mnist MLPs' steps shorter
+# loading 6 or 7 ahead than 2 (1024 units: 43.1k → 41.1k cycles; 512: 34.6k → 33.8k).
+PREFETCH_REGISTERS = 64
+
+
+def prefetch_for(rows16: int, ksteps: int) -> int:
+    """The registers build's default depth at a batch of `rows16` rows (whole m-tiles) whose widest
+    product has `ksteps` k-steps: PREFETCH_REGISTERS of A fragments, and no more than the k-steps a
+    warp takes of it less the one it multiplies."""
+    return max(1, min(PREFETCH_REGISTERS // (4 * (rows16 // 16)), ceil_div(ksteps, WARPS) - 1))
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
@@ -81,7 +93,7 @@ class WideShape:
     units: int = 0
     variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as UNIT_CHOICES is)
     stage_slabs: int = 0  # the staged build's slabs a warp; 0: the most that fit (stage_depth_with)
-    prefetch: int = 0  # the registers build's k-steps loaded ahead; 0: DEFAULT_PREFETCH (read when used)
+    prefetch: int = 0  # the registers build's k-steps loaded ahead; 0: DEFAULT_PREFETCH (read when used), by the batch
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -117,7 +129,8 @@ class WideShape:
     @property
     def prefetch_depth(self) -> int:
         """The registers build's k-steps of loads in flight (1 in the staged build, which has its ring)."""
-        depth = self.prefetch or DEFAULT_PREFETCH
+        depth = self.prefetch or DEFAULT_PREFETCH or prefetch_for(
+            self.rows16, max(self.padded_features, self.padded_hidden) // 16)
         if depth < 1:
             raise ValueError(f"a prefetch of {depth} k-steps (at least 1)")
         return 1 if self.build == "staged" else depth

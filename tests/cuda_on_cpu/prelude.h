@@ -19,6 +19,7 @@
 #define __device__
 #define __global__
 #define __forceinline__
+#define __noinline__
 #define __launch_bounds__(...)
 #define __align__(n)
 struct Dim3 { unsigned x, y, z; };
