@@ -24,7 +24,9 @@
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
 //   6 each conv parameter's gradient, the blocks' sums added in a fixed order by its owner (a block a
-//     contiguous range of them), and its update; the next step's phase 1 reads the conv weights anew
+//     contiguous range of them), and its update (in one pass also written, rounded to TF32, at its place
+//     among phase 1's B fragments in the workspace); the next step's phase 1 copies them anew, and
+//     its images are fetched into L2 in the barrier after phase 5
 //
 // The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
 // in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
