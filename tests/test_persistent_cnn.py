@@ -276,38 +276,3 @@ def test_the_code_size_probe_reads_each_kernels_sass_from_the_cubin(nvrtc_availa
     assert sum(sizes.values()) < len(cubin)
     with pytest.raises(ValueError, match="ELF64"):
         probe.text_sizes(b"not a cubin" * 8)
-
-
-def test_phase_4_shares_its_items_out_by_cost():
-    """CnnShape.phase4_plan: every tile of dW1 and of da2 and every head group on one block, a block's
-    tiles of a kind consecutive (the kernel's loops take ranges), ⌊tiles / blocks⌋ tiles a block or one
-    more; at the speedrun's the blocks with four tiles hold da2's only, and no block's tiles cost more
-    than two of dW1 and one of da2 (round robin gave blocks 0–67 two of each); the tables as the kernel
-    reads them; a grid of more blocks than tiles leaves blocks without."""
-    from graphtrain.kernels.persistent_cnn import PHASE4_COSTS
-
-    for shape in (CnnShape(28, 24, 5, 32, 3, 256, 10, 256), CnnShape(14, 4, 3, 6, 3, 40, 10, 8, blocks=4),
-                  CnnShape(14, 4, 3, 6, 3, 40, 10, 8, blocks=16)):
-        plan = shape.phase4_plan()
-        dw1 = -(-shape.hidden // 32) * -(-shape.flat // 32)
-        da2 = -(-shape.batch // 32) * -(-shape.flat // 32)
-        for kind, count in (("dw1", dw1), ("da2", da2), ("head", -(-shape.hidden // 4))):
-            assert sorted(i for items in plan[kind] for i in items) == list(range(count)), (shape, kind)
-        for k in range(shape.blocks):
-            for kind in ("dw1", "da2"):
-                assert plan[kind][k] == list(range(plan[kind][k][0], plan[kind][k][0] + len(plan[kind][k]))) \
-                    if plan[kind][k] else True
-            assert len(plan["dw1"][k]) + len(plan["da2"][k]) in ((dw1 + da2) // shape.blocks, (dw1 + da2) // shape.blocks + 1)
-        defines = shape.phase4_defines
-        firsts = [int(v) for v in defines["P4_DW1_FIRST"].strip("{}").split(",")]
-        assert len(firsts) == shape.blocks + 1 and firsts[-1] == dw1
-        assert all(plan["dw1"][k] == list(range(firsts[k], firsts[k + 1])) for k in range(shape.blocks))
-    speedrun = CnnShape(28, 24, 5, 32, 3, 256, 10, 256).phase4_plan()
-    tiles = [(len(a), len(b)) for a, b in zip(speedrun["dw1"], speedrun["da2"])]
-    assert {t for t in tiles if sum(t) == 4} == {(0, 4)}
-    assert max(a * PHASE4_COSTS["dw1"] + b * PHASE4_COSTS["da2"] for a, b in tiles) == \
-        2 * PHASE4_COSTS["dw1"] + PHASE4_COSTS["da2"]
-    source = (KERNELS_DIR / "persistent_cnn.cu").read_text()
-    assert "tile = p4_dw1_first[st.rank]; tile < p4_dw1_first[st.rank + 1]" in source
-    assert "tile = p4_da2_first[st.rank]; tile < p4_da2_first[st.rank + 1]" in source
-    assert "q = p4_head[item]" in source

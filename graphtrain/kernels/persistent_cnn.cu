@@ -17,9 +17,9 @@
 //   4 tiles of W1 (TILE units × TILE features): dW1 = dhᵀ·a2 and its owner's update, written to the
 //     other copy of W1 (two, by step parity: the tiles of da2 read this step's as it is written);
 //     tiles of da2 = dh·W1 (TILE rows × TILE features);
-//     W2's columns and b1's units, HEAD_UNITS a group (group 0 b2 too): their gradients (a thread its
-//     rows in order, a warp's lanes, then the warps in order) and updates; every item on the block the
-//     launcher's plan gives it (CnnShape.phase4_plan: shared out by cost, P4_* below)
+//     the last blocks (those without an extra tile) W2's columns and b1's units, HEAD_UNITS a group
+//     (group 0 b2 too): their gradients (a thread its rows in order, a warp's lanes, then the warps in
+//     order) and updates
 //   5 per sample (the block's of phase 1): back through ReLU and pool 2 to conv 2's output gradient,
 //     conv 2's weight gradient and its input gradient at pool 1's argmaxes, back through ReLU and
 //     pool 1, conv 1's weight gradient; the block's sums over its samples published
@@ -100,17 +100,13 @@
 #define FC1_TILES (ROW_TILES * UNIT_TILES)
 #define DW1_TILES (UNIT_TILES * FLAT_TILES)
 #define DA2_TILES (ROW_TILES * FLAT_TILES)
-// Phase 4's head gradients: groups of HEAD_UNITS (the launcher's) units
+// Phase 4's head gradients: groups of HEAD_UNITS units over the HEAD_BLOCKS last blocks, those past
+// the blocks with an extra tile of dW1 or da2 (all of them where the tiles share out evenly)
+#define HEAD_UNITS 4
+#define HEAD_GROUPS ((HIDDEN + HEAD_UNITS - 1) / HEAD_UNITS)
+#define EXTRA_TILES (DW1_TILES % BLOCKS > DA2_TILES % BLOCKS ? DW1_TILES % BLOCKS : DA2_TILES % BLOCKS)
+#define HEAD_BLOCKS (BLOCKS - EXTRA_TILES)
 #define HEAD_VALUES ((CLASSES + 1) * HEAD_UNITS)  // a group's W2 and b1 sums (b2's CLASSES after them)
-// Phase 4's items by block (the launcher's CnnShape.phase4_plan, shared out by cost, not count): block b
-// takes the tiles of dW1 P4_DW1_FIRST[b] .. P4_DW1_FIRST[b + 1] − 1, then those of da2 (P4_DA2_FIRST),
-// then the head's groups P4_HEAD[P4_HEAD_FIRST[b] .. P4_HEAD_FIRST[b + 1]), in that order. (A table of
-// each block's tiles, not a range, cost dW1's loop the registers cnn_epoch then spilled.)
-__constant__ int p4_dw1_first[] = P4_DW1_FIRST, p4_da2_first[] = P4_DA2_FIRST;
-__constant__ int p4_head[] = P4_HEAD, p4_head_first[] = P4_HEAD_FIRST;
-static_assert(sizeof(p4_dw1_first) == (BLOCKS + 1) * sizeof(int) && sizeof(p4_da2_first) == (BLOCKS + 1) * sizeof(int) &&
-                  sizeof(p4_head_first) == (BLOCKS + 1) * sizeof(int),
-              "persistent_cnn.cu: phase 4's tables are not the grid's");
 
 // In one pass the layout table's work and dp1 regions hold phase 1's B fragments too.
 #if PASSES == 1 && SMEM_DP2 - SMEM_WORK < CONV_FRAGS * 64 * 4
@@ -757,16 +753,18 @@ __device__ void head(const Workspace& ws, const Step& st, const float* params, c
 }
 
 // ---- phase 4: the linear layers' gradients and updates, and da2 ----------------------------------------
-// W2, b2, b1: HEAD_UNITS units a group, group q (units HEAD_UNITS·q ..) on the block P4_HEAD gives it
-// (those whose tiles above cost least). Thread i adds rows i, i + THREADS, … in order,
+// W2, b2, b1: HEAD_UNITS units a group, group q (units HEAD_UNITS·q ..) on block BLOCKS − 1 − q mod
+// HEAD_BLOCKS: the last blocks, which hold the fewest of the product tiles above, so that the head's
+// sums pass under block 0's extra tiles. Thread i adds rows i, i + THREADS, … in order,
 //   dW2[j][u] = Σ_r dz[r][j]·h[r][u],  db1[u] = Σ_r dh[r][u],  db2[j] = Σ_r dz[r][j] (group 0),
 // a row's h, dh and dz loads all in flight at once; then each warp's lanes are added by a butterfly
 // (every lane the same bits), the warps' totals in warp order, and a thread a parameter updates it.
 __device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& ws, const Step& st, float* params,
                                                float* s1, float* s2, const Update& up) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int item = p4_head_first[st.rank]; item < p4_head_first[st.rank + 1]; ++item) {
-        const int q = p4_head[item], u0 = HEAD_UNITS * q, values = q == 0 ? HEAD_VALUES + CLASSES : HEAD_VALUES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slot = BLOCKS - 1 - st.rank;
+    if (slot >= HEAD_BLOCKS) return;
+    for (int q = slot; q < HEAD_GROUPS; q += HEAD_BLOCKS) {
+        const int u0 = HEAD_UNITS * q, values = q == 0 ? HEAD_VALUES + CLASSES : HEAD_VALUES;
         // the parameters' values and state first (their round trip under the sums): thread t < values
         // updates sum t, [j·HEAD_UNITS + i]: W2[j][u0 + i]; [CLASSES·HEAD_UNITS + i]: b1[u0 + i]; then b2[j]
         const int t = threadIdx.x;
@@ -820,7 +818,7 @@ __device__ __forceinline__ void head_gradients(const Smem& s, const Workspace& w
 __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& st, float* params, float* s1, float* s2,
                                 const float* w1, float* w1_next, const Update& up, Probes& probes) {
     // dW1 = dhᵀ·a2, a tile of W1 and its update (the tile's weights and state loaded first)
-    for (int tile = p4_dw1_first[st.rank]; tile < p4_dw1_first[st.rank + 1]; ++tile) {
+    for (int tile = st.rank; tile < DW1_TILES; tile += BLOCKS) {
         const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
         Update::State state[4];
         int at[4];  // (W1 is a model's HIDDEN·FLAT parameters: int offsets)
@@ -840,7 +838,7 @@ __device__ void linear_backward(const Smem& s, const Workspace& ws, const Step& 
     }
     PHASE_END(probes, DW1);
     // da2 = dh·W1 (this step's W1)
-    for (int tile = p4_da2_first[st.rank]; tile < p4_da2_first[st.rank + 1]; ++tile) {
+    for (int tile = st.rank; tile < DA2_TILES; tile += BLOCKS) {
         const int m0 = (tile / FLAT_TILES) * TILE, n0 = (tile % FLAT_TILES) * TILE;
         float d[4];
         tile_product(s, Operand{ws.dh, HIDDEN, 1, st.rows, HIDDEN, true}, Operand{w1, 1, FLAT, FLAT, HIDDEN, false},

@@ -48,7 +48,7 @@ HEAD                  3: h = relu(the parts + b1), logits, softmax, dz and dh, a
 WAIT_HEAD             grid barrier after 3: dz, dh
 DW1                   4a: dW1 = dhᵀ·a2, the block's tiles, and W1's update
 DA2                   4b: da2 = dh·W1, the block's tiles
-HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates (the groups phase4_plan gives block 0, if any)
+HEAD_UPDATE           4c: W2, b2 and b1's gradients and updates (the last blocks': block 0's where it has no extra tile)
 WAIT_LINEAR_BACKWARD  grid barrier after 4: da2, the linear layers updated
 BACKWARD_MAPS         5a: the block's samples' pooled gradients loaded (their maps too where phase 1 kept none), dp2 scattered into conv 2's output gradient
 CONV2_GRADS           5b: their conv 2 weight and bias gradients
@@ -59,13 +59,6 @@ WAIT_CONVS_BACKWARD   grid barrier after 5: every block's sums
 CONV_UPDATE           6: the conv gradients summed over the blocks, the conv parameters' update
 WAIT_CONV_UPDATE      grid barrier after 6: the conv parameters updated
 """.strip().splitlines())
-
-
-# Phase 4's items and what each costs a block, relative (the phase probe's 4a and 4b at the speedrun's,
-# H200: a tile of dW1 with W1's update, a tile of da2; a group of the head's gradients, estimated):
-# CnnShape.phase4_plan shares them out by these.
-PHASE4_COSTS = {"dw1": 8.0, "da2": 5.0, "head": 2.5}
-HEAD_UNITS = 4  # units of W2's columns and b1 a group of the head's gradients takes (persistent_cnn.cu's)
 
 
 @dataclass(frozen=True)
@@ -128,59 +121,6 @@ class CnnShape:
         """A product's staged operand tile (persistent_cnn.cu's STAGE_FLOATS): TILE rows of kc + 4
         values, or kc rows of TILE + 8, whichever is larger; ta and tb hold two each."""
         return max(TILE * (self.kc + 4), self.kc * (TILE + 8))
-
-    def phase4_plan(self) -> dict[str, list[list[int]]]:
-        """Phase 4's items by block: {"dw1": the tiles of dW1, "da2": of da2, "head": the head's
-        groups}, each block's list in the order it takes them. Shared out by cost (PHASE4_COSTS), not
-        count: each block takes ⌊tiles / blocks⌋ tiles, the last tiles mod blocks one more; the dW1
-        tiles (the dearer) go one at a time to the block whose tiles cost least so far among those
-        with a slot left (the rest of its slots da2's), then each head group to the least loaded block
-        (ties: the lowest block). At the speedrun's (200 tiles of each on 132 blocks) the blocks with
-        four tiles hold only da2's, and no block two dW1 tiles and two da2 tiles, as round robin gave
-        blocks 0–67."""
-        dw1 = ceil_div(self.hidden, TILE) * ceil_div(self.flat, TILE)
-        da2 = ceil_div(self.batch, TILE) * ceil_div(self.flat, TILE)
-        heads = ceil_div(self.hidden, HEAD_UNITS)
-        blocks, costs = self.blocks, PHASE4_COSTS
-        q, extra = divmod(dw1 + da2, blocks)
-        slots = [q + (k >= blocks - extra) for k in range(blocks)]
-        taken = [0] * blocks  # dW1 tiles a block takes
-        load = [n * costs["da2"] for n in slots]
-        for _ in range(dw1):
-            k = min((k for k in range(blocks) if taken[k] < slots[k]), key=lambda k: (load[k], k))
-            taken[k] += 1
-            load[k] += costs["dw1"] - costs["da2"]
-        head_of = []
-        for _ in range(heads):
-            k = min(range(blocks), key=lambda k: (load[k], k))
-            head_of.append(k)
-            load[k] += costs["head"]
-        plan = {kind: [[] for _ in range(blocks)] for kind in ("dw1", "da2", "head")}
-        dw1_next = da2_next = 0
-        for k in range(blocks):  # (each block's tiles of a kind consecutive: the kernel takes ranges)
-            plan["dw1"][k] = list(range(dw1_next, dw1_next + taken[k]))
-            plan["da2"][k] = list(range(da2_next, da2_next + slots[k] - taken[k]))
-            dw1_next += taken[k]
-            da2_next += slots[k] - taken[k]
-        for group, k in enumerate(head_of):
-            plan["head"][k].append(group)
-        return plan
-
-    @property
-    def phase4_defines(self) -> dict[str, str]:
-        """phase4_plan as the kernel's tables: P4_<KIND>_FIRST where each block's items begin (BLOCKS + 1
-        offsets; a block's tiles are the range its offsets bound), and P4_HEAD every block's head groups
-        in block order."""
-        plan = self.phase4_plan()
-        out = {}
-        for kind, lists in plan.items():
-            firsts = [0]
-            for items in lists:
-                firsts.append(firsts[-1] + len(items))
-            out[f"P4_{kind.upper()}_FIRST"] = "{" + ",".join(map(str, firsts)) + "}"
-        heads = [group for groups in plan["head"] for group in groups]
-        out["P4_HEAD"] = "{" + ",".join(map(str, heads or [0])) + "}"
-        return out
 
     @property
     def fc1_parts(self) -> int:
@@ -293,9 +233,9 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "HEAD_UNITS": HEAD_UNITS, "KC": self.kc,
+                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
                 "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, "KEPT": self.kept_samples,
-                **self.phase4_defines, **self.layout.defines, **layout_defines(CONSTANTS),
+                **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
 
     def refusal(self) -> str | None:
