@@ -201,6 +201,21 @@ def test_the_phase_script_prints_each_phase_a_row_and_a_column_per_build():
     assert rows[0] == "| phase (block 0) | tf32 | fp32 |" and len(rows) == 2 + len(PHASES) + 1
     assert rows[2] == f"| {PHASES[0][1]} | 1000 | 2000 |" and rows[13] == f"| {PHASES[11][1]} | 0 | 100 |"
     assert rows[-1] == "| **step** | **1000** | **2100** |"
+    assert module.phase_rows(tables, steps, "block 67")[0] == "| phase (block 67) | tf32 | fp32 |"
+    assert module.phase_rows(tables, steps, "")[0] == "| phase | tf32 | fp32 |"
+
+
+def test_the_probe_build_counts_the_block_it_is_given():
+    """The probe build's prober (probes.cuh: the block whose PROBE_RANK is 0) is the block asked for:
+    blockIdx.x for block 0, blockIdx.x − k for block k; it compiles either way; no block past the grid."""
+    shape = CnnShape(28, 24, 5, 32, 3, 256, 10, 256)
+    assert PersistentCnn.build_defines(shape, True)["PROBE_RANK"] == "blockIdx.x"
+    defines = PersistentCnn.build_defines(shape, True, 67)
+    assert defines["PROBE_RANK"] == "((int)blockIdx.x - 67)"
+    assert PersistentCnn.cubin("sm_90", defines).startswith(ELF_MAGIC)
+    assert "PROBE_RANK" not in PersistentCnn.build_defines(shape, False, 67)
+    with pytest.raises(ValueError, match="no block 132 to probe in a grid of 132"):
+        PersistentCnn.build_defines(shape, True, 132)
 
 
 @pytest.mark.parametrize("blocks,parts", [(132, 2), (64, 1), (16, 1), (300, 4)])

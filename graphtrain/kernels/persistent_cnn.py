@@ -281,15 +281,15 @@ class PersistentCnn(KernelFile):
     _cnn_evaluate = kernel("cnn_evaluate", PTR, PTR, I32, PTR, PTR, PTR, cooperative=True,
                            max_shared_bytes=MAX_SHARED_BYTES)
 
-    def __init__(self, device, shape: CnnShape, probes: bool = False):
+    def __init__(self, device, shape: CnnShape, probes: bool = False, probe_block: int = 0):
         """`probes`: the probe build (probes.cuh), which counts the SM cycles of each of PHASES over
-        a launch's steps (thread 0 of block 0) and writes them, len(PHASES) int64, where train_epoch's
-        `metrics` would go (launched with measure off)."""
+        a launch's steps (thread 0 of block `probe_block`) and writes them, len(PHASES) int64, where
+        train_epoch's `metrics` would go (launched with measure off)."""
         # (the table is read once, not per launch)
         self.shape, self.shared_bytes = shape, self.build_layout(shape, probes).bytes
         workspace = shape.workspace
         self.workspace_bytes, self.barrier_offset = workspace.bytes, workspace.offsets["barrier"]
-        super().__init__(device, self.build_defines(shape, probes))
+        super().__init__(device, self.build_defines(shape, probes, probe_block))
 
     @staticmethod
     def build_layout(shape: CnnShape, probes: bool = False) -> Layout:
@@ -297,12 +297,16 @@ class PersistentCnn(KernelFile):
         return shape.layout_with(len(PHASES) if probes else 0)
 
     @classmethod
-    def build_defines(cls, shape: CnnShape, probes: bool = False) -> dict[str, int | str]:
-        """The -D defines of the kernel for `shape`, with its probes or without."""
+    def build_defines(cls, shape: CnnShape, probes: bool = False, probe_block: int = 0) -> dict[str, int | str]:
+        """The -D defines of the kernel for `shape`, with its probes (block `probe_block` counting:
+        probes.cuh's prober is the block whose PROBE_RANK is 0) or without."""
         if not probes:
             return shape.defines
+        if not 0 <= probe_block < shape.blocks:
+            raise ValueError(f"no block {probe_block} to probe in a grid of {shape.blocks}")
+        rank = f"((int)blockIdx.x - {probe_block})" if probe_block else "blockIdx.x"
         return {**shape.defines, **cls.build_layout(shape, True).defines, **probe_defines(name for name, _ in PHASES),
-                "PROBE_PHASES": len(PHASES), "PROBE_LAYERS": 1, "PROBE_RANK": "blockIdx.x"}
+                "PROBE_PHASES": len(PHASES), "PROBE_LAYERS": 1, "PROBE_RANK": rank}
 
     def train_epoch(self, stream, images: int, labels: int, order: int, params: int, slot1: int, slot2: int,
                     constants: int, num_samples: int, num_steps: int, first_step: int, metrics: int, measure: bool,

@@ -2,10 +2,11 @@
 """Where a step of the persistent rung's cnn kernel spends its time: SM cycles per phase, per step.
 
     python3 scripts/probes/persistent_cnn_phases.py [--preset speedrun] [--precisions tf32,fp32] [--steps 0]
-                                                    [--kc 64,32:6]
+                                                    [--kc 64,32:6] [--blocks 0,67,131]
 
 Builds kernels/persistent_cnn.cu with its phase probes (-DPROBES, kernels/probes.cuh) for each of
-`--precisions` (the products' passes): thread 0 of block 0 reads the SM clock at the end of each of
+`--precisions` (the products' passes): thread 0 of block 0 (or of each of `--blocks`, a build each:
+phase 4's share and the barriers' waits differ by block) reads the SM clock at the end of each of
 the step's six phases and of each grid barrier's wait after it (kernels/persistent_cnn.py's PHASES),
 adding each one's cycles over the launch in shared memory; the launch writes them out at its end.
 With `--kc`, each precision is built for each of those k-values staged a chunk in the products, each
@@ -38,10 +39,11 @@ from graphtrain.plan import RunPlan
 from graphtrain.stages.cnn_persistent import CnnPersistentStage
 
 
-def phase_rows(tables: dict[str, np.ndarray], steps: int) -> list[str]:
-    """The table's rows: each phase, its cycles a step in each build, and the step's total."""
+def phase_rows(tables: dict[str, np.ndarray], steps: int, block: str = "block 0") -> list[str]:
+    """The table's rows: each phase, its cycles a step in each build, and the step's total; `block`:
+    the block counted, where every column counts the same one."""
     builds = list(tables)
-    rows = [f"| phase (block 0) | {' | '.join(builds)} |", "|---|" + "---:|" * len(builds)]
+    rows = [f"| phase{f' ({block})' if block else ''} | {' | '.join(builds)} |", "|---|" + "---:|" * len(builds)]
     for p, (_, meaning) in enumerate(PHASES):
         rows.append(f"| {meaning} | {' | '.join(str(table[p] // steps) for table in tables.values())} |")
     totals = " | ".join(f"**{table.sum() // steps}**" for table in tables.values())
@@ -54,6 +56,8 @@ def main() -> None:
     parser.add_argument("--preset", default="speedrun")
     parser.add_argument("--precisions", default="tf32", help=f"builds to count, of {', '.join(PASSES)}")
     parser.add_argument("--steps", type=int, default=0, help="steps in the counted launch (0: an epoch)")
+    parser.add_argument("--blocks", default="0", help="the blocks whose phases are counted, a build each "
+                        "(comma-separated ranks; phase 4 and the barriers' waits differ by block)")
     parser.add_argument("--kc", default=str(KC),
                         help="the products' k-values staged a chunk, KC or KC:PREFETCH, a build each (multiples of 8)")
     args = parser.parse_args()
@@ -69,6 +73,10 @@ def main() -> None:
         parser.error(f"--kc {args.kc}: integers, e.g. 64,32:6")
     if any(k < 8 or k % 8 or ahead < 1 for k, ahead in kcs):
         parser.error(f"--kc {args.kc}: multiples of 8, each prefetch at least 1")
+    try:
+        blocks = [int(b) for b in args.blocks.split(",")]
+    except ValueError:
+        parser.error(f"--blocks {args.blocks}: block ranks, e.g. 0,67,131")
     base = preset(args.preset).replace(epochs=1, steps=None)
     if base.model != "cnn":
         parser.error(f"the preset {args.preset} trains a {base.model}, not a cnn")
@@ -83,8 +91,12 @@ def main() -> None:
             counts = arena.reserve("phase_counts", (len(PHASES),), np.int64)
             arena.allocate()
             notes.append(f"{precision}: {stage.note}, a grid of {stage.shape.blocks} blocks")
-            for kc, ahead in kcs:
-                kernel = PersistentCnn(stage.device, replace(stage.shape, kc=kc, prefetch=ahead), probes=True)
+            outside = [b for b in blocks if not 0 <= b < stage.shape.blocks]
+            if outside:
+                parser.error(f"--blocks {args.blocks}: a grid of {stage.shape.blocks} blocks has no block {outside[0]}")
+            for (kc, ahead), block in ((k, b) for k in kcs for b in blocks):
+                kernel = PersistentCnn(stage.device, replace(stage.shape, kc=kc, prefetch=ahead), probes=True,
+                                       probe_block=block)
                 try:
                     for num_steps in (1, steps):  # a warm-up launch, then the one counted
                         stage.start_run()  # from the plan's initial weights
@@ -94,6 +106,7 @@ def main() -> None:
                                            stage.constants.ptr, stage.plan.samples_seen(num_steps), num_steps, 0,
                                            counts.ptr, False, stage.workspace.ptr)
                     name = precision if len(kcs) == 1 else f"{precision}, kc {kc}:{ahead}"
+                    name += f", block {block}" if len(blocks) > 1 else ""
                     tables[name] = counts.download(stage.stream)
                 finally:
                     kernel.close()
@@ -101,8 +114,9 @@ def main() -> None:
     env = {**environment.host(), **environment.gpu(device), "nvrtc": nvrtc.version()}
     print(report.script_header(f"persistent cnn kernel, {args.preset}: SM cycles per step", env,
                                shlex.join(["python3", *sys.argv]), notes))
-    print(f"\n{steps} steps of {base.batch} rows in one launch, counted by thread 0 of block 0.\n")
-    print("\n".join(phase_rows(tables, steps)))
+    counted = f"block {blocks[0]}" if len(blocks) == 1 else "the block each column names"
+    print(f"\n{steps} steps of {base.batch} rows in one launch, counted by thread 0 of {counted}.\n")
+    print("\n".join(phase_rows(tables, steps, f"block {blocks[0]}" if len(blocks) == 1 else "")))
 
 
 if __name__ == "__main__":
