@@ -20,8 +20,8 @@ from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
-# The float64 steps round what the kernel rounds (the convolutions' products' operands, forward and
-# backward, and fc1's, to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
+# The float64 steps round what the kernel rounds (the convolutions' forward products', conv 2's
+# backward ones' and fc1's operands to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
 # is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32
 # weights, rounded by 2⁻²⁴ of |w| ≤ 0.5 each step against updates of about the rate (~1e-2 at the
 # schedule's peak, 4e-4 at its start): up to ~3e-5 of an update, far less in norm. Adam divides m by √v,
@@ -79,12 +79,9 @@ CASES = {
     # one pass, the speedrun's conv layers (24 maps 5×5, 32 maps 3×3: conv 2's items half its n-tiles),
     # a small head; batch 4 over 2 blocks, two steps
     "speedrun-maps": (CnnShape(28, 24, 5, 32, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
-    # one pass, conv 1's 44 maps: phase 5's conv 1 weight gradients on the tensor cores over 3 m-tiles
-    # (2 warps a tile, each half the k-steps), its bias sums 4 lanes a map
+    # one pass, conv 1's 44 maps × 3 rows of taps past half the block's threads: phase 5's conv 1
+    # weight gradients in one part, not two halves
     "wide-conv1": (CnnShape(14, 44, 3, 6, 3, 40, 10, 4, passes=1, blocks=2), 6, [(2, 0)], 5),
-    # the same in three passes: 44 maps × 3 rows of taps past half the block's threads, so conv 1's
-    # weight gradients' FMAs take one part, not two halves
-    "wide-conv1-fp32": (CnnShape(14, 44, 3, 6, 3, 40, 10, 4, passes=3, blocks=2), 6, [(2, 0)], 5),
     # the maps phase 5 reads kept in shared memory for one of a block's two samples, the other's
     # written to the workspace in phase 1 and staged from it (every other case keeps all its maps)
     "one-kept": (CnnShape(14, 4, 3, 6, 3, 40, 10, 8, passes=1, blocks=4, kept_at_most=1), 20, [(3, 0), (2, 3)], 19),
@@ -92,7 +89,7 @@ CASES = {
 }
 # The cases of phase 1's tensor-core tiles and of the kept maps take the speedrun's recipe only (the others' arithmetic
 # after phase 1 is the first cases').
-TILE_CASES = ("tf32-tiles", "speedrun-maps", "wide-conv1", "wide-conv1-fp32", "one-kept", "none-kept")
+TILE_CASES = ("tf32-tiles", "speedrun-maps", "wide-conv1", "one-kept", "none-kept")
 
 
 # The recipes the device's constants select (test_persistent_cnn_gpu.py's): the speedrun's Adam with its
