@@ -932,32 +932,47 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1
         for (int nt = 0; nt < BNT2; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f;
+        // a k-step's operands as loaded (A's words, B's weights), fetched a k-step ahead, so that their
+        // loads pass under the k-step before's mma
+        float av[4], bv[BNT2][2];
+        const auto fetch = [&](int tap, int og) {
+            const int u = tap / K2, v = tap - u * K2;
+            // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
+            const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int maps = 8 * og + t + 4 * h < C2 ? 8 * og * WPS : (C2 - 1 - min(t + 4 * h, C2 - 1)) * WPS;
+                av[2 * h] = row[0][h][maps + shift];
+                av[2 * h + 1] = row[1][h][maps + shift];
+            }
+#pragma unroll
+            for (int nt = 0; nt < BNT2; ++nt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int o = 8 * og + t + 4 * h, c = 8 * nt + g;
+                    bv[nt][h] = o < C2 && c < C1 ? s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap] : 0.0f;
+                }
+        };
+        fetch(0, 0);
         // the k-steps in order, a tap's OG2 unrolled (not all K2²·OG2: the kernel's code is one body,
         // and the instruction cache holds its phases' loops)
 #pragma unroll 1
         for (int tap = 0; tap < K2 * K2; ++tap)
 #pragma unroll
         for (int og = 0; og < OG2; ++og) {
-            const int u = tap / K2, v = tap - u * K2;
-            // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
-            const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
-            unsigned a[4];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+            unsigned a[4], b[BNT2][2];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; B[t][g], B[t+4][g]
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int maps = 8 * og + t + 4 * h < C2 ? 8 * og * WPS : (C2 - 1 - min(t + 4 * h, C2 - 1)) * WPS;
-                a[2 * h] = __float_as_uint(row[0][h][maps + shift]);
-                a[2 * h + 1] = __float_as_uint(row[1][h][maps + shift]);
-            }
+            for (int j = 0; j < 4; ++j) a[j] = __float_as_uint(av[j]);
 #pragma unroll
-            for (int nt = 0; nt < BNT2; ++nt) {
-                unsigned b[2];  // B[t][g], B[t+4][g]
+            for (int nt = 0; nt < BNT2; ++nt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int o = 8 * og + t + 4 * h, c = 8 * nt + g;
-                    b[h] = o < C2 && c < C1 ? tf32_rounded(s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap]) : 0u;
-                }
-                mma_tf32(d[nt], a, b);
-            }
+                for (int h = 0; h < 2; ++h) b[nt][h] = tf32_rounded(bv[nt][h]);
+            if (og + 1 < OG2)
+                fetch(tap, og + 1);
+            else if (tap + 1 < K2 * K2)
+                fetch(tap + 1, 0);
+#pragma unroll
+            for (int nt = 0; nt < BNT2; ++nt) mma_tf32(d[nt], a, b[nt]);
         }
 #pragma unroll
         for (int nt = 0; nt < BNT2; ++nt)
