@@ -134,8 +134,8 @@ def test_steps_match_float64_with_the_kernels_roundings(precision, recipe):
 
 
 def test_an_epoch_is_as_near_the_graphs_rung_as_float64_is():
-    """`graphs` runs the conv layers' products in TF32 on the tensor cores (this kernel in one pass all
-    but conv 1's weight gradient and the bias sums), and Adam's m/√v magnifies the smallest gradients' roundings (test_cnn_gpu.py's fused-tf32
+    """`graphs` runs the conv layers' products in TF32 on the tensor cores (this kernel their forward
+    alone, its backward in fp32), and Adam's m/√v magnifies the smallest gradients' roundings (test_cnn_gpu.py's fused-tf32
     bound: 2e-2 of float64's change): per parameter, the two rungs are no further apart than `graphs`
     is from float64 with this kernel's roundings, both relative to float64's change, and this kernel's
     own distance from it (TF32_EPOCH_OFF, measured: the triangle's third side). Measured on an H100 and an
