@@ -1026,52 +1026,34 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
     }
     __syncthreads();
     PROBE_END(probes, BACKWARD_MAPS, 0);
-    // conv 2's weight gradients, from the pooled outputs' windows: task (c, o) the K2 × K2 taps of one
+    // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
     // (c, o), o the fastest across a warp (its maps' loads on distinct banks), adding for each pooled
     // output p of map o in order its gradient times the K2 × K2 patch of a1[c] at its window's argmax
-    // (c = 0's tasks add map o's bias gradient too, the outputs in the same order). A thread's tasks,
-    // threadIdx.x + THREADS·j, run in one loop over the outputs: TASKS2 sums in flight, and where
-    // THREADS is a multiple of C2 (the speedrun's) its tasks share o, so an output's gradient and argmax
-    // are loaded once for all of them.
-    constexpr int TASKS2 = (C1 * C2 + THREADS - 1) / THREADS;
-    int task_c[TASKS2], task_o[TASKS2];
-    float sum[TASKS2][K2][K2], bias[TASKS2];
-#pragma unroll
-    for (int j = 0; j < TASKS2; ++j) {
-        const unsigned task = threadIdx.x + THREADS * j;  // (unsigned: task % C2 folds to the same o)
-        task_c[j] = task < C1 * C2 ? task / C2 : C1;      // (C1: none)
-        task_o[j] = task % C2;
-        bias[j] = 0.0f;
+    // (c = 0's threads add map o's bias gradient too, the outputs in the same order; the loop a few
+    // outputs unrolled, so that their loads are issued ahead of the FMAs)
+    for (int task = threadIdx.x; task < C1 * C2; task += THREADS) {
+        const int c = task / C2, o = task - c * C2;
+        float sum[K2][K2], bias = 0.0f;
 #pragma unroll
         for (int u = 0; u < K2; ++u)
 #pragma unroll
-            for (int v = 0; v < K2; ++v) sum[j][u][v] = 0.0f;
-    }
-#pragma unroll 2
-    for (int p = 0; p < P2 * P2; ++p) {  // (2 unrolled: 1 spilled 16 bytes in cnn_epoch)
-        const int pi = p / P2, pj = p - pi * P2;
-#pragma unroll
-        for (int j = 0; j < TASKS2; ++j) {
-            if (task_c[j] >= C1) continue;
-            const int o = task_o[j], q = s.arg2[o * P2 * P2 + p];
+            for (int v = 0; v < K2; ++v) sum[u][v] = 0.0f;
+#pragma unroll 5
+        for (int p = 0; p < P2 * P2; ++p) {
+            const int pi = p / P2, pj = p - pi * P2, q = s.arg2[o * P2 * P2 + p];
             const float g = s.dp2[o * P2 * P2 + p];
-            const float* at = a1 + (task_c[j] * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
-            bias[j] += g;
+            const float* at = a1 + (c * P1 + 2 * pi + (q >> 1)) * P1 + 2 * pj + (q & 1);
+            bias += g;
 #pragma unroll
             for (int u = 0; u < K2; ++u)
 #pragma unroll
-                for (int v = 0; v < K2; ++v) sum[j][u][v] = fmaf(g, at[u * P1 + v], sum[j][u][v]);
+                for (int v = 0; v < K2; ++v) sum[u][v] = fmaf(g, at[u * P1 + v], sum[u][v]);
         }
-    }
-#pragma unroll
-    for (int j = 0; j < TASKS2; ++j) {
-        const int c = task_c[j], o = task_o[j];
-        if (c >= C1) continue;
 #pragma unroll
         for (int u = 0; u < K2; ++u)
 #pragma unroll
-            for (int v = 0; v < K2; ++v) s.grad[P_CW2 + ((o * C1 + c) * K2 + u) * K2 + v] += sum[j][u][v];
-        if (c == 0) s.grad[P_CB2 + o] += bias[j];
+            for (int v = 0; v < K2; ++v) s.grad[P_CW2 + ((o * C1 + c) * K2 + u) * K2 + v] += sum[u][v];
+        if (c == 0) s.grad[P_CB2 + o] += bias;
     }
     PHASE_END(probes, CONV2_GRADS);
 #if TC_INPUT_GRADIENT
