@@ -1,6 +1,6 @@
 """The cnn's steps in float64 as persistent_cnn.cu computes them: reference_cnn's, with the roundings
-of its one-pass TF32 products, the convolutions' forward, fc1's and conv 2's input gradient (test_persistent_cnn_emulated.py,
-test_persistent_cnn_gpu.py)."""
+of its one-pass TF32 products, the convolutions' forward, fc1's, and conv 2's input and weight
+gradients (test_persistent_cnn_emulated.py, test_persistent_cnn_gpu.py)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def forward(spec: CnnSpec, params, x, passes: int) -> dict:
 
 def float64_step(spec: CnnSpec, params, x, labels, passes: int):
     """One step's (gradients, mean loss, correct count) in float64: reference_cnn's, with the
-    convolutions' forward products, fc1's three (h, dW1, da2) and conv 2's input gradient from
-    TF32-rounded operands where the kernel takes one pass (the weight gradients in fp32 either way)."""
+    convolutions' forward products, fc1's three (h, dW1, da2) and conv 2's input and weight gradients
+    from TF32-rounded operands where the kernel takes one pass (conv 1's weight gradient and the bias
+    gradients in fp32 either way)."""
     rounded = tf32 if passes == 1 else (lambda v: v)
     acts = forward(spec, params, x, passes)
     a2, w1, b1, w2, b2 = acts["h"][0], *params[4:8]
@@ -50,7 +51,9 @@ def float64_step(spec: CnnSpec, params, x, labels, passes: int):
     for i in reversed(range(2)):  # reference_cnn.backward's conv layers
         layer, c, below = spec.convs[i], acts["c"][i], acts["a"][i]
         dc = reference_cnn.maxpool_backward(da * (acts["a"][i + 1] > 0), acts["arg"][i], layer.pool, c.shape)
-        grads[2 * i] = reference_cnn.conv_backward_filter(below, dc, layer.kernel)
+        # conv 2's weight gradient from TF32 operands in one pass (phase 5's mma); conv 1's, the bias sums fp32
+        filter_operand = rounded if i > 0 else (lambda v: v)
+        grads[2 * i] = reference_cnn.conv_backward_filter(filter_operand(below), filter_operand(dc), layer.kernel)
         grads[2 * i + 1] = dc.sum(axis=(0, 2, 3))
         if i > 0:  # conv 2's input gradient: TF32 operands in one pass (phase 5's mma)
             da = reference_cnn.conv_backward_data(rounded(dc), rounded(params[2 * i]), below.shape)

@@ -20,8 +20,8 @@ from graphtrain.kernels.optim import constants_of
 from graphtrain.kernels.persistent_cnn import CnnShape
 from graphtrain.reference_cnn import CnnSpec, ConvLayer, Optimizer, Schedule
 
-# The float64 steps round what the kernel rounds (the convolutions' forward and fc1's products'
-# operands to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
+# The float64 steps round what the kernel rounds (the convolutions' forward products', conv 2's
+# backward ones' and fc1's operands to TF32 where it takes one pass; in three, each operand is split hi + lo and only lo·lo, ~2⁻²² of a term, is dropped), so what
 # is left is fp32 against float64: sums in another order (~1e-7 of a gradient), and the stored fp32
 # weights, rounded by 2⁻²⁴ of |w| ≤ 0.5 each step against updates of about the rate (~1e-2 at the
 # schedule's peak, 4e-4 at its start): up to ~3e-5 of an update, far less in norm. Adam divides m by √v,

@@ -31,8 +31,9 @@
 // The products of phases 2 and 4 run on the tensor cores (mma.sync m16n8k8, TF32 operands, fp32 sums)
 // in PASSES passes: 1 (TF32, the recipe's tf32) or 3 (each operand split hi + lo, near-fp32: fp32).
 // In one pass phase 1's convolutions do too (implicit GEMMs, conv_pool_relu_tc), and phase 5's conv 2
-// input gradient (pool1_gradient_tc); in three they are fp32 FMAs (conv_pool_relu, pool1_gradient).
-// The conv weight gradients and the head are fp32 FMAs. Every sum runs in a fixed order with no float
+// input gradient (pool1_gradient_tc) and weight gradient (conv2_weight_gradient_tc); in three they
+// are fp32 FMAs (conv_pool_relu, pool1_gradient, sample_backward's loop). Conv 1's weight gradient, the
+// conv bias gradients and the head are fp32 FMAs either way. Every sum runs in a fixed order with no float
 // atomics (the barrier's counter is an integer), so a seed gives the same weights bit for bit.
 //
 // The optimizer is optim.cu's (its OptimizerConstants read from the device at the launch, its rate
@@ -80,6 +81,8 @@
 // cores: k-step ks = (u·K2 + v)·OG2 + og holds output maps 8og .. 8og + 7 of tap (u, v) (zero weights
 // past C2), n-tiles of 8 input channels, m-tiles of 16 positions of pool 1's output.
 // TC_INPUT_GRADIENT (the launcher's, in one pass only): on the tensor cores, else pool1_gradient's FMAs.
+// TC_WEIGHT_GRADIENT (the launcher's, in one pass only): phase 5's conv 2 weight gradient on the tensor
+// cores too (conv2_weight_gradient_tc), else fp32 FMAs.
 #define OG2 ((C2 + 7) / 8)
 #define BNT2 ((C1 + 7) / 8)
 #define BMT2 ((P1 * P1 + 15) / 16)
@@ -970,6 +973,112 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1
 }
 #endif
 
+#if TC_WEIGHT_GRADIENT
+// Phase 5's conv 2 weight gradient in one pass on the tensor cores (TF32 operands, rounded as loaded;
+// fp32 sums), an implicit GEMM over pool 2's windows' positions:
+//   dW2[o][n] = Σ_k A[o][k]·B[k][n],  n = (c·K2 + u)·K2 + v (the weights' layout past o), k = 4p + q,
+//   A[o][k] = dp2[o][p] where q is pooled output p's argmax, else 0  (p = pi·P2 + pj, q its window's
+//             position 0..3, row-major),
+//   B[k][n] = a1[c][2pi + q/2 + u][2pj + q%2 + v].
+// K-step ks holds p = 2ks (k 8ks + t: lane t's q is t) and p = 2ks + 1 (k + 4: q is t again), so a lane's
+// four A words are its two rows' gradients at those two outputs, each kept where its argmax is the
+// lane's t: no routed copy of the gradient. Zero past P2² (the last k-step's second output) and past
+// C2 (m-tiles of 16 maps); columns past the taps (n-tiles of 8) come from a clamped address and are
+// not written. The warps share the m-tiles out (warp w: m-tile w / GROUPS, then every WARPS / GROUPS-th)
+// and an m-tile's n-tiles (those ≡ w mod GROUPS, CHUNK at a time: CHUNK independent mma chains); a
+// k-step's operands are loaded during the k-step before's mma. Each sum: the k-steps in order, each
+// k-step's 8 products as the mma adds them; the block's sums of its samples in sample order (+=).
+// (Not inlined: inlined, cnn_epoch spilled 20 bytes, 16 as a call.) Conv 1's weight gradient stays fp32
+// FMAs: its implicit GEMM (576 k-values of mostly zeros a sample, 24 maps in two m-tiles, 25 taps in four
+// n-tiles) measured twice its FMAs' cycles (docs/persistent-cnn.md).
+__host__ __device__ constexpr int power_of_two_at_most(int n) { return n >= 2 ? 2 * power_of_two_at_most(n / 2) : 1; }
+__device__ __noinline__ void conv2_weight_gradient_tc(const float* a1, const float* dp2, const unsigned char* arg2,
+                                                      float* grad_w2) {
+    constexpr int N = C1 * K2 * K2, MT = (C2 + 15) / 16, NT = (N + 7) / 8, KS = (P2 * P2 + 1) / 2;
+    constexpr int GROUPS = MT < WARPS ? power_of_two_at_most(WARPS / MT) : 1, MT_STRIDE = WARPS / GROUPS;
+    // a warp's n-tiles, in chunks of at most 8, as even as they go (the speedrun's 7 in one: in chunks of
+    // 4 and 3, which spill nothing, each k-step's A words loaded twice, 5b counted half as many cycles again)
+    constexpr int NTW = (NT + GROUPS - 1) / GROUPS, CHUNKS = (NTW + 7) / 8, CHUNK = (NTW + CHUNKS - 1) / CHUNKS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, group = warp % GROUPS;
+    const int q_at = (t >> 1) * P1 + (t & 1);  // the lane's window position q = t, in a1
+    for (int mt = warp / GROUPS; mt < MT; mt += MT_STRIDE)
+        for (int chunk = 0; chunk < CHUNKS; ++chunk) {
+            const int o[2] = {mt * 16 + g, mt * 16 + g + 8};
+            const int oc[2] = {min(o[0], C2 - 1), min(o[1], C2 - 1)};
+            int column[CHUNK];  // the lane's n = 8nt + g of each n-tile, as an offset in a1
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i) {
+                const int n = min(8 * (group + GROUPS * (chunk * CHUNK + i)) + g, N - 1), c = n / (K2 * K2);
+                const int uv = n - c * K2 * K2;
+                column[i] = c * P1 * P1 + (uv / K2) * P1 + uv % K2;
+            }
+            float d[CHUNK][4];
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) d[i][j] = 0.0f;
+            // k-step ks's operands as loaded (each A word's gradient and argmax, 4: none; B's values)
+            float dpv[4], bv[CHUNK][2];
+            int qv[4];
+            const auto fetch = [&](int ks) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = 2 * ks + h, pc = min(p, P2 * P2 - 1), pi = pc / P2;
+                    const int at = 2 * pi * P1 + 2 * (pc - pi * P2) + q_at;  // the output's window corner
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int e = oc[r] * P2 * P2 + pc;
+                        dpv[2 * h + r] = dp2[e];
+                        qv[2 * h + r] = p < P2 * P2 && o[r] < C2 ? arg2[e] : 4;
+                    }
+#pragma unroll
+                    for (int i = 0; i < CHUNK; ++i) bv[i][h] = a1[column[i] + at];
+                }
+            };
+            fetch(0);
+#pragma unroll 1
+            for (int ks = 0; ks < KS; ++ks) {
+                unsigned a[4], b[CHUNK][2];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; B[t][g], B[t+4][g]
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[j] = qv[j] == t ? tf32_rounded(dpv[j]) : 0u;
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) b[i][h] = tf32_rounded(bv[i][h]);
+                if (ks + 1 < KS) fetch(ks + 1);
+#pragma unroll
+                for (int i = 0; i < CHUNK; ++i)
+                    if (group + GROUPS * (chunk * CHUNK + i) < NT) mma_tf32(d[i], a, b[i]);  // (warp-uniform)
+            }
+#pragma unroll
+            for (int i = 0; i < CHUNK; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int nt = group + GROUPS * (chunk * CHUNK + i), m = mt * 16 + g + (j >= 2 ? 8 : 0);
+                    const int n = 8 * nt + 2 * t + (j & 1);
+                    if (nt < NT && m < C2 && n < N) grad_w2[m * N + n] += d[i][j];
+                }
+        }
+}
+
+// Conv 2's bias gradient, db2[o] += Σ_p dp2[o][p] over its P2² pooled outputs: LANES adjacent lanes a
+// map, each adding a contiguous part in order, the parts then added by a butterfly (every lane the
+// same bits).
+__device__ __forceinline__ void conv2_bias_gradient(const float* dp2, float* grad_b2) {
+    constexpr int LANES = C2 * 8 <= THREADS ? 8 : C2 * 4 <= THREADS ? 4 : C2 * 2 <= THREADS ? 2 : 1;
+    constexpr int SPAN = (P2 * P2 + LANES - 1) / LANES;
+    for (int task0 = 0; task0 < C2 * LANES; task0 += THREADS) {  // (uniform: the butterfly's lanes all in)
+        const int task = task0 + threadIdx.x, o = task / LANES, part = task % LANES;
+        float sum = 0.0f;
+        if (o < C2)
+            for (int p = part * SPAN; p < min(P2 * P2, (part + 1) * SPAN); ++p) sum += dp2[o * P2 * P2 + p];
+#pragma unroll
+        for (int m = 1; m < LANES; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+        if (o < C2 && part == 0) grad_b2[o] += sum;
+    }
+}
+#endif
+
 // Pool windows are disjoint: the pooled output (pi, pj) with argmax q came from conv position
 // (2pi + q/2, 2pj + q%2), and only there does the pooled gradient flow back.
 // Probed (a probe build) in four parts, each a sample's: its maps staged and dp2 scattered, conv 2's
@@ -1026,6 +1135,11 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
     }
     __syncthreads();
     PROBE_END(probes, BACKWARD_MAPS, 0);
+#if TC_WEIGHT_GRADIENT
+    // conv 2's weight gradients on the tensor cores, its bias gradient's sums
+    conv2_weight_gradient_tc(a1, s.dp2, s.arg2, s.grad + P_CW2);
+    conv2_bias_gradient(s.dp2, s.grad + P_CB2);
+#else
     // conv 2's weight gradients, from the pooled outputs' windows: a thread the K2 × K2 taps of one
     // (c, o), o the fastest across a warp (its maps' loads on distinct banks), adding for each pooled
     // output p of map o in order its gradient times the K2 × K2 patch of a1[c] at its window's argmax
@@ -1055,6 +1169,7 @@ __device__ void sample_backward(const Smem& s, const Workspace& ws, const float*
             for (int v = 0; v < K2; ++v) s.grad[P_CW2 + ((o * C1 + c) * K2 + u) * K2 + v] += sum[u][v];
         if (c == 0) s.grad[P_CB2 + o] += bias;
     }
+#endif
     PHASE_END(probes, CONV2_GRADS);
 #if TC_INPUT_GRADIENT
     pool1_gradient_tc(s, a1);

@@ -33,6 +33,8 @@ PASSES = {"tf32": 1, "fp32": 3}  # the products' tensor-core passes for each pre
 # Phase 5's conv 2 input gradient on the tensor cores in one pass (TC_INPUT_GRADIENT; False: fp32 FMAs,
 # for an A/B with scripts/probes/variant.py)
 TC_INPUT_GRADIENT = True
+# Phase 5's conv 2 weight gradient on the tensor cores in one pass (TC_WEIGHT_GRADIENT; False: fp32 FMAs)
+TC_WEIGHT_GRADIENT = True
 WARPS = THREADS // 32
 # The probe build's phases (probes.cuh; scripts/probes/persistent_cnn_phases.py) in step order, the
 # cycles from the probe before to its own: (name in the kernel, meaning).
@@ -233,7 +235,8 @@ class CnnShape:
         """The -D defines persistent_cnn.cu is compiled with for this shape."""
         return {"BLOCKS": self.blocks, "THREADS": THREADS, "IMG": self.image, "C1": self.c1, "K1": self.k1,
                 "C2": self.c2, "K2": self.k2, "HIDDEN": self.hidden, "CLASSES": self.classes, "BATCH": self.batch,
-                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT), "TILE": TILE, "KC": self.kc,
+                "PASSES": self.passes, "TC_INPUT_GRADIENT": int(self.passes == 1 and TC_INPUT_GRADIENT),
+                "TC_WEIGHT_GRADIENT": int(self.passes == 1 and TC_WEIGHT_GRADIENT), "TILE": TILE, "KC": self.kc,
                 "PREFETCH": self.prefetch, "FC1_PARTS": self.fc1_parts, "KEPT": self.kept_samples,
                 **self.layout.defines, **layout_defines(CONSTANTS),
                 **{f"WS_{name.upper()}": offset for name, offset in self.workspace.offsets.items()}}
