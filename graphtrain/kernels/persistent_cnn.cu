@@ -917,70 +917,59 @@ __device__ __forceinline__ void pool1_gradient(const Smem& s, const float* a1) {
 // Lanes (g, t) read map 8og + t at position m0 + g: with the maps WPS ≡ 8 (mod 32) words apart, the
 // 4 maps' 8 positions fall on distinct banks where the 8 positions lie in one row of WP. Each
 // output's sum: the k-steps in order, each k-step's 8 products as the mma adds them.
-// pool1_gradient_tc's m-tile mt over its n-tiles nt0 .. nt0 + NTS − 1 (NTS chains of mma).
-template <int NTS>
-__device__ __forceinline__ void pool1_gradient_tile(const Smem& s, const float* a1, int mt, int nt0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m[2] = {min(mt * 16 + g, P1 * P1 - 1), min(mt * 16 + g + 8, P1 * P1 - 1)};
-    const float* row[2][2];  // [position][h]: map 8·0 + t + 4h at the position, tap (K2 − 1, K2 − 1)
+__device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int mt = warp; mt < BMT2; mt += WARPS) {
+        const int m[2] = {min(mt * 16 + g, P1 * P1 - 1), min(mt * 16 + g + 8, P1 * P1 - 1)};
+        const float* row[2][2];  // [position][h]: map 8·0 + t + 4h at the position, tap (K2 − 1, K2 − 1)
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            row[i][h] = s.work + min(t + 4 * h, C2 - 1) * WPS + (m[i] / P1) * WP + m[i] % P1;
-    float d[NTS][4];
+            for (int h = 0; h < 2; ++h)
+                row[i][h] = s.work + min(t + 4 * h, C2 - 1) * WPS + (m[i] / P1) * WP + m[i] % P1;
+        float d[BNT2][4];
 #pragma unroll
-    for (int j = 0; j < NTS; ++j)
+        for (int nt = 0; nt < BNT2; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) d[j][i] = 0.0f;
-    // the k-steps in order, a tap's OG2 unrolled (not all K2²·OG2: the kernel's code is one body,
-    // and the instruction cache holds its phases' loops)
+            for (int i = 0; i < 4; ++i) d[nt][i] = 0.0f;
+        // the k-steps in order, a tap's OG2 unrolled (not all K2²·OG2: the kernel's code is one body,
+        // and the instruction cache holds its phases' loops)
 #pragma unroll 1
-    for (int tap = 0; tap < K2 * K2; ++tap)
+        for (int tap = 0; tap < K2 * K2; ++tap)
 #pragma unroll
-    for (int og = 0; og < OG2; ++og) {
-        const int u = tap / K2, v = tap - u * K2;
-        // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
-        const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
-        unsigned a[4];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int maps = 8 * og + t + 4 * h < C2 ? 8 * og * WPS : (C2 - 1 - min(t + 4 * h, C2 - 1)) * WPS;
-            a[2 * h] = __float_as_uint(row[0][h][maps + shift]);
-            a[2 * h + 1] = __float_as_uint(row[1][h][maps + shift]);
-        }
-#pragma unroll
-        for (int j = 0; j < NTS; ++j) {
-            unsigned b[2];  // B[t][g], B[t+4][g]
+        for (int og = 0; og < OG2; ++og) {
+            const int u = tap / K2, v = tap - u * K2;
+            // the shift to tap (u, v) of map group og (maps past C2: the last one's, zero weights)
+            const int shift = (K2 - 1 - u) * WP + (K2 - 1 - v);
+            unsigned a[4];  // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int o = 8 * og + t + 4 * h, c = 8 * (nt0 + j) + g;
-                b[h] = o < C2 && c < C1 ? tf32_rounded(s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap]) : 0u;
+                const int maps = 8 * og + t + 4 * h < C2 ? 8 * og * WPS : (C2 - 1 - min(t + 4 * h, C2 - 1)) * WPS;
+                a[2 * h] = __float_as_uint(row[0][h][maps + shift]);
+                a[2 * h + 1] = __float_as_uint(row[1][h][maps + shift]);
             }
-            mma_tf32(d[j], a, b);
+#pragma unroll
+            for (int nt = 0; nt < BNT2; ++nt) {
+                unsigned b[2];  // B[t][g], B[t+4][g]
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int o = 8 * og + t + 4 * h, c = 8 * nt + g;
+                    b[h] = o < C2 && c < C1 ? tf32_rounded(s.conv[P_CW2 + (o * C1 + c) * K2 * K2 + tap]) : 0u;
+                }
+                mma_tf32(d[nt], a, b);
+            }
         }
+#pragma unroll
+        for (int nt = 0; nt < BNT2; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int p = mt * 16 + g + (i >= 2 ? 8 : 0), c = nt * 8 + 2 * t + (i & 1);
+                if (p < P1 * P1 && c < C1) {
+                    const int k = c * P1 * P1 + p;
+                    s.dp1[k] = a1[k] > 0.0f ? d[nt][i] : 0.0f;
+                }
+            }
     }
-#pragma unroll
-    for (int j = 0; j < NTS; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int p = mt * 16 + g + (i >= 2 ? 8 : 0), c = (nt0 + j) * 8 + 2 * t + (i & 1);
-            if (p < P1 * P1 && c < C1) {
-                const int k = c * P1 * P1 + p;
-                s.dp1[k] = a1[k] > 0.0f ? d[j][i] : 0.0f;
-            }
-        }
-}
-
-// The m-tiles that fill rounds of the warps a warp each (all n-tiles), then the rest as items of one
-// n-tile a warp (the speedrun's 9 m-tiles over 8 warps: the ninth's 3 n-tiles on warps 0–2, where warp
-// 0 took the whole tile after its first and the step waited on it).
-__device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1) {
-    const int warp = threadIdx.x >> 5;
-    constexpr int FULL = BMT2 / WARPS * WARPS;
-    for (int mt = warp; mt < FULL; mt += WARPS) pool1_gradient_tile<BNT2>(s, a1, mt, 0);
-    for (int item = warp; item < (BMT2 - FULL) * BNT2; item += WARPS)
-        pool1_gradient_tile<1>(s, a1, FULL + item / BNT2, item % BNT2);
 }
 #endif
 
