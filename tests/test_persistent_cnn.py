@@ -243,8 +243,8 @@ def test_every_part_of_fc1s_inputs_holds_some(flat_maps):
 # registers. Measured on an H200 (scripts/benchmarks/epoch_ab.py): that build's epoch 19.24 ms against
 # 19.93 at PREFETCH 5, which spills none. With conv 2's weight gradient on the tensor cores (a call) it
 # spills 16 bytes: its epoch 16.61 ms against 17.25 as FMAs, which spill none; in two chunks of n-tiles,
-# which spill none either, its phase counted as many cycles as the FMAs. A loop the compiler does not unroll leaves its arrays in
-# local memory, a stack frame of their size with no spill reported (176 bytes, five times the phase's
+# which spill none either, its phase counted as many cycles as the FMAs. A loop the compiler does not
+# unroll leaves its arrays in local memory, a stack frame of their size with no spill reported (176 bytes, five times the phase's
 # cycles: docs/persistent-cnn.md).
 SPEEDRUN_SPILL_BYTES, SPEEDRUN_STACK_BYTES = 16, 16
 

@@ -124,8 +124,8 @@ def test_steps_match_float64_with_the_kernels_roundings(precision, recipe):
     """COMPARED's steps of each recipe the device's constants select (the speedrun's one-cycle Adam over
     an epoch of five steps, the last a tail of 88 rows, at fp32): the weights' change per parameter, the
     mean loss, and the evaluation's test accuracy of the weights (float64's top two logits of a test
-    image at least 1.07e-4 apart in every case measured but the tf32 Nesterov steps' (two), which has two within 1e-4:
-    the 2 / TEST allowed)."""
+    image at least 1.07e-4 apart in every case measured, but for two within 1e-4 after the tf32 Nesterov
+    case's two steps: the 2 / TEST allowed)."""
     data, cfg = small_data(), speedrun_config(precision, **RECIPES[recipe])
     steps, bound = COMPARED[precision, recipe]  # steps None: the whole epoch
     got, loss, accuracy, plan = train("persistent", cfg, data, steps=steps)

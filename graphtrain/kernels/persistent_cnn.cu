@@ -991,11 +991,11 @@ __device__ __forceinline__ void pool1_gradient_tc(const Smem& s, const float* a1
 // (Not inlined: inlined, cnn_epoch spilled 20 bytes, 16 as a call.) Conv 1's weight gradient stays fp32
 // FMAs: its implicit GEMM (576 k-values of mostly zeros a sample, 24 maps in two m-tiles, 25 taps in four
 // n-tiles) measured twice its FMAs' cycles (docs/persistent-cnn.md).
-__host__ __device__ constexpr int power_of_two_at_most(int n) { return n >= 2 ? 2 * power_of_two_at_most(n / 2) : 1; }
 __device__ __noinline__ void conv2_weight_gradient_tc(const float* a1, const float* dp2, const unsigned char* arg2,
                                                       float* grad_w2) {
     constexpr int N = C1 * K2 * K2, MT = (C2 + 15) / 16, NT = (N + 7) / 8, KS = (P2 * P2 + 1) / 2;
-    constexpr int GROUPS = MT < WARPS ? power_of_two_at_most(WARPS / MT) : 1, MT_STRIDE = WARPS / GROUPS;
+    constexpr int GROUPS = MT < WARPS ? WARPS / MT : 1, MT_STRIDE = WARPS / GROUPS;
+    static_assert(WARPS % GROUPS == 0, "conv2_weight_gradient_tc: an m-tile's warps a divisor of WARPS (8: always)");
     // a warp's n-tiles, in chunks of at most 8, as even as they go (the speedrun's 7 in one: in chunks of
     // 4 and 3, which spill nothing, each k-step's A words loaded twice, 5b counted half as many cycles again)
     constexpr int NTW = (NT + GROUPS - 1) / GROUPS, CHUNKS = (NTW + 7) / 8, CHUNK = (NTW + CHUNKS - 1) / CHUNKS;

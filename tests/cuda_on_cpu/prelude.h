@@ -17,7 +17,6 @@
 #include <thread>
 #include <vector>
 #define __device__
-#define __host__
 #define __global__
 #define __forceinline__
 #define __noinline__
