@@ -55,17 +55,20 @@ def run_emulated(shape: WideShape, cfg: TrainConfig, data: Dataset, steps: int, 
     return params, np.fromfile(folder / "metrics.bin", np.float64)
 
 
-def test_the_staged_build_gives_the_registers_builds_bits(tmp_path, seed):
+@pytest.mark.parametrize("split,features", [(1, 400), (2, 784)])
+def test_the_staged_build_gives_the_registers_builds_bits(tmp_path, seed, split, features):
     """The staged build (each warp's k-steps copied ahead into a ring in shared memory) against the
     registers build and float64: 400 features (25 k-steps: warp 0 takes four, so a ring of three
     slabs wraps), three hidden layers of 144 units in 9 blocks of 16 (the published weights staged
     beside the rows), batch 24 over 60 samples (steps of 24, 24 and 12 rows: the images' rows past
-    a step copied as zeros). The same fragments in the same order: the same bits."""
-    samples, steps, features = 60, 3, 400
+    a step copied as zeros); and in 9 clusters of two blocks of 8 units (split 2) with 784 features
+    (a block's 25 or 24 k-steps: warp 0 again takes four). The same fragments in the same order: the
+    same bits."""
+    samples, steps = 60, 3
     data = Dataset.synthetic(samples, 10, seed=seed, num_features=features)
     data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
     cfg = TrainConfig(hidden=(144,) * 3, batch=24, epochs=1, lr=0.1, seed=seed, in_features=features)
-    registers = WideShape(features, cfg.hidden, 10, cfg.batch, 255, units=16, variant="registers")
+    registers = WideShape(features, cfg.hidden, 10, cfg.batch, 255, units=16, split=split, variant="registers")
     staged = dataclasses.replace(registers, variant="staged", stage_slabs=3)
     assert staged.refusal() is None and staged.defines["STAGE_DEPTH"] == 3 and registers.defines["STAGE_DEPTH"] == 0
     assert staged.shared_bytes > registers.shared_bytes
@@ -100,14 +103,17 @@ def test_loads_further_ahead_give_the_same_bits(tmp_path, seed, prefetch):
     assert np.array_equal(got_metrics, want_metrics), f"seed {seed}"
 
 
-@pytest.mark.parametrize("hidden,batch,samples,features,classes,bias,eight_bit,units,epochs", [
-    ((144,) * 3, 32, 80, 160, 10, True, True, 16, 1),
-    ((136,) * 2, 24, 60, 200, 10, True, False, 8, 2),
-    ((32,), 32, 80, 32, 32, False, True, 16, 1),
-    ((32,), 464, 1160, 32, 10, True, True, 16, 1),
+@pytest.mark.parametrize("hidden,batch,samples,features,classes,bias,eight_bit,units,split,epochs", [
+    ((144,) * 3, 32, 80, 160, 10, True, True, 16, 1, 1),
+    ((136,) * 2, 24, 60, 200, 10, True, False, 8, 1, 2),
+    ((32,), 32, 80, 32, 32, False, True, 16, 1, 1),
+    ((32,), 464, 1160, 32, 10, True, True, 16, 1, 1),
+    ((144,) * 3, 32, 80, 160, 10, True, True, 16, 2, 1),
+    ((136,) * 2, 24, 60, 200, 10, True, False, 16, 2, 2),
+    ((32,), 32, 80, 32, 32, False, True, 16, 2, 1),
 ])
 def test_steps_match_float64_with_the_kernels_roundings(tmp_path, hidden, batch, samples, features, classes, bias,
-                                                        eight_bit, units, epochs, seed):
+                                                        eight_bit, units, split, epochs, seed):
     """Three hidden layers of 144 units in 9 blocks of 16 (9 k-steps of 16 a hidden product and 10 of
     the 160 features: every warp takes one, the first two, each loading its next while it
     multiplies), 8-bit pixels, a last step of 16 rows; two layers of 136 units in 18 blocks of 8 (the
@@ -115,15 +121,18 @@ def test_steps_match_float64_with_the_kernels_roundings(tmp_path, hidden, batch,
     rounded to bf16, two epochs (the parameters reloaded, the metrics summed); one layer of 32 in 2
     blocks of 16, 32 classes (a warp's every lane), no bias; and at batch 464, 232 rows a block owns
     (more than a block's threads past warp 0 read ahead at once, and x's gather more pieces a thread
-    than it holds in registers), the last step of 232 rows. Three steps an epoch."""
+    than it holds in registers), the last step of 232 rows. Three steps an epoch. Then in clusters of
+    two blocks of 8 units, each multiplying its half of every product's inputs (split 2): 144 units
+    (9 hidden k-steps: 5 and 4; 160 features: 5 each), 136 units (200 features: 13 k-steps, 7 and 6),
+    and one hidden layer (the inputs' split and dh_1 from the head alone)."""
     data = Dataset.synthetic(samples, 10, seed=seed, num_features=features, num_classes=classes)
     if eight_bit:
         data = dataclasses.replace(data, train_images=np.rint(data.train_images * 255).astype(np.float32) / np.float32(255))
     levels = pixel_levels(data.train_images)
     cfg = TrainConfig(hidden=hidden, batch=batch, epochs=epochs, lr=0.1, seed=seed, in_features=features,
                       classes=classes, bias=bias)
-    shape = WideShape(features, hidden, classes, batch, levels, units=units)
-    assert shape.refusal() is None and levels == (255 if eight_bit else 0)
+    shape = WideShape(features, hidden, classes, batch, levels, units=units, split=split)
+    assert shape.refusal() is None and levels == (255 if eight_bit else 0) and shape.defines["SPLIT"] == split
     program = build(shape, tmp_path)
     start, after, loss, correct = bf16_reference_steps(cfg, data, 3, levels, epochs)
     kernel_images(data.train_images, shape).tofile(tmp_path / "images.bin")

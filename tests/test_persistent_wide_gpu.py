@@ -113,13 +113,30 @@ def test_steps_match_float64(hidden, batch, eight_bits, seed):
     assert errors["loss"] < LOSS_BOUND and errors["accuracy"] <= 0.03, f"seed {seed}: {errors}"
 
 
-def test_blocks_of_16_units_match_float64(monkeypatch, seed):
-    """The 784³ MLP in 49 blocks of 16 units (two mma columns a block), as UNIT_CHOICES may pick."""
-    monkeypatch.setattr(persistent_wide, "UNIT_CHOICES", (16, 8))
+@pytest.mark.parametrize("grid", [(8, 1), (16, 1)])
+def test_blocks_alone_match_float64(monkeypatch, grid, seed):
+    """The 784³ MLP in 98 blocks of 8 units or 49 of 16 (two mma columns a block; half the warps'
+    partial sums held at once), each block its own cluster, as GRID_CHOICES may pick."""
+    monkeypatch.setattr(persistent_wide, "GRID_CHOICES", (grid,))
     errors = wide_step_errors((784,) * 3, 128, seed)
-    assert (errors["shape"].block_units, errors["shape"].blocks) == (16, 49)
+    assert errors["shape"].grid == grid and errors["shape"].blocks == 784 // grid[0]
     assert errors["bf16-rounded float64"] < ROUNDED_BOUND and errors["float64"] < BOUND, f"seed {seed}: {errors}"
     assert errors["loss"] < LOSS_BOUND, f"seed {seed}: {errors}"
+
+
+@pytest.mark.parametrize("hidden,batch", [((257,) * 3, 128), ((784,) * 3, 128), ((1024,) * 3, 128), ((512,) * 3, 32),
+                                          ((257, 257), 100)])
+def test_clusters_of_two_blocks_match_float64(monkeypatch, hidden, batch, seed):
+    """Clusters of two blocks of 8 units (split 2: each block multiplies half of every product's
+    inputs for the cluster's 16 units, the two trading their sums through distributed shared memory):
+    257 units (17 clusters, the last 15 units padding), 784, 1024 (128 blocks), batch 32, and two layers
+    at batch 100."""
+    monkeypatch.setattr(persistent_wide, "GRID_CHOICES", ((16, 2),))
+    errors = wide_step_errors(hidden, batch, seed, eight_bits=batch != 100)
+    shape = errors["shape"]
+    assert (shape.cluster_blocks, shape.block_units, shape.defines["SPLIT"]) == (2, 8, 2), f"seed {seed}"
+    assert errors["bf16-rounded float64"] < ROUNDED_BOUND and errors["float64"] < BOUND, f"seed {seed}: {errors}"
+    assert errors["loss"] < LOSS_BOUND and errors["accuracy"] <= 0.03, f"seed {seed}: {errors}"
 
 
 def test_steps_match_the_bf16_rung(seed):
@@ -129,12 +146,13 @@ def test_steps_match_the_bf16_rung(seed):
     assert errors["bf16 rung"] < BOUND and errors["bf16 rung vs float64"] < BOUND, f"seed {seed}: {errors}"
 
 
-@pytest.mark.parametrize("variant", persistent_wide.VARIANTS)
-def test_same_seed_gives_the_same_bits(monkeypatch, variant):
+@pytest.mark.parametrize("variant,grid", [(variant, (8, 1)) for variant in persistent_wide.VARIANTS] + [("registers", (16, 2))])
+def test_same_seed_gives_the_same_bits(monkeypatch, variant, grid):
     """Sums in a fixed order, no float atomics: two runs of two epochs (the second from the first's
     weights, with a tail step each) give the same weights, losses and accuracies bit for bit, in
-    each build of the kernel."""
+    each build of the kernel, and in clusters of two blocks."""
     monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", variant)
+    monkeypatch.setattr(persistent_wide, "GRID_CHOICES", (grid,))
     data = eight_bit(Dataset.synthetic(SAMPLES, 100, seed=5))
     cfg = TrainConfig(hidden=(784,) * 3, batch=128, epochs=2, lr=0.1, seed=6)
 
@@ -152,20 +170,21 @@ def test_same_seed_gives_the_same_bits(monkeypatch, variant):
 
 @pytest.mark.parametrize("hidden,batch", [((784,) * 3, 128), ((1024,) * 3, 128), ((512,) * 3, 32)])
 def test_the_staged_build_gives_the_registers_builds_weights(monkeypatch, hidden, batch, seed):
-    """The staged build (each warp's k-steps copied ahead into a ring in shared memory: three slabs at
-    784 units, two at 1024, seven at batch 32) against the registers build after three steps (at
+    """The staged build (each warp's k-steps copied ahead into a ring in shared memory: two slabs at
+    784 and 1024 units, seven at batch 32; blocks of 8 units) against the registers build after three steps (at
     batch 128 the last a tail of 44 rows): within the bound the registers build keeps to the float64
     run with its roundings, and the same bits (the same fragments, summed in the same order); and
     against float64."""
     data = eight_bit(Dataset.synthetic(SAMPLES, 100, seed=seed))
     cfg = TrainConfig(hidden=hidden, batch=batch, epochs=1, lr=0.1, seed=seed, precision="bf16")
+    monkeypatch.setattr(persistent_wide, "GRID_CHOICES", ((8, 1),))  # (both builds in one grid, every warp's sums held)
     runs = {}
     for variant in ("registers", "staged"):
         monkeypatch.setattr(persistent_wide, "DEFAULT_VARIANT", variant)
         runs[variant] = train_steps("persistent", cfg, data, STEPS)
         assert runs[variant][0].build == variant
     (_, plain_metrics, plain), (shape, metrics, staged) = runs["registers"], runs["staged"]
-    assert shape.stage_depth >= 2
+    assert shape.stage_depth >= 2 and shape.defines["SLOTS"] == runs["registers"][0].defines["SLOTS"]
     start, after, _, _ = reference_steps(cfg, data, STEPS)
     assert max(change_errors(staged, start, plain)) < ROUNDED_BOUND, f"seed {seed}"
     assert max(change_errors(staged, start, after)) < BOUND, f"seed {seed}"

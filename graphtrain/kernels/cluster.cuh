@@ -1,5 +1,5 @@
 // Thread-block cluster, mbarrier and asynchronous-copy primitives shared by the persistent kernels
-// (persistent.cu, persistent_mlp.cu). Not a kernel file: a launcher lists it in `headers`, and
+// (persistent.cu, persistent_mlp.cu, persistent_wide.cu). Not a kernel file: a launcher lists it in `headers`, and
 // its text goes before the kernel's source (so the compile cache sees it).
 
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -9,11 +9,22 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// cluster_sync in two halves, for work of the block's own between them: arrive (release) and wait (acquire).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 // `p`'s address in the shared memory of cluster block `rank`.
 __device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
     unsigned out;
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
     return out;
+}
+// `p` (this block's shared memory) as a generic address into cluster block `rank`'s: plain loads and
+// stores through it reach that block's shared memory.
+template <class T>
+__device__ __forceinline__ T* peer_shared(T* p, unsigned rank) {
+    unsigned long long out;
+    asm("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+    return reinterpret_cast<T*>(out);
 }
 // A double from cluster block memory (an address from remote()).
 __device__ __forceinline__ double load_remote_f64(unsigned addr) {

@@ -3,19 +3,28 @@
 // blocks' shared memory; the activations and input gradients of the whole batch go through global
 // memory (L2), between grid-wide barriers.
 //
-// Block c owns S = UNITS units U_c = [c·S, c·S + S) of every hidden layer (the units past HIDDEN, up
-// to HIDDEN_PAD = BLOCKS·S, are padding: zero weights, zero activations, zero gradients). It keeps the
-// fp32 master weights that its products read and its updates write:
-//   w1   W_1[U_c, :]          the rows of layer 1 (its forward, and its update from dh_1[:, U_c])
-//   wc   W_l[:, U_c], l ≥ 2   the columns of the other hidden layers (dX, and the update from dh_l)
-//   wh   W_h[:, U_c]          the head's columns, and a copy of the head's bias in every block
-// A hidden layer l ≥ 2 is read by rows in its forward: each block publishes its columns, updated, as
-// bf16 into a global copy of W_l (one of two, by step parity), which the next step's forward reads.
+// Block c owns S = OWN units U_c = [c·S, c·S + S) of every hidden layer (the units past HIDDEN, up
+// to HIDDEN_PAD = BLOCKS·S, are padding: zero weights, zero activations, zero gradients). Its products
+// are its cluster's: SPLIT blocks (1 or 2; cluster g = c / SPLIT, the block's rank in it h = c mod SPLIT)
+// share UNITS = SPLIT·S units U_g = [g·UNITS, g·UNITS + UNITS), and block h multiplies every product over
+// its part K_h of the product's inputs (k-steps [h·span, h·span + span), span = ⌈k-steps / SPLIT⌉); the
+// cluster's blocks then trade their sums for each other's units through distributed shared memory
+// (sum_over_warps) and each finishes its own U_c. Why split: every block reads the whole of each
+// exchanged matrix it multiplies (its rows are the batch), ~200 KB a product at the 784³ MLP, and those
+// bytes bound the products; a cluster of two reads half each and trades 4 KB. A block keeps the fp32
+// master weights that its products read and its updates write:
+//   w1   W_1[U_g, K_h]          the rows of layer 1 (its forward, and its update from dh_1[:, U_g])
+//   wc   W_l[K_h, U_g], l ≥ 2   the columns of the other hidden layers (dX, and the update from dh_l)
+//   wh   W_h[:, U_c]            the head's columns, and a copy of the head's bias in every block
+// (With SPLIT 1, U_g = U_c and K_h every input: below, read U_g and K_h so.)
+// A hidden layer l ≥ 2 is read by rows in its forward: each block publishes its columns (of K_h), updated,
+// as bf16 into a global copy of W_l (one of two, by step parity), which the next step's forward reads.
 //
 // A step of `rows` samples x, h_0 = x, the exchanged values bf16:
 //
 //   X (the step before; rows r ≡ c (mod BLOCKS))  x[r] = images[order[r]]        (published)
-//   F_l, l = 1..L     h_l[:, U_c] = relu(h_{l−1} · W_l[U_c, :]ᵀ + b_l[U_c])      (published, l < L)
+//   F_l, l = 1..L     h_l[:, U_c] = relu(h_{l−1} · W_l[U_c, :]ᵀ + b_l[U_c])      (published, l < L; the
+//                     cluster's: h_{l−1}[:, K_h] · W_l[U_g, K_h]ᵀ, then summed over h)
 //   F_L (the head)    P_c = h_L[:, U_c] · W_h[:, U_c]ᵀ  (fp32, the units in order) (published)
 //   S, rows r ≡ c     z = Σ_{c' = 0..BLOCKS−1} P_c'[r] + b_h (in that order),
 //   (mod BLOCKS)      dz = (softmax(z) − onehot(y)) / rows                      (published)
@@ -42,7 +51,19 @@
 // which F_1 and W_1's update each read whole from every block; gathered once, they read a buffer of
 // the batch's size from L2, as F_2 reads h_1.
 //
-// So every block reads each exchanged matrix (x, h_1..h_{L−1}, dh_L..dh_2, x again) once a step, with
+// Within a cluster (SPLIT 2) three things cross between its blocks' shared memory, each past a cluster
+// barrier (release and acquire) before it is read: a product's sums of the other block's units, into
+// its inbox, read past the barrier in sum_over_warps; h_l[:, U_c]ᵀ, l < L, into the other block's ht,
+// read by its update of W_{l+1} (its B operand), past F_{l+1}'s barrier; dh_1[:, U_c]ᵀ into its dht,
+// read by its update of W_1, past the barrier that begins it. The inbox has two slots, used by the
+// products of a step in turn and then the next step's (2·L − 1 products a step, an odd count: the slot
+// is (step + the product's index in the step) mod 2): a block writes a slot again only past the next
+// product's barrier, which the other block reaches after its last read of the slot. ht and dht are
+// written a step later, past barriers that follow every read. The other block's last write (dht) comes
+// before the barrier that begins its update of W_1, so neither block leaves the launch while the
+// other may still write into it.
+//
+// So every block reads its part K_h of each exchanged matrix (x, h_1..h_{L−1}, dh_L..dh_2, x again) once a step, with
 // the weights in place; dX and the update of layer l read dh_l in one pass: its mma fragments, as
 // loaded for dh_l · W_l[:, U_c], transposed in registers (movmatrix), are dh_lᵀ's for the update.
 // Sums run in a fixed order without atomics (each product's k split over the warps, their partial
@@ -74,32 +95,36 @@
 // dh_l exchanged as bf16) with fp32 sums (mma.sync m16n8k16), into fp32 master weights; the head and
 // the softmax in fp32.
 //
-// Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a multiple of 8, at most 16),
-// THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
+// Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a cluster's: 8 or 16), SPLIT (1 or 2;
+// 2 needs sm_90's clusters), SLOTS (the warps' partial sums held at once: WARPS, or half), THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
 // BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
 // W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, PARTIAL_ROW, STAGE_DEPTH, PREFETCH, the shared-memory
 // layout SMEM_* and the
 // workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
-// cp.async (sm_80 and later). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
+// cp.async (sm_80 and later; clusters of two, sm_90). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
 // adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
 // where the metrics would go (scripts/probes/persistent_wide_phases.py).
 
 #define WARPS (THREADS / 32)
-#define SLOTS (WARPS / 2)              // partial sums kept in shared memory while the warps' are added
-#define NT (UNITS / 8)                 // a block's units in mma columns of 8
+#define OWN (UNITS / SPLIT)            // the units a block finishes (of its cluster's UNITS)
+#define GROUPS (BLOCKS / SPLIT)        // the clusters
+#define NT (UNITS / 8)                 // a cluster's units in mma columns of 8
 #define MT ((BATCH + 15) / 16)         // the batch in mma rows of 16
 #define ROWS16 (MT * 16)
 #define F_KSTEPS (FEATURE_STRIDE / 16) // layer 1's inputs in k-steps of 16
 #define H_KSTEPS (HIDDEN_PAD / 16)     // a hidden layer's
-#define PIECE (ROWS16 * UNITS)         // a block's piece of an exchanged matrix (bf16 values)
+#define F_SPAN ((F_KSTEPS + SPLIT - 1) / SPLIT)  // the k-steps of layer 1's products a block takes (the last, fewer)
+#define H_SPAN ((H_KSTEPS + SPLIT - 1) / SPLIT)  // of a hidden layer's
+#define PIECE (ROWS16 * OWN)           // a block's piece of an exchanged matrix (bf16 values)
 #define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
 #define SLAB_ROWS (ROWS16 * 16)          // a staged k-step of the rows: ROWS16 rows of 16 inputs (bf16)
 #define SLAB (SLAB_ROWS + UNITS * 16)    // and of the block's rows of a published W_l, after them
 
-#if UNITS % 8 != 0 || NT < 1 || NT > 2 || HIDDEN_PAD != BLOCKS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
+#if UNITS % 8 != 0 || NT < 1 || NT > 2 || (SPLIT != 1 && SPLIT != 2) || (SLOTS != WARPS && 2 * SLOTS != WARPS) || BLOCKS % SPLIT != 0 || OWN % 8 != 0 \
+    || HIDDEN_PAD != GROUPS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
-    || THREADS != 256 || W1_STRIDE < FEATURE_STRIDE || WC_STRIDE < HIDDEN_PAD || W1_STRIDE % 32 != 0 \
+    || THREADS != 256 || W1_STRIDE < 16 * F_SPAN || WC_STRIDE < 16 * H_SPAN || W1_STRIDE % 32 != 0 \
     || WC_STRIDE % 32 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
     || STAGE_DEPTH == 1 || STAGE_DEPTH < 0 || PREFETCH < 1 || PARTIAL_ROW < BLOCKS * CLASSES || PARTIAL_ROW % 4 != 0
 #error "persistent_wide.cu: unsupported sizes"
@@ -110,20 +135,22 @@ typedef unsigned short bf16_bits;  // a bf16 value as its 16 bits
 // ---- shared memory (the layout table: kernels/persistent_wide.py, WideShape.layout) -------------
 struct Smem {
     double* totals;     // [2·WARPS]                   the warps' loss and correct counts, at the end
-    float* w1;          // [UNITS][W1_STRIDE]           W_1[U_c, :], zero past FEATURES and HIDDEN (swizzled: master_at)
-    float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i][u0 + j], l = 2..LAYERS, zero past HIDDEN (alike)
-    float* wh;          // [CLASSES][UNITS]             W_h[:, U_c]
-    float* gwh;         // [CLASSES][UNITS], [CLASSES]  the head's gradient: its columns, its bias
-    float* b;           // [LAYERS][UNITS]              b_l[U_c]
+    float* w1;          // [UNITS][W1_STRIDE]           W_1[U_g, K_h], zero past FEATURES and HIDDEN (swizzled: master_at)
+    float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i0 + i][g0 + j], l = 2..LAYERS, i over K_h, zero
+                        //                              past HIDDEN (alike)
+    float* wh;          // [CLASSES][OWN]               W_h[:, U_c]
+    float* gwh;         // [CLASSES][OWN], [CLASSES]    the head's gradient: its columns, its bias
+    float* b;           // [LAYERS][OWN]                b_l[U_c]
     float* bh;          // [CLASSES]                    the head's bias (every block's copy)
     int* row_samples;   // [2][R_OWN]                   the owned rows' samples (−1 past the step's rows) and
     int* row_labels;    // [2][R_OWN]                   their labels, by step parity (read ahead: prefetch_rows)
-    float* h_last;      // [ROWS16][UNITS]              h_L[:, U_c], zero past the step's rows
-    bf16_bits* ht;      // [LAYERS−1][UNITS][HT_STRIDE] h_l[:, U_c]ᵀ, l < LAYERS (their ReLU masks too)
-    bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_c]ᵀ
-    float* dh;          // [ROWS16][UNITS]              dh_l[:, U_c], zero past the step's rows
+    float* h_last;      // [ROWS16][OWN]                h_L[:, U_c], zero past the step's rows
+    bf16_bits* ht;      // [LAYERS−1][UNITS][HT_STRIDE] h_l[:, U_g]ᵀ, l < LAYERS (their ReLU masks too)
+    bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_g]ᵀ
+    float* dh;          // [ROWS16][OWN]                dh_l[:, U_c], zero past the step's rows
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
                         //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then)
+    float* inbox;       // [2][ROWS16][OWN]             (SPLIT 2) the other block's sums of U_c, by exchange parity
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
 #if STAGE_DEPTH
     bf16_bits* stage;   // [WARPS][STAGE_DEPTH][SLAB]     each warp's ring of staged k-steps (the staged build's)
@@ -149,6 +176,7 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, dht, SMEM_DHT);
     SMEM_REGION(s, base, dh, SMEM_DH);
     SMEM_REGION(s, base, part, SMEM_PART);
+    SMEM_REGION(s, base, inbox, SMEM_INBOX);
     SMEM_REGION(s, base, dl, SMEM_DL);
 #if STAGE_DEPTH
     SMEM_REGION(s, base, stage, SMEM_STAGE);
@@ -165,8 +193,8 @@ struct Workspace {
     unsigned long long* barrier;  // the grid barrier's arrivals
     double* block_metrics;        // [BLOCKS][2]                       each block's loss and correct count
     bf16_bits* x;                 // [2][FEATURE_STRIDE / 16][ROWS16][16] x of the steps, by step parity
-    bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][UNITS] h_l, l < LAYERS, block c's units at piece c
-    bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][UNITS] dh_l, l ≥ 2, alike
+    bf16_bits* act;               // [LAYERS−1][BLOCKS][ROWS16][OWN] h_l, l < LAYERS, block c's units U_c at piece c
+    bf16_bits* grad;              // [LAYERS−1][BLOCKS][ROWS16][OWN] dh_l, l ≥ 2, alike
     bf16_bits* wg;                // [LAYERS−1][2][HIDDEN_PAD²]         W_l, l ≥ 2, by step parity (published_at)
     float* partials;              // [BATCH][PARTIAL_ROW]              P_c, the head's partial logits, by row ([BLOCKS][CLASSES])
     float* dz;                    // [BATCH][CLASSES]                  dlogits
@@ -185,11 +213,11 @@ __device__ __forceinline__ bf16_bits* grad_of(const Workspace& ws, int l) { retu
 __device__ __forceinline__ bf16_bits* wg_of(const Workspace& ws, int l, int parity) {
     return ws.wg + (long long)((l - 2) * 2 + parity) * HIDDEN_PAD * HIDDEN_PAD;
 }
-// A published copy of W_l is laid out for the forward's B fragments: each block's rows (its outputs U_c)
+// A published copy of W_l is laid out for the forward's B fragments: each cluster's rows (its outputs U_g)
 // a tile of their own, k-step after k-step, W_l[o][k] at published_at(o, k), so that a warp's B load
 // (units 8n + g, inputs k .. k + 3 of a k-step) reads 256 contiguous bytes, not a sector of each of
-// eight rows. (A block's inputs U_c of a row, which its update writes, lie in one k-step:
-// published_at(o, u0 + j) = published_at(o, j) + published_at(0, u0) for j < UNITS.)
+// eight rows. (A cluster's inputs U_g of a row, which its updates write, lie in one k-step:
+// published_at(o, g0 + j) = published_at(o, j) + published_at(0, g0) for j < UNITS.)
 __device__ __forceinline__ int published_at(int o, int k) {
     return ((unsigned)o / UNITS * H_KSTEPS + (unsigned)k / 16) * (UNITS * 16) + (unsigned)o % UNITS * 16 + (unsigned)k % 16;
 }
@@ -257,7 +285,7 @@ struct ExchangedRows {
                        __ldcg(reinterpret_cast<const uint2*>(p + (16 * mt + 8) * WIDTH)));
     }
 };
-typedef ExchangedRows<UNITS> HiddenRows;           // h_l, dh_l
+typedef ExchangedRows<OWN> HiddenRows;             // h_l, dh_l
 typedef ExchangedRows<16> InputRows;               // x
 
 // The fp32 master weights (w1, wc) are unit-major, a unit's inputs a row of `stride` floats (a multiple
@@ -279,15 +307,17 @@ __device__ __forceinline__ const float* master_at(const float* w, int stride, in
 // B fragments from fp32 master weights in shared memory (master_at's rows), rounded to bf16 as loaded:
 // the lane's four inputs k .. k + 3 of unit 8n + g, one 16-byte load of the quad they are swizzled into
 // (bit 1 of the swizzle swaps its halves).
+// `first`: the input that the rows' element 0 holds (the first of the block's K_h).
 // (Weights: load(b, k) the B fragments at the lane's inputs k = k0 + 4t; in the staged build stage(slab,
 // ks) the lane's copies of k-step ks, if any, and load_staged(b, slab, k) the fragments.)
 struct MasterWeights {
     const float* w;
-    int stride;
+    int stride, first;
     __device__ __forceinline__ void stage(bf16_bits*, int) const {}
     __device__ __forceinline__ void load_staged(unsigned (&b)[NT][2], const bf16_bits*, int k) const { load(b, k); }
     __device__ __forceinline__ void load(unsigned (&b)[NT][2], int k) const {
         const int g = (threadIdx.x & 31) >> 2;
+        k -= first;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const int j = 8 * n + g, swap = master_swizzle(j) & 2;
@@ -301,7 +331,7 @@ struct MasterWeights {
 // B fragments from a published bf16 copy of W_l (published_at's layout), at the block's rows; staged, unit
 // u's 16 inputs of the k-step at slab[SLAB_ROWS + 16u ..] (lanes 2u, 2u + 1 copy them).
 struct PublishedWeights {
-    const bf16_bits* rows;  // the block's tile: W_l[u0 + u][k] at rows[published_at(u, k)]
+    const bf16_bits* rows;  // the cluster's tile: W_l[g0 + u][k] at rows[published_at(u, k)]
     __device__ __forceinline__ void stage(bf16_bits* slab, int ks) const {
         const int lane = threadIdx.x & 31, u = lane >> 1, h = lane & 1;
         if (u < UNITS) copy16_async_or_zero(slab + SLAB_ROWS + 16 * u + 8 * h, rows + published_at(u, 16 * ks + 8 * h), 16);
@@ -329,7 +359,7 @@ struct PublishedWeights {
 // MasterWeights are, so that update_product takes either.
 struct NoWeights {
     const float* w;
-    int stride;
+    int stride, first;
     __device__ __forceinline__ void stage(bf16_bits*, int) const {}
     __device__ __forceinline__ void load_staged(unsigned (&)[NT][2], const bf16_bits*, int) const {}
     __device__ __forceinline__ void load(unsigned (&)[NT][2], int) const {}
@@ -349,7 +379,7 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
             for (int q = 0; q < 4; ++q) sums[i][n][q] = 0.0f;
 }
 
-// body(ks, a, b) for warp w's k-steps ks = w, w + WARPS, ... of `rows`, a the A fragments of every
+// body(ks, a, b) for warp w's k-steps ks = ks0 + w, ks0 + w + WARPS, ... < ks0 + ksteps of `rows`, a the A fragments of every
 // m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
 // body, which may update the weights). The registers build loads k-step i + PREFETCH's fragments while
 // k-step i's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
@@ -360,7 +390,7 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
 // group, STAGE_DEPTH − 1 groups before the newest, has landed: its own copies, then every lane's (the
 // __syncwarp after the wait).
 template <class Rows, class Weights, class Body>
-__device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, const Weights& weights, int ksteps,
+__device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, const Weights& weights, int ks0, int ksteps,
                                            Body body) {
     const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
 #if STAGE_DEPTH
@@ -368,15 +398,15 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
     bf16_bits* own = ring + warp * (STAGE_DEPTH * SLAB);
     auto stage = [&](int i) {  // k-step i of the warp's, into its slab
         if (i < mine) {
-            rows.stage(own + (i % STAGE_DEPTH) * SLAB, warp + i * WARPS);
-            weights.stage(own + (i % STAGE_DEPTH) * SLAB, warp + i * WARPS);
+            rows.stage(own + (i % STAGE_DEPTH) * SLAB, ks0 + warp + i * WARPS);
+            weights.stage(own + (i % STAGE_DEPTH) * SLAB, ks0 + warp + i * WARPS);
         }
         copies_commit();
     };
 #pragma unroll
     for (int i = 0; i < STAGE_DEPTH - 1; ++i) stage(i);
     for (int i = 0; i < mine; ++i) {
-        const int ks = warp + i * WARPS;
+        const int ks = ks0 + warp + i * WARPS;
         stage(i + STAGE_DEPTH - 1);
         copies_wait<STAGE_DEPTH - 1>();
         __syncwarp();
@@ -398,7 +428,7 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
     // inputs than the body's update writes: the same values.)
     constexpr int RING = PREFETCH + 1;
     const int mine = warp < ksteps ? (ksteps - 1 - warp) / WARPS + 1 : 0;  // the warp's k-steps
-    auto k_of = [&](int i) { return 16 * (warp + i * WARPS) + 4 * t; };  // the lane's inputs of k-step i
+    auto k_of = [&](int i) { return 16 * (ks0 + warp + i * WARPS) + 4 * t; };  // the lane's inputs of k-step i
     unsigned a[RING][MT][4], b[RING][NT][2];
 #pragma unroll
     for (int j = 0; j < PREFETCH; ++j)
@@ -415,7 +445,7 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
                     rows.load(a[(j + PREFETCH) % RING], k_of(i + PREFETCH));
                     weights.load(b[(j + PREFETCH) % RING], k_of(i + PREFETCH));
                 }
-                body(warp + i * WARPS, a[j], b[j]);
+                body(ks0 + warp + i * WARPS, a[j], b[j]);
             }
         }
     }
@@ -424,10 +454,10 @@ __device__ __forceinline__ void each_kstep(bf16_bits* ring, const Rows& rows, co
 
 // acc = rows · Wᵀ over warp w's k-steps (m = rows, n = the block's units, k = inputs).
 template <class Rows, class Weights>
-__device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& rows, const Weights& weights, int ksteps,
+__device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& rows, const Weights& weights, int ks0, int ksteps,
                                                 float (&acc)[MT][NT][4]) {
     zero_sums(acc);
-    each_kstep(ring, rows, weights, ksteps, [&](int, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
+    each_kstep(ring, rows, weights, ks0, ksteps, [&](int, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -435,10 +465,10 @@ __device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& row
     });
 }
 
-// The update of fp32 master weights w[j][i] (unit-major, `stride`) from G = rowsᵀ · bt over the batch
-// (i = the inputs of warp w's k-steps, j = the block's units: G[i][j] = Σ_r rows[r][i] · bt[j][r]),
-// w −= lr · G; with DX also acc = rows · wᵀ (the weights before the update, as forward_product), and
-// with `published` the new weights as bf16 at published[published_at(i, j)].
+// The update of fp32 master weights w[j][i − first] (unit-major, `stride`) from G = rowsᵀ · bt over the
+// batch (i = the inputs of warp w's k-steps, from ks0, j = the cluster's units: G[i][j] = Σ_r rows[r][i] ·
+// bt[j][r]), w −= lr · G; with DX also acc = rows · wᵀ (the weights before the update, as
+// forward_product), and with `published` the new weights as bf16 at published[published_at(i, j)].
 // G's A operand is rows' fragments as loaded for acc, each 8×8 quarter transposed (movmatrix): the
 // quarter a[q] holds M[ρ][c] = rows[16mt + ρ (+8)][k0 + kmap(c) (+2)], kmap(c) = 4⌊c/2⌋ + c mod 2, so
 // its transpose is M[c][ρ] (m = input slot c, k = row ρ): {T(a[0]), T(a[2]), T(a[1]), T(a[3])} is the
@@ -446,14 +476,15 @@ __device__ __forceinline__ void forward_product(bf16_bits* ring, const Rows& row
 // tile's 16 rows. bt[j][r] (UNITS rows of HT_STRIDE bf16) gives B (k = rows, n = units) as 4-byte
 // loads. The k-steps are the warp's own: no other warp reads or writes these weights meanwhile.
 template <bool DX, class Rows>
-__device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows, int ksteps, float* w, int stride,
+__device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows, int ks0, int ksteps, float* w, int stride,
                                                const bf16_bits* bt, float lr, bf16_bits* published,
                                                float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     if (DX) zero_sums(acc);
     const int kmap = 4 * (g >> 1) + (g & 1);
     typedef typename Either<DX, MasterWeights, NoWeights>::type Weights;  // DX's B: w before this k-step's update
-    each_kstep(ring, rows, Weights{w, stride}, ksteps, [&](int ks, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
+    const int first = 16 * ks0;  // the input at w's element 0
+    each_kstep(ring, rows, Weights{w, stride, first}, ks0, ksteps, [&](int ks, const unsigned (&a)[MT][4], const unsigned (&b)[NT][2]) {
         if (DX) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -478,10 +509,10 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const int j = 8 * n + 2 * t;
-            float* w00 = master_at(w, stride, j, i);
-            float* w10 = master_at(w, stride, j + 1, i);
-            float* w02 = master_at(w, stride, j, i + 2);
-            float* w12 = master_at(w, stride, j + 1, i + 2);
+            float* w00 = master_at(w, stride, j, i - first);
+            float* w10 = master_at(w, stride, j + 1, i - first);
+            float* w02 = master_at(w, stride, j, i - first + 2);
+            float* w12 = master_at(w, stride, j + 1, i - first + 2);
             const float n00 = fmaf(-lr, grad[0][n][0], *w00), n10 = fmaf(-lr, grad[0][n][1], *w10);
             const float n02 = fmaf(-lr, grad[0][n][2], *w02), n12 = fmaf(-lr, grad[0][n][3], *w12);
             *w00 = n00; *w10 = n10; *w02 = n02; *w12 = n12;
@@ -493,38 +524,54 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
     });
 }
 
-// Σ over the warps of acc (each warp's sums over its k-steps) in a fixed order: warp w + SLOTS's into
-// warp w's (w < SLOTS), then the SLOTS sums as a tree of pairs; finish(r, u, v0, v1) for each row r <
-// ROWS16 and pair of units u, u + 1. Ends without a block barrier: finish's writes are its own.
-template <class Finish>
-__device__ __forceinline__ void sum_over_warps(const Smem& s, const float (&acc)[MT][NT][4], Finish finish) {
+// Σ over the warps of acc (each warp's sums over its k-steps) in a fixed order: with SLOTS = WARPS every
+// warp's stored, then the WARPS sums of a value added as a tree of pairs by one thread (eight loads in
+// flight); where the shared memory holds half as many (SLOTS = WARPS / 2, a large batch), warp w's sums
+// first added into warp w + SLOTS's in a pass of their own (which took longer: the launcher's layout
+// gives WARPS where they fit); finish(r, u, v0, v1) for each row r <
+// ROWS16 and pair u, u + 1 of the block's own units U_c (u from 0). With SPLIT 2 each block of the
+// cluster has summed over its half of the inputs, K_h: it sends the sums of the other block's units
+// into that block's inbox (`other`: the other block's regions, in its shared memory; slot `parity`, the
+// exchange's: the other slot may still be read), and after the cluster barrier (`exchanged()` then)
+// finishes its own units with the two halves' sums added (two terms: either order gives the same
+// bits). Ends without a block barrier: finish's writes are its own.
+template <class Exchanged, class Finish>
+__device__ __forceinline__ void sum_over_warps(const Smem& s, const Smem& other, int parity, const float (&acc)[MT][NT][4],
+                                               Exchanged exchanged, Finish finish) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    auto slot = [&](int w, int r, int u) { return reinterpret_cast<float2*>(s.part + (w * ROWS16 + r) * PART_STRIDE + u); };
-    if (warp >= SLOTS) {
+    // (At 16 units, rows of 16 floats: unit bit 3 flipped by row bit 1, so that the acc stores' half-warps,
+    // rows g = 0..3 at units 2t, take 32 banks, where unswizzled rows g and g + 2 share eight; the sums'
+    // loads, two rows of 16 units a half-warp, take 32 either way.)
+    auto slot = [&](int w, int r, int u) {
+        return reinterpret_cast<float2*>(s.part + (w * ROWS16 + r) * PART_STRIDE + (UNITS == 16 ? u ^ ((r & 2) << 2) : u));
+    };
+    if (warp >= WARPS - SLOTS) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < NT; ++n)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
-                    *slot(warp - SLOTS, 16 * mt + 8 * h + g, 8 * n + 2 * t) = make_float2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
+                    *slot(warp % SLOTS, 16 * mt + 8 * h + g, 8 * n + 2 * t) = make_float2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
     }
     __syncthreads();
-    if (warp < SLOTS) {
+    if (SLOTS < WARPS) {  // (half the slots: warp w's sums added into warp w + SLOTS's)
+        if (warp < SLOTS) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
+                for (int n = 0; n < NT; ++n)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float2* p = slot(warp, 16 * mt + 8 * h + g, 8 * n + 2 * t);
-                    const float2 other = *p;
-                    *p = make_float2(acc[mt][n][2 * h] + other.x, acc[mt][n][2 * h + 1] + other.y);
-                }
+                    for (int h = 0; h < 2; ++h) {
+                        float2* p = slot(warp, 16 * mt + 8 * h + g, 8 * n + 2 * t);
+                        const float2 other = *p;
+                        *p = make_float2(acc[mt][n][2 * h] + other.x, acc[mt][n][2 * h + 1] + other.y);
+                    }
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ROWS16 * UNITS / 2; i += THREADS) {
-        const int r = i / (UNITS / 2), u = 2 * (i - r * (UNITS / 2));
+    // The SLOTS sums of the pair (r, u .. u + 1) of the cluster's units, in a fixed tree.
+    auto summed = [&](int r, int u) {
         float2 v[SLOTS];
 #pragma unroll
         for (int w = 0; w < SLOTS; ++w) v[w] = *slot(w, r, u);
@@ -532,8 +579,42 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, const float (&acc)
         for (int step = 1; step < SLOTS; step *= 2)
 #pragma unroll
             for (int w = 0; w + step < SLOTS; w += 2 * step) v[w] = make_float2(v[w].x + v[w + step].x, v[w].y + v[w + step].y);
-        finish(r, u, v[0].x, v[0].y);
+        return v[0];
+    };
+#if SPLIT == 1
+    for (int i = threadIdx.x; i < ROWS16 * UNITS / 2; i += THREADS) {
+        const int r = i / (UNITS / 2), u = 2 * (i - r * (UNITS / 2));
+        const float2 v = summed(r, u);
+        finish(r, u, v.x, v.y);
     }
+    (void)other; (void)parity; (void)exchanged;
+#else
+    // The other block's units first, sent; then this block's own summed while the cluster barrier
+    // completes (its arrival made, its wait after), kept in registers, and finished with the other's.
+    constexpr int PAIRS = ROWS16 * OWN / 2, TRIPS = (PAIRS + THREADS - 1) / THREADS;  // a block's pairs, a thread's
+    const int half = blockIdx.x % SPLIT, theirs = (half ^ 1) * OWN;
+    for (int i = threadIdx.x; i < PAIRS; i += THREADS) {
+        const int r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
+        *reinterpret_cast<float2*>(other.inbox + (parity * ROWS16 + r) * OWN + u) = summed(r, theirs + u);
+    }
+    cluster_arrive();  // (release: the other block's inbox written)
+    float2 mine[TRIPS];
+#pragma unroll
+    for (int j = 0; j < TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
+        if (i < PAIRS) mine[j] = summed(r, half * OWN + u);
+    }
+    cluster_wait();  // (acquire: this block's inbox written)
+    exchanged();
+#pragma unroll
+    for (int j = 0; j < TRIPS; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
+        if (i < PAIRS) {
+            const float2 in = *reinterpret_cast<const float2*>(s.inbox + (parity * ROWS16 + r) * OWN + u);
+            finish(r, u, mine[j].x + in.x, mine[j].y + in.y);
+        }
+    }
+#endif
 }
 
 // Σ_{r < ROWS16} value(r) for eight outputs, by a whole warp: lane (p, e), p = lane / 8, holds
@@ -574,8 +655,12 @@ __device__ __forceinline__ float sum_rows(Value value) {
 // ---- the phases ----------------------------------------------------------------------------------
 struct Step {
     int step, rows, rank;
+    int half, group;   // the block's rank in its cluster (K_h: its inputs of every product) and the cluster's (U_g)
     const int* order;  // the step's sample indices (global)
 };
+// The k-steps of K_h (a product of `ksteps`, split in spans of `span`): from first_kstep, kstep_count of them.
+__device__ __forceinline__ int first_kstep(const Step& st, int span) { return st.half * span; }
+__device__ __forceinline__ int kstep_count(const Step& st, int span, int ksteps) { return min(span, ksteps - st.half * span); }
 
 // X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
 // FEATURE_STRIDE bf16, read-only for the launch; the samples read ahead by prefetch_rows), zero
@@ -649,26 +734,36 @@ __device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, 
 }
 
 // F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
+// F_l: h_l[:, U_c] from the products' sums, kept (h_last; or ht, the other block's too, and published),
+// zero past the rows.
 template <class Rows, class Weights>
-__device__ __forceinline__ void forward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, const Rows& rows,
-                                              const Weights& weights, int ksteps, float unit, Probes& probes) {
+__device__ __forceinline__ void forward_layer(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int l,
+                                              const Rows& rows, const Weights& weights, int ksteps, float unit,
+                                              Probes& probes) {
     float acc[MT][NT][4];
-    forward_product(ring_of(s), rows, weights, ksteps, acc);
+    const int span = (ksteps + SPLIT - 1) / SPLIT;
+    forward_product(ring_of(s), rows, weights, first_kstep(st, span), kstep_count(st, span, ksteps), acc);
     PHASE_END(probes, FORWARD_PRODUCTS, l);
-    const float* bias = s.b + (l - 1) * UNITS;
-    bf16_bits* ht = l < LAYERS ? ht_of(s, l) : nullptr;
+    const float* bias = s.b + (l - 1) * OWN;
+    bf16_bits* ht = l < LAYERS ? ht_of(s, l) + st.half * OWN * HT_STRIDE : nullptr;  // (U_c's rows of the cluster's)
+    bf16_bits* ht_other = l < LAYERS ? ht_of(other, l) + st.half * OWN * HT_STRIDE : nullptr;
     bf16_bits* piece = l < LAYERS ? act_of(ws, l) + st.rank * PIECE : nullptr;
-    sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
+    sum_over_warps(s, other, (st.step + l - 1) & 1, acc, [&] { PHASE_END(probes, FORWARD_EXCHANGE, l); },
+                   [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;
         const float h0 = real ? fmaxf(fmaf(unit, v0, bias[u]), 0.0f) : 0.0f;
         const float h1 = real ? fmaxf(fmaf(unit, v1, bias[u + 1]), 0.0f) : 0.0f;
         if (l == LAYERS) {
-            *reinterpret_cast<float2*>(s.h_last + r * UNITS + u) = make_float2(h0, h1);
+            *reinterpret_cast<float2*>(s.h_last + r * OWN + u) = make_float2(h0, h1);
         } else {
             const unsigned pair = bf16x2(h0, h1);
             ht[u * HT_STRIDE + r] = (bf16_bits)(pair & 0xffffu);
             ht[(u + 1) * HT_STRIDE + r] = (bf16_bits)(pair >> 16);
-            __stcg(reinterpret_cast<unsigned*>(piece + r * UNITS + u), pair);
+            if (SPLIT > 1) {  // (read by the other block's update of W_{l+1}, past a cluster barrier or more)
+                ht_other[u * HT_STRIDE + r] = (bf16_bits)(pair & 0xffffu);
+                ht_other[(u + 1) * HT_STRIDE + r] = (bf16_bits)(pair >> 16);
+            }
+            __stcg(reinterpret_cast<unsigned*>(piece + r * OWN + u), pair);
         }
     });
     PHASE_END(probes, FORWARD_SUMS, l);
@@ -681,7 +776,7 @@ __device__ __forceinline__ void head_partials(const Smem& s, const Workspace& ws
         const int r = i / CLASSES, j = i - r * CLASSES;
         float z = 0.0f;
 #pragma unroll
-        for (int u = 0; u < UNITS; ++u) z = fmaf(s.h_last[r * UNITS + u], s.wh[j * UNITS + u], z);
+        for (int u = 0; u < OWN; ++u) z = fmaf(s.h_last[r * OWN + u], s.wh[j * OWN + u], z);
         __stcg(ws.partials + (long long)r * PARTIAL_ROW + st.rank * CLASSES + j, z);
     }
 }
@@ -734,150 +829,179 @@ __device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws,
 }
 
 // Once dh_l[:, U_c] is whole in s.dh: b_l[U_c] −= lr · Σ_r dh_l, and dh_l published (l ≥ 2) or kept
-// transposed for W_1's update (l = 1).
-__device__ __forceinline__ void own_gradient_done(const Smem& s, const Workspace& ws, const Step& st, int l, int bias,
-                                                  float lr) {
+// transposed for W_1's update (l = 1; with SPLIT 2 in the other block's dht too, which its update reads
+// past the cluster barrier that begins update_first_layer).
+__device__ __forceinline__ void own_gradient_done(const Smem& s, const Smem& other, const Workspace& ws, const Step& st,
+                                                  int l, int bias, float lr) {
     __syncthreads();
     const int warp = threadIdx.x >> 5;
-    if (bias && warp < UNITS / 8) {  // a warp eight units
+    if (bias && warp < OWN / 8) {  // a warp eight units
         const int u = 8 * warp + (threadIdx.x & 7);
-        const float sum = warp_sum_rows([&](int r) { return s.dh[r * UNITS + u]; });
-        if ((threadIdx.x & 31) < 8) s.b[(l - 1) * UNITS + u] = fmaf(-lr, sum, s.b[(l - 1) * UNITS + u]);
+        const float sum = warp_sum_rows([&](int r) { return s.dh[r * OWN + u]; });
+        if ((threadIdx.x & 31) < 8) s.b[(l - 1) * OWN + u] = fmaf(-lr, sum, s.b[(l - 1) * OWN + u]);
     }
     if (l >= 2) {
         bf16_bits* piece = grad_of(ws, l) + st.rank * PIECE;
-        for (int i = threadIdx.x; i < ROWS16 * UNITS / 2; i += THREADS) {
+        for (int i = threadIdx.x; i < ROWS16 * OWN / 2; i += THREADS) {
             const float2 v = *reinterpret_cast<const float2*>(s.dh + 2 * i);
             __stcg(reinterpret_cast<unsigned*>(piece) + i, bf16x2(v.x, v.y));
         }
     } else {
-        for (int i = threadIdx.x; i < ROWS16 * UNITS; i += THREADS) {
+        const int at = st.half * OWN * HT_STRIDE;  // (U_c's rows of the cluster's dht)
+        for (int i = threadIdx.x; i < ROWS16 * OWN; i += THREADS) {
             const int r = i % ROWS16, u = i / ROWS16;
-            s.dht[u * HT_STRIDE + r] = (bf16_bits)(bf16x2(s.dh[r * UNITS + u], 0.0f) & 0xffffu);
+            const bf16_bits v = (bf16_bits)(bf16x2(s.dh[r * OWN + u], 0.0f) & 0xffffu);
+            s.dht[at + u * HT_STRIDE + r] = v;
+            if (SPLIT > 1) other.dht[at + u * HT_STRIDE + r] = v;
         }
     }
 }
 
 // H: dlogits of every row in, dh_L[:, U_c] and the head's update.
-__device__ __forceinline__ void head_gradient(const Smem& s, const Workspace& ws, const Step& st, int bias, float lr) {
+__device__ __forceinline__ void head_gradient(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int bias,
+                                              float lr) {
     stage_batched<ROWS16 * CLASSES>(s.dl, [&](int i) { return i < st.rows * CLASSES ? __ldcg(ws.dz + i) : 0.0f; });
     __syncthreads();
-    for (int i = threadIdx.x; i < ROWS16 * UNITS; i += THREADS) {  // dh_L, from W_h before its update
-        const int r = i / UNITS, u = i - r * UNITS;
+    for (int i = threadIdx.x; i < ROWS16 * OWN; i += THREADS) {  // dh_L, from W_h before its update
+        const int r = i / OWN, u = i - r * OWN;
         float v = 0.0f;
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CLASSES + j], s.wh[j * UNITS + u], v);
+        for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CLASSES + j], s.wh[j * OWN + u], v);
         s.dh[i] = s.h_last[i] > 0.0f ? v : 0.0f;
     }
-    for (int i = threadIdx.x; i < CLASSES * UNITS; i += THREADS) {
-        const int j = i / UNITS, u = i - j * UNITS;
-        s.gwh[i] = sum_rows([&](int r) { return s.dl[r * CLASSES + j] * s.h_last[r * UNITS + u]; });
+    for (int i = threadIdx.x; i < CLASSES * OWN; i += THREADS) {
+        const int j = i / OWN, u = i - j * OWN;
+        s.gwh[i] = sum_rows([&](int r) { return s.dl[r * CLASSES + j] * s.h_last[r * OWN + u]; });
     }
     if (bias && threadIdx.x < CLASSES) {
         const int j = threadIdx.x;
-        s.gwh[CLASSES * UNITS + j] = sum_rows([&](int r) { return s.dl[r * CLASSES + j]; });
+        s.gwh[CLASSES * OWN + j] = sum_rows([&](int r) { return s.dl[r * CLASSES + j]; });
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < CLASSES * UNITS; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
-    if (bias && threadIdx.x < CLASSES) s.bh[threadIdx.x] = fmaf(-lr, s.gwh[CLASSES * UNITS + threadIdx.x], s.bh[threadIdx.x]);
-    own_gradient_done(s, ws, st, LAYERS, bias, lr);
+    for (int i = threadIdx.x; i < CLASSES * OWN; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
+    if (bias && threadIdx.x < CLASSES) s.bh[threadIdx.x] = fmaf(-lr, s.gwh[CLASSES * OWN + threadIdx.x], s.bh[threadIdx.x]);
+    own_gradient_done(s, other, ws, st, LAYERS, bias, lr);
 }
 
-// B_l, l ≥ 2: dh_{l−1}[:, U_c] and the update of W_l[:, U_c] (published for the next step's forward).
-__device__ __forceinline__ void backward_layer(const Smem& s, const Workspace& ws, const Step& st, int l, int bias, float lr,
-                                               Probes& probes) {
+// B_l, l ≥ 2: dh_{l−1}[:, U_c] and the update of W_l[K_h, U_g] (published for the next step's forward).
+__device__ __forceinline__ void backward_layer(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int l,
+                                               int bias, float lr, Probes& probes) {
     float acc[MT][NT][4];
-    const bf16_bits* ht = ht_of(s, l - 1);
-    update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, H_KSTEPS, wc_of(s, l), WC_STRIDE, ht, lr,
-                         wg_of(ws, l, (st.step + 1) & 1) + published_at(0, st.rank * UNITS), acc);
+    const bf16_bits* ht = ht_of(s, l - 1);  // h_{l−1}[:, U_g]ᵀ: the update's B
+    update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, first_kstep(st, H_SPAN), kstep_count(st, H_SPAN, H_KSTEPS),
+                         wc_of(s, l), WC_STRIDE, ht, lr, wg_of(ws, l, (st.step + 1) & 1) + published_at(0, st.group * UNITS),
+                         acc);
     PHASE_END(probes, BACKWARD_PRODUCTS, l);
-    sum_over_warps(s, acc, [&](int r, int u, float v0, float v1) {
+    const bf16_bits* mask = ht + st.half * OWN * HT_STRIDE;  // U_c's
+    sum_over_warps(s, other, (st.step + 2 * LAYERS - l) & 1, acc, [&] { PHASE_END(probes, BACKWARD_EXCHANGE, l); },
+                   [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;  // (h_{l−1} as bf16 is > 0 where it is: [h > 0], the ReLU's mask)
-        *reinterpret_cast<float2*>(s.dh + r * UNITS + u) =
-            make_float2(real && to_float(ht[u * HT_STRIDE + r]) > 0.0f ? v0 : 0.0f,
-                        real && to_float(ht[(u + 1) * HT_STRIDE + r]) > 0.0f ? v1 : 0.0f);
+        *reinterpret_cast<float2*>(s.dh + r * OWN + u) =
+            make_float2(real && to_float(mask[u * HT_STRIDE + r]) > 0.0f ? v0 : 0.0f,
+                        real && to_float(mask[(u + 1) * HT_STRIDE + r]) > 0.0f ? v1 : 0.0f);
     });
-    own_gradient_done(s, ws, st, l - 1, bias, lr);
+    own_gradient_done(s, other, ws, st, l - 1, bias, lr);
     PHASE_END(probes, BACKWARD_SUMS, l);
 }
 
-// W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x.
+// W_1[U_g, K_h] −= lr · dh_1[:, U_g]ᵀ x[:, K_h].
 __device__ __forceinline__ void update_first_layer(const Smem& s, const Workspace& ws, const Step& st, float lr) {
+#if SPLIT > 1
+    cluster_sync();  // dht is whole: the other block's units of dh_1 in it
+#else
     __syncthreads();  // dht is whole
+#endif
     float unused[MT][NT][4];
-    update_product<false>(ring_of(s), InputRows{x_of(ws, st.step)}, F_KSTEPS, s.w1, W1_STRIDE, s.dht,
-                          lr * X_UNIT, nullptr, unused);
+    update_product<false>(ring_of(s), InputRows{x_of(ws, st.step)}, first_kstep(st, F_SPAN), kstep_count(st, F_SPAN, F_KSTEPS),
+                          s.w1, W1_STRIDE, s.dht, lr * X_UNIT, nullptr, unused);
     __syncthreads();  // (the next step's forward of layer 1 reads W_1)
 }
 
 // ---- parameters in and out -----------------------------------------------------------------------
 // params: the weights of hidden layers 1..LAYERS and of the head, then their biases (row-major
-// fan_out × fan_in, as the stage keeps them).
-__device__ void load_parameters(const Smem& s, const Workspace& ws, const unsigned long long* params, int bias, int u0) {
+// fan_out × fan_in, as the stage keeps them). A block holds W_1[U_g, K_h] and W_l[K_h, U_g] (its
+// cluster's units, its half of the inputs: 16·F_SPAN or 16·H_SPAN of them from f0 or o0, the masters
+// zero past them), and the head's columns and the biases of U_c.
+__device__ void load_parameters(const Smem& s, const Workspace& ws, const unsigned long long* params, int bias, const Step& st) {
     const float* const* w = reinterpret_cast<const float* const*>(params);
     const float* const* b = reinterpret_cast<const float* const*>(params + LAYERS + 1);
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, u0 = st.rank * OWN, g0 = st.group * UNITS;
+    const int f0 = 16 * first_kstep(st, F_SPAN), o0 = 16 * first_kstep(st, H_SPAN);
     for (int i = tid; i < UNITS * W1_STRIDE; i += THREADS) {
-        const int u = i / W1_STRIDE, f = (i - u * W1_STRIDE) ^ master_swizzle(u);  // (the input stored at i)
-        s.w1[i] = u0 + u < HIDDEN && f < FEATURES ? w[0][(long long)(u0 + u) * FEATURES + f] : 0.0f;
+        const int u = i / W1_STRIDE, k = (i - u * W1_STRIDE) ^ master_swizzle(u);  // (the input stored at i, from f0)
+        const bool held = g0 + u < HIDDEN && k < 16 * F_SPAN && f0 + k < FEATURES;
+        s.w1[i] = held ? w[0][(long long)(g0 + u) * FEATURES + f0 + k] : 0.0f;
     }
     for (int l = 2; l <= LAYERS; ++l) {
         float* wc = wc_of(s, l);
-        bf16_bits* published = wg_of(ws, l, 0) + published_at(0, u0);  // step 0's forward reads this copy
+        bf16_bits* published = wg_of(ws, l, 0) + published_at(0, g0);  // step 0's forward reads this copy
         for (int i = tid; i < WC_STRIDE * UNITS; i += THREADS) {
             const int k = i / UNITS, j = i - k * UNITS;  // (j fastest: a row's units are adjacent in global memory)
-            const float v = k < HIDDEN && u0 + j < HIDDEN ? w[l - 1][(long long)k * HIDDEN + u0 + j] : 0.0f;
+            const bool held = k < 16 * H_SPAN && o0 + k < HIDDEN_PAD;
+            const float v = held && o0 + k < HIDDEN && g0 + j < HIDDEN ? w[l - 1][(long long)(o0 + k) * HIDDEN + g0 + j] : 0.0f;
             *master_at(wc, WC_STRIDE, j, k) = v;
-            if (k < HIDDEN_PAD) published[published_at(k, j)] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
+            if (held) published[published_at(o0 + k, j)] = (bf16_bits)(bf16x2(v, 0.0f) & 0xffffu);
         }
     }
-    for (int i = tid; i < CLASSES * UNITS; i += THREADS) {
-        const int j = i / UNITS, u = i - j * UNITS;
+    for (int i = tid; i < CLASSES * OWN; i += THREADS) {
+        const int j = i / OWN, u = i - j * OWN;
         s.wh[i] = u0 + u < HIDDEN ? w[LAYERS][j * HIDDEN + u0 + u] : 0.0f;
     }
-    for (int i = tid; i < LAYERS * UNITS; i += THREADS) {
-        const int l = i / UNITS, u = i - l * UNITS;
+    for (int i = tid; i < LAYERS * OWN; i += THREADS) {
+        const int l = i / OWN, u = i - l * OWN;
         s.b[i] = bias && u0 + u < HIDDEN ? b[l][u0 + u] : 0.0f;
     }
     if (tid < CLASSES) s.bh[tid] = bias ? b[LAYERS][tid] : 0.0f;
 }
 
-__device__ void store_parameters(const Smem& s, const unsigned long long* params, int bias, int u0, int rank) {
+__device__ void store_parameters(const Smem& s, const unsigned long long* params, int bias, const Step& st) {
     float* const* w = reinterpret_cast<float* const*>(params);
     float* const* b = reinterpret_cast<float* const*>(params + LAYERS + 1);
-    const int tid = threadIdx.x;
-    for (int i = tid; i < UNITS * FEATURES; i += THREADS) {
-        const int u = i / FEATURES, f = i - u * FEATURES;
-        if (u0 + u < HIDDEN) w[0][(long long)(u0 + u) * FEATURES + f] = *master_at(s.w1, W1_STRIDE, u, f);
+    const int tid = threadIdx.x, u0 = st.rank * OWN, g0 = st.group * UNITS;
+    const int f0 = 16 * first_kstep(st, F_SPAN), o0 = 16 * first_kstep(st, H_SPAN);
+    const int f_held = min(16 * F_SPAN, FEATURES - f0), o_held = min(16 * H_SPAN, HIDDEN - o0);  // (≤ 0: none)
+    for (int i = tid; i < UNITS * f_held; i += THREADS) {
+        const int u = i / f_held, k = i - u * f_held;
+        if (g0 + u < HIDDEN) w[0][(long long)(g0 + u) * FEATURES + f0 + k] = *master_at(s.w1, W1_STRIDE, u, k);
     }
     for (int l = 2; l <= LAYERS; ++l) {
         const float* wc = wc_of(s, l);
-        for (int i = tid; i < HIDDEN * UNITS; i += THREADS) {
+        for (int i = tid; i < o_held * UNITS; i += THREADS) {
             const int k = i / UNITS, j = i - k * UNITS;
-            if (u0 + j < HIDDEN) w[l - 1][(long long)k * HIDDEN + u0 + j] = *master_at(wc, WC_STRIDE, j, k);
+            if (g0 + j < HIDDEN) w[l - 1][(long long)(o0 + k) * HIDDEN + g0 + j] = *master_at(wc, WC_STRIDE, j, k);
         }
     }
-    for (int i = tid; i < CLASSES * UNITS; i += THREADS) {
-        const int j = i / UNITS, u = i - j * UNITS;
+    for (int i = tid; i < CLASSES * OWN; i += THREADS) {
+        const int j = i / OWN, u = i - j * OWN;
         if (u0 + u < HIDDEN) w[LAYERS][j * HIDDEN + u0 + u] = s.wh[i];
     }
-    for (int i = tid; bias && i < LAYERS * UNITS; i += THREADS) {
-        const int l = i / UNITS, u = i - l * UNITS;
+    for (int i = tid; bias && i < LAYERS * OWN; i += THREADS) {
+        const int l = i / OWN, u = i - l * OWN;
         if (u0 + u < HIDDEN) b[l][u0 + u] = s.b[i];
     }
-    if (bias && rank == 0 && tid < CLASSES) b[LAYERS][tid] = s.bh[tid];
+    if (bias && st.rank == 0 && tid < CLASSES) b[LAYERS][tid] = s.bh[tid];
 }
 
 // ---- the epoch -----------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+#if SPLIT > 1
+#define CLUSTER_DIMS __cluster_dims__(SPLIT, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
 wide_epoch(const bf16_bits* images, const int* labels, const int* order, const unsigned long long* params, int bias,
            int num_samples, int num_steps, float lr, double* metrics, int measure, unsigned char* workspace) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const Smem s = carve(smem_raw);
     const Workspace ws = workspace_at(workspace);
-    const int rank = blockIdx.x;
-    const int u0 = rank * UNITS;  // this block's first unit
-    load_parameters(s, ws, params, bias, u0);
+    const int rank = blockIdx.x;  // (a cluster's blocks are adjacent: its rank in the cluster is rank mod SPLIT)
+    const Step at{0, 0, rank, rank % SPLIT, rank / SPLIT, order};
+#if SPLIT > 1
+    const Smem other = carve(peer_shared(smem_raw, at.half ^ 1));  // the other block's regions, in its shared memory
+#else
+    const Smem& other = s;  // (unused)
+#endif
+    load_parameters(s, ws, params, bias, at);
     if (num_steps > 0) gather_rows(s, ws, images, labels, order, 0, num_samples, rank);
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)
 
@@ -885,16 +1009,16 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     Probes probes(metrics);  // (a probe build's table, where the metrics would go)
     PROBE_START(probes, s.probe_counts);
     for (int step = 0; step < num_steps; ++step) {
-        const Step st{step, min(BATCH, num_samples - step * BATCH), rank, order + (long long)step * BATCH};
-        forward_layer(s, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE}, F_KSTEPS, X_UNIT,
-                      probes);
+        const Step st{step, min(BATCH, num_samples - step * BATCH), rank, at.half, at.group, order + (long long)step * BATCH};
+        forward_layer(s, other, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE, 16 * first_kstep(st, F_SPAN)},
+                      F_KSTEPS, X_UNIT, probes);
         for (int l = 2; l <= LAYERS; ++l) {
             const unsigned long long published = grid_arrive(ws.barrier);  // h_{l−1} of every block published
             if (l == 2 && step + 1 < num_steps) prefetch_rows(s, images, labels, order, step + 1, num_samples, rank);
             grid_wait(ws.barrier, published);
             PROBE_END(probes, WAIT_FORWARD, l - 1);
-            forward_layer(s, ws, st, l, HiddenRows{act_of(ws, l - 1)},
-                          PublishedWeights{wg_of(ws, l, step & 1) + published_at(u0, 0)}, H_KSTEPS, 1.0f, probes);
+            forward_layer(s, other, ws, st, l, HiddenRows{act_of(ws, l - 1)},
+                          PublishedWeights{wg_of(ws, l, step & 1) + published_at(st.group * UNITS, 0)}, H_KSTEPS, 1.0f, probes);
         }
         GatheredRows next;  // (L ≥ 2: the next step's x, loaded under the partial logits' work)
         if (LAYERS >= 2 && step + 1 < num_steps) next = gather_load(s, images, step + 1);
@@ -918,12 +1042,12 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits
         PROBE_END(probes, WAIT_SOFTMAX, 0);
-        head_gradient(s, ws, st, bias, lr);
+        head_gradient(s, other, ws, st, bias, lr);
         PHASE_END(probes, HEAD_GRADIENT, 0);
         for (int l = LAYERS; l >= 2; --l) {
             grid_sync(ws.barrier);  // dh_l of every block published
             PROBE_END(probes, WAIT_BACKWARD, l);
-            backward_layer(s, ws, st, l, bias, lr, probes);
+            backward_layer(s, other, ws, st, l, bias, lr, probes);
         }
         update_first_layer(s, ws, st, lr);
         PROBE_END(probes, UPDATE, 1);  // (update_first_layer ends at a block barrier)
@@ -932,7 +1056,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
 
     // ---- parameters back to global memory; the metrics, added in block order by block 0 ---------
     __syncthreads();
-    store_parameters(s, params, bias, u0, rank);
+    store_parameters(s, params, bias, at);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { s.totals[2 * warp] = loss_sum; s.totals[2 * warp + 1] = correct_sum; }
     __syncthreads();

@@ -32,25 +32,32 @@ DEFAULT_VARIANT = "registers"  # (the rung's, until the staged build is measured
 # The same sums at any depth. DEFAULT_PREFETCH 0: by the batch (prefetch_for); a positive value
 # forces that depth (the phase probe's --prefetch, scripts/checks/sanitize.sh's registers:1).
 DEFAULT_PREFETCH = 0
-# The A fragments a thread holds in flight: 64 registers, two k-steps at batch 128. There three is
-# the deepest whose build does not spill at 784 and 1024 units (scripts/probes/persistent_wide_registers.py),
-# but once each load took one address a k-step the 784³ epoch took longer at three than at two on an
-# H200 (scripts/benchmarks/epoch_ab.py, a tree of each). At batch 32 the same registers hold eight
-# k-steps; the phase probe's --prefetch columns (H200) counted the cuda-mnist MLPs' steps shorter
-# loading 6 or 7 ahead than 2 (1024 units: 43.1k → 41.1k cycles; 512: 34.6k → 33.8k).
+# The registers a thread gives its products' A fragments in flight (4 an m-tile of 16 rows): 64, two
+# k-steps at batch 128, less the sums of a second mma column (clusters of 16 units: 4 an m-tile), so
+# that clusters of 16 units hold one k-step there. Three is the deepest whose build does not spill at
+# 784 and 1024 units in blocks of 8 (scripts/probes/persistent_wide_registers.py), but once each load
+# took one address a k-step the 784³ epoch took longer at three than at two on an H200
+# (scripts/benchmarks/epoch_ab.py, a tree of each); clusters of 16 units spill two k-steps ahead, and
+# their products counted longer. At batch 32 the same registers hold eight k-steps; the phase probe's
+# --prefetch columns (H200) counted the cuda-mnist MLPs' steps shorter loading 6 or 7 ahead than 2
+# (1024 units in blocks of 8: 43.1k → 41.1k cycles; 512: 34.6k → 33.8k).
 PREFETCH_REGISTERS = 64
 
 
-def prefetch_for(rows16: int, ksteps: int) -> int:
+def prefetch_for(rows16: int, ksteps: int, units: int = 8) -> int:
     """The registers build's default depth at a batch of `rows16` rows (whole m-tiles) whose widest
-    product has `ksteps` k-steps: PREFETCH_REGISTERS of A fragments, and no more than the k-steps a
-    warp takes of it less the one it multiplies."""
-    return max(1, min(PREFETCH_REGISTERS // (4 * (rows16 // 16)), ceil_div(ksteps, WARPS) - 1))
+    product takes a block `ksteps` k-steps, `units` wide: the A fragments that PREFETCH_REGISTERS hold
+    (less a second mma column's sums), and no more than the k-steps a warp takes less the one it multiplies."""
+    tiles = rows16 // 16
+    return max(1, min((PREFETCH_REGISTERS - 4 * tiles * (units // 8 - 1)) // (4 * tiles), ceil_div(ksteps, WARPS) - 1))
+
+
 # The probe build's phases (probes.cuh; scripts/probes/persistent_wide_phases.py) in step order, each
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
 FORWARD_PRODUCTS   F_l: products (the slowest warp's)
-FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published
+FORWARD_EXCHANGE   F_l: the warps' sums added and the other block's sent (split 2: to the cluster barrier's end)
+FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published (split 2: the two blocks' sums)
 HEAD_PARTIALS      F_L: the head's partial logits published
 WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
 GATHER             X: the next step's images gathered (the owned rows; L ≥ 2: inside the barrier after F_L)
@@ -59,14 +66,20 @@ WAIT_SOFTMAX       grid barrier after S: every row's dlogits
 HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
 WAIT_BACKWARD      grid barrier before B_l: dh_l of every block
 BACKWARD_PRODUCTS  B_l: dh_{l-1}'s products and W_l's update (the slowest warp's)
-BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, b_{l-1}'s update, dh_{l-1} published
+BACKWARD_EXCHANGE  B_l: the warps' sums added and the other block's sent (split 2: to the cluster barrier's end)
+BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, b_{l-1}'s update, dh_{l-1} published (split 2: the two blocks' sums)
 UPDATE             update of W_1 (its products)
 """.strip().splitlines())
-# The units of every hidden layer a block owns, in the order tried: the first whose grid fits the GPU
-# (one block per SM) and whose layout fits a block's shared memory. A block's products are its units
-# wide (mma columns of 8); every block reads each exchanged matrix whole whatever it owns, so fewer,
-# wider blocks read less of L2 between them and more each.
-UNIT_CHOICES = (8, 16)
+# The grids tried, in order: (the units of every hidden layer a cluster owns, its blocks), the first
+# whose grid fits the GPU (one block per SM) and whose layout fits a block's shared memory (a choice of
+# clusters of two where the GPU runs none, skipped). A cluster's products are its units wide (mma columns
+# of 8); in a cluster of two (SPLIT 2) each block multiplies half of every product's inputs and the two
+# trade their sums (distributed shared memory), so each reads half of the exchanged matrices' bytes: on
+# an H200 the 784³ MLP's epoch took less time in 49 clusters of two blocks than in 98 blocks of 8
+# (scripts/benchmarks/epoch_ab.py), and so did the cuda-mnist MLP's of 1024 units. A block alone (1)
+# reads each exchanged matrix whole whatever it owns: 49 blocks of 16 units took longer than 98 of 8.
+GRID_CHOICES = ((16, 2), (8, 1), (16, 1))
+SPLITS = (1, 2)
 ASSUMED_SMS = 132  # an H100 SXM's, for shapes made without a GPU (the CPU tests)
 MAX_IMAGE_VALUES = 2**31 - 1  # the kernel's image row offsets are 32-bit
 
@@ -81,7 +94,8 @@ def swizzled_stride(values: int) -> int:
 @dataclass(frozen=True)
 class WideShape:
     """The sizes the kernel is compiled for: the model's, the batch's, and the grid's (`sm_count`
-    bounds the blocks; `units`, where given, fixes the units a block owns instead of UNIT_CHOICES)."""
+    bounds the blocks; `units` and `split`, where given, fix a cluster's units and blocks among
+    GRID_CHOICES; `clusters`: whether the GPU runs thread-block clusters)."""
 
     features: int
     hidden: tuple[int, ...]
@@ -90,10 +104,12 @@ class WideShape:
     pixel_levels: int = 0  # 255: 8-bit pixels k/255, which the kernel reads as k (persistent.pixel_levels)
     bf16: bool = True  # the only precision the kernel has (bf16 operands, fp32 sums and master weights)
     sm_count: int = ASSUMED_SMS
-    units: int = 0
-    variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as UNIT_CHOICES is)
+    units: int = 0  # a cluster's units (its products' width); 0: GRID_CHOICES's
+    split: int = 0  # blocks a cluster (one of SPLITS); 0: GRID_CHOICES's
+    variant: str = ""  # one of VARIANTS; "": DEFAULT_VARIANT (read when used, as GRID_CHOICES is)
     stage_slabs: int = 0  # the staged build's slabs a warp; 0: the most that fit (stage_depth_with)
     prefetch: int = 0  # the registers build's k-steps loaded ahead; 0: DEFAULT_PREFETCH (read when used), by the batch
+    clusters: bool = True  # the GPU runs thread-block clusters (compute capability 9.0 and later)
 
     kernel_name = "grid"  # as a run's record names the persistent kernel that trained it
 
@@ -129,17 +145,21 @@ class WideShape:
     @property
     def prefetch_depth(self) -> int:
         """The registers build's k-steps of loads in flight (1 in the staged build, which has its ring)."""
-        depth = self.prefetch or DEFAULT_PREFETCH or prefetch_for(
-            self.rows16, max(self.padded_features, self.padded_hidden) // 16)
+        depth = self.prefetch or DEFAULT_PREFETCH or prefetch_for(self.rows16, self.block_ksteps(*self.grid),
+                                                                  self.cluster_units)
         if depth < 1:
             raise ValueError(f"a prefetch of {depth} k-steps (at least 1)")
         return 1 if self.build == "staged" else depth
 
+    def block_ksteps(self, units: int, split: int) -> int:
+        """The k-steps of the widest product that a block takes (its part, in clusters of `split`)."""
+        return ceil_div(max(self.padded_features, self.clusters_for(units) * units) // 16, split)
+
     def slab_values(self, units: int) -> int:
-        """bf16 values of a staged k-step: the batch's rows and the block's units, 16 inputs each."""
+        """bf16 values of a staged k-step: the batch's rows and the cluster's units, 16 inputs each."""
         return (self.rows16 + units) * 16
 
-    def stage_depth_with(self, units: int) -> int:
+    def stage_depth_with(self, units: int, split: int) -> int:
         """The staged build's slabs a warp (0 in the registers build): `stage_slabs` where given,
         else the most that fit a block's shared memory beside the rest, at most the k-steps a warp
         takes of a product, at least two (a shape that two do not fit is refused for its shared
@@ -150,49 +170,78 @@ class WideShape:
             if self.stage_slabs < 2:
                 raise ValueError(f"a staged ring of {self.stage_slabs} slabs (at least 2)")
             return self.stage_slabs
-        widest = max(self.padded_features, self.blocks_for(units) * units) // 16  # a product's k-steps
-        rest = self.layout_with(units, stage_depth=0).bytes
+        rest = self.layout_with(units, split, stage_depth=0).bytes
         slab_bytes = WARPS * self.slab_values(units) * 2
         fits = (MAX_SHARED_BYTES - ceil_div(rest, 16) * 16) // slab_bytes
-        return max(2, min(ceil_div(widest, WARPS), fits))
+        return max(2, min(ceil_div(self.block_ksteps(units, split), WARPS), fits))
 
     @property
     def stage_depth(self) -> int:
-        return self.stage_depth_with(self.block_units)
+        return self.stage_depth_with(*self.grid)
 
-    def blocks_for(self, units: int) -> int:
-        """Blocks of `units` units that cover the width, in whole k-steps of 16 units."""
+    def clusters_for(self, units: int) -> int:
+        """Clusters of `units` units that cover the width, in whole k-steps of 16 units."""
         return ceil_div(self.width, units) if units % 16 == 0 else 2 * ceil_div(self.width, 2 * units)
 
-    def problem_with(self, units: int) -> str | None:
-        """Why a grid of blocks of `units` units cannot train this shape, or None."""
-        blocks = self.blocks_for(units)
+    def problem_with(self, units: int, split: int) -> str | None:
+        """Why a grid of clusters of `split` blocks and `units` units cannot train this shape, or None."""
+        if split not in SPLITS:
+            return f"clusters of {split} blocks (one of {', '.join(map(str, SPLITS))})"
+        if units not in (8, 16):
+            return f"clusters of {units} units (8 or 16: one or two mma columns)"
+        if units % (8 * split) != 0:
+            return f"clusters of {split} blocks share {units} units (a block finishes whole columns of 8)"
+        if split > 1 and not self.clusters:
+            return f"clusters of {split} blocks, and the GPU runs no thread-block clusters (compute capability 9.0)"
+        blocks, own = self.clusters_for(units) * split, units // split
         if blocks > self.sm_count:
-            return f"{blocks} blocks of {units} units, one per SM, and the GPU has {self.sm_count}"
-        needed = self.layout_with(units).bytes
+            return f"{blocks} blocks of {own} units, one per SM, and the GPU has {self.sm_count}"
+        needed = self.layout_with(units, split).bytes
         if needed > MAX_SHARED_BYTES:
-            return f"a block of {units} units needs {needed} bytes of shared memory (at most {MAX_SHARED_BYTES})"
+            return f"a block of {own} units needs {needed} bytes of shared memory (at most {MAX_SHARED_BYTES})"
         return None
 
     @property
+    def choices(self) -> tuple[tuple[int, int], ...]:
+        """The grids this shape may take, in order: GRID_CHOICES's with its `units` and `split` where
+        given (a pair not among them: that pair alone), clusters of two dropped where the GPU runs none."""
+        picked = tuple(c for c in GRID_CHOICES if self.units in (0, c[0]) and self.split in (0, c[1])
+                       and (self.clusters or c[1] == 1 or self.split))
+        return picked or ((self.units or 8, self.split or 1),)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(a cluster's units, its blocks): the first choice that fits (the first, for a shape that none
+        fits: refusal says why)."""
+        return next((c for c in self.choices if self.problem_with(*c) is None), self.choices[0])
+
+    @property
+    def cluster_units(self) -> int:
+        """The units a cluster owns, its products' width (UNITS)."""
+        return self.grid[0]
+
+    @property
+    def cluster_blocks(self) -> int:
+        """The blocks of a cluster (SPLIT)."""
+        return self.grid[1]
+
+    @property
     def block_units(self) -> int:
-        """The units a block owns: `units` where given, else the first of UNIT_CHOICES that fits
-        (the first, for a shape that none fits: refusal says why)."""
-        if self.units:
-            return self.units
-        return next((u for u in UNIT_CHOICES if self.problem_with(u) is None), UNIT_CHOICES[0])
+        """The units a block owns: finishes, publishes, and holds the head's columns of."""
+        return self.cluster_units // self.cluster_blocks
 
     @property
     def blocks(self) -> int:
-        return self.blocks_for(self.block_units)
+        return self.clusters_for(self.cluster_units) * self.cluster_blocks
 
     @property
     def padded_hidden(self) -> int:
         return self.blocks * self.block_units
 
-    def strides_with(self, units: int) -> dict[str, int]:
-        """Values per row of persistent_wide.cu's buffers:
-          W1_STRIDE, WC_STRIDE  the master weights' rows (a unit's inputs), swizzled_stride;
+    def strides_with(self, units: int, split: int) -> dict[str, int]:
+        """Values per row of persistent_wide.cu's buffers, for clusters of `units` units:
+          W1_STRIDE, WC_STRIDE  the master weights' rows (a unit's inputs, a block's part of them),
+                       swizzled_stride;
           HT_STRIDE    a unit's rows of a transposed bf16 operand: ≡ 8 (mod 16) bf16, so that the
                        eight units of a 4-byte load phase start on eight different 16-byte columns;
           PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units two rows of a
@@ -200,40 +249,53 @@ class WideShape:
                        784³ MLP's blocks of 16 units do not have);
           PARTIAL_ROW  a row of the head's partial logits (every block's classes), padded to whole
                        float4s: the softmax loads them 16 bytes at a time."""
-        blocks = self.blocks_for(units)
-        return {"W1_STRIDE": swizzled_stride(self.padded_features), "WC_STRIDE": swizzled_stride(blocks * units),
-                "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units, "PARTIAL_ROW": ceil_div(blocks * self.classes, 4) * 4}
+        span = lambda values: 16 * ceil_div(values // 16, split)  # a block's part of a product's inputs
+        return {"W1_STRIDE": swizzled_stride(span(self.padded_features)),
+                "WC_STRIDE": swizzled_stride(span(self.clusters_for(units) * units)),
+                "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units,
+                "PARTIAL_ROW": ceil_div(self.clusters_for(units) * split * self.classes, 4) * 4}
 
     @property
     def strides(self) -> dict[str, int]:
-        return self.strides_with(self.block_units)
+        return self.strides_with(*self.grid)
 
-    def layout_with(self, units: int, stage_depth: int | None = None, probe_counts: int = 0) -> Layout:
-        """persistent_wide.cu's shared memory for blocks of `units` units (its struct Smem says what
+    def sum_slots(self, units: int, split: int) -> int:
+        """The warps' partial sums of a product that the shared memory holds at once (SLOTS): every
+        warp's where they fit beside the rest, else half (the kernel's sum_over_warps says why)."""
+        least_rings = (self.stage_slabs or 2) if self.build == "staged" else 0
+        every = self.layout_with(units, split, stage_depth=least_rings, slots=WARPS)
+        return WARPS if every.bytes <= MAX_SHARED_BYTES else WARPS // 2
+
+    def layout_with(self, units: int, split: int, stage_depth: int | None = None, probe_counts: int = 0,
+                    slots: int = 0) -> Layout:
+        """persistent_wide.cu's shared memory for clusters of `split` blocks and `units` units (its struct Smem says what
         each region holds): with the staged build's rings (`stage_depth` slabs a warp, its own where
-        None) and `probe_counts` int64 phase counts (a probe build's)."""
-        st, layers, classes, rows16 = self.strides_with(units), self.layers, self.classes, self.rows16
-        depth = self.stage_depth_with(units) if stage_depth is None else stage_depth
+        None), `probe_counts` int64 phase counts (a probe build's) and `slots` warps' partial sums (0:
+        sum_slots's)."""
+        st, layers, classes, rows16 = self.strides_with(units, split), self.layers, self.classes, self.rows16
+        own, owned_rows = units // split, ceil_div(self.batch, self.clusters_for(units) * split)
+        depth = self.stage_depth_with(units, split) if stage_depth is None else stage_depth
+        slots = slots or self.sum_slots(units, split)
         rings = [Region("stage", "unsigned short", WARPS * depth * self.slab_values(units), 16)] if depth else []
         probes = [Region("probe_counts", "long long", probe_counts)] if probe_counts else []
         return Layout([
             Region("totals", "double", 2 * THREADS // 32),
             Region("w1", "float", units * st["W1_STRIDE"], 16),
             Region("wc", "float", (layers - 1) * units * st["WC_STRIDE"], 16),
-            Region("wh", "float", classes * units, 16),
-            Region("gwh", "float", classes * units + classes, 16),
-            Region("b", "float", layers * units, 16),
+            Region("wh", "float", classes * own, 16),
+            Region("gwh", "float", classes * own + classes, 16),
+            Region("b", "float", layers * own, 16),
             Region("bh", "float", classes, 16),
-            Region("row_samples", "int", 2 * ceil_div(self.batch, self.blocks_for(units))),
-            Region("row_labels", "int", 2 * ceil_div(self.batch, self.blocks_for(units))),
-            Region("h_last", "float", rows16 * units, 16),
+            Region("row_samples", "int", 2 * owned_rows),
+            Region("row_labels", "int", 2 * owned_rows),
+            Region("h_last", "float", rows16 * own, 16),
             Region("ht", "unsigned short", (layers - 1) * units * st["HT_STRIDE"], 16),
             Region("dht", "unsigned short", units * st["HT_STRIDE"], 16),
-            Region("dh", "float", rows16 * units, 16),
+            Region("dh", "float", rows16 * own, 16),
             # the warps' partial sums of a product, and in the softmax (no product then) the owned
             # rows' partial logits
-            Region("part", "float", max(THREADS // 32 // 2 * rows16 * st["PART_STRIDE"],
-                                        ceil_div(self.batch, self.blocks_for(units)) * st["PARTIAL_ROW"]), 16),
+            Region("part", "float", max(slots * rows16 * st["PART_STRIDE"], owned_rows * st["PARTIAL_ROW"]), 16),
+            Region("inbox", "float", 2 * rows16 * own if split > 1 else 0, 16),
             Region("dl", "float", rows16 * classes, 16),
             *rings,
             *probes,
@@ -241,7 +303,7 @@ class WideShape:
 
     @property
     def layout(self) -> Layout:
-        return self.layout_with(self.block_units)
+        return self.layout_with(*self.grid)
 
     @property
     def shared_bytes(self) -> int:
@@ -250,7 +312,7 @@ class WideShape:
     @property
     def workspace(self) -> Layout:
         """The kernel's global scratch (its struct Workspace), each region on a 256-byte boundary."""
-        blocks, units, padded, layers = self.blocks, self.block_units, self.padded_hidden, self.layers
+        blocks, units, padded, layers = self.blocks, self.block_units, self.padded_hidden, self.layers  # (units: a block's)
         piece = self.rows16 * units
         return Layout([
             Region("barrier", "unsigned long long", 1, 256),
@@ -267,7 +329,8 @@ class WideShape:
     def defines(self) -> dict[str, int]:
         """The -D defines persistent_wide.cu is compiled with for this shape."""
         workspace = self.workspace
-        return {"BLOCKS": self.blocks, "UNITS": self.block_units, "STAGE_DEPTH": self.stage_depth, "PREFETCH": self.prefetch_depth,
+        return {"BLOCKS": self.blocks, "UNITS": self.cluster_units, "SPLIT": self.cluster_blocks,
+                "SLOTS": self.sum_slots(*self.grid), "STAGE_DEPTH": self.stage_depth, "PREFETCH": self.prefetch_depth,
                 "FEATURES": self.features,
                 "FEATURE_STRIDE": self.padded_features, "HIDDEN": self.width, "HIDDEN_PAD": self.padded_hidden,
                 "LAYERS": self.layers, "CLASSES": self.classes, "BATCH": self.batch, "PIXEL_LEVELS": self.pixel_levels,
@@ -283,8 +346,7 @@ class WideShape:
             return f"{self.classes} classes (at most {MAX_CLASSES}: a row's classes are one warp's lanes)"
         if len(set(self.hidden)) > 1:
             return f"the {dims} MLP: its hidden layers must all have the same size"
-        choices = (self.units,) if self.units else UNIT_CHOICES
-        problems = [self.problem_with(units) for units in choices]
+        problems = list(dict.fromkeys(self.problem_with(*choice) for choice in self.choices))  # (each once)
         if all(problems):
             return f"the {dims} MLP at batch {self.batch} on a grid: " + "; ".join(problems)
         return None
@@ -292,8 +354,8 @@ class WideShape:
 
 class PersistentWide(KernelFile):
     stem = "persistent_wide"
-    min_arch = 80  # bf16 mma and movmatrix; no cluster
-    headers = ("smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
+    min_arch = 80  # bf16 mma and movmatrix; clusters of two blocks (split 2) need 90 (WideShape.clusters)
+    headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
     # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
     # passes its own.
     defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}
@@ -315,7 +377,7 @@ class PersistentWide(KernelFile):
         """The kernel's shared memory for `shape`; the probe build's holds its phase counts too."""
         if not probes:
             return shape.layout
-        return shape.layout_with(shape.block_units, probe_counts=len(PHASES) * (shape.layers + 1))
+        return shape.layout_with(*shape.grid, probe_counts=len(PHASES) * (shape.layers + 1))
 
     @classmethod
     def build_defines(cls, shape: WideShape, probes: bool = False) -> dict[str, int | str]:

@@ -87,14 +87,15 @@ def refuse_unless_trains(shape: Shape | MlpShape | WideShape) -> None:
         raise ModelUnsupported(f"the persistent rung cannot train {refusal}; use --stage device-loop")
 
 
-def mlp_shape(cluster: MlpShape, sm_count: int, refuse: bool = True) -> MlpShape | WideShape:
+def mlp_shape(cluster: MlpShape, sm_count: int, refuse: bool = True, clusters: bool = True) -> MlpShape | WideShape:
     """The shape of the kernel that trains the MLP of `cluster`: the cluster kernel's where it fits
-    one cluster, else the grid kernel's (blocks bounded by the GPU's `sm_count`). Where neither
+    one cluster, else the grid kernel's (blocks bounded by the GPU's `sm_count`; `clusters`: whether
+    the GPU runs thread-block clusters, which the grid kernel's split needs). Where neither
     trains it: ModelUnsupported with both reasons, or (refuse False) the cluster's shape."""
     if cluster.refusal() is None:
         return cluster
     wide = WideShape(cluster.features, cluster.hidden, cluster.classes, cluster.batch, cluster.pixel_levels,
-                     bf16=cluster.bf16, sm_count=sm_count)
+                     bf16=cluster.bf16, sm_count=sm_count, clusters=clusters)
     if wide.refusal() is None:
         return wide
     if refuse:
@@ -113,8 +114,10 @@ def products_note(shape: Shape | MlpShape | WideShape) -> str:
     if isinstance(shape, WideShape):
         staged = (f"; k-steps staged in rings of {shape.stage_depth}" if shape.stage_depth
                   else f"; loads {shape.prefetch_depth} k-steps ahead" if shape.prefetch_depth > 1 else "")
+        split = (f" in clusters of {shape.cluster_blocks} (each block multiplying 1/{shape.cluster_blocks} of a product's "
+                 f"inputs for the cluster's {shape.cluster_units} units)" if shape.cluster_blocks > 1 else "")
         return (f"bf16 mma, one pass, fp32 sums and master weights; the head fp32; a grid of {shape.blocks} blocks "
-                f"of {shape.block_units} units{staged}")
+                f"of {shape.block_units} units{split}{staged}")
     if isinstance(shape, MlpShape) and shape.bf16:
         return "bf16 mma, one pass, fp32 sums and master weights; the head 3xTF32"
     if shape.bf16:
@@ -211,7 +214,7 @@ class PersistentStage(Stage):
         cfg, bf16 = self.config, self.precision == "bf16"
         if cfg.hidden:
             cluster = MlpShape(cfg.in_features, cfg.hidden, cfg.classes, cfg.batch, pixel_levels, bf16=bf16)
-            shape = mlp_shape(cluster, self.device.sm_count, refuse)
+            shape = mlp_shape(cluster, self.device.sm_count, refuse, clusters=self.device.compute_capability >= (9, 0))
             if refuse and isinstance(shape, WideShape) and self.num_train * shape.padded_features > MAX_IMAGE_VALUES:
                 raise ModelUnsupported(f"the persistent rung's grid kernel addresses at most {MAX_IMAGE_VALUES} image "
                                        f"values, and {self.num_train} images of {shape.padded_features} are more; "

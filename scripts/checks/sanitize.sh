@@ -15,8 +15,9 @@ status=0
 short=(--steps 3)
 # `graphtrain run` with the grid kernel built as $variant (persistent_wide.VARIANTS; the rung's
 # default where unset), which no option of the command chooses
-# ("registers:1": the registers build loading 1 k-step ahead, persistent_wide.DEFAULT_PREFETCH)
-as_variant='import sys; from graphtrain.kernels import persistent_wide as w; build, _, ahead = sys.argv.pop(1).partition(":"); w.DEFAULT_VARIANT = build; w.DEFAULT_PREFETCH = int(ahead or w.DEFAULT_PREFETCH); from graphtrain.__main__ import main; main()'
+# ("registers:1": the registers build loading 1 k-step ahead, persistent_wide.DEFAULT_PREFETCH; a third
+# field, the blocks a cluster: GRID_CHOICES narrowed to its grids)
+as_variant='import sys; from graphtrain.kernels import persistent_wide as w; build, ahead, split = (sys.argv.pop(1) + "::").split(":")[:3]; w.DEFAULT_VARIANT = build; w.DEFAULT_PREFETCH = int(ahead or w.DEFAULT_PREFETCH); w.GRID_CHOICES = tuple(c for c in w.GRID_CHOICES if not split or c[1] == int(split)); from graphtrain.__main__ import main; main()'
 sanitize() {  # sanitize TOOL NAME graphtrain-run-args... (the run's length among them)
   local tool=$1 name=$2; shift 2
   local graphtrain=(python3 -m graphtrain)
@@ -48,11 +49,13 @@ PY
 # the kernel (persistent_wide.VARIANTS): the staged one's copies into its warps' rings (cp.async) and
 # their __syncwarp (at batch 128 a ring of four slabs, which the 49 k-steps of the images wrap); and
 # the registers build loading one k-step ahead beside the default's depth (its ring of fragments in
-# registers, refilled in place).
+# registers, refilled in place). The rung's grid is of clusters of two blocks (their sums traded
+# through distributed shared memory: racecheck and synccheck see those too); "registers:0:1" checks
+# blocks alone (the grid where the GPU runs no clusters).
 wide() {
   local limit=600  # seconds a check may take (a grid barrier that never opens fails it, not the script)
   local variant
-  for variant in $(python3 -c 'from graphtrain.kernels.persistent_wide import VARIANTS; print(*VARIANTS)') registers:1; do
+  for variant in $(python3 -c 'from graphtrain.kernels.persistent_wide import VARIANTS; print(*VARIANTS)') registers:1 registers:0:1; do
     for tool in memcheck racecheck synccheck; do
       check "$tool" "persistent-wide-$variant" --stage persistent --preset cuda-mnist --hidden 72,72
       sanitize "$tool" "persistent-wide-tail-$variant" --stage persistent --hidden 72,72 --data "$out/mnist-300.npz" --epochs 1

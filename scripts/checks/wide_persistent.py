@@ -7,11 +7,11 @@ its operands loaded from L2 into registers, or staged into shared memory by cp.a
            build, every kernel of the report compiled meanwhile (the compile cache serves the parts
            after it)
   timing   the 784³ MLP of the jhu preset (batch 128, SGD at 0.1, 20 epochs) on MNIST: the median
-           epoch (CUDA events) and the test accuracy of `persistent` in each build (the registers
-           build in blocks of 8 units and of 16; the staged one's rings fit beside blocks of 8
-           only), of `device-loop` (bf16) and of `graphs` (fp32); then `persistent` on the cuda-mnist
-           preset at H = 512 and 1024 (batch 32, 5000 steps) in each build: its training time and
-           accuracy; last, each build's 784³ epoch against the registers build's in blocks of 8
+           epoch (CUDA events) and the test accuracy of `persistent` in each build and each grid of
+           persistent_wide.GRID_CHOICES that fits it (clusters of two blocks, blocks of 8 units
+           alone, of 16), of `device-loop` (bf16) and of `graphs` (fp32); then `persistent` on the
+           cuda-mnist preset at H = 512 and 1024 (batch 32, 5000 steps) in each build: its training
+           time and accuracy; last, each 784³ epoch against the registers build's in blocks of 8
   phases   scripts/probes/persistent_wide_phases.py: the SM cycles of each phase of a 784³ step,
            a column per build
   errors   the weights' change after three steps against float64 and against the bf16 rung (the
@@ -50,17 +50,17 @@ TESTS = ["tests/test_persistent_wide_gpu.py", "tests/test_rungs_gpu.py::test_per
 
 def precompile() -> None:
     """Every grid kernel the parts build, compiled at once on all cores into the cache."""
-    from graphtrain.kernels.persistent_wide import VARIANTS, PersistentWide, WideShape
+    from graphtrain.kernels.persistent_wide import GRID_CHOICES, VARIANTS, PersistentWide, WideShape
     from graphtrain.libs import cuda
 
     device = cuda.open_device()
-    shapes = [WideShape(784, hidden, 10, batch, levels, sm_count=device.sm_count, units=units, variant=variant)
-              for hidden, batch, levels, units in (
-                  ((784,) * 3, 128, 255, 8), ((784,) * 3, 128, 255, 16), ((784,) * 3, 128, 0, 8),
-                  ((1024,) * 3, 128, 255, 8), ((512,) * 3, 128, 255, 8), ((257,) * 3, 128, 255, 8),
-                  ((512,) * 3, 32, 255, 8), ((1024,) * 3, 32, 255, 8), ((512,), 128, 255, 8), ((257,) * 2, 100, 0, 8))
-              for variant in VARIANTS]
-    shapes = [shape for shape in shapes if shape.refusal() is None]  # (the staged build's blocks of 16 do not fit)
+    shapes = [WideShape(784, hidden, 10, batch, levels, sm_count=device.sm_count, units=units, split=split, variant=variant)
+              for hidden, batch, levels in (
+                  ((784,) * 3, 128, 255), ((784,) * 3, 128, 0), ((1024,) * 3, 128, 255), ((512,) * 3, 128, 255),
+                  ((257,) * 3, 128, 255), ((512,) * 3, 32, 255), ((1024,) * 3, 32, 255), ((512,), 128, 255),
+                  ((257,) * 2, 100, 0))
+              for units, split in GRID_CHOICES for variant in VARIANTS]
+    shapes = [shape for shape in shapes if shape.refusal() is None]  # (a grid that does not fit a build: not built)
     futures = [PersistentWide.cubin_async(device.arch, shape.defines) for shape in shapes]
     for future in futures:
         future.result()
@@ -106,15 +106,16 @@ def timing() -> None:
               f"train {sum(ms):8.1f} ms)  test accuracy {100 * record.test_accuracy:.2f}%  {kernel}", flush=True)
         return statistics.median(ms)
 
-    choices, medians = persistent_wide.UNIT_CHOICES, {}
+    choices, medians = persistent_wide.GRID_CHOICES, {}
     for variant in persistent_wide.VARIANTS:
         persistent_wide.DEFAULT_VARIANT = variant
-        for units in choices:
-            shape = persistent_wide.WideShape(784, jhu.hidden, 10, jhu.batch, 255, units=units, variant=variant)
+        for units, split in choices:
+            shape = persistent_wide.WideShape(784, jhu.hidden, 10, jhu.batch, 255, units=units, split=split, variant=variant)
             if shape.refusal() is None:
-                persistent_wide.UNIT_CHOICES = (units,)
-                medians[variant, units] = row(f"784^3 jhu persistent {variant}, {units} units", "persistent", jhu)
-        persistent_wide.UNIT_CHOICES = choices
+                persistent_wide.GRID_CHOICES = ((units, split),)
+                grid = f"{units} units" + (f" in clusters of {split}" if split > 1 else "")
+                medians[variant, grid] = row(f"784^3 jhu persistent {variant}, {grid}", "persistent", jhu)
+        persistent_wide.GRID_CHOICES = choices
     persistent_wide.DEFAULT_VARIANT = "registers"
     row("784^3 jhu device-loop (bf16)", "device-loop", jhu)
     row("784^3 jhu graphs (fp32)", "graphs", jhu)
@@ -122,9 +123,9 @@ def timing() -> None:
         for variant in persistent_wide.VARIANTS:
             persistent_wide.DEFAULT_VARIANT = variant
             row(f"cuda-mnist H={h} persistent {variant}", "persistent", PRESETS["cuda-mnist"].replace(hidden=(h,) * 3))
-    base = medians["registers", 8]
+    base = medians["registers", "8 units"]
     print("784^3 epoch against the registers build in blocks of 8 units: "
-          + ", ".join(f"{variant} ({units} units) {base / ms:.3f}x" for (variant, units), ms in medians.items()))
+          + ", ".join(f"{variant} ({grid}) {base / ms:.3f}x" for (variant, grid), ms in medians.items()))
 
 
 def phases(out: Path) -> None:
@@ -144,7 +145,8 @@ def errors() -> None:
     def show(label: str, result: dict) -> None:
         shape = result.pop("shape")
         numbers = ", ".join(f"{name} {value:.3g}" for name, value in result.items())
-        print(f"{label} ({shape.blocks} blocks of {shape.block_units} units): {numbers}  (bound {wide_tests.BOUND})",
+        print(f"{label} ({shape.blocks} blocks of {shape.block_units} units, clusters of {shape.cluster_blocks}): {numbers}  "
+              f"(bound {wide_tests.BOUND})",
               flush=True)
 
     show("784^3, 3 steps", wide_tests.wide_step_errors((784,) * 3, 128, seed=0, against_bf16=True))
@@ -152,8 +154,10 @@ def errors() -> None:
     persistent_wide.DEFAULT_VARIANT = "staged"
     show("784^3 staged, 3 steps", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
     persistent_wide.DEFAULT_VARIANT = "registers"
-    persistent_wide.UNIT_CHOICES = (16,)
+    persistent_wide.GRID_CHOICES = ((16, 1),)
     show("784^3 in blocks of 16 units", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
+    persistent_wide.GRID_CHOICES = ((8, 1),)
+    show("784^3 in blocks of 8 units", wide_tests.wide_step_errors((784,) * 3, 128, seed=0))
 
 
 def tests() -> None:

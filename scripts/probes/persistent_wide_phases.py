@@ -2,7 +2,8 @@
 """Where a step of the persistent grid kernel spends its time: SM cycles per phase, per step, per build.
 
     python3 scripts/probes/persistent_wide_phases.py [--preset jhu] [--hidden 784,784,784] [--steps 469]
-                                                     [--variants registers,staged] [--units 8]
+                                                     [--variants registers,staged] [--units 8] [--splits 1,2]
+                                                     [--prefetch 1,2]
 
 Builds kernels/persistent_wide.cu with its phase probes (-DPROBES, kernels/probes.cuh) in each of
 `--variants` (persistent_wide.VARIANTS: how the products' operands are loaded): thread 0 of block 0
@@ -10,7 +11,8 @@ reads the SM clock at the end of each phase of every step (kernels/persistent_wi
 products and the sums of each layer's forward and backward, the head, the softmax, the update of
 W_1, and each grid barrier's wait separately, which ends when the slowest block arrives) and adds
 up each phase's cycles per layer in shared memory; the launch writes the table out at its end. Each
-build trains `--steps` steps of the workload in one launch, after a warm-up launch of one step, from
+build (a column for each of `--variants`, `--splits` and `--prefetch`: the rung's grid, or the one named)
+trains `--steps` steps of the workload in one launch, after a warm-up launch of one step, from
 the same initial weights, and the script prints the cycles per step of every phase and layer, a
 markdown table with a column per build. The probe build ends each phase that has no block barrier
 of its own with one (so that the phase takes its slowest warp's time): its total runs above the
@@ -30,7 +32,6 @@ import numpy as np
 from graphtrain import data as data_mod
 from graphtrain import environment, report
 from graphtrain.config import preset
-from graphtrain.kernels import persistent_wide
 from graphtrain.kernels.persistent_wide import PHASES, VARIANTS, PersistentWide, WideShape
 from graphtrain.libs import nvrtc
 from graphtrain.libs.memory import Arena
@@ -60,7 +61,8 @@ def main() -> None:
     parser.add_argument("--hidden", default="784,784,784", help="comma-separated hidden sizes")
     parser.add_argument("--steps", type=int, default=469, help="SGD steps (the preset's batch; at most an epoch)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"builds to count, of {', '.join(VARIANTS)}")
-    parser.add_argument("--units", type=int, default=0, help="units a block owns (0: the rung's choice)")
+    parser.add_argument("--units", type=int, default=0, help="units a cluster owns (0: the rung's choice)")
+    parser.add_argument("--splits", default="0", help="blocks a cluster, a column each (comma-separated; 0: the rung's)")
     parser.add_argument("--prefetch", default="0", help="the registers build's k-steps loaded ahead, a column each "
                         "(comma-separated; 0: the rung's, DEFAULT_PREFETCH)")
     args = parser.parse_args()
@@ -68,8 +70,6 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"no variant {', '.join(unknown)} (one of {', '.join(VARIANTS)})")
-    if args.units:
-        persistent_wide.UNIT_CHOICES = (args.units,)
     config = preset(args.preset).replace(hidden=tuple(int(h) for h in args.hidden.split(",")), epochs=1,
                                          steps=None, precision="bf16")
     data = data_mod.load(config.dataset)
@@ -84,10 +84,12 @@ def main() -> None:
         counts = arena.reserve("phase_counts", (len(PHASES) * (layers + 1),), np.int64)
         arena.allocate()
         depths = [int(p) for p in args.prefetch.split(",")]
-        builds = [(f"{v} prefetch {p}" if v == "registers" and len(depths) > 1 else v, v, p)
-                  for v in variants for p in (depths if v == "registers" else [0])]
-        for variant, build, depth in builds:
-            shape = dataclasses.replace(stage.shape, variant=build, prefetch=depth)
+        splits = [int(s) for s in args.splits.split(",")]
+        builds = [(" ".join([v, *([f"split {s}"] if len(splits) > 1 else []),
+                             *([f"prefetch {p}"] if v == "registers" and len(depths) > 1 else [])]), v, p, s)
+                  for v in variants for s in splits for p in (depths if v == "registers" else [0])]
+        for variant, build, depth, split in builds:
+            shape = dataclasses.replace(stage.shape, variant=build, prefetch=depth, units=args.units, split=split)
             refusal = shape.refusal()
             if refusal is not None:
                 notes.append(f"{variant}: not built ({refusal})")

@@ -23,7 +23,8 @@ def main() -> None:
     args = parser.parse_args()
     hidden = tuple(int(h) for h in args.hidden.split(","))
     base = WideShape(784, hidden, 10, args.batch, 255)
-    print(f"784-{'-'.join(map(str, hidden))}-10 at batch {args.batch}, {base.blocks} blocks of {base.block_units} units:")
+    print(f"784-{'-'.join(map(str, hidden))}-10 at batch {args.batch}, {base.blocks} blocks of {base.block_units} units "
+          f"(clusters of {base.cluster_blocks}):")
     for depth in (int(p) for p in args.prefetch.split(",")):
         shape = dataclasses.replace(base, prefetch=depth)
         defines = {"THREADS": THREADS, **shape.defines}

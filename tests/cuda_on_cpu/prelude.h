@@ -1,6 +1,6 @@
 // The CUDA features persistent_wide.cu uses, emulated on the CPU (tests/test_persistent_wide_emulated.py):
 // a std::thread per CUDA thread; __syncthreads a barrier of the block's threads, __syncwarp of the
-// warp's; cp.async's copies made at the wait for their group; a warp's mma.sync,
+// warp's, cluster_sync of the cluster's (its blocks' shared memory reached by peer_shared's pointers); cp.async's copies made at the wait for their group; a warp's mma.sync,
 // movmatrix and shuffles computed from its 32 lanes' registers, exchanged through the warp's own
 // memory between two barriers of its lanes, each register holding what PTX says it holds (the
 // fragment layouts of mma.m16n8k16 and movmatrix.m8n8, the lower k in a register's low half); global
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <math.h>
+#include <optional>
 #include <thread>
 #include <vector>
 #define __device__
@@ -21,6 +22,7 @@
 #define __forceinline__
 #define __noinline__
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __align__(n)
 struct Dim3 { unsigned x, y, z; };
 thread_local Dim3 threadIdx, blockIdx;
@@ -48,6 +50,16 @@ struct WarpCtx { std::barrier<> bar{32}; unsigned u[32][8]; float f[32][4]; cons
 thread_local BlockCtx* block_ctx;
 thread_local WarpCtx* warp_ctx;
 inline void __syncthreads() { block_ctx->bar->arrive_and_wait(); }
+// A thread-block cluster (cluster.cuh's): a barrier of its blocks' threads, and its blocks' shared memory.
+struct ClusterCtx { std::barrier<>* bar; unsigned char* smem[16]; };
+thread_local ClusterCtx* cluster_ctx;
+inline void cluster_sync() { cluster_ctx->bar->arrive_and_wait(); }
+thread_local std::optional<std::barrier<>::arrival_token> cluster_token;
+inline void cluster_arrive() { cluster_token.emplace(cluster_ctx->bar->arrive()); }
+inline void cluster_wait() { cluster_ctx->bar->wait(std::move(*cluster_token)); cluster_token.reset(); }
+template <class T> T* peer_shared(T* p, unsigned rank) {
+    return reinterpret_cast<T*>(cluster_ctx->smem[rank] + (reinterpret_cast<unsigned char*>(p) - block_ctx->smem));
+}
 inline unsigned char* block_smem() { return block_ctx->smem; }
 inline int lane_id() { return threadIdx.x & 31; }
 
