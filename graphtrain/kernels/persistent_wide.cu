@@ -1002,6 +1002,9 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     const Smem& other = s;  // (unused)
 #endif
     load_parameters(s, ws, params, bias, at);
+#if SPLIT > 1
+    cluster_sync();  // (the other block has started: its shared memory may be written from here)
+#endif
     if (num_steps > 0) gather_rows(s, ws, images, labels, order, 0, num_samples, rank);
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)
 
