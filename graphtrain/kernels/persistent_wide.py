@@ -356,9 +356,9 @@ class PersistentWide(KernelFile):
     stem = "persistent_wide"
     min_arch = 80  # bf16 mma and movmatrix; clusters of two blocks (split 2) need 90 (WideShape.clusters)
     headers = ("cluster.cuh", "smem_layout.cuh", "probes.cuh", "grid_sync.cuh", "batched_loads.cuh", "bf16_mma.cuh", "async_copy.cuh", "logits_loss.cuh")
-    # The class's defines compile the file for the jhu preset's 784³ MLP (the CPU tests); a stage
-    # passes its own.
-    defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255).defines}
+    # The class's defines compile the file for the jhu preset's 784³ MLP in blocks alone, which every
+    # architecture it takes runs (the CPU tests; clusters: WideShape's tests); a stage passes its own.
+    defines = {"THREADS": THREADS, **WideShape(784, (784,) * 3, 10, 128, 255, clusters=False).defines}
     _wide_epoch = kernel("wide_epoch", PTR, PTR, PTR, PTR, I32, I32, I32, F32, PTR, I32, PTR, cooperative=True,
                          max_shared_bytes=MAX_SHARED_BYTES)
 
