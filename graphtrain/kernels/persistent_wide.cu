@@ -96,14 +96,15 @@
 // the softmax in fp32.
 //
 // Compile-time (from kernels/persistent_wide.py): BLOCKS, UNITS (a cluster's: 8 or 16), SPLIT (1 or 2;
-// 2 needs sm_90's clusters), SLOTS (the warps' partial sums held at once: WARPS, or half), THREADS, FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32),
-// BATCH, PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides
-// W1_STRIDE, WC_STRIDE, HT_STRIDE, PART_STRIDE, PARTIAL_ROW, STAGE_DEPTH, PREFETCH, the shared-memory
-// layout SMEM_* and the
-// workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma, movmatrix and
-// cp.async (sm_80 and later; clusters of two, sm_90). With -DPROBES (probes.cuh; PROBE_RANK blockIdx.x) thread 0 of block 0
-// adds the cycles of each phase (the launcher's PHASES) into a table in shared memory, written out
-// where the metrics would go (scripts/probes/persistent_wide_phases.py).
+// 2 needs sm_90's clusters), SLOTS (the warps' partial sums held at once: WARPS, or half), THREADS,
+// FEATURES, FEATURE_STRIDE (whole tiles of 16), HIDDEN, HIDDEN_PAD, LAYERS, CLASSES (≤ 32), BATCH,
+// PIXEL_LEVELS (255: the images are k of pixels k/255; 0: bf16-rounded floats), the strides W1_STRIDE,
+// WC_STRIDE, HT_STRIDE, PART_STRIDE, PARTIAL_ROW, STAGE_DEPTH, PREFETCH, the shared-memory layout
+// SMEM_* and the workspace's WS_* (the offsets of its regions in global memory). Needs bf16 mma,
+// movmatrix and cp.async (sm_80 and later; clusters of two, sm_90). With -DPROBES (probes.cuh;
+// PROBE_RANK blockIdx.x) thread 0 of block 0 adds the cycles of each phase (the launcher's PHASES)
+// into a table in shared memory, written out where the metrics would go
+// (scripts/probes/persistent_wide_phases.py).
 
 #define WARPS (THREADS / 32)
 #define OWN (UNITS / SPLIT)            // the units a block finishes (of its cluster's UNITS)
@@ -121,8 +122,8 @@
 #define SLAB_ROWS (ROWS16 * 16)          // a staged k-step of the rows: ROWS16 rows of 16 inputs (bf16)
 #define SLAB (SLAB_ROWS + UNITS * 16)    // and of the block's rows of a published W_l, after them
 
-#if UNITS % 8 != 0 || NT < 1 || NT > 2 || (SPLIT != 1 && SPLIT != 2) || (SLOTS != WARPS && 2 * SLOTS != WARPS) || BLOCKS % SPLIT != 0 || OWN % 8 != 0 \
-    || HIDDEN_PAD != GROUPS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
+#if UNITS % 8 != 0 || NT < 1 || NT > 2 || (SPLIT != 1 && SPLIT != 2) || BLOCKS % SPLIT != 0 || OWN % 8 != 0 \
+    || (SLOTS != WARPS && 2 * SLOTS != WARPS) || HIDDEN_PAD != GROUPS * UNITS || HIDDEN_PAD % 16 != 0 || HIDDEN > HIDDEN_PAD \
     || FEATURE_STRIDE % 16 != 0 || FEATURES > FEATURE_STRIDE || CLASSES > 32 || CLASSES < 1 || LAYERS < 1 \
     || THREADS != 256 || W1_STRIDE < 16 * F_SPAN || WC_STRIDE < 16 * H_SPAN || W1_STRIDE % 32 != 0 \
     || WC_STRIDE % 32 != 0 || HT_STRIDE < ROWS16 || HT_STRIDE % 2 != 0 || PART_STRIDE < UNITS || PART_STRIDE % 2 != 0 \
@@ -379,8 +380,8 @@ __device__ __forceinline__ void zero_sums(float (&sums)[M][NT][4]) {
             for (int q = 0; q < 4; ++q) sums[i][n][q] = 0.0f;
 }
 
-// body(ks, a, b) for warp w's k-steps ks = ks0 + w, ks0 + w + WARPS, ... < ks0 + ksteps of `rows`, a the A fragments of every
-// m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
+// body(ks, a, b) for warp w's k-steps ks = ks0 + w, ks0 + w + WARPS, ... < ks0 + ksteps of `rows`, a
+// the A fragments of every m-tile at the k-step (a_fragment's layout) and b the weights' B fragments there (loaded before the
 // body, which may update the weights). The registers build loads k-step i + PREFETCH's fragments while
 // k-step i's are used; the staged build keeps STAGE_DEPTH − 1 k-steps' copies in flight in the warp's
 // ring (`ring`: the block's rings, Smem::stage), k-step i in slab i mod STAGE_DEPTH: at iteration i
@@ -528,8 +529,8 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
 // warp's stored, then the WARPS sums of a value added as a tree of pairs by one thread (eight loads in
 // flight); where the shared memory holds half as many (SLOTS = WARPS / 2, a large batch), warp w's sums
 // first added into warp w + SLOTS's in a pass of their own (which took longer: the launcher's layout
-// gives WARPS where they fit); finish(r, u, v0, v1) for each row r <
-// ROWS16 and pair u, u + 1 of the block's own units U_c (u from 0). With SPLIT 2 each block of the
+// gives WARPS where they fit); finish(r, u, v0, v1) for each row r < ROWS16 and pair u, u + 1 of the
+// block's own units U_c (u from 0). With SPLIT 2 each block of the
 // cluster has summed over its half of the inputs, K_h: it sends the sums of the other block's units
 // into that block's inbox (`other`: the other block's regions, in its shared memory; slot `parity`, the
 // exchange's: the other slot may still be read), and after the cluster barrier (`exchanged()` then)
@@ -564,8 +565,8 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, const Smem& other,
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         float2* p = slot(warp, 16 * mt + 8 * h + g, 8 * n + 2 * t);
-                        const float2 other = *p;
-                        *p = make_float2(acc[mt][n][2 * h] + other.x, acc[mt][n][2 * h + 1] + other.y);
+                        const float2 stored = *p;
+                        *p = make_float2(acc[mt][n][2 * h] + stored.x, acc[mt][n][2 * h + 1] + stored.y);
                     }
         }
         __syncthreads();
