@@ -105,7 +105,7 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 
 @pytest.mark.parametrize("table,region,prefix,variant", [
-    ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"),
+    ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"), ("layout", "inbox", "SMEM_", "registers"),
     ("workspace", "grad", "WS_", "registers"), ("workspace", "x", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"),
     ("layout", "stage", "SMEM_", "staged"),
 ])
