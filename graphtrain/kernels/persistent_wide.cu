@@ -114,8 +114,9 @@
 #define ROWS16 (MT * 16)
 #define F_KSTEPS (FEATURE_STRIDE / 16) // layer 1's inputs in k-steps of 16
 #define H_KSTEPS (HIDDEN_PAD / 16)     // a hidden layer's
-#define F_SPAN ((F_KSTEPS + SPLIT - 1) / SPLIT)  // the k-steps of layer 1's products a block takes (the last, fewer)
-#define H_SPAN ((H_KSTEPS + SPLIT - 1) / SPLIT)  // of a hidden layer's
+#define SPAN(KSTEPS) (((KSTEPS) + SPLIT - 1) / SPLIT)  // the k-steps of a product a block takes (the last, fewer)
+#define F_SPAN SPAN(F_KSTEPS)          // of layer 1's products
+#define H_SPAN SPAN(H_KSTEPS)          // of a hidden layer's
 #define PIECE (ROWS16 * OWN)           // a block's piece of an exchanged matrix (bf16 values)
 #define R_OWN ((BATCH + BLOCKS - 1) / BLOCKS)  // rows a block owns for the softmax, at most
 #define X_UNIT (PIXEL_LEVELS ? 1.0f / PIXEL_LEVELS : 1.0f)
@@ -594,25 +595,25 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, const Smem& other,
     // completes (its arrival made, its wait after), kept in registers, and finished with the other's.
     constexpr int PAIRS = ROWS16 * OWN / 2, TRIPS = (PAIRS + THREADS - 1) / THREADS;  // a block's pairs, a thread's
     const int half = blockIdx.x % SPLIT, theirs = (half ^ 1) * OWN;
-    for (int i = threadIdx.x; i < PAIRS; i += THREADS) {
-        const int r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
-        *reinterpret_cast<float2*>(other.inbox + (parity * ROWS16 + r) * OWN + u) = summed(r, theirs + u);
-    }
+    auto row = [](int i) { return i / (OWN / 2); };                          // pair i: row r,
+    auto unit = [](int i) { return 2 * (i - i / (OWN / 2) * (OWN / 2)); };  // units u, u + 1 of U_c
+    auto inbox = [&](const Smem& at, int i) { return reinterpret_cast<float2*>(at.inbox + (parity * ROWS16 + row(i)) * OWN + unit(i)); };
+    for (int i = threadIdx.x; i < PAIRS; i += THREADS) *inbox(other, i) = summed(row(i), theirs + unit(i));
     cluster_arrive();  // (release: the other block's inbox written)
     float2 mine[TRIPS];
 #pragma unroll
     for (int j = 0; j < TRIPS; ++j) {
-        const int i = threadIdx.x + j * THREADS, r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
-        if (i < PAIRS) mine[j] = summed(r, half * OWN + u);
+        const int i = threadIdx.x + j * THREADS;
+        if (i < PAIRS) mine[j] = summed(row(i), half * OWN + unit(i));
     }
     cluster_wait();  // (acquire: this block's inbox written)
     exchanged();
 #pragma unroll
     for (int j = 0; j < TRIPS; ++j) {
-        const int i = threadIdx.x + j * THREADS, r = i / (OWN / 2), u = 2 * (i - r * (OWN / 2));
+        const int i = threadIdx.x + j * THREADS;
         if (i < PAIRS) {
-            const float2 in = *reinterpret_cast<const float2*>(s.inbox + (parity * ROWS16 + r) * OWN + u);
-            finish(r, u, mine[j].x + in.x, mine[j].y + in.y);
+            const float2 in = *inbox(s, i);
+            finish(row(i), unit(i), mine[j].x + in.x, mine[j].y + in.y);
         }
     }
 #endif
@@ -659,9 +660,9 @@ struct Step {
     int half, group;   // the block's rank in its cluster (K_h: its inputs of every product) and the cluster's (U_g)
     const int* order;  // the step's sample indices (global)
 };
-// The k-steps of K_h (a product of `ksteps`, split in spans of `span`): from first_kstep, kstep_count of them.
-__device__ __forceinline__ int first_kstep(const Step& st, int span) { return st.half * span; }
-__device__ __forceinline__ int kstep_count(const Step& st, int span, int ksteps) { return min(span, ksteps - st.half * span); }
+// The k-steps of K_h, the block's part of a product of `ksteps`: from first_kstep, kstep_count of them.
+__device__ __forceinline__ int first_kstep(const Step& st, int ksteps) { return st.half * SPAN(ksteps); }
+__device__ __forceinline__ int kstep_count(const Step& st, int ksteps) { return min(SPAN(ksteps), ksteps - first_kstep(st, ksteps)); }
 
 // X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
 // FEATURE_STRIDE bf16, read-only for the launch; the samples read ahead by prefetch_rows), zero
@@ -734,7 +735,6 @@ __device__ __forceinline__ void gather_rows(const Smem& s, const Workspace& ws, 
     gather_store(s, ws, gather_load(s, images, step), images, step, rank);
 }
 
-// F_l: h_l[:, U_c] from the products' sums, kept (h_last, or ht and published), zero past the rows.
 // F_l: h_l[:, U_c] from the products' sums, kept (h_last; or ht, the other block's too, and published),
 // zero past the rows.
 template <class Rows, class Weights>
@@ -742,8 +742,7 @@ __device__ __forceinline__ void forward_layer(const Smem& s, const Smem& other, 
                                               const Rows& rows, const Weights& weights, int ksteps, float unit,
                                               Probes& probes) {
     float acc[MT][NT][4];
-    const int span = (ksteps + SPLIT - 1) / SPLIT;
-    forward_product(ring_of(s), rows, weights, first_kstep(st, span), kstep_count(st, span, ksteps), acc);
+    forward_product(ring_of(s), rows, weights, first_kstep(st, ksteps), kstep_count(st, ksteps), acc);
     PHASE_END(probes, FORWARD_PRODUCTS, l);
     const float* bias = s.b + (l - 1) * OWN;
     bf16_bits* ht = l < LAYERS ? ht_of(s, l) + st.half * OWN * HT_STRIDE : nullptr;  // (U_c's rows of the cluster's)
@@ -889,7 +888,7 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Smem& other,
                                                int bias, float lr, Probes& probes) {
     float acc[MT][NT][4];
     const bf16_bits* ht = ht_of(s, l - 1);  // h_{l−1}[:, U_g]ᵀ: the update's B
-    update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, first_kstep(st, H_SPAN), kstep_count(st, H_SPAN, H_KSTEPS),
+    update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, first_kstep(st, H_KSTEPS), kstep_count(st, H_KSTEPS),
                          wc_of(s, l), WC_STRIDE, ht, lr, wg_of(ws, l, (st.step + 1) & 1) + published_at(0, st.group * UNITS),
                          acc);
     PHASE_END(probes, BACKWARD_PRODUCTS, l);
@@ -913,7 +912,7 @@ __device__ __forceinline__ void update_first_layer(const Smem& s, const Workspac
     __syncthreads();  // dht is whole
 #endif
     float unused[MT][NT][4];
-    update_product<false>(ring_of(s), InputRows{x_of(ws, st.step)}, first_kstep(st, F_SPAN), kstep_count(st, F_SPAN, F_KSTEPS),
+    update_product<false>(ring_of(s), InputRows{x_of(ws, st.step)}, first_kstep(st, F_KSTEPS), kstep_count(st, F_KSTEPS),
                           s.w1, W1_STRIDE, s.dht, lr * X_UNIT, nullptr, unused);
     __syncthreads();  // (the next step's forward of layer 1 reads W_1)
 }
@@ -927,7 +926,7 @@ __device__ void load_parameters(const Smem& s, const Workspace& ws, const unsign
     const float* const* w = reinterpret_cast<const float* const*>(params);
     const float* const* b = reinterpret_cast<const float* const*>(params + LAYERS + 1);
     const int tid = threadIdx.x, u0 = st.rank * OWN, g0 = st.group * UNITS;
-    const int f0 = 16 * first_kstep(st, F_SPAN), o0 = 16 * first_kstep(st, H_SPAN);
+    const int f0 = 16 * first_kstep(st, F_KSTEPS), o0 = 16 * first_kstep(st, H_KSTEPS);
     for (int i = tid; i < UNITS * W1_STRIDE; i += THREADS) {
         const int u = i / W1_STRIDE, k = (i - u * W1_STRIDE) ^ master_swizzle(u);  // (the input stored at i, from f0)
         const bool held = g0 + u < HIDDEN && k < 16 * F_SPAN && f0 + k < FEATURES;
@@ -959,7 +958,7 @@ __device__ void store_parameters(const Smem& s, const unsigned long long* params
     float* const* w = reinterpret_cast<float* const*>(params);
     float* const* b = reinterpret_cast<float* const*>(params + LAYERS + 1);
     const int tid = threadIdx.x, u0 = st.rank * OWN, g0 = st.group * UNITS;
-    const int f0 = 16 * first_kstep(st, F_SPAN), o0 = 16 * first_kstep(st, H_SPAN);
+    const int f0 = 16 * first_kstep(st, F_KSTEPS), o0 = 16 * first_kstep(st, H_KSTEPS);
     const int f_held = min(16 * F_SPAN, FEATURES - f0), o_held = min(16 * H_SPAN, HIDDEN - o0);  // (≤ 0: none)
     for (int i = tid; i < UNITS * f_held; i += THREADS) {
         const int u = i / f_held, k = i - u * f_held;
@@ -1014,7 +1013,7 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
     PROBE_START(probes, s.probe_counts);
     for (int step = 0; step < num_steps; ++step) {
         const Step st{step, min(BATCH, num_samples - step * BATCH), rank, at.half, at.group, order + (long long)step * BATCH};
-        forward_layer(s, other, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE, 16 * first_kstep(st, F_SPAN)},
+        forward_layer(s, other, ws, st, 1, InputRows{x_of(ws, step)}, MasterWeights{s.w1, W1_STRIDE, 16 * first_kstep(st, F_KSTEPS)},
                       F_KSTEPS, X_UNIT, probes);
         for (int l = 2; l <= LAYERS; ++l) {
             const unsigned long long published = grid_arrive(ws.barrier);  // h_{l−1} of every block published
