@@ -183,6 +183,10 @@ class WideShape:
         """Clusters of `units` units that cover the width, in whole k-steps of 16 units."""
         return ceil_div(self.width, units) if units % 16 == 0 else 2 * ceil_div(self.width, 2 * units)
 
+    def blocks_for(self, units: int, split: int) -> int:
+        """The grid's blocks in clusters of `split` blocks and `units` units."""
+        return self.clusters_for(units) * split
+
     def problem_with(self, units: int, split: int) -> str | None:
         """Why a grid of clusters of `split` blocks and `units` units cannot train this shape, or None."""
         if split not in SPLITS:
@@ -193,7 +197,7 @@ class WideShape:
             return f"clusters of {split} blocks share {units} units (a block finishes whole columns of 8)"
         if split > 1 and not self.clusters:
             return f"clusters of {split} blocks, and the GPU runs no thread-block clusters (compute capability 9.0)"
-        blocks, own = self.clusters_for(units) * split, units // split
+        blocks, own = self.blocks_for(units, split), units // split
         if blocks > self.sm_count:
             return f"{blocks} blocks of {own} units, one per SM, and the GPU has {self.sm_count}"
         needed = self.layout_with(units, split).bytes
@@ -232,7 +236,7 @@ class WideShape:
 
     @property
     def blocks(self) -> int:
-        return self.clusters_for(self.cluster_units) * self.cluster_blocks
+        return self.blocks_for(*self.grid)
 
     @property
     def padded_hidden(self) -> int:
@@ -244,16 +248,16 @@ class WideShape:
                        swizzled_stride;
           HT_STRIDE    a unit's rows of a transposed bf16 operand: ≡ 8 (mod 16) bf16, so that the
                        eight units of a 4-byte load phase start on eight different 16-byte columns;
-          PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units two rows of a
-                       float2 store phase share banks, and the padding would cost 16 KB, which the
-                       784³ MLP's blocks of 16 units do not have);
+          PART_STRIDE  a row of a warp's partial sums: the units, unpadded (at 16 units the kernel's
+                       slot flips a unit's bit 3 by its row's bit 1, so that a float2 store phase
+                       takes every bank without padding);
           PARTIAL_ROW  a row of the head's partial logits (every block's classes), padded to whole
                        float4s: the softmax loads them 16 bytes at a time."""
         span = lambda values: 16 * ceil_div(values // 16, split)  # a block's part of a product's inputs
         return {"W1_STRIDE": swizzled_stride(span(self.padded_features)),
                 "WC_STRIDE": swizzled_stride(span(self.clusters_for(units) * units)),
                 "HT_STRIDE": self.rows16 + 8, "PART_STRIDE": units,
-                "PARTIAL_ROW": ceil_div(self.clusters_for(units) * split * self.classes, 4) * 4}
+                "PARTIAL_ROW": ceil_div(self.blocks_for(units, split) * self.classes, 4) * 4}
 
     @property
     def strides(self) -> dict[str, int]:
@@ -273,7 +277,7 @@ class WideShape:
         None), `probe_counts` int64 phase counts (a probe build's) and `slots` warps' partial sums (0:
         sum_slots's)."""
         st, layers, classes, rows16 = self.strides_with(units, split), self.layers, self.classes, self.rows16
-        own, owned_rows = units // split, ceil_div(self.batch, self.clusters_for(units) * split)
+        own, owned_rows = units // split, ceil_div(self.batch, self.blocks_for(units, split))
         depth = self.stage_depth_with(units, split) if stage_depth is None else stage_depth
         slots = slots or self.sum_slots(units, split)
         rings = [Region("stage", "unsigned short", WARPS * depth * self.slab_values(units), 16)] if depth else []
