@@ -9,9 +9,6 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// cluster_sync in two halves, for work of the block's own between them: arrive (release) and wait (acquire).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 // `p`'s address in the shared memory of cluster block `rank`.
 __device__ __forceinline__ unsigned remote(const void* p, unsigned rank) {
     unsigned out;

@@ -51,17 +51,21 @@
 // which F_1 and W_1's update each read whole from every block; gathered once, they read a buffer of
 // the batch's size from L2, as F_2 reads h_1.
 //
-// Within a cluster (SPLIT 2) three things cross between its blocks' shared memory, each past a cluster
-// barrier (release and acquire) before it is read: a product's sums of the other block's units, into
-// its inbox, read past the barrier in sum_over_warps; h_l[:, U_c]ᵀ, l < L, into the other block's ht,
-// read by its update of W_{l+1} (its B operand), past F_{l+1}'s barrier; dh_1[:, U_c]ᵀ into its dht,
-// read by its update of W_1, past the barrier that begins it. The inbox has two slots, used by the
-// products of a step in turn and then the next step's (2·L − 1 products a step, an odd count: the slot
-// is (step + the product's index in the step) mod 2): a block writes a slot again only past the next
-// product's barrier, which the other block reaches after its last read of the slot. ht and dht are
-// written a step later, past barriers that follow every read. The other block's last write (dht) comes
-// before the barrier that begins its update of W_1, so neither block leaves the launch while the
-// other may still write into it.
+// Within a cluster (SPLIT 2) three things cross between its blocks' shared memory. A product's sums of
+// the other block's units go into that block's inbox as stores that count their bytes on its barrier
+// for the slot (st.async on inbox_full, an mbarrier): the receiver waits on its own barrier, and nothing
+// holds up the sender (with a cluster barrier instead, its release waited for every store the block had
+// in flight, the published weights' too). A block's trades are numbered n = step·(2·L − 1) + the
+// product's index in the step (trade_of); trade n uses slot n mod 2, whose barrier completes phase
+// (n / 2) mod 2 once the receiver's own arrival (with the bytes it expects) is made and the bytes have
+// landed. A block sends into a slot again two trades later, past a grid barrier that the receiver
+// reaches only after reading the slot: of any two gaps between consecutive products only one (B_2 to
+// the next step's F_1) lacks a grid barrier. h_l[:, U_c]ᵀ, l < L, goes into the other block's ht
+// (plain stores), read by its update of W_{l+1} (its B operand) past grid barriers; dh_1[:, U_c]ᵀ into
+// its dht, read by its update of W_1 past the cluster barrier that begins it (release and acquire),
+// and both are written again a step later, past barriers that follow every read. A block's last
+// writes into the other (B_2's trade, dht) come before that cluster barrier, so neither block leaves
+// the launch while the other may still write into it.
 //
 // So every block reads its part K_h of each exchanged matrix (x, h_1..h_{L−1}, dh_L..dh_2, x again) once a step, with
 // the weights in place; dX and the update of layer l read dh_l in one pass: its mma fragments, as
@@ -152,7 +156,8 @@ struct Smem {
     float* dh;          // [ROWS16][OWN]                dh_l[:, U_c], zero past the step's rows
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
                         //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then)
-    float* inbox;       // [2][ROWS16][OWN]             (SPLIT 2) the other block's sums of U_c, by exchange parity
+    float* inbox;       // [2][ROWS16][OWN]             (SPLIT 2) the other block's sums of U_c, by trade parity
+    unsigned long long* inbox_full;  // [2]             (SPLIT 2) each slot's mbarrier: one arrival and its bytes a trade
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
 #if STAGE_DEPTH
     bf16_bits* stage;   // [WARPS][STAGE_DEPTH][SLAB]     each warp's ring of staged k-steps (the staged build's)
@@ -179,6 +184,7 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, dh, SMEM_DH);
     SMEM_REGION(s, base, part, SMEM_PART);
     SMEM_REGION(s, base, inbox, SMEM_INBOX);
+    SMEM_REGION(s, base, inbox_full, SMEM_INBOX_FULL);
     SMEM_REGION(s, base, dl, SMEM_DL);
 #if STAGE_DEPTH
     SMEM_REGION(s, base, stage, SMEM_STAGE);
@@ -533,13 +539,13 @@ __device__ __forceinline__ void update_product(bf16_bits* ring, const Rows& rows
 // gives WARPS where they fit); finish(r, u, v0, v1) for each row r < ROWS16 and pair u, u + 1 of the
 // block's own units U_c (u from 0). With SPLIT 2 each block of the
 // cluster has summed over its half of the inputs, K_h: it sends the sums of the other block's units
-// into that block's inbox (`other`: the other block's regions, in its shared memory; slot `parity`, the
-// exchange's: the other slot may still be read), and after the cluster barrier (`exchanged()` then)
-// finishes its own units with the two halves' sums added (two terms: either order gives the same
-// bits). Ends without a block barrier: finish's writes are its own.
+// into that block's inbox (trade `trade`'s slot, counted on the slot's barrier there: the header says
+// how the slots and phases go), and once its own barrier says the other's sums of its units have landed
+// (`exchanged()` then) finishes its own units with the two halves' sums added (two terms: either
+// order gives the same bits). Ends without a block barrier: finish's writes are its own.
 template <class Exchanged, class Finish>
-__device__ __forceinline__ void sum_over_warps(const Smem& s, const Smem& other, int parity, const float (&acc)[MT][NT][4],
-                                               Exchanged exchanged, Finish finish) {
+__device__ __forceinline__ void sum_over_warps(const Smem& s, int trade, const float (&acc)[MT][NT][4], Exchanged exchanged,
+                                               Finish finish) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // (At 16 units, rows of 16 floats: unit bit 3 flipped by row bit 1, so that the acc stores' half-warps,
     // rows g = 0..3 at units 2t, take 32 banks, where unswizzled rows g and g + 2 share eight; the sums'
@@ -589,30 +595,35 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, const Smem& other,
         const float2 v = summed(r, u);
         finish(r, u, v.x, v.y);
     }
-    (void)other; (void)parity; (void)exchanged;
+    (void)trade; (void)exchanged;
 #else
-    // The other block's units first, sent; then this block's own summed while the cluster barrier
-    // completes (its arrival made, its wait after), kept in registers, and finished with the other's.
+    // The other block's units first, sent; then this block's own summed while the other's sums of them
+    // are on their way, kept in registers, and finished with the other's.
     constexpr int PAIRS = ROWS16 * OWN / 2, TRIPS = (PAIRS + THREADS - 1) / THREADS;  // a block's pairs, a thread's
-    const int half = blockIdx.x % SPLIT, theirs = (half ^ 1) * OWN;
+    const int half = blockIdx.x % SPLIT, theirs = (half ^ 1) * OWN, box = trade & 1;  // (the inbox slot)
     auto row = [](int i) { return i / (OWN / 2); };                          // pair i: row r,
-    auto unit = [](int i) { return 2 * (i - i / (OWN / 2) * (OWN / 2)); };  // units u, u + 1 of U_c
-    auto inbox = [&](const Smem& at, int i) { return reinterpret_cast<float2*>(at.inbox + (parity * ROWS16 + row(i)) * OWN + unit(i)); };
-    for (int i = threadIdx.x; i < PAIRS; i += THREADS) *inbox(other, i) = summed(row(i), theirs + unit(i));
-    cluster_arrive();  // (release: the other block's inbox written)
+    auto unit = [](int i) { return 2 * (i - i / (OWN / 2) * (OWN / 2)); };  // units u, u + 1 of U_c (inbox: pair i at 2i)
+    float* inbox = s.inbox + box * ROWS16 * OWN;
+    unsigned long long* full = s.inbox_full + box;
+    if (threadIdx.x == 0) mbarrier_expect(full, PAIRS * sizeof(float2));  // (this block's one arrival of the phase)
+    const unsigned their_inbox = remote(inbox, half ^ 1), their_full = remote(full, half ^ 1);
+    for (int i = threadIdx.x; i < PAIRS; i += THREADS) {
+        const float2 v = summed(row(i), theirs + unit(i));
+        send2(their_inbox + i * sizeof(float2), v.x, v.y, their_full);
+    }
     float2 mine[TRIPS];
 #pragma unroll
     for (int j = 0; j < TRIPS; ++j) {
         const int i = threadIdx.x + j * THREADS;
         if (i < PAIRS) mine[j] = summed(row(i), half * OWN + unit(i));
     }
-    cluster_wait();  // (acquire: this block's inbox written)
+    mbarrier_wait(full, (trade >> 1) & 1);  // (the other block's sums of U_c landed)
     exchanged();
 #pragma unroll
     for (int j = 0; j < TRIPS; ++j) {
         const int i = threadIdx.x + j * THREADS;
         if (i < PAIRS) {
-            const float2 in = *inbox(s, i);
+            const float2 in = reinterpret_cast<const float2*>(inbox)[i];
             finish(row(i), unit(i), mine[j].x + in.x, mine[j].y + in.y);
         }
     }
@@ -663,6 +674,8 @@ struct Step {
 // The k-steps of K_h, the block's part of a product of `ksteps`: from first_kstep, kstep_count of them.
 __device__ __forceinline__ int first_kstep(const Step& st, int ksteps) { return st.half * SPAN(ksteps); }
 __device__ __forceinline__ int kstep_count(const Step& st, int ksteps) { return min(SPAN(ksteps), ksteps - first_kstep(st, ksteps)); }
+// The block's count of trades before product `product` of the step (F_l: l − 1, B_l: 2·L − l), 2·L − 1 a step.
+__device__ __forceinline__ int trade_of(const Step& st, int product) { return st.step * (2 * LAYERS - 1) + product; }
 
 // X: step `step`'s x, rows r ≡ rank (mod BLOCKS) of its ROWS16: the images of its samples (rows of
 // FEATURE_STRIDE bf16, read-only for the launch; the samples read ahead by prefetch_rows), zero
@@ -748,7 +761,7 @@ __device__ __forceinline__ void forward_layer(const Smem& s, const Smem& other, 
     bf16_bits* ht = l < LAYERS ? ht_of(s, l) + st.half * OWN * HT_STRIDE : nullptr;  // (U_c's rows of the cluster's)
     bf16_bits* ht_other = l < LAYERS ? ht_of(other, l) + st.half * OWN * HT_STRIDE : nullptr;
     bf16_bits* piece = l < LAYERS ? act_of(ws, l) + st.rank * PIECE : nullptr;
-    sum_over_warps(s, other, (st.step + l - 1) & 1, acc, [&] { PHASE_END(probes, FORWARD_EXCHANGE, l); },
+    sum_over_warps(s, trade_of(st, l - 1), acc, [&] { PHASE_END(probes, FORWARD_EXCHANGE, l); },
                    [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;
         const float h0 = real ? fmaxf(fmaf(unit, v0, bias[u]), 0.0f) : 0.0f;
@@ -893,7 +906,7 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Smem& other,
                          acc);
     PHASE_END(probes, BACKWARD_PRODUCTS, l);
     const bf16_bits* mask = ht + st.half * OWN * HT_STRIDE;  // U_c's
-    sum_over_warps(s, other, (st.step + 2 * LAYERS - l) & 1, acc, [&] { PHASE_END(probes, BACKWARD_EXCHANGE, l); },
+    sum_over_warps(s, trade_of(st, 2 * LAYERS - l), acc, [&] { PHASE_END(probes, BACKWARD_EXCHANGE, l); },
                    [&](int r, int u, float v0, float v1) {
         const bool real = r < st.rows;  // (h_{l−1} as bf16 is > 0 where it is: [h > 0], the ReLU's mask)
         *reinterpret_cast<float2*>(s.dh + r * OWN + u) =
@@ -1003,7 +1016,12 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
 #endif
     load_parameters(s, ws, params, bias, at);
 #if SPLIT > 1
-    cluster_sync();  // (the other block has started: its shared memory may be written from here)
+    if (threadIdx.x == 0) {  // (one arrival a phase: this block's, with the bytes the trade brings)
+        mbarrier_init(s.inbox_full, 1);
+        mbarrier_init(s.inbox_full + 1, 1);
+        mbarrier_init_fence();
+    }
+    cluster_sync();  // (the other block has started and its barriers are set: its shared memory may be written from here)
 #endif
     if (num_steps > 0) gather_rows(s, ws, images, labels, order, 0, num_samples, rank);
     grid_sync(ws.barrier);  // (every block's columns of the weights published for step 0, and its x)

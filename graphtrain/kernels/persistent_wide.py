@@ -56,7 +56,7 @@ def prefetch_for(rows16: int, ksteps: int, units: int = 8) -> int:
 # counted per layer (0: none), the cycles from the probe before to its own: (name in the kernel, meaning).
 PHASES = tuple(tuple(line.split(None, 1)) for line in """
 FORWARD_PRODUCTS   F_l: products (the slowest warp's)
-FORWARD_EXCHANGE   F_l: the warps' sums added and the other block's sent (split 2: to the cluster barrier's end)
+FORWARD_EXCHANGE   F_l: the warps' sums added and the other block's sent (split 2: until the other's have landed)
 FORWARD_SUMS       F_l: the warps' sums added, bias, ReLU, h_l kept and published (split 2: the two blocks' sums)
 HEAD_PARTIALS      F_L: the head's partial logits published
 WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
@@ -66,7 +66,7 @@ WAIT_SOFTMAX       grid barrier after S: every row's dlogits
 HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
 WAIT_BACKWARD      grid barrier before B_l: dh_l of every block
 BACKWARD_PRODUCTS  B_l: dh_{l-1}'s products and W_l's update (the slowest warp's)
-BACKWARD_EXCHANGE  B_l: the warps' sums added and the other block's sent (split 2: to the cluster barrier's end)
+BACKWARD_EXCHANGE  B_l: the warps' sums added and the other block's sent (split 2: until the other's have landed)
 BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, b_{l-1}'s update, dh_{l-1} published (split 2: the two blocks' sums)
 UPDATE             update of W_1 (its products)
 """.strip().splitlines())
@@ -300,6 +300,7 @@ class WideShape:
             # rows' partial logits
             Region("part", "float", max(slots * rows16 * st["PART_STRIDE"], owned_rows * st["PARTIAL_ROW"]), 16),
             Region("inbox", "float", 2 * rows16 * own if split > 1 else 0, 16),
+            Region("inbox_full", "unsigned long long", 2 if split > 1 else 0),
             Region("dl", "float", rows16 * classes, 16),
             *rings,
             *probes,

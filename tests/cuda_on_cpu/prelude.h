@@ -1,6 +1,7 @@
 // The CUDA features persistent_wide.cu uses, emulated on the CPU (tests/test_persistent_wide_emulated.py):
 // a std::thread per CUDA thread; __syncthreads a barrier of the block's threads, __syncwarp of the
-// warp's, cluster_sync of the cluster's (its blocks' shared memory reached by peer_shared's pointers); cp.async's copies made at the wait for their group; a warp's mma.sync,
+// warp's, cluster_sync of the cluster's (its blocks' shared memory reached by peer_shared's pointers and remote()'s
+// addresses; an mbarrier's phases, with st.async's bytes, kept in a table under a lock); cp.async's copies made at the wait for their group; a warp's mma.sync,
 // movmatrix and shuffles computed from its 32 lanes' registers, exchanged through the warp's own
 // memory between two barriers of its lanes, each register holding what PTX says it holds (the
 // fragment layouts of mma.m16n8k16 and movmatrix.m8n8, the lower k in a register's low half); global
@@ -8,6 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -54,13 +58,48 @@ inline void __syncthreads() { block_ctx->bar->arrive_and_wait(); }
 struct ClusterCtx { std::barrier<>* bar; unsigned char* smem[16]; };
 thread_local ClusterCtx* cluster_ctx;
 inline void cluster_sync() { cluster_ctx->bar->arrive_and_wait(); }
-thread_local std::optional<std::barrier<>::arrival_token> cluster_token;
-inline void cluster_arrive() { cluster_token.emplace(cluster_ctx->bar->arrive()); }
-inline void cluster_wait() { cluster_ctx->bar->wait(std::move(*cluster_token)); cluster_token.reset(); }
 template <class T> T* peer_shared(T* p, unsigned rank) {
     return reinterpret_cast<T*>(cluster_ctx->smem[rank] + (reinterpret_cast<unsigned char*>(p) - block_ctx->smem));
 }
 inline unsigned char* block_smem() { return block_ctx->smem; }
+// cluster.cuh's addresses in a cluster block's shared memory: its rank in the top byte, the offset below.
+inline unsigned remote(const void* p, unsigned rank) {
+    return (rank << 24) | (unsigned)(reinterpret_cast<const unsigned char*>(p) - block_ctx->smem);
+}
+inline unsigned char* remote_at(unsigned addr) { return cluster_ctx->smem[addr >> 24] + (addr & 0xffffffu); }
+// An mbarrier: its state in a table beside the shared memory (keyed by its address), under one lock.
+// A phase completes when its pending arrivals and its transaction bytes are both zero (the bytes may
+// land before the arrival that expects them: they count below zero meanwhile).
+struct Mbarrier { unsigned count, pending; long long bytes; unsigned phase; };
+inline std::mutex mbarrier_lock;
+inline std::condition_variable mbarrier_done;
+inline std::map<const void*, Mbarrier> mbarriers;
+inline void mbarrier_step(Mbarrier& m) {
+    if (m.pending == 0 && m.bytes == 0) { m.phase ^= 1u; m.pending = m.count; mbarrier_done.notify_all(); }
+}
+inline void mbarrier_init(unsigned long long* bar, unsigned count) {
+    std::lock_guard<std::mutex> hold(mbarrier_lock);
+    mbarriers[bar] = Mbarrier{count, count, 0, 0};
+}
+inline void mbarrier_init_fence() {}
+inline void mbarrier_expect(unsigned long long* bar, unsigned bytes) {
+    std::lock_guard<std::mutex> hold(mbarrier_lock);
+    Mbarrier& m = mbarriers.at(bar);
+    m.bytes += bytes; --m.pending; mbarrier_step(m);
+}
+// Waits until the phase of parity `parity` has completed (the current phase's parity is the other).
+inline void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+    std::unique_lock<std::mutex> hold(mbarrier_lock);
+    mbarrier_done.wait(hold, [&] { return mbarriers.at(bar).phase != parity; });
+}
+// st.async: the values stored, then their bytes counted on the receiver's barrier.
+inline void send2(unsigned addr, float v0, float v1, unsigned bar) {
+    const float v[2] = {v0, v1};
+    std::lock_guard<std::mutex> hold(mbarrier_lock);
+    memcpy(remote_at(addr), v, sizeof v);
+    Mbarrier& m = mbarriers.at(remote_at(bar));
+    m.bytes -= (long long)sizeof v; mbarrier_step(m);
+}
 inline int lane_id() { return threadIdx.x & 31; }
 
 inline float bf16_to_float(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
