@@ -84,8 +84,9 @@ def test_the_784_cube_fits_in_every_grid():
         assert [r.name for r in masters] == ["w1", "wc"]
         assert shape.strides["W1_STRIDE"] == shape.strides["WC_STRIDE"] == stride
         assert sum(r.count for r in masters) * 4 == grid[0] * 3 * stride * 4
-        assert ("inbox" in shape.layout.offsets and shape.layout.regions[[r.name for r in shape.layout.regions].index("inbox")].count
-                == (2 * 128 * 8 if grid[1] == 2 else 0))
+        counts = {r.name: r.count for r in shape.layout.regions}
+        assert counts["inbox"] == (2 * 128 * 8 if grid[1] == 2 else 0)  # a slot of rows × a block's units, two
+        assert counts["inbox_full"] == (2 if grid[1] == 2 else 0)  # their mbarriers
     # the global copies of W_2 and W_3 (two each, by step parity) dominate the workspace
     assert JHU_784.workspace.bytes > 4 * 784 * 784 * 2
 
@@ -106,6 +107,7 @@ def test_the_kernel_compiles_for_every_kind_of_shape_it_takes(nvrtc_available, c
 
 @pytest.mark.parametrize("table,region,prefix,variant", [
     ("layout", "ht", "SMEM_", "registers"), ("layout", "part", "SMEM_", "registers"), ("layout", "inbox", "SMEM_", "registers"),
+    ("layout", "inbox_full", "SMEM_", "registers"),
     ("workspace", "grad", "WS_", "registers"), ("workspace", "x", "WS_", "registers"), ("layout", "dl", "SMEM_", "staged"),
     ("layout", "stage", "SMEM_", "staged"),
 ])
