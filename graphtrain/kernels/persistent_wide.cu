@@ -772,7 +772,7 @@ __device__ __forceinline__ void forward_layer(const Smem& s, const Smem& other, 
             const unsigned pair = bf16x2(h0, h1);
             ht[u * HT_STRIDE + r] = (bf16_bits)(pair & 0xffffu);
             ht[(u + 1) * HT_STRIDE + r] = (bf16_bits)(pair >> 16);
-            if (SPLIT > 1) {  // (read by the other block's update of W_{l+1}, past a cluster barrier or more)
+            if (SPLIT > 1) {  // (read by the other block's update of W_{l+1}, past grid barriers)
                 ht_other[u * HT_STRIDE + r] = (bf16_bits)(pair & 0xffffu);
                 ht_other[(u + 1) * HT_STRIDE + r] = (bf16_bits)(pair >> 16);
             }
