@@ -27,7 +27,7 @@ SAMPLES = "Warp Stall Sampling (All Samples)"
 
 def source_lines(path: str) -> tuple[dict, dict, collections.Counter]:
     """(file, line) -> samples, (file, line) -> (source text, stall reason -> samples), and the
-    stall reasons over every instruction once (the SASS rows of the first file's section)."""
+    stall reasons over every instruction once (each SASS address counted where it first appears)."""
     samples: dict = collections.Counter()
     detail: dict = {}
     overall: collections.Counter = collections.Counter()
@@ -51,7 +51,7 @@ def source_lines(path: str) -> tuple[dict, dict, collections.Counter]:
             if address == "-" and row[0].isdigit():  # a CUDA line, its SASS's metrics summed
                 key = (file, int(row[0]))
                 samples[key] += int(row[header[SAMPLES]] or 0)
-                text, reasons = detail.setdefault(key, (row[1].strip(), collections.Counter()))
+                reasons = detail.setdefault(key, (row[1].strip(), collections.Counter()))[1]
                 for i, name in stalls:
                     reasons[name] += int(row[i] or 0)
             elif address.startswith("0x") and address not in seen_addresses:  # a SASS row, once

@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <math.h>
-#include <optional>
 #include <thread>
 #include <vector>
 #define __device__
