@@ -29,11 +29,13 @@
 //   S, rows r ≡ c     z = Σ_{c' = 0..BLOCKS−1} P_c'[r] + b_h (in that order),
 //   (mod BLOCKS)      dz = (softmax(z) − onehot(y)) / rows                      (published)
 //   H (every block)   dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L[:, U_c] > 0]       (published, L ≥ 2)
-//                     W_h[:, U_c] −= lr · dzᵀ h_L[:, U_c],  b_h −= lr · Σ_r dz
+//                     W_h[:, U_c] −= lr · dzᵀ h_L[:, U_c],  b_h −= lr · Σ_r dz  (after dh_L's publication)
 //   B_l, l = L..2     dh_{l−1}[:, U_c] = dh_l · W_l[:, U_c] ⊙ [h_{l−1}[:, U_c] > 0]  (published, l ≥ 3)
 //                     W_l[:, U_c] −= lr · dh_lᵀ h_{l−1}[:, U_c]    (the new columns published as bf16)
 //   (after B_2, or H) W_1[U_c, :] −= lr · dh_1[:, U_c]ᵀ x
-//   each dh_l, once summed:  b_l[U_c] −= lr · Σ_r dh_l[:, U_c]
+//   each dh_l, once published:  b_l[U_c] −= lr · Σ_r dh_l[:, U_c]
+// The updates that no other block reads (the head's, b_l's) run after the block's arrival at the grid
+// barrier that follows dh_l's publication, before its wait: off the path that every block waits on.
 //
 // A grid barrier follows each phase whose output another block reads: F_1..F_L, S, H (L ≥ 2) and
 // B_L..B_3, 2·LAYERS a step (LAYERS = 1: two). The update of W_1 and the next step's F_1 read nothing
@@ -145,7 +147,6 @@ struct Smem {
     float* wc;          // [LAYERS−1][UNITS][WC_STRIDE] wc[j][i] = W_l[i0 + i][g0 + j], l = 2..LAYERS, i over K_h, zero
                         //                              past HIDDEN (alike)
     float* wh;          // [CLASSES][OWN]               W_h[:, U_c]
-    float* gwh;         // [CLASSES][OWN], [CLASSES]    the head's gradient: its columns, its bias
     float* b;           // [LAYERS][OWN]                b_l[U_c]
     float* bh;          // [CLASSES]                    the head's bias (every block's copy)
     int* row_samples;   // [2][R_OWN]                   the owned rows' samples (−1 past the step's rows) and
@@ -155,7 +156,8 @@ struct Smem {
     bf16_bits* dht;     // [UNITS][HT_STRIDE]           dh_1[:, U_g]ᵀ
     float* dh;          // [ROWS16][OWN]                dh_l[:, U_c], zero past the step's rows
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
-                        //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then)
+                        //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then); in
+                        //   the head's update [WARPS][CLASSES][OWN + 1], the warps' sums of its gradient
     float* inbox;       // [2][ROWS16][OWN]             (SPLIT 2) the other block's sums of U_c, by trade parity
     unsigned long long* inbox_full;  // [2]             (SPLIT 2) each slot's mbarrier: one arrival and its bytes a trade
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
@@ -173,7 +175,6 @@ __device__ Smem carve(unsigned char* base) {
     SMEM_REGION(s, base, w1, SMEM_W1);
     SMEM_REGION(s, base, wc, SMEM_WC);
     SMEM_REGION(s, base, wh, SMEM_WH);
-    SMEM_REGION(s, base, gwh, SMEM_GWH);
     SMEM_REGION(s, base, b, SMEM_B);
     SMEM_REGION(s, base, bh, SMEM_BH);
     SMEM_REGION(s, base, row_samples, SMEM_ROW_SAMPLES);
@@ -841,18 +842,11 @@ __device__ __forceinline__ void softmax_rows(const Smem& s, const Workspace& ws,
     }
 }
 
-// Once dh_l[:, U_c] is whole in s.dh: b_l[U_c] −= lr · Σ_r dh_l, and dh_l published (l ≥ 2) or kept
-// transposed for W_1's update (l = 1; with SPLIT 2 in the other block's dht too, which its update reads
-// past the cluster barrier that begins update_first_layer).
-__device__ __forceinline__ void own_gradient_done(const Smem& s, const Smem& other, const Workspace& ws, const Step& st,
-                                                  int l, int bias, float lr) {
+// Once dh_l[:, U_c] is whole in s.dh: dh_l published (l ≥ 2) or kept transposed for W_1's update (l = 1;
+// with SPLIT 2 in the other block's dht too, which its update reads past the cluster barrier that begins
+// update_first_layer). Its bias's update (bias_update) comes after: no other block waits for it.
+__device__ __forceinline__ void publish_gradient(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int l) {
     __syncthreads();
-    const int warp = threadIdx.x >> 5;
-    if (bias && warp < OWN / 8) {  // a warp eight units
-        const int u = 8 * warp + (threadIdx.x & 7);
-        const float sum = warp_sum_rows([&](int r) { return s.dh[r * OWN + u]; });
-        if ((threadIdx.x & 31) < 8) s.b[(l - 1) * OWN + u] = fmaf(-lr, sum, s.b[(l - 1) * OWN + u]);
-    }
     if (l >= 2) {
         bf16_bits* piece = grad_of(ws, l) + st.rank * PIECE;
         for (int i = threadIdx.x; i < ROWS16 * OWN / 2; i += THREADS) {
@@ -870,35 +864,91 @@ __device__ __forceinline__ void own_gradient_done(const Smem& s, const Smem& oth
     }
 }
 
-// H: dlogits of every row in, dh_L[:, U_c] and the head's update.
-__device__ __forceinline__ void head_gradient(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int bias,
-                                              float lr) {
+// b_l[U_c] −= lr · Σ_r dh_l[:, U_c], a warp eight units, once dh_l is whole in s.dh (past publish_gradient's
+// block barrier; s.dh is next written past a block barrier that every thread passes after this).
+__device__ __forceinline__ void bias_update(const Smem& s, int l, int bias, float lr) {
+    const int warp = threadIdx.x >> 5;
+    if (bias && warp < OWN / 8) {
+        const int u = 8 * warp + (threadIdx.x & 7);
+        const float sum = warp_sum_rows([&](int r) { return s.dh[r * OWN + u]; });
+        if ((threadIdx.x & 31) < 8) s.b[(l - 1) * OWN + u] = fmaf(-lr, sum, s.b[(l - 1) * OWN + u]);
+    }
+}
+
+// H: dlogits of every row in, dh_L[:, U_c] = dz · W_h[:, U_c] ⊙ [h_L > 0] (W_h before its update), published.
+__device__ __forceinline__ void head_gradient(const Smem& s, const Smem& other, const Workspace& ws, const Step& st) {
     stage_batched<ROWS16 * CLASSES>(s.dl, [&](int i) { return i < st.rows * CLASSES ? __ldcg(ws.dz + i) : 0.0f; });
     __syncthreads();
-    for (int i = threadIdx.x; i < ROWS16 * OWN; i += THREADS) {  // dh_L, from W_h before its update
-        const int r = i / OWN, u = i - r * OWN;
+    // thread (q, u), u = tid mod OWN: unit u's column of W_h held in registers, rows r ≡ q (mod THREADS / OWN)
+    const int u = threadIdx.x % OWN;
+    float wh[CLASSES];
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) wh[j] = s.wh[j * OWN + u];
+    for (int r = threadIdx.x / OWN; r < ROWS16; r += THREADS / OWN) {
         float v = 0.0f;
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CLASSES + j], s.wh[j * OWN + u], v);
-        s.dh[i] = s.h_last[i] > 0.0f ? v : 0.0f;
+        for (int j = 0; j < CLASSES; ++j) v = fmaf(s.dl[r * CLASSES + j], wh[j], v);
+        s.dh[r * OWN + u] = s.h_last[r * OWN + u] > 0.0f ? v : 0.0f;
     }
-    for (int i = threadIdx.x; i < CLASSES * OWN; i += THREADS) {
-        const int j = i / OWN, u = i - j * OWN;
-        s.gwh[i] = sum_rows([&](int r) { return s.dl[r * CLASSES + j] * s.h_last[r * OWN + u]; });
+    publish_gradient(s, other, ws, st, LAYERS);
+}
+
+// The head's update, past publish_gradient's block barrier (every read of W_h for dh_L made): W_h[:, U_c]
+// −= lr · dzᵀ h_L[:, U_c], b_h −= lr · Σ_r dz. Thread (q, u), u = tid mod OWN, q = tid / OWN, adds rows
+// r ≡ q (mod QS) in order, for every class at once (a row's dz from broadcast loads, h_L[r][u] one load);
+// the QS parts are added as a fixed tree: the parts in a warp (lane bits above OWN's) by xor shuffles,
+// then the warps' in warp order from s.part. Why so: a thread a sum of ROWS16 rows (80 threads at the
+// 784³ MLP) made a chain of 2·ROWS16 shared loads, ~4k cycles, longer than the grid barrier it runs in.
+// Why apart from H: no other block waits for it, so it runs in the grid barrier after H (L ≥ 2), between
+// this block's arrival and its wait. (s.dl and s.h_last are next written in the next step's F_L and H;
+// s.part by the next product's sums, past the block barrier that ends grid_wait, or the next F_1's.)
+__device__ __forceinline__ void head_update(const Smem& s, int bias, float lr) {
+    constexpr int QS = THREADS / OWN;  // the row parts
+    static_assert(32 % OWN == 0, "whole parts a warp");
+    const int u = threadIdx.x % OWN, q = threadIdx.x / OWN, warp = threadIdx.x >> 5;
+    float gw[CLASSES], gb[CLASSES];
+#pragma unroll
+    for (int j = 0; j < CLASSES; ++j) gw[j] = gb[j] = 0.0f;
+#pragma unroll 2
+    for (int r = q; r < ROWS16; r += QS) {
+        const float h = s.h_last[r * OWN + u];
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) {
+            const float dz = s.dl[r * CLASSES + j];
+            gw[j] = fmaf(dz, h, gw[j]);
+            gb[j] += dz;
+        }
     }
-    if (bias && threadIdx.x < CLASSES) {
-        const int j = threadIdx.x;
-        s.gwh[CLASSES * OWN + j] = sum_rows([&](int r) { return s.dl[r * CLASSES + j]; });
+#pragma unroll
+    for (int m = OWN; m < 32; m *= 2)
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) {
+            gw[j] += __shfl_xor_sync(0xffffffffu, gw[j], m);
+            gb[j] += __shfl_xor_sync(0xffffffffu, gb[j], m);
+        }
+    float* parts = s.part;  // [WARPS][CLASSES][OWN + 1]: a warp's sums (the last column b_h's)
+    if ((threadIdx.x & 31) < OWN) {
+#pragma unroll
+        for (int j = 0; j < CLASSES; ++j) parts[(warp * CLASSES + j) * (OWN + 1) + u] = gw[j];
+        if (u == 0) {
+#pragma unroll
+            for (int j = 0; j < CLASSES; ++j) parts[(warp * CLASSES + j) * (OWN + 1) + OWN] = gb[j];
+        }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < CLASSES * OWN; i += THREADS) s.wh[i] = fmaf(-lr, s.gwh[i], s.wh[i]);
-    if (bias && threadIdx.x < CLASSES) s.bh[threadIdx.x] = fmaf(-lr, s.gwh[CLASSES * OWN + threadIdx.x], s.bh[threadIdx.x]);
-    own_gradient_done(s, other, ws, st, LAYERS, bias, lr);
+    for (int i = threadIdx.x; i < CLASSES * (OWN + 1); i += THREADS) {
+        float sum = parts[i];
+#pragma unroll
+        for (int w = 1; w < WARPS; ++w) sum += parts[w * CLASSES * (OWN + 1) + i];
+        const int j = i / (OWN + 1), v = i - j * (OWN + 1);
+        if (v < OWN) s.wh[j * OWN + v] = fmaf(-lr, sum, s.wh[j * OWN + v]);
+        else if (bias) s.bh[j] = fmaf(-lr, sum, s.bh[j]);
+    }
 }
 
 // B_l, l ≥ 2: dh_{l−1}[:, U_c] and the update of W_l[K_h, U_g] (published for the next step's forward).
 __device__ __forceinline__ void backward_layer(const Smem& s, const Smem& other, const Workspace& ws, const Step& st, int l,
-                                               int bias, float lr, Probes& probes) {
+                                               float lr, Probes& probes) {
     float acc[MT][NT][4];
     const bf16_bits* ht = ht_of(s, l - 1);  // h_{l−1}[:, U_g]ᵀ: the update's B
     update_product<true>(ring_of(s), HiddenRows{grad_of(ws, l)}, first_kstep(st, H_KSTEPS), kstep_count(st, H_KSTEPS),
@@ -913,7 +963,7 @@ __device__ __forceinline__ void backward_layer(const Smem& s, const Smem& other,
             make_float2(real && to_float(mask[u * HT_STRIDE + r]) > 0.0f ? v0 : 0.0f,
                         real && to_float(mask[(u + 1) * HT_STRIDE + r]) > 0.0f ? v1 : 0.0f);
     });
-    own_gradient_done(s, other, ws, st, l - 1, bias, lr);
+    publish_gradient(s, other, ws, st, l - 1);
     PHASE_END(probes, BACKWARD_SUMS, l);
 }
 
@@ -1063,13 +1113,21 @@ wide_epoch(const bf16_bits* images, const int* labels, const int* order, const u
         PHASE_END(probes, SOFTMAX, 0);
         grid_sync(ws.barrier);  // every row's dlogits
         PROBE_END(probes, WAIT_SOFTMAX, 0);
-        head_gradient(s, other, ws, st, bias, lr);
+        head_gradient(s, other, ws, st);
         PHASE_END(probes, HEAD_GRADIENT, 0);
+        // the updates that no other block waits for (the head's, b_l's) between this block's arrival and its wait
         for (int l = LAYERS; l >= 2; --l) {
-            grid_sync(ws.barrier);  // dh_l of every block published
+            const unsigned long long published = grid_arrive(ws.barrier);  // dh_l of every block published
+            if (l == LAYERS) head_update(s, bias, lr);
+            bias_update(s, l, bias, lr);
+            PHASE_END(probes, BIAS_UPDATE, l);
+            grid_wait(ws.barrier, published);
             PROBE_END(probes, WAIT_BACKWARD, l);
-            backward_layer(s, other, ws, st, l, bias, lr, probes);
+            backward_layer(s, other, ws, st, l, lr, probes);
         }
+        if (LAYERS == 1) head_update(s, bias, lr);
+        bias_update(s, 1, bias, lr);
+        PHASE_END(probes, BIAS_UPDATE, 1);
         update_first_layer(s, ws, st, lr);
         PROBE_END(probes, UPDATE, 1);  // (update_first_layer ends at a block barrier)
     }

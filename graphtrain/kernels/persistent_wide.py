@@ -63,11 +63,12 @@ WAIT_FORWARD       grid barrier after F_l (l = L: the partial logits)
 GATHER             X: the next step's images gathered (the owned rows; L ≥ 2: inside the barrier after F_L)
 SOFTMAX            S: the owned rows' logits in, softmax, dlogits published
 WAIT_SOFTMAX       grid barrier after S: every row's dlogits
-HEAD_GRADIENT      H: dh_L, the head's update, dh_L published
+HEAD_GRADIENT      H: dh_L from the dlogits, published
+BIAS_UPDATE        b_l's update (l = L: the head's too), inside the barrier before B_l (l = 1: before W_1's update)
 WAIT_BACKWARD      grid barrier before B_l: dh_l of every block
 BACKWARD_PRODUCTS  B_l: dh_{l-1}'s products and W_l's update (the slowest warp's)
 BACKWARD_EXCHANGE  B_l: the warps' sums added and the other block's sent (split 2: until the other's have landed)
-BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, b_{l-1}'s update, dh_{l-1} published (split 2: the two blocks' sums)
+BACKWARD_SUMS      B_l: the warps' sums added, ReLU mask, dh_{l-1} published (split 2: the two blocks' sums)
 UPDATE             update of W_1 (its products)
 """.strip().splitlines())
 # The grids tried, in order: (the units of every hidden layer a cluster owns, its blocks), the first
@@ -287,7 +288,6 @@ class WideShape:
             Region("w1", "float", units * st["W1_STRIDE"], 16),
             Region("wc", "float", (layers - 1) * units * st["WC_STRIDE"], 16),
             Region("wh", "float", classes * own, 16),
-            Region("gwh", "float", classes * own + classes, 16),
             Region("b", "float", layers * own, 16),
             Region("bh", "float", classes, 16),
             Region("row_samples", "int", 2 * owned_rows),
@@ -296,9 +296,10 @@ class WideShape:
             Region("ht", "unsigned short", (layers - 1) * units * st["HT_STRIDE"], 16),
             Region("dht", "unsigned short", units * st["HT_STRIDE"], 16),
             Region("dh", "float", rows16 * own, 16),
-            # the warps' partial sums of a product, and in the softmax (no product then) the owned
-            # rows' partial logits
-            Region("part", "float", max(slots * rows16 * st["PART_STRIDE"], owned_rows * st["PARTIAL_ROW"]), 16),
+            # the warps' partial sums of a product, in the softmax (no product then) the owned rows'
+            # partial logits, and in the head's update the warps' sums of its gradient
+            Region("part", "float", max(slots * rows16 * st["PART_STRIDE"], owned_rows * st["PARTIAL_ROW"],
+                                        WARPS * classes * (own + 1)), 16),
             Region("inbox", "float", 2 * rows16 * own if split > 1 else 0, 16),
             Region("inbox_full", "unsigned long long", 2 if split > 1 else 0),
             Region("dl", "float", rows16 * classes, 16),
