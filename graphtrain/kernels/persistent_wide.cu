@@ -157,7 +157,7 @@ struct Smem {
     float* dh;          // [ROWS16][OWN]                dh_l[:, U_c], zero past the step's rows
     float* part;        // [SLOTS][ROWS16][PART_STRIDE] partial sums of a product, by warp; in the softmax
                         //   [R_OWN][PARTIAL_ROW], the owned rows' partial logits (no product runs then); in
-                        //   the head's update [WARPS][CLASSES][OWN + 1], the warps' sums of its gradient
+                        //   the head's update [WARPS − 1][CLASSES][OWN + 1], warps 1..'s sums of its gradient
     float* inbox;       // [2][ROWS16][OWN]             (SPLIT 2) the other block's sums of U_c, by trade parity
     unsigned long long* inbox_full;  // [2]             (SPLIT 2) each slot's mbarrier: one arrival and its bytes a trade
     float* dl;          // [ROWS16][CLASSES]            dlogits of every row, zero past the step's
@@ -690,6 +690,9 @@ __device__ __forceinline__ int trade_of(const Step& st, int product) { return st
 #define GATHER_PIECES ((ROWS16 + BLOCKS - 1) / BLOCKS * (FEATURE_STRIDE / 8))  // the owned rows' 16-byte pieces
 #define GATHER_TRIPS ((GATHER_PIECES + THREADS - 1) / THREADS)                // a thread's
 #define GATHER_AHEAD (GATHER_TRIPS < 2 ? GATHER_TRIPS : 2)  // of them held in registers (the 784³ MLP's: all, one)
+// A thread's j-th piece: counted from warp 1, so that warp 0, whose thread 0 makes the block's arrival at
+// the barrier that gather_store runs in (a fence and an atomic's round trip), holds the last, if any.
+__device__ __forceinline__ int gather_index(int j) { return (threadIdx.x + THREADS - 32) % THREADS + j * THREADS; }
 // Piece i of the owned rows (row q = i / PIECES), zero past the step's rows and past BATCH.
 __device__ __forceinline__ uint4 gathered_piece(const int* row_samples, const bf16_bits* images, int i) {
     constexpr int PIECES = FEATURE_STRIDE / 8;  // of a row
@@ -703,7 +706,7 @@ struct GatheredRows {
 __device__ __forceinline__ GatheredRows gather_load(const Smem& s, const bf16_bits* images, int step) {
     GatheredRows g;
 #pragma unroll
-    for (int j = 0; j < GATHER_AHEAD; ++j) g.v[j] = gathered_piece(s.row_samples + (step & 1) * R_OWN, images, threadIdx.x + j * THREADS);
+    for (int j = 0; j < GATHER_AHEAD; ++j) g.v[j] = gathered_piece(s.row_samples + (step & 1) * R_OWN, images, gather_index(j));
     return g;
 }
 // The held pieces published, then the thread's others (a shape with more owned rows) loaded and published.
@@ -716,9 +719,9 @@ __device__ __forceinline__ void gather_store(const Smem& s, const Workspace& ws,
         if (i < GATHER_PIECES && r < ROWS16) __stcg(x + (piece >> 1) * (ROWS16 * 2) + r * 2 + (piece & 1), v);
     };
 #pragma unroll
-    for (int j = 0; j < GATHER_AHEAD; ++j) store(threadIdx.x + j * THREADS, g.v[j]);
+    for (int j = 0; j < GATHER_AHEAD; ++j) store(gather_index(j), g.v[j]);
     for (int j = GATHER_AHEAD; j < GATHER_TRIPS; ++j) {
-        const int i = threadIdx.x + j * THREADS;
+        const int i = gather_index(j);
         store(i, gathered_piece(s.row_samples + (step & 1) * R_OWN, images, i));
     }
 }
@@ -865,7 +868,9 @@ __device__ __forceinline__ void publish_gradient(const Smem& s, const Smem& othe
 }
 
 // b_l[U_c] −= lr · Σ_r dh_l[:, U_c], a warp eight units, once dh_l is whole in s.dh (past publish_gradient's
-// block barrier; s.dh is next written past a block barrier that every thread passes after this).
+// block barrier; s.dh is next written past a block barrier that every thread passes after this). (Warps
+// 0..: on the last warps, or from warp 1, away from the arrival that warp 0's thread 0 makes, the 784³
+// MLP's build spilled 16 bytes.)
 __device__ __forceinline__ void bias_update(const Smem& s, int l, int bias, float lr) {
     const int warp = threadIdx.x >> 5;
     if (bias && warp < OWN / 8) {
@@ -894,52 +899,57 @@ __device__ __forceinline__ void head_gradient(const Smem& s, const Smem& other, 
 }
 
 // The head's update, past publish_gradient's block barrier (every read of W_h for dh_L made): W_h[:, U_c]
-// −= lr · dzᵀ h_L[:, U_c], b_h −= lr · Σ_r dz. Thread (q, u), u = tid mod OWN, q = tid / OWN, adds rows
-// r ≡ q (mod QS) in order, for every class at once (a row's dz from broadcast loads, h_L[r][u] one load);
-// the QS parts are added as a fixed tree: the parts in a warp (lane bits above OWN's) by xor shuffles,
-// then the warps' in warp order from s.part. Why so: a thread a sum of ROWS16 rows (80 threads at the
-// 784³ MLP) made a chain of 2·ROWS16 shared loads, ~4k cycles, longer than the grid barrier it runs in.
+// −= lr · dzᵀ h_L[:, U_c], b_h −= lr · Σ_r dz, by warps 1.. (warp 0's thread 0 is making the block's
+// arrival at the grid barrier this runs in: a fence and an atomic's round trip). Thread (q, u) of them,
+// u = t mod OWN, q = t / OWN (t = tid − 32), adds rows r ≡ q (mod QS) in order, for every class at once
+// (a row's dz from broadcast loads, h_L[r][u] one load); the QS parts are added as a fixed tree: the
+// parts in a warp (lane bits above OWN's) by xor shuffles, then the warps' in warp order from s.part.
+// Why so: a thread a sum of ROWS16 rows (80 threads at the 784³ MLP) made a chain of 2·ROWS16 shared
+// loads, ~4k cycles, longer than the grid barrier it runs in.
 // Why apart from H: no other block waits for it, so it runs in the grid barrier after H (L ≥ 2), between
 // this block's arrival and its wait. (s.dl and s.h_last are next written in the next step's F_L and H;
 // s.part by the next product's sums, past the block barrier that ends grid_wait, or the next F_1's.)
 __device__ __forceinline__ void head_update(const Smem& s, int bias, float lr) {
-    constexpr int QS = THREADS / OWN;  // the row parts
+    constexpr int SUMMERS = THREADS - 32, QS = SUMMERS / OWN, PARTS = SUMMERS / 32;  // threads, row parts, warps
     static_assert(32 % OWN == 0, "whole parts a warp");
-    const int u = threadIdx.x % OWN, q = threadIdx.x / OWN, warp = threadIdx.x >> 5;
-    float gw[CLASSES], gb[CLASSES];
+    const int t = threadIdx.x - 32;
+    float* parts = s.part;  // [PARTS][CLASSES][OWN + 1]: a warp's sums (the last column b_h's)
+    if (t >= 0) {
+        const int u = t % OWN, q = t / OWN;
+        float gw[CLASSES], gb[CLASSES];
 #pragma unroll
-    for (int j = 0; j < CLASSES; ++j) gw[j] = gb[j] = 0.0f;
-#pragma unroll 2
-    for (int r = q; r < ROWS16; r += QS) {
-        const float h = s.h_last[r * OWN + u];
+        for (int j = 0; j < CLASSES; ++j) gw[j] = gb[j] = 0.0f;
+        for (int r = q; r < ROWS16; r += QS) {
+            const float h = s.h_last[r * OWN + u];
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) {
-            const float dz = s.dl[r * CLASSES + j];
-            gw[j] = fmaf(dz, h, gw[j]);
-            gb[j] += dz;
+            for (int j = 0; j < CLASSES; ++j) {
+                const float dz = s.dl[r * CLASSES + j];
+                gw[j] = fmaf(dz, h, gw[j]);
+                gb[j] += dz;
+            }
         }
-    }
 #pragma unroll
-    for (int m = OWN; m < 32; m *= 2)
+        for (int m = OWN; m < 32; m *= 2)
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) {
-            gw[j] += __shfl_xor_sync(0xffffffffu, gw[j], m);
-            gb[j] += __shfl_xor_sync(0xffffffffu, gb[j], m);
-        }
-    float* parts = s.part;  // [WARPS][CLASSES][OWN + 1]: a warp's sums (the last column b_h's)
-    if ((threadIdx.x & 31) < OWN) {
+            for (int j = 0; j < CLASSES; ++j) {
+                gw[j] += __shfl_xor_sync(0xffffffffu, gw[j], m);
+                gb[j] += __shfl_xor_sync(0xffffffffu, gb[j], m);
+            }
+        const int part = t >> 5;
+        if ((t & 31) < OWN) {
 #pragma unroll
-        for (int j = 0; j < CLASSES; ++j) parts[(warp * CLASSES + j) * (OWN + 1) + u] = gw[j];
-        if (u == 0) {
+            for (int j = 0; j < CLASSES; ++j) parts[(part * CLASSES + j) * (OWN + 1) + u] = gw[j];
+            if (u == 0) {
 #pragma unroll
-            for (int j = 0; j < CLASSES; ++j) parts[(warp * CLASSES + j) * (OWN + 1) + OWN] = gb[j];
+                for (int j = 0; j < CLASSES; ++j) parts[(part * CLASSES + j) * (OWN + 1) + OWN] = gb[j];
+            }
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < CLASSES * (OWN + 1); i += THREADS) {
+    for (int i = t; i >= 0 && i < CLASSES * (OWN + 1); i += SUMMERS) {
         float sum = parts[i];
 #pragma unroll
-        for (int w = 1; w < WARPS; ++w) sum += parts[w * CLASSES * (OWN + 1) + i];
+        for (int w = 1; w < PARTS; ++w) sum += parts[w * CLASSES * (OWN + 1) + i];
         const int j = i / (OWN + 1), v = i - j * (OWN + 1);
         if (v < OWN) s.wh[j * OWN + v] = fmaf(-lr, sum, s.wh[j * OWN + v]);
         else if (bias) s.bh[j] = fmaf(-lr, sum, s.bh[j]);
