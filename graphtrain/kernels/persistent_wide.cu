@@ -868,9 +868,9 @@ __device__ __forceinline__ void publish_gradient(const Smem& s, const Smem& othe
 }
 
 // b_l[U_c] −= lr · Σ_r dh_l[:, U_c], a warp eight units, once dh_l is whole in s.dh (past publish_gradient's
-// block barrier; s.dh is next written past a block barrier that every thread passes after this). (Warps
-// 0..: on the last warps, or from warp 1, away from the arrival that warp 0's thread 0 makes, the 784³
-// MLP's build spilled 16 bytes.)
+// block barrier; s.dh is next written past a block barrier that every thread passes after this). On
+// warp 0, though its thread 0 makes the block's arrival at the barrier this runs in: on the last warps,
+// or from warp 1, the 784³ MLP's build spilled (16 bytes; it holds 255 registers).
 __device__ __forceinline__ void bias_update(const Smem& s, int l, int bias, float lr) {
     const int warp = threadIdx.x >> 5;
     if (bias && warp < OWN / 8) {
