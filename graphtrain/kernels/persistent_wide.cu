@@ -636,9 +636,8 @@ __device__ __forceinline__ void sum_over_warps(const Smem& s, int trade, const f
 // in two chains, in order; then a + b, and the four parts as (p0 + p1) + (p2 + p3) by xor shuffles
 // (a sum and its partner's, in either order the same bits): every lane of e returns the same sum, in a
 // fixed order. Why a warp a group: a bias sum of one thread took ROWS16 loads and adds on the step's
-// path; a lane takes two chains of ROWS16 / 8 and two shuffles. (The head's gradient, 90 sums at the
-// 784³ MLP's shape, keeps a thread a sum, sum_rows: as groups of eight over the warps its phase took
-// ~4k cycles longer on an H200.)
+// path; a lane takes two chains of ROWS16 / 8 and two shuffles. (The head's gradient sums over parts
+// of the rows for every class at once: head_update.)
 template <class Value>
 __device__ __forceinline__ float warp_sum_rows(Value value) {
     static_assert(ROWS16 % 8 == 0, "ROWS16 is whole mma tiles");
@@ -653,17 +652,6 @@ __device__ __forceinline__ float warp_sum_rows(Value value) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
     return sum;
-}
-
-// Σ_{r < ROWS16} value(r) as four sums over r mod 4, then (s0 + s1) + (s2 + s3): a fixed order.
-template <class Value>
-__device__ __forceinline__ float sum_rows(Value value) {
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-    for (int r = 0; r < ROWS16; r += 4)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) part[q] += value(r + q);
-    return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
 // ---- the phases ----------------------------------------------------------------------------------
